@@ -1,0 +1,43 @@
+//! Devices.
+
+use crate::{Error, Result};
+
+/// Where a tensor's storage lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Device {
+    /// Host memory; always available.
+    #[default]
+    Cpu,
+    /// The CUDA device with this ordinal.
+    Cuda(usize),
+}
+
+impl Device {
+    /// The CUDA device `ordinal`, or an error when no driver or device is
+    /// present. Never panics.
+    pub fn cuda(ordinal: usize) -> Result<Device> {
+        Err(Error::DeviceUnavailable {
+            device: Device::Cuda(ordinal),
+            reason: "this build of tapir has no CUDA backend yet; tensors run on the CPU".into(),
+        })
+    }
+
+    /// The fastest device present: CUDA 0 when it can be used, else the CPU.
+    pub fn best() -> Device {
+        Device::cuda(0).unwrap_or(Device::Cpu)
+    }
+
+    /// True for [`Device::Cpu`].
+    pub fn is_cpu(self) -> bool {
+        matches!(self, Device::Cpu)
+    }
+}
+
+impl std::fmt::Display for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Device::Cpu => f.write_str("cpu"),
+            Device::Cuda(i) => write!(f, "cuda:{i}"),
+        }
+    }
+}

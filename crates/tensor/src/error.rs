@@ -1,0 +1,166 @@
+//! The one error type of tapir-tensor.
+//!
+//! Every variant names the op that failed and the offending values, so a
+//! message read in a log is enough to find the bad call.
+
+use crate::{DType, Device, MemoryStats, Shape};
+
+/// Result alias used across tapir.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in a tensor or graph operation.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Two operands whose shapes do not fit the op (including broadcasting).
+    #[error("{op}: shape mismatch between {lhs} and {rhs}")]
+    ShapeMismatch {
+        /// The op that failed.
+        op: &'static str,
+        /// Left (or first) operand's shape.
+        lhs: Shape,
+        /// Right (or second) operand's shape.
+        rhs: Shape,
+    },
+    /// A shape that is invalid for the op on its own.
+    #[error("{op}: invalid shape {shape}: {reason}")]
+    InvalidShape {
+        /// The op that failed.
+        op: &'static str,
+        /// The shape in question.
+        shape: Shape,
+        /// Why it is invalid.
+        reason: String,
+    },
+    /// Operands of different dtypes.
+    #[error("{op}: dtype mismatch between {lhs:?} and {rhs:?}")]
+    DTypeMismatch {
+        /// The op that failed.
+        op: &'static str,
+        /// First dtype.
+        lhs: DType,
+        /// Second dtype.
+        rhs: DType,
+    },
+    /// The op is not defined for this dtype.
+    #[error("{op}: dtype {dtype:?} is not supported ({expected})")]
+    UnsupportedDType {
+        /// The op that failed.
+        op: &'static str,
+        /// The dtype given.
+        dtype: DType,
+        /// What the op accepts.
+        expected: &'static str,
+    },
+    /// Operands on different devices.
+    #[error("{op}: device mismatch between {lhs} and {rhs}; move one with to_device")]
+    DeviceMismatch {
+        /// The op that failed.
+        op: &'static str,
+        /// First device.
+        lhs: Device,
+        /// Second device.
+        rhs: Device,
+    },
+    /// A device that cannot be used here (no driver, no GPU, op not built for it).
+    #[error("device {device} is unavailable: {reason}")]
+    DeviceUnavailable {
+        /// The device asked for.
+        device: Device,
+        /// Why it cannot be used.
+        reason: String,
+    },
+    /// An axis outside `-rank..rank`.
+    #[error("{op}: axis {axis} is out of range for a tensor of rank {rank}")]
+    AxisOutOfRange {
+        /// The op that failed.
+        op: &'static str,
+        /// The axis given.
+        axis: isize,
+        /// The tensor's rank.
+        rank: usize,
+    },
+    /// An index (in an index tensor or an argument) outside `0..size`.
+    #[error("{op}: index {index} at position {position} is out of range for size {size}")]
+    IndexOutOfRange {
+        /// The op that failed.
+        op: &'static str,
+        /// The bad index.
+        index: i64,
+        /// Where it was found (flat position in the index tensor, or 0).
+        position: usize,
+        /// The size of the indexed dimension.
+        size: usize,
+    },
+    /// A class label outside `0..classes` that is not the ignore index.
+    #[error("{op}: label {label} in row {row} is out of range for {classes} classes")]
+    LabelOutOfRange {
+        /// The op that failed.
+        op: &'static str,
+        /// The bad label.
+        label: i64,
+        /// Its row (flat, over all leading dims).
+        row: usize,
+        /// Number of classes.
+        classes: usize,
+    },
+    /// Data whose length does not match the shape it is given.
+    #[error("{op}: {got} elements do not fit shape {shape} ({expected} elements)")]
+    ElementCount {
+        /// The op that failed.
+        op: &'static str,
+        /// The shape asked for.
+        shape: Shape,
+        /// Its element count.
+        expected: usize,
+        /// Elements supplied.
+        got: usize,
+    },
+    /// Any other bad argument.
+    #[error("{op}: {reason}")]
+    InvalidArgument {
+        /// The op that failed.
+        op: &'static str,
+        /// What was wrong.
+        reason: String,
+    },
+    /// A non-finite value where only finite values make sense.
+    #[error("{op}: non-finite value {value} at position {position}")]
+    NonFinite {
+        /// The op that failed.
+        op: &'static str,
+        /// The value found.
+        value: f64,
+        /// Its flat position.
+        position: usize,
+    },
+    /// Misuse of a graph: a freed node, a value from another graph, a second
+    /// backward through released values.
+    #[error("graph: {reason}")]
+    Graph {
+        /// What went wrong.
+        reason: String,
+    },
+    /// The allocator could not satisfy a request, even after freeing its cache.
+    #[error("out of memory on {device}: requested {requested} bytes ({stats})")]
+    OutOfMemory {
+        /// The device.
+        device: Device,
+        /// Bytes requested.
+        requested: usize,
+        /// The allocator's counters when it gave up.
+        stats: MemoryStats,
+    },
+    /// An error from the CUDA driver, NVRTC or cuBLAS.
+    #[error("cuda: {0}")]
+    Cuda(String),
+}
+
+impl Error {
+    pub(crate) fn invalid(op: &'static str, reason: impl Into<String>) -> Self {
+        Error::InvalidArgument {
+            op,
+            reason: reason.into(),
+        }
+    }
+}

@@ -1,0 +1,181 @@
+//! Shapes and strided layouts.
+
+use smallvec::SmallVec;
+
+use crate::{Error, Result};
+
+/// Dimensions of a tensor; rank up to 6 stays on the stack.
+#[derive(Clone, PartialEq, Eq, Hash, Default)]
+pub struct Shape(pub SmallVec<[usize; 6]>);
+
+impl Shape {
+    /// The dims as a slice.
+    pub fn dims(&self) -> &[usize] {
+        &self.0
+    }
+    /// Number of dims.
+    pub fn rank(&self) -> usize {
+        self.0.len()
+    }
+    /// Number of elements (1 for a scalar).
+    pub fn numel(&self) -> usize {
+        self.0.iter().product()
+    }
+    /// Row-major (C order) strides.
+    pub fn contiguous_strides(&self) -> SmallVec<[usize; 6]> {
+        let mut s: SmallVec<[usize; 6]> = SmallVec::from_elem(1, self.rank());
+        for i in (0..self.rank().saturating_sub(1)).rev() {
+            s[i] = s[i + 1] * self.0[i + 1];
+        }
+        s
+    }
+    /// Resolves a possibly negative axis against this rank.
+    pub fn axis(&self, op: &'static str, axis: isize) -> Result<usize> {
+        resolve_axis(op, axis, self.rank())
+    }
+    /// The numpy/torch broadcast of two shapes.
+    pub fn broadcast(op: &'static str, a: &Shape, b: &Shape) -> Result<Shape> {
+        let r = a.rank().max(b.rank());
+        let mut out: SmallVec<[usize; 6]> = SmallVec::from_elem(1, r);
+        for i in 0..r {
+            let da = if i + a.rank() >= r {
+                a.0[i + a.rank() - r]
+            } else {
+                1
+            };
+            let db = if i + b.rank() >= r {
+                b.0[i + b.rank() - r]
+            } else {
+                1
+            };
+            out[i] = if da == db || db == 1 {
+                da
+            } else if da == 1 {
+                db
+            } else {
+                return Err(Error::ShapeMismatch {
+                    op,
+                    lhs: a.clone(),
+                    rhs: b.clone(),
+                });
+            };
+        }
+        Ok(Shape(out))
+    }
+}
+
+/// Resolves `axis` (negative counts from the end) for a tensor of `rank`.
+pub fn resolve_axis(op: &'static str, axis: isize, rank: usize) -> Result<usize> {
+    let r = rank as isize;
+    if axis >= -r && axis < r {
+        Ok(if axis < 0 {
+            (axis + r) as usize
+        } else {
+            axis as usize
+        })
+    } else {
+        Err(Error::AxisOutOfRange { op, axis, rank })
+    }
+}
+
+impl std::fmt::Debug for Shape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.0.as_slice())
+    }
+}
+impl std::fmt::Display for Shape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.0.as_slice())
+    }
+}
+impl From<&[usize]> for Shape {
+    fn from(d: &[usize]) -> Self {
+        Shape(SmallVec::from_slice(d))
+    }
+}
+impl<const N: usize> From<[usize; N]> for Shape {
+    fn from(d: [usize; N]) -> Self {
+        Shape(SmallVec::from_slice(&d))
+    }
+}
+impl<const N: usize> From<&[usize; N]> for Shape {
+    fn from(d: &[usize; N]) -> Self {
+        Shape(SmallVec::from_slice(d))
+    }
+}
+impl From<Vec<usize>> for Shape {
+    fn from(d: Vec<usize>) -> Self {
+        Shape(SmallVec::from_vec(d))
+    }
+}
+impl From<&Vec<usize>> for Shape {
+    fn from(d: &Vec<usize>) -> Self {
+        Shape(SmallVec::from_slice(d))
+    }
+}
+impl From<&Shape> for Shape {
+    fn from(s: &Shape) -> Self {
+        s.clone()
+    }
+}
+impl From<()> for Shape {
+    fn from(_: ()) -> Self {
+        Shape(SmallVec::new())
+    }
+}
+
+/// Where the elements of a tensor sit in its storage: a shape, element
+/// strides (zero for broadcast dims) and an element offset.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// The logical shape.
+    pub shape: Shape,
+    /// Element strides, one per dim.
+    pub strides: SmallVec<[usize; 6]>,
+    /// Offset of element [0, .., 0] in the storage.
+    pub offset: usize,
+}
+
+impl Layout {
+    /// A row-major layout of `shape` at offset 0.
+    pub fn contiguous(shape: Shape) -> Self {
+        let strides = shape.contiguous_strides();
+        Layout {
+            shape,
+            strides,
+            offset: 0,
+        }
+    }
+    /// True when the elements are in row-major order with no gaps (dims of
+    /// size 1 may have any stride).
+    pub fn is_contiguous(&self) -> bool {
+        let mut expected = 1;
+        for (&d, &s) in self.shape.0.iter().zip(&self.strides).rev() {
+            if d != 1 && s != expected {
+                return false;
+            }
+            expected *= d;
+        }
+        true
+    }
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.shape.numel()
+    }
+    /// The strides this layout takes when broadcast to `target` (which must
+    /// be a valid broadcast of its shape): zero on new or expanded dims.
+    pub fn broadcast_strides(&self, target: &Shape) -> SmallVec<[usize; 6]> {
+        let r = target.rank();
+        let own = self.shape.rank();
+        let mut s: SmallVec<[usize; 6]> = SmallVec::from_elem(0, r);
+        for i in 0..own {
+            let t = r - own + i;
+            s[t] = if self.shape.0[i] == 1 && target.0[t] != 1 {
+                0
+            } else {
+                self.strides[i]
+            };
+        }
+        s
+    }
+}

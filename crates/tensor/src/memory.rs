@@ -1,0 +1,134 @@
+//! Exact memory accounting (DESIGN.md invariant 5).
+//!
+//! Every tensor storage is allocated through [`track_alloc`] and released
+//! through [`track_free`] when its last handle drops, so the counters below
+//! are exact byte counts of live storage, with the semantics of
+//! `torch.cuda.memory_allocated`, `max_memory_allocated`,
+//! `reset_peak_memory_stats` and `memory_reserved`.
+//!
+//! The counters are process-wide per device, as in torch. Tests that assert
+//! exact numbers therefore run in a test binary of their own, serialised.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use crate::Device;
+
+/// A snapshot of one device's allocator counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MemoryStats {
+    /// Bytes of live tensor storage (`torch.cuda.memory_allocated`).
+    pub allocated: usize,
+    /// Highest `allocated` since the last reset (`max_memory_allocated`).
+    pub peak: usize,
+    /// Bytes held from the system, live or cached (`memory_reserved`). On the
+    /// CPU freed blocks go straight back to the system, so this equals
+    /// `allocated`.
+    pub reserved: usize,
+    /// Largest single allocation since the last reset.
+    pub largest_allocation: usize,
+    /// Number of storage allocations since the process started.
+    pub allocations: u64,
+    /// Number of allocations that went to the system (the driver on CUDA);
+    /// a caching allocator keeps this flat in a steady loop.
+    pub system_allocations: u64,
+}
+
+impl std::fmt::Display for MemoryStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "allocated {} B, peak {} B, reserved {} B",
+            self.allocated, self.peak, self.reserved
+        )
+    }
+}
+
+struct Counters {
+    allocated: AtomicUsize,
+    peak: AtomicUsize,
+    reserved: AtomicUsize,
+    largest: AtomicUsize,
+    allocations: AtomicU64,
+    system_allocations: AtomicU64,
+}
+
+impl Counters {
+    const fn new() -> Self {
+        Counters {
+            allocated: AtomicUsize::new(0),
+            peak: AtomicUsize::new(0),
+            reserved: AtomicUsize::new(0),
+            largest: AtomicUsize::new(0),
+            allocations: AtomicU64::new(0),
+            system_allocations: AtomicU64::new(0),
+        }
+    }
+}
+
+const MAX_CUDA_DEVICES: usize = 16;
+static CPU: Counters = Counters::new();
+static CUDA: [Counters; MAX_CUDA_DEVICES] = [const { Counters::new() }; MAX_CUDA_DEVICES];
+
+fn counters(device: Device) -> &'static Counters {
+    match device {
+        Device::Cpu => &CPU,
+        Device::Cuda(i) => &CUDA[i.min(MAX_CUDA_DEVICES - 1)],
+    }
+}
+
+/// Records an allocation of `bytes` on `device`. `from_system` says whether
+/// the bytes were newly reserved (always on the CPU; a cache miss on CUDA).
+pub(crate) fn track_alloc(device: Device, bytes: usize, from_system: bool) {
+    let c = counters(device);
+    let now = c.allocated.fetch_add(bytes, Ordering::Relaxed) + bytes;
+    c.peak.fetch_max(now, Ordering::Relaxed);
+    c.largest.fetch_max(bytes, Ordering::Relaxed);
+    c.allocations.fetch_add(1, Ordering::Relaxed);
+    if from_system {
+        c.reserved.fetch_add(bytes, Ordering::Relaxed);
+        c.system_allocations.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Records that `bytes` on `device` are no longer live; `to_system` says
+/// whether they were returned to the system (always on the CPU).
+pub(crate) fn track_free(device: Device, bytes: usize, to_system: bool) {
+    let c = counters(device);
+    c.allocated.fetch_sub(bytes, Ordering::Relaxed);
+    if to_system {
+        c.reserved.fetch_sub(bytes, Ordering::Relaxed);
+    }
+}
+
+/// The counters of `device` now.
+pub fn memory_stats(device: Device) -> MemoryStats {
+    let c = counters(device);
+    MemoryStats {
+        allocated: c.allocated.load(Ordering::Relaxed),
+        peak: c.peak.load(Ordering::Relaxed),
+        reserved: c.reserved.load(Ordering::Relaxed),
+        largest_allocation: c.largest.load(Ordering::Relaxed),
+        allocations: c.allocations.load(Ordering::Relaxed),
+        system_allocations: c.system_allocations.load(Ordering::Relaxed),
+    }
+}
+
+/// Live bytes on `device` (`torch.cuda.memory_allocated`).
+pub fn memory_allocated(device: Device) -> usize {
+    counters(device).allocated.load(Ordering::Relaxed)
+}
+
+/// Peak live bytes on `device` since the last reset
+/// (`torch.cuda.max_memory_allocated`).
+pub fn max_memory_allocated(device: Device) -> usize {
+    counters(device).peak.load(Ordering::Relaxed)
+}
+
+/// Resets the peak to the current live bytes, and the largest single
+/// allocation to zero (`torch.cuda.reset_peak_memory_stats`).
+pub fn reset_peak_memory_stats(device: Device) {
+    let c = counters(device);
+    c.peak
+        .store(c.allocated.load(Ordering::Relaxed), Ordering::Relaxed);
+    c.largest.store(0, Ordering::Relaxed);
+}

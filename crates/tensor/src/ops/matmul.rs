@@ -1,0 +1,215 @@
+//! Matrix products through the gemm crate, on strided views (a transposed
+//! operand is read in place, never copied), with broadcast batch dims.
+
+use rayon::prelude::*;
+use smallvec::SmallVec;
+
+use crate::ops::binary::BinaryOps;
+use crate::ops::reduce::ReduceOps;
+use crate::ops::shape::ShapeOps;
+use crate::ops::unary::float_map;
+use crate::ops::{add_opt, Diff, InputGrads, Op};
+use crate::storage::CpuElement;
+use crate::{with_float, Error, Float, Result, Shape, Tensor};
+
+/// Below this many multiply-adds one gemm runs on the calling thread.
+const GEMM_PAR_MIN: usize = 1 << 18;
+
+/// `a @ b` for rank >= 2 operands: `[..., m, k] @ [..., k, n]`.
+#[derive(Debug, Clone, Copy)]
+pub struct Matmul;
+
+struct Plan {
+    batch: Shape,
+    m: usize,
+    k: usize,
+    n: usize,
+}
+
+fn plan(a: &Tensor, b: &Tensor) -> Result<Plan> {
+    let mismatch = || Error::ShapeMismatch {
+        op: "matmul",
+        lhs: a.shape().clone(),
+        rhs: b.shape().clone(),
+    };
+    if a.rank() < 2 || b.rank() < 2 {
+        return Err(mismatch());
+    }
+    let (ra, rb) = (a.rank(), b.rank());
+    let (m, k) = (a.dims()[ra - 2], a.dims()[ra - 1]);
+    let (k2, n) = (b.dims()[rb - 2], b.dims()[rb - 1]);
+    if k != k2 {
+        return Err(mismatch());
+    }
+    let batch = Shape::broadcast(
+        "matmul",
+        &Shape::from(&a.dims()[..ra - 2]),
+        &Shape::from(&b.dims()[..rb - 2]),
+    )
+    .map_err(|_| mismatch())?;
+    Ok(Plan { batch, m, k, n })
+}
+
+/// Element offsets of each batch entry of `t` broadcast over `batch`.
+fn batch_offsets(t: &Tensor, batch: &Shape) -> Vec<usize> {
+    let r = t.rank();
+    let own = Shape::from(&t.dims()[..r - 2]);
+    let lay = crate::Layout {
+        shape: own,
+        strides: SmallVec::from_slice(&t.strides()[..r - 2]),
+        offset: t.layout.offset,
+    };
+    let strides = lay.broadcast_strides(batch);
+    let mut out = Vec::with_capacity(batch.numel());
+    let nd = crate::iter::Nd::new(batch.dims(), [&strides], [t.layout.offset]);
+    nd.runs(0, batch.numel(), |_, [o], len, [s]| {
+        out.extend((0..len).map(|i| o + i * s))
+    });
+    out
+}
+
+fn kernel<T: Float + CpuElement>(a: &Tensor, b: &Tensor, p: &Plan) -> Vec<T> {
+    let (m, k, n) = (p.m, p.k, p.n);
+    let (ra, rb) = (a.rank(), b.rank());
+    let (a_rs, a_cs) = (a.strides()[ra - 2] as isize, a.strides()[ra - 1] as isize);
+    let (b_rs, b_cs) = (b.strides()[rb - 2] as isize, b.strides()[rb - 1] as isize);
+    let (ao, bo) = (batch_offsets(a, &p.batch), batch_offsets(b, &p.batch));
+    let (ad, bd) = (a.storage_slice::<T>(), b.storage_slice::<T>());
+    let mut out = vec![T::ZERO; p.batch.numel() * m * n];
+    if m * n == 0 {
+        return out;
+    }
+    let one_gemm = |dst: &mut [T], i: usize, par: gemm::Parallelism| {
+        if k == 0 {
+            return;
+        }
+        // SAFETY: the offsets and strides come from valid layouts of `a` and
+        // `b` (every addressed element lies inside their storage), and `dst`
+        // is an m x n row-major block we own.
+        unsafe {
+            gemm::gemm(
+                m,
+                n,
+                k,
+                dst.as_mut_ptr(),
+                1,
+                n as isize,
+                false,
+                ad.as_ptr().add(ao[i]),
+                a_cs,
+                a_rs,
+                bd.as_ptr().add(bo[i]),
+                b_cs,
+                b_rs,
+                T::ZERO,
+                T::ONE,
+                false,
+                false,
+                false,
+                par,
+            )
+        }
+    };
+    let flops = m * n * k;
+    if p.batch.numel() > 1 && flops < GEMM_PAR_MIN * 4 && p.batch.numel() * flops >= GEMM_PAR_MIN {
+        out.par_chunks_mut(m * n)
+            .enumerate()
+            .for_each(|(i, d)| one_gemm(d, i, gemm::Parallelism::None));
+    } else {
+        let par = if flops >= GEMM_PAR_MIN {
+            gemm::Parallelism::Rayon(0)
+        } else {
+            gemm::Parallelism::None
+        };
+        for (i, d) in out.chunks_mut(m * n).enumerate() {
+            one_gemm(d, i, par);
+        }
+    }
+    out
+}
+
+impl Op for Matmul {
+    fn name(&self) -> &'static str {
+        "matmul"
+    }
+    fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
+        let (a, b) = (xs[0], xs[1]);
+        if a.dtype() != b.dtype() {
+            return Err(Error::DTypeMismatch {
+                op: "matmul",
+                lhs: a.dtype(),
+                rhs: b.dtype(),
+            });
+        }
+        if a.device() != b.device() {
+            return Err(Error::DeviceMismatch {
+                op: "matmul",
+                lhs: a.device(),
+                rhs: b.device(),
+            });
+        }
+        let p = plan(a, b)?;
+        let mut shape = p.batch.clone();
+        shape.0.push(p.m);
+        shape.0.push(p.n);
+        let b = b.cast_raw(a.dtype().compute());
+        float_map(
+            "matmul",
+            a,
+            |a| with_float!(a.dtype(), T => Tensor::from_vec(kernel::<T>(a, &b, &p), shape.clone()), _ => unreachable!()),
+        )
+    }
+    fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
+        let (a, b) = (xs[0], xs[1]);
+        let ga = g.matmul(&b.t()?)?.sum_to(a.shape())?;
+        let gb = a.t()?.matmul(g)?.sum_to(b.shape())?;
+        Ok(smallvec::smallvec![Some(ga), Some(gb)])
+    }
+    fn jvp<T: Diff>(&self, xs: &[&T], _: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
+        let (a, b) = (xs[0], xs[1]);
+        add_opt(
+            ts[0].map(|t| t.matmul(b)).transpose()?,
+            ts[1].map(|t| a.matmul(t)).transpose()?,
+        )
+    }
+}
+
+/// Matrix products, on tensors and graph handles alike.
+pub trait MatmulOps: Diff {
+    /// torch.matmul: 1-D operands are promoted to matrices and the added
+    /// axis removed afterwards; batch dims broadcast.
+    fn matmul(&self, o: &Self) -> Result<Self> {
+        let (ra, rb) = (self.rank(), o.rank());
+        if ra == 0 || rb == 0 {
+            return Err(Error::ShapeMismatch {
+                op: "matmul",
+                lhs: self.shape(),
+                rhs: o.shape(),
+            });
+        }
+        let a = if ra == 1 {
+            self.unsqueeze(0)?
+        } else {
+            self.clone()
+        };
+        let b = if rb == 1 { o.unsqueeze(-1)? } else { o.clone() };
+        let mut y = Self::apply(Matmul, &[&a, &b])?;
+        if rb == 1 {
+            y = y.squeeze(-1)?;
+        }
+        if ra == 1 {
+            y = y.squeeze(-2)?;
+        }
+        Ok(y)
+    }
+    /// `x @ w^T + b`, the affine map of a linear layer (`w` is `[out, in]`).
+    fn linear(&self, w: &Self, b: Option<&Self>) -> Result<Self> {
+        let y = self.matmul(&w.t()?)?;
+        match b {
+            Some(b) => y.add(b),
+            None => Ok(y),
+        }
+    }
+}
+
+impl<T: Diff> MatmulOps for T {}

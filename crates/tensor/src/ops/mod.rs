@@ -1,0 +1,268 @@
+//! Every op: its forward kernel and its derivative rules, side by side.
+//!
+//! An op is a small struct implementing [`Op`]: `forward` runs on plain
+//! tensors, and `vjp` / `jvp` are written once, generically over [`Diff`],
+//! in terms of other differentiable ops. The same rule therefore runs on
+//! [`Tensor`] (eager, first-order backward, nothing recorded) and on a
+//! recording handle (under `create_graph`, so the rule itself is
+//! differentiated for higher orders). The autograd crate holds no per-op code.
+
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use smallvec::SmallVec;
+
+use crate::{DType, Device, Result, Shape, Tensor};
+
+pub mod binary;
+pub mod cross_entropy;
+pub mod index;
+pub mod matmul;
+pub mod reduce;
+pub mod shape;
+pub mod softmax;
+pub mod unary;
+
+/// Gradients of an op's inputs: `None` for an input that gets no gradient
+/// (a constant operand, or an input the op is not differentiable in).
+pub type InputGrads<T> = SmallVec<[Option<T>; 3]>;
+
+/// A differentiable operation.
+pub trait Op: Debug + Send + Sync + 'static {
+    /// The op's name, as used in errors and graph diagnostics.
+    fn name(&self) -> &'static str;
+    /// Computes the output from the input values.
+    fn forward(&self, inputs: &[&Tensor]) -> Result<Tensor>;
+    /// Reverse mode: given the inputs `xs`, the output `y` and the gradient
+    /// `g` of some scalar with respect to `y`, the gradients with respect
+    /// to each input, broadcast back to that input's shape.
+    fn vjp<T: Diff>(&self, xs: &[&T], y: &T, g: &T) -> Result<InputGrads<T>>;
+    /// Forward mode: given the inputs, the output and each input's tangent
+    /// (`None` for zero), the output's tangent (`None` for zero).
+    fn jvp<T: Diff>(&self, xs: &[&T], y: &T, ts: &[Option<&T>]) -> Result<Option<T>>;
+    /// False for ops with no derivative (comparisons, argmax, casts to ints):
+    /// the graph then never calls their rules.
+    fn is_differentiable(&self) -> bool {
+        true
+    }
+}
+
+/// The object-safe face of [`Op`], so a graph can store any op. Each rule is
+/// compiled twice: once for eager tensors and once for the recording handle.
+pub trait DynOp: Debug + Send + Sync + 'static {
+    /// See [`Op::name`].
+    fn name(&self) -> &'static str;
+    /// See [`Op::forward`].
+    fn forward(&self, inputs: &[&Tensor]) -> Result<Tensor>;
+    /// [`Op::vjp`] on plain tensors.
+    fn vjp_eager(&self, xs: &[&Tensor], y: &Tensor, g: &Tensor) -> Result<InputGrads<Tensor>>;
+    /// [`Op::vjp`] recorded on a tape.
+    fn vjp_traced<'t>(
+        &self,
+        xs: &[&Traced<'t>],
+        y: &Traced<'t>,
+        g: &Traced<'t>,
+    ) -> Result<InputGrads<Traced<'t>>>;
+    /// [`Op::jvp`] on plain tensors.
+    fn jvp_eager(
+        &self,
+        xs: &[&Tensor],
+        y: &Tensor,
+        ts: &[Option<&Tensor>],
+    ) -> Result<Option<Tensor>>;
+    /// [`Op::jvp`] recorded on a tape.
+    fn jvp_traced<'t>(
+        &self,
+        xs: &[&Traced<'t>],
+        y: &Traced<'t>,
+        ts: &[Option<&Traced<'t>>],
+    ) -> Result<Option<Traced<'t>>>;
+    /// See [`Op::is_differentiable`].
+    fn is_differentiable(&self) -> bool;
+}
+
+impl<O: Op> DynOp for O {
+    fn name(&self) -> &'static str {
+        Op::name(self)
+    }
+    fn forward(&self, inputs: &[&Tensor]) -> Result<Tensor> {
+        Op::forward(self, inputs)
+    }
+    fn vjp_eager(&self, xs: &[&Tensor], y: &Tensor, g: &Tensor) -> Result<InputGrads<Tensor>> {
+        self.vjp(xs, y, g)
+    }
+    fn vjp_traced<'t>(
+        &self,
+        xs: &[&Traced<'t>],
+        y: &Traced<'t>,
+        g: &Traced<'t>,
+    ) -> Result<InputGrads<Traced<'t>>> {
+        self.vjp(xs, y, g)
+    }
+    fn jvp_eager(
+        &self,
+        xs: &[&Tensor],
+        y: &Tensor,
+        ts: &[Option<&Tensor>],
+    ) -> Result<Option<Tensor>> {
+        self.jvp(xs, y, ts)
+    }
+    fn jvp_traced<'t>(
+        &self,
+        xs: &[&Traced<'t>],
+        y: &Traced<'t>,
+        ts: &[Option<&Traced<'t>>],
+    ) -> Result<Option<Traced<'t>>> {
+        self.jvp(xs, y, ts)
+    }
+    fn is_differentiable(&self) -> bool {
+        Op::is_differentiable(self)
+    }
+}
+
+/// What a graph offers to rules that run in recording mode. Implemented by
+/// tapir-autograd's `Graph`; node ids are opaque numbers.
+pub trait Tape {
+    /// Runs `op` on the values of `inputs` and records the result.
+    fn record(&self, op: Arc<dyn DynOp>, inputs: &[u64]) -> Result<u64>;
+    /// Records a constant.
+    fn constant(&self, value: Tensor) -> u64;
+    /// Shape of a node.
+    fn node_shape(&self, id: u64) -> Shape;
+    /// Dtype of a node.
+    fn node_dtype(&self, id: u64) -> DType;
+    /// Device of a node.
+    fn node_device(&self, id: u64) -> Device;
+    /// Value of a node (an error when it was released).
+    fn node_value(&self, id: u64) -> Result<Tensor>;
+}
+
+/// A recording handle as rules see it: a node of some tape. Users meet the
+/// branded `Var<'g>` of tapir-autograd instead.
+#[derive(Clone, Copy)]
+pub struct Traced<'t> {
+    /// The tape the node lives on.
+    pub tape: &'t dyn Tape,
+    /// The node.
+    pub id: u64,
+}
+
+impl Debug for Traced<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Traced({})", self.id)
+    }
+}
+
+impl Diff for Traced<'_> {
+    fn apply<O: Op>(op: O, inputs: &[&Self]) -> Result<Self> {
+        let first = inputs
+            .first()
+            .expect("internal: ops have at least one input");
+        let ids: SmallVec<[u64; 4]> = inputs.iter().map(|t| t.id).collect();
+        Ok(Traced {
+            tape: first.tape,
+            id: first.tape.record(Arc::new(op), &ids)?,
+        })
+    }
+    fn shape(&self) -> Shape {
+        self.tape.node_shape(self.id)
+    }
+    fn dtype(&self) -> DType {
+        self.tape.node_dtype(self.id)
+    }
+    fn device(&self) -> Device {
+        self.tape.node_device(self.id)
+    }
+    fn lift(&self, value: Tensor) -> Self {
+        Traced {
+            tape: self.tape,
+            id: self.tape.constant(value),
+        }
+    }
+    fn eval(&self) -> Result<Tensor> {
+        self.tape.node_value(self.id)
+    }
+}
+
+impl Diff for Tensor {
+    fn apply<O: Op>(op: O, inputs: &[&Self]) -> Result<Self> {
+        op.forward(inputs)
+    }
+    fn shape(&self) -> Shape {
+        self.layout.shape.clone()
+    }
+    fn dtype(&self) -> DType {
+        Tensor::dtype(self)
+    }
+    fn device(&self) -> Device {
+        Tensor::device(self)
+    }
+    fn lift(&self, value: Tensor) -> Self {
+        value
+    }
+    fn eval(&self) -> Result<Tensor> {
+        Ok(self.clone())
+    }
+}
+
+/// Something differentiable ops can be applied to: a [`Tensor`] (computes
+/// now, records nothing) or a graph handle (computes now and records).
+/// Every op method lives here, so `x.tanh()?` reads the same on both.
+pub trait Diff: Clone + Sized {
+    /// Applies `op` to `inputs` (the first input decides the context).
+    fn apply<O: Op>(op: O, inputs: &[&Self]) -> Result<Self>;
+    /// The shape.
+    fn shape(&self) -> Shape;
+    /// The dtype.
+    fn dtype(&self) -> DType;
+    /// The device.
+    fn device(&self) -> Device;
+    /// Brings a plain tensor into this value's context as a constant.
+    fn lift(&self, value: Tensor) -> Self;
+    /// The current value as a plain tensor.
+    fn eval(&self) -> Result<Tensor>;
+
+    /// Number of dims.
+    fn rank(&self) -> usize {
+        self.shape().rank()
+    }
+    /// Number of elements.
+    fn numel(&self) -> usize {
+        self.shape().numel()
+    }
+    /// A constant of this value's dtype and device, shaped `shape`, filled with `v`.
+    fn full_like_shape(&self, shape: impl Into<Shape>, v: f64) -> Self {
+        self.lift(Tensor::full(shape, v, self.dtype()))
+    }
+    /// A zero constant shaped like `self`.
+    fn zeros_like(&self) -> Self {
+        self.full_like_shape(self.shape(), 0.0)
+    }
+    /// A constant shaped like `self` filled with ones.
+    fn ones_like(&self) -> Self {
+        self.full_like_shape(self.shape(), 1.0)
+    }
+}
+
+pub use binary::BinaryOps;
+pub use cross_entropy::CrossEntropyOps;
+pub use index::IndexOps;
+pub use matmul::MatmulOps;
+pub use reduce::ReduceOps;
+pub use shape::ShapeOps;
+pub use softmax::SoftmaxOps;
+pub use unary::UnaryOps;
+
+/// Adds two optional tangents/gradients, treating `None` as zero.
+pub fn add_opt<T: Diff>(a: Option<T>, b: Option<T>) -> Result<Option<T>> {
+    Ok(match (a, b) {
+        (Some(a), Some(b)) => Some(a.add(&b)?),
+        (a, None) => a,
+        (None, b) => b,
+    })
+}
+
+/// One gradient in an [`InputGrads`].
+pub fn one<T>(g: T) -> InputGrads<T> {
+    smallvec::smallvec![Some(g)]
+}

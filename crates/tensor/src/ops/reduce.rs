@@ -1,0 +1,476 @@
+//! Reductions over any set of axes: sum, mean, max, min, argmax, argmin,
+//! logsumexp, and `sum_to`, the reduction broadcasting's backward needs.
+
+use rayon::prelude::*;
+use smallvec::SmallVec;
+
+use crate::iter::{fill_vec, PAR_MIN};
+use crate::ops::binary::BinaryOps;
+use crate::ops::shape::ShapeOps;
+use crate::ops::unary::{float_map, UnaryOps};
+use crate::ops::{one, Diff, InputGrads, Op};
+use crate::storage::CpuElement;
+use crate::{resolve_axis, with_float, DType, Error, Float, Result, Shape, Tensor};
+
+/// Axes to reduce: sorted, unique, non-negative.
+pub type Axes = SmallVec<[usize; 6]>;
+
+/// Resolves user axes (negative from the end; empty means all) for `rank`.
+pub fn normalize_axes(op: &'static str, axes: &[isize], rank: usize) -> Result<Axes> {
+    let mut out: Axes = if axes.is_empty() {
+        (0..rank).collect()
+    } else {
+        axes.iter()
+            .map(|&a| resolve_axis(op, a, rank))
+            .collect::<Result<_>>()?
+    };
+    out.sort_unstable();
+    let before = out.len();
+    out.dedup();
+    if out.len() != before {
+        return Err(Error::invalid(op, format!("repeated axis in {axes:?}")));
+    }
+    Ok(out)
+}
+
+/// The shape after reducing `axes`.
+pub fn reduced_shape(shape: &Shape, axes: &[usize], keepdim: bool) -> Shape {
+    let mut out = SmallVec::new();
+    for (i, &d) in shape.dims().iter().enumerate() {
+        if axes.contains(&i) {
+            if keepdim {
+                out.push(1);
+            }
+        } else {
+            out.push(d);
+        }
+    }
+    Shape(out)
+}
+
+/// A view of `x` with kept axes first and reduced axes last, and the number
+/// of output rows and reduced elements per row.
+fn kept_then_reduced(x: &Tensor, axes: &[usize]) -> Result<(Tensor, usize, usize)> {
+    let mut perm: SmallVec<[usize; 6]> = (0..x.rank()).filter(|a| !axes.contains(a)).collect();
+    perm.extend_from_slice(axes);
+    let reduced: usize = axes.iter().map(|&a| x.dims()[a]).product();
+    let rows = x.numel() / reduced.max(1);
+    Ok((x.permute_raw(&perm)?, rows, reduced))
+}
+
+/// Sums a contiguous slice with eight independent accumulators (vectorisable,
+/// and more accurate than one running sum).
+#[inline]
+pub(crate) fn sum_slice<T: Float>(s: &[T]) -> T {
+    let mut acc = [T::ZERO; 8];
+    let chunks = s.chunks_exact(8);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for i in 0..8 {
+            acc[i] += c[i];
+        }
+    }
+    let mut total = T::ZERO;
+    for a in acc {
+        total += a;
+    }
+    for &r in rest {
+        total += r;
+    }
+    total
+}
+
+/// Reduces each row of `reduced` elements with `row`, over a view whose
+/// reduced axes are last. Rows are contiguous slices after at most one copy.
+fn reduce_rows<T: CpuElement + Copy + Send + Sync, D: Send>(
+    x: &Tensor,
+    axes: &[usize],
+    row: impl Fn(&[T]) -> D + Sync,
+) -> Result<Vec<D>> {
+    let (v, rows, reduced) = kept_then_reduced(x, axes)?;
+    let v = v.contiguous();
+    let data = &v.storage_slice::<T>()[v.layout.offset..v.layout.offset + v.numel()];
+    if reduced == 0 {
+        return Ok((0..rows).map(|_| row(&[])).collect());
+    }
+    Ok(fill_vec(rows, |start, out| {
+        for (i, o) in out.iter_mut().enumerate() {
+            let r = start + i;
+            o.write(row(&data[r * reduced..(r + 1) * reduced]));
+        }
+    }))
+}
+
+/// Sum over `axes`, with a fast path for a contiguous input reduced over its
+/// leading axes (bias gradients: accumulate whole rows, no transposed copy).
+pub(crate) fn sum_raw<T: Float + CpuElement>(x: &Tensor, axes: &[usize]) -> Result<Vec<T>> {
+    let leading = axes.iter().enumerate().all(|(i, &a)| i == a);
+    if leading && x.is_contiguous() && !axes.is_empty() && axes.len() < x.rank() {
+        let outer: usize = axes.iter().map(|&a| x.dims()[a]).product();
+        let inner = x.numel() / outer.max(1);
+        let data = &x.storage_slice::<T>()[x.layout.offset..x.layout.offset + x.numel()];
+        let sum_cols = |start: usize, out: &mut [T]| {
+            for o in out.iter_mut() {
+                *o = T::ZERO;
+            }
+            for r in 0..outer {
+                let row = &data[r * inner + start..r * inner + start + out.len()];
+                for (o, &v) in out.iter_mut().zip(row) {
+                    *o += v;
+                }
+            }
+        };
+        let mut out = vec![T::ZERO; inner];
+        if x.numel() >= PAR_MIN && inner >= 64 {
+            let chunk = inner.div_ceil(rayon::current_num_threads() * 2).max(16);
+            out.par_chunks_mut(chunk)
+                .enumerate()
+                .for_each(|(i, c)| sum_cols(i * chunk, c));
+        } else {
+            sum_cols(0, &mut out);
+        }
+        return Ok(out);
+    }
+    let (_, rows, reduced) = kept_then_reduced(x, axes)?;
+    if rows == 1 && reduced >= PAR_MIN && x.is_contiguous() {
+        // One big row: split it across threads.
+        let data = &x.storage_slice::<T>()[x.layout.offset..x.layout.offset + x.numel()];
+        let total = data
+            .par_chunks(PAR_MIN / 2)
+            .map(sum_slice)
+            .reduce(|| T::ZERO, |a, b| a + b);
+        return Ok(vec![total]);
+    }
+    reduce_rows(x, axes, sum_slice::<T>)
+}
+
+/// Which reduction.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ReduceKind {
+    /// Sum.
+    Sum,
+    /// Maximum (gradient split evenly among ties).
+    Max,
+    /// Minimum (gradient split evenly among ties).
+    Min,
+    /// log(sum(exp(x))), stable for large and -inf inputs.
+    LogSumExp,
+}
+
+/// A reduction over `axes`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reduce {
+    /// Which reduction.
+    pub kind: ReduceKind,
+    /// Sorted, unique axes.
+    pub axes: Axes,
+    /// Keep reduced axes as size 1.
+    pub keepdim: bool,
+}
+
+impl Reduce {
+    fn kernel<T: Float + CpuElement>(&self, x: &Tensor) -> Result<Vec<T>> {
+        match self.kind {
+            ReduceKind::Sum => sum_raw::<T>(x, &self.axes),
+            ReduceKind::Max => reduce_rows(x, &self.axes, |r: &[T]| {
+                r.iter().fold(T::NEG_INF, |a, &b| a.max(b))
+            }),
+            ReduceKind::Min => reduce_rows(x, &self.axes, |r: &[T]| {
+                r.iter().fold(T::INF, |a, &b| a.min(b))
+            }),
+            ReduceKind::LogSumExp => reduce_rows(x, &self.axes, |r: &[T]| logsumexp_slice(r)),
+        }
+    }
+
+    /// `y` (or a gradient of y's shape) with the reduced axes put back as 1s.
+    fn keep<T: Diff>(&self, y: &T, x_shape: &Shape) -> Result<T> {
+        if self.keepdim {
+            Ok(y.clone())
+        } else {
+            y.reshape(reduced_shape(x_shape, &self.axes, true))
+        }
+    }
+
+    /// For max/min: where the input attains the result, divided by the
+    /// number of ties, so the gradient is split evenly.
+    fn tie_weights<T: Diff>(&self, x: &T, y: &T) -> Result<T> {
+        let yk = self.keep(y, &x.shape())?;
+        let mask = x.eq(&yk)?;
+        let count = mask.sum(
+            &self.axes.iter().map(|&a| a as isize).collect::<Vec<_>>(),
+            true,
+        )?;
+        mask.div(&count)
+    }
+}
+
+/// log-sum-exp of a slice: max-shifted, -inf for an empty or all -inf row.
+pub(crate) fn logsumexp_slice<T: Float>(r: &[T]) -> T {
+    let m = r.iter().fold(T::NEG_INF, |a, &b| a.max(b));
+    if m == T::NEG_INF || m == T::INF || m.is_nan() {
+        return m;
+    }
+    let s: T = r.iter().map(|&v| (v - m).exp()).sum();
+    m + s.ln()
+}
+
+impl Op for Reduce {
+    fn name(&self) -> &'static str {
+        match self.kind {
+            ReduceKind::Sum => "sum",
+            ReduceKind::Max => "max",
+            ReduceKind::Min => "min",
+            ReduceKind::LogSumExp => "logsumexp",
+        }
+    }
+
+    fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
+        let x = xs[0];
+        if matches!(self.kind, ReduceKind::Max | ReduceKind::Min) {
+            if let Some(&a) = self.axes.iter().find(|&&a| x.dims()[a] == 0) {
+                return Err(Error::InvalidShape {
+                    op: self.name(),
+                    shape: x.shape().clone(),
+                    reason: format!("cannot take {} over empty axis {a}", self.name()),
+                });
+            }
+        }
+        let shape = reduced_shape(x.shape(), &self.axes, self.keepdim);
+        float_map(
+            self.name(),
+            x,
+            |x| with_float!(x.dtype(), T => Tensor::from_vec(self.kernel::<T>(x)?, shape.clone()), _ => unreachable!()),
+        )
+    }
+
+    fn vjp<T: Diff>(&self, xs: &[&T], y: &T, g: &T) -> Result<InputGrads<T>> {
+        let x = xs[0];
+        let xs_shape = x.shape();
+        let gk = self.keep(g, &xs_shape)?;
+        Ok(one(match self.kind {
+            ReduceKind::Sum => gk.broadcast_to(xs_shape)?,
+            ReduceKind::Max | ReduceKind::Min => self.tie_weights(x, y)?.mul(&gk)?,
+            ReduceKind::LogSumExp => x.sub(&self.keep(y, &xs_shape)?)?.exp()?.mul(&gk)?,
+        }))
+    }
+
+    fn jvp<T: Diff>(&self, xs: &[&T], y: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
+        let Some(t) = ts[0] else { return Ok(None) };
+        let x = xs[0];
+        let axes: Vec<isize> = self.axes.iter().map(|&a| a as isize).collect();
+        let weighted = match self.kind {
+            ReduceKind::Sum => t.clone(),
+            ReduceKind::Max | ReduceKind::Min => t.mul(&self.tie_weights(x, y)?)?,
+            ReduceKind::LogSumExp => t.mul(&x.sub(&self.keep(y, &x.shape())?)?.exp()?)?,
+        };
+        Ok(Some(weighted.sum(&axes, self.keepdim)?))
+    }
+}
+
+/// Index of the largest (or smallest) element along one axis, as i64.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ArgReduce {
+    /// The axis.
+    pub axis: usize,
+    /// Keep the axis as size 1.
+    pub keepdim: bool,
+    /// argmin instead of argmax.
+    pub min: bool,
+}
+
+impl Op for ArgReduce {
+    fn name(&self) -> &'static str {
+        if self.min {
+            "argmin"
+        } else {
+            "argmax"
+        }
+    }
+    fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
+        let x = xs[0];
+        if x.dims()[self.axis] == 0 {
+            return Err(Error::InvalidShape {
+                op: self.name(),
+                shape: x.shape().clone(),
+                reason: "empty axis".into(),
+            });
+        }
+        let x = if x.dtype().is_float() {
+            x.cast_raw(x.dtype().compute())
+        } else {
+            x.cast_raw(DType::F64)
+        };
+        let min = self.min;
+        let out: Vec<i64> = with_float!(x.dtype(), T => reduce_rows(&x, &[self.axis], |r: &[T]| {
+            // First occurrence wins; NaN counts as the extreme, like torch.
+            let mut best = 0;
+            for (i, &v) in r.iter().enumerate() {
+                let b = r[best];
+                if b.is_nan() { break; }
+                if v.is_nan() || (if min { v < b } else { v > b }) { best = i; }
+            }
+            best as i64
+        })?, _ => unreachable!());
+        Tensor::from_vec(out, reduced_shape(x.shape(), &[self.axis], self.keepdim))
+    }
+    fn vjp<T: Diff>(&self, _: &[&T], _: &T, _: &T) -> Result<InputGrads<T>> {
+        Ok(smallvec::smallvec![None])
+    }
+    fn jvp<T: Diff>(&self, _: &[&T], _: &T, _: &[Option<&T>]) -> Result<Option<T>> {
+        Ok(None)
+    }
+    fn is_differentiable(&self) -> bool {
+        false
+    }
+}
+
+/// Sums a broadcast value back to `shape` (the reverse of `broadcast_to`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SumTo {
+    /// The target shape; the input must broadcast to... from it.
+    pub shape: Shape,
+}
+
+impl Op for SumTo {
+    fn name(&self) -> &'static str {
+        "sum_to"
+    }
+    fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
+        let x = xs[0];
+        let (r, tr) = (x.rank(), self.shape.rank());
+        let fits = tr <= r
+            && self
+                .shape
+                .dims()
+                .iter()
+                .enumerate()
+                .all(|(i, &d)| d == 1 || d == x.dims()[r - tr + i]);
+        if !fits {
+            return Err(Error::ShapeMismatch {
+                op: "sum_to",
+                lhs: x.shape().clone(),
+                rhs: self.shape.clone(),
+            });
+        }
+        let axes: Axes = (0..r)
+            .filter(|&i| i < r - tr || (self.shape.dims()[i - (r - tr)] == 1 && x.dims()[i] != 1))
+            .collect();
+        if axes.is_empty() {
+            return x.reshape_raw(self.shape.clone());
+        }
+        let s = Reduce {
+            kind: ReduceKind::Sum,
+            axes,
+            keepdim: true,
+        }
+        .forward(&[x])?;
+        s.reshape_raw(self.shape.clone())
+    }
+    fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
+        Ok(one(g.broadcast_to(xs[0].shape())?))
+    }
+    fn jvp<T: Diff>(&self, _: &[&T], _: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
+        ts[0].map(|t| t.sum_to(self.shape.clone())).transpose()
+    }
+}
+
+/// Reductions, on tensors and graph handles alike. An empty `axes` slice
+/// means every axis.
+pub trait ReduceOps: Diff {
+    /// Sum over `axes`.
+    fn sum(&self, axes: &[isize], keepdim: bool) -> Result<Self> {
+        let axes = normalize_axes("sum", axes, self.rank())?;
+        Self::apply(
+            Reduce {
+                kind: ReduceKind::Sum,
+                axes,
+                keepdim,
+            },
+            &[self],
+        )
+    }
+    /// Sum of every element, as a 0-d value.
+    fn sum_all(&self) -> Result<Self> {
+        self.sum(&[], false)
+    }
+    /// Mean over `axes`.
+    fn mean(&self, axes: &[isize], keepdim: bool) -> Result<Self> {
+        let norm = normalize_axes("mean", axes, self.rank())?;
+        let n: usize = norm.iter().map(|&a| self.shape().dims()[a]).product();
+        self.sum(axes, keepdim)?.mul_scalar(1.0 / n as f64)
+    }
+    /// Mean of every element, as a 0-d value.
+    fn mean_all(&self) -> Result<Self> {
+        self.mean(&[], false)
+    }
+    /// Maximum over `axes`.
+    fn max(&self, axes: &[isize], keepdim: bool) -> Result<Self> {
+        let axes = normalize_axes("max", axes, self.rank())?;
+        Self::apply(
+            Reduce {
+                kind: ReduceKind::Max,
+                axes,
+                keepdim,
+            },
+            &[self],
+        )
+    }
+    /// Minimum over `axes`.
+    fn min(&self, axes: &[isize], keepdim: bool) -> Result<Self> {
+        let axes = normalize_axes("min", axes, self.rank())?;
+        Self::apply(
+            Reduce {
+                kind: ReduceKind::Min,
+                axes,
+                keepdim,
+            },
+            &[self],
+        )
+    }
+    /// log(sum(exp(x))) over `axes`, computed stably.
+    fn logsumexp(&self, axes: &[isize], keepdim: bool) -> Result<Self> {
+        let axes = normalize_axes("logsumexp", axes, self.rank())?;
+        Self::apply(
+            Reduce {
+                kind: ReduceKind::LogSumExp,
+                axes,
+                keepdim,
+            },
+            &[self],
+        )
+    }
+    /// Index of the maximum along `axis` (i64, first occurrence).
+    fn argmax(&self, axis: isize, keepdim: bool) -> Result<Self> {
+        let axis = resolve_axis("argmax", axis, self.rank())?;
+        Self::apply(
+            ArgReduce {
+                axis,
+                keepdim,
+                min: false,
+            },
+            &[self],
+        )
+    }
+    /// Index of the minimum along `axis` (i64, first occurrence).
+    fn argmin(&self, axis: isize, keepdim: bool) -> Result<Self> {
+        let axis = resolve_axis("argmin", axis, self.rank())?;
+        Self::apply(
+            ArgReduce {
+                axis,
+                keepdim,
+                min: true,
+            },
+            &[self],
+        )
+    }
+    /// Sums a broadcast value back down to `shape`.
+    fn sum_to(&self, shape: impl Into<Shape>) -> Result<Self> {
+        let shape = shape.into();
+        if shape == self.shape() {
+            return Ok(self.clone());
+        }
+        Self::apply(SumTo { shape }, &[self])
+    }
+}
+
+impl<T: Diff> ReduceOps for T {}

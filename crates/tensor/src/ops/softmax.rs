@@ -1,0 +1,132 @@
+//! softmax and log_softmax along any axis, max-shifted so inputs like 1e4
+//! and -inf are handled.
+
+use crate::ops::binary::BinaryOps;
+use crate::ops::reduce::ReduceOps;
+use crate::ops::unary::{float_map, UnaryOps};
+use crate::ops::{one, Diff, InputGrads, Op};
+use crate::storage::CpuElement;
+use crate::{resolve_axis, with_float, Float, Result, Tensor};
+
+/// softmax (or log_softmax) along `axis`.
+#[derive(Debug, Clone, Copy)]
+pub struct Softmax {
+    /// The axis (non-negative).
+    pub axis: usize,
+    /// log_softmax instead of softmax.
+    pub log: bool,
+}
+
+/// Runs `row(input_row, output_row)` over every row along `axis`, and
+/// returns the output in `x`'s shape.
+pub(crate) fn rowwise<T: Float + CpuElement>(
+    x: &Tensor,
+    axis: usize,
+    row: impl Fn(&[T], &mut [T]) + Sync,
+) -> Result<Tensor> {
+    let last = x.rank() - 1;
+    let mut perm: Vec<usize> = (0..x.rank()).collect();
+    perm.swap(axis, last);
+    let xt = if axis == last {
+        x.contiguous()
+    } else {
+        x.permute_raw(&perm)?.contiguous()
+    };
+    let v = xt.dims()[last];
+    let data = &xt.storage_slice::<T>()[xt.layout.offset..xt.layout.offset + xt.numel()];
+    let out = if v == 0 {
+        Vec::new()
+    } else {
+        let rows = xt.numel() / v;
+        let mut out = vec![T::ZERO; rows * v];
+        use rayon::prelude::*;
+        if rows * v >= crate::iter::PAR_MIN {
+            out.par_chunks_mut(v)
+                .zip(data.par_chunks(v))
+                .for_each(|(o, i)| row(i, o));
+        } else {
+            out.chunks_mut(v)
+                .zip(data.chunks(v))
+                .for_each(|(o, i)| row(i, o));
+        }
+        out
+    };
+    let y = Tensor::from_vec(out, xt.shape().clone())?;
+    if axis == last {
+        Ok(y)
+    } else {
+        Ok(y.permute_raw(&perm)?.contiguous())
+    }
+}
+
+impl Op for Softmax {
+    fn name(&self) -> &'static str {
+        if self.log {
+            "log_softmax"
+        } else {
+            "softmax"
+        }
+    }
+    fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
+        let log = self.log;
+        float_map(self.name(), xs[0], |x| {
+            with_float!(x.dtype(), T => rowwise::<T>(x, self.axis, |i, o| {
+                let m = i.iter().fold(T::NEG_INF, |a, &b| a.max(b));
+                if log {
+                    let s: T = i.iter().map(|&v| (v - m).exp()).sum();
+                    let lse = m + s.ln();
+                    for (o, &v) in o.iter_mut().zip(i) { *o = v - lse; }
+                } else {
+                    let mut s = T::ZERO;
+                    for (o, &v) in o.iter_mut().zip(i) { let e = (v - m).exp(); *o = e; s += e; }
+                    let inv = T::ONE / s;
+                    for o in o.iter_mut() { *o = *o * inv; }
+                }
+            }), _ => unreachable!())
+        })
+    }
+    fn vjp<T: Diff>(&self, _: &[&T], y: &T, g: &T) -> Result<InputGrads<T>> {
+        Ok(one(self.pushforward(y, g)?))
+    }
+    fn jvp<T: Diff>(&self, _: &[&T], y: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
+        ts[0].map(|t| self.pushforward_jvp(y, t)).transpose()
+    }
+}
+
+impl Softmax {
+    /// softmax's Jacobian is symmetric, so one formula serves both modes:
+    /// y * (v - sum(v * y)). log_softmax's VJP is g - softmax * sum(g).
+    fn pushforward<T: Diff>(&self, y: &T, v: &T) -> Result<T> {
+        let ax = [self.axis as isize];
+        if self.log {
+            v.sub(&y.exp()?.mul(&v.sum(&ax, true)?)?)
+        } else {
+            y.mul(&v.sub(&v.mul(y)?.sum(&ax, true)?)?)
+        }
+    }
+    /// log_softmax's JVP is t - sum(softmax * t).
+    fn pushforward_jvp<T: Diff>(&self, y: &T, t: &T) -> Result<T> {
+        let ax = [self.axis as isize];
+        if self.log {
+            t.sub(&y.exp()?.mul(t)?.sum(&ax, true)?)
+        } else {
+            self.pushforward(y, t)
+        }
+    }
+}
+
+/// softmax and log_softmax, on tensors and graph handles alike.
+pub trait SoftmaxOps: Diff {
+    /// softmax along `axis`.
+    fn softmax(&self, axis: isize) -> Result<Self> {
+        let axis = resolve_axis("softmax", axis, self.rank())?;
+        Self::apply(Softmax { axis, log: false }, &[self])
+    }
+    /// log_softmax along `axis`.
+    fn log_softmax(&self, axis: isize) -> Result<Self> {
+        let axis = resolve_axis("log_softmax", axis, self.rank())?;
+        Self::apply(Softmax { axis, log: true }, &[self])
+    }
+}
+
+impl<T: Diff> SoftmaxOps for T {}

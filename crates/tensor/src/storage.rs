@@ -1,0 +1,155 @@
+//! Storage: the bytes behind one or more tensors, counted by the allocator.
+
+use half::{bf16, f16};
+
+use crate::memory::{track_alloc, track_free};
+use crate::{DType, Device, Element};
+
+/// A host buffer of one dtype.
+#[derive(Debug, Clone)]
+pub enum CpuBuffer {
+    /// f32 elements.
+    F32(Vec<f32>),
+    /// f64 elements.
+    F64(Vec<f64>),
+    /// f16 elements.
+    F16(Vec<f16>),
+    /// bf16 elements.
+    BF16(Vec<bf16>),
+    /// i32 elements.
+    I32(Vec<i32>),
+    /// i64 elements.
+    I64(Vec<i64>),
+}
+
+impl CpuBuffer {
+    /// The buffer's dtype.
+    pub fn dtype(&self) -> DType {
+        match self {
+            CpuBuffer::F32(_) => DType::F32,
+            CpuBuffer::F64(_) => DType::F64,
+            CpuBuffer::F16(_) => DType::F16,
+            CpuBuffer::BF16(_) => DType::BF16,
+            CpuBuffer::I32(_) => DType::I32,
+            CpuBuffer::I64(_) => DType::I64,
+        }
+    }
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            CpuBuffer::F32(v) => v.len(),
+            CpuBuffer::F64(v) => v.len(),
+            CpuBuffer::F16(v) => v.len(),
+            CpuBuffer::BF16(v) => v.len(),
+            CpuBuffer::I32(v) => v.len(),
+            CpuBuffer::I64(v) => v.len(),
+        }
+    }
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// A zero-filled buffer.
+    pub fn zeros(dtype: DType, n: usize) -> Self {
+        match dtype {
+            DType::F32 => CpuBuffer::F32(vec![0.0; n]),
+            DType::F64 => CpuBuffer::F64(vec![0.0; n]),
+            DType::F16 => CpuBuffer::F16(vec![f16::ZERO; n]),
+            DType::BF16 => CpuBuffer::BF16(vec![bf16::ZERO; n]),
+            DType::I32 => CpuBuffer::I32(vec![0; n]),
+            DType::I64 => CpuBuffer::I64(vec![0; n]),
+        }
+    }
+}
+
+/// Typed access to a [`CpuBuffer`].
+pub trait CpuElement: Element {
+    /// The slice, if the buffer holds this type.
+    fn slice(b: &CpuBuffer) -> Option<&[Self]>;
+    /// The mutable slice, if the buffer holds this type.
+    fn slice_mut(b: &mut CpuBuffer) -> Option<&mut [Self]>;
+    /// Wraps a vector.
+    fn wrap(v: Vec<Self>) -> CpuBuffer;
+}
+
+macro_rules! cpu_element {
+    ($t:ty, $v:ident) => {
+        impl CpuElement for $t {
+            fn slice(b: &CpuBuffer) -> Option<&[Self]> {
+                match b {
+                    CpuBuffer::$v(v) => Some(v),
+                    _ => None,
+                }
+            }
+            fn slice_mut(b: &mut CpuBuffer) -> Option<&mut [Self]> {
+                match b {
+                    CpuBuffer::$v(v) => Some(v),
+                    _ => None,
+                }
+            }
+            fn wrap(v: Vec<Self>) -> CpuBuffer {
+                CpuBuffer::$v(v)
+            }
+        }
+    };
+}
+cpu_element!(f32, F32);
+cpu_element!(f64, F64);
+cpu_element!(f16, F16);
+cpu_element!(bf16, BF16);
+cpu_element!(i32, I32);
+cpu_element!(i64, I64);
+
+/// The memory behind tensors. Its bytes are counted live from creation to
+/// drop, on its device's counters.
+#[derive(Debug)]
+pub struct Storage {
+    buf: CpuBuffer,
+    device: Device,
+    bytes: usize,
+}
+
+impl Storage {
+    /// Takes ownership of a host buffer and counts it.
+    pub fn cpu(buf: CpuBuffer) -> Self {
+        let bytes = buf.len() * buf.dtype().size_in_bytes();
+        track_alloc(Device::Cpu, bytes, true);
+        Storage {
+            buf,
+            device: Device::Cpu,
+            bytes,
+        }
+    }
+    /// The host buffer.
+    pub fn buffer(&self) -> &CpuBuffer {
+        &self.buf
+    }
+    /// The host buffer, mutably.
+    pub fn buffer_mut(&mut self) -> &mut CpuBuffer {
+        &mut self.buf
+    }
+    /// The device.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+    /// The dtype.
+    pub fn dtype(&self) -> DType {
+        self.buf.dtype()
+    }
+    /// Bytes counted for this storage.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl Clone for Storage {
+    fn clone(&self) -> Self {
+        Storage::cpu(self.buf.clone())
+    }
+}
+
+impl Drop for Storage {
+    fn drop(&mut self) {
+        track_free(self.device, self.bytes, true);
+    }
+}

@@ -1,0 +1,475 @@
+//! The tensor handle.
+
+use std::sync::Arc;
+
+use half::{bf16, f16};
+use smallvec::SmallVec;
+
+use crate::iter::{map1, Nd};
+use crate::storage::{CpuBuffer, CpuElement, Storage};
+use crate::{DType, Device, Element, Error, Layout, Result, Shape};
+
+/// An n-dimensional array: a cheap-to-clone handle on shared storage plus a
+/// strided layout. Cloning shares the storage; views (reshape, permute,
+/// narrow, broadcast) share it too. A tensor carries no graph: that is what
+/// lets it leave a `Graph::scope`.
+#[derive(Clone)]
+pub struct Tensor {
+    pub(crate) storage: Arc<Storage>,
+    pub(crate) layout: Layout,
+}
+
+/// Runs `$body` with `$T` bound to the Rust type of a float compute dtype
+/// (f32 or f64); other dtypes take the `$else` branch.
+#[macro_export]
+#[doc(hidden)]
+macro_rules! with_float {
+    ($dtype:expr, $T:ident => $body:expr, _ => $else:expr) => {
+        match $dtype {
+            $crate::DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            $crate::DType::F64 => {
+                type $T = f64;
+                $body
+            }
+            _ => $else,
+        }
+    };
+}
+
+/// Runs `$body` with `$T` bound to the Rust type of any dtype.
+#[macro_export]
+#[doc(hidden)]
+macro_rules! with_dtype {
+    ($dtype:expr, $T:ident => $body:expr) => {
+        match $dtype {
+            $crate::DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            $crate::DType::F64 => {
+                type $T = f64;
+                $body
+            }
+            $crate::DType::F16 => {
+                type $T = half::f16;
+                $body
+            }
+            $crate::DType::BF16 => {
+                type $T = half::bf16;
+                $body
+            }
+            $crate::DType::I32 => {
+                type $T = i32;
+                $body
+            }
+            $crate::DType::I64 => {
+                type $T = i64;
+                $body
+            }
+        }
+    };
+}
+
+impl Tensor {
+    // ----- construction -------------------------------------------------
+
+    /// Wraps a host buffer as a contiguous tensor of `shape`.
+    pub fn from_buffer(buf: CpuBuffer, shape: impl Into<Shape>) -> Result<Self> {
+        let shape = shape.into();
+        if buf.len() != shape.numel() {
+            return Err(Error::ElementCount {
+                op: "from_vec",
+                expected: shape.numel(),
+                got: buf.len(),
+                shape,
+            });
+        }
+        Ok(Tensor {
+            storage: Arc::new(Storage::cpu(buf)),
+            layout: Layout::contiguous(shape),
+        })
+    }
+
+    /// A tensor owning `data`, checked against `shape`.
+    pub fn from_vec<T: CpuElement>(data: Vec<T>, shape: impl Into<Shape>) -> Result<Self> {
+        Self::from_buffer(T::wrap(data), shape)
+    }
+
+    /// A tensor copying `data`, checked against `shape`.
+    pub fn from_slice<T: CpuElement>(data: &[T], shape: impl Into<Shape>) -> Result<Self> {
+        Self::from_vec(data.to_vec(), shape)
+    }
+
+    /// A 0-d f32 tensor.
+    pub fn scalar(v: f32) -> Self {
+        Self::from_vec(vec![v], ()).expect("internal: scalar shape")
+    }
+
+    /// A 0-d tensor of `dtype` holding `v`.
+    pub fn scalar_of(v: f64, dtype: DType) -> Self {
+        Self::full((), v, dtype)
+    }
+
+    /// Zeros of `shape` and `dtype`.
+    pub fn zeros(shape: impl Into<Shape>, dtype: DType) -> Self {
+        let shape = shape.into();
+        let buf = CpuBuffer::zeros(dtype, shape.numel());
+        Tensor {
+            storage: Arc::new(Storage::cpu(buf)),
+            layout: Layout::contiguous(shape),
+        }
+    }
+
+    /// Ones of `shape` and `dtype`.
+    pub fn ones(shape: impl Into<Shape>, dtype: DType) -> Self {
+        Self::full(shape, 1.0, dtype)
+    }
+
+    /// `shape` filled with `value` (converted to `dtype`).
+    pub fn full(shape: impl Into<Shape>, value: f64, dtype: DType) -> Self {
+        let shape = shape.into();
+        let n = shape.numel();
+        let buf = with_dtype!(dtype, T => T::wrap(vec![T::from_f64(value); n]));
+        Tensor {
+            storage: Arc::new(Storage::cpu(buf)),
+            layout: Layout::contiguous(shape),
+        }
+    }
+
+    /// Zeros shaped like `self`, same dtype and device.
+    pub fn zeros_like(&self) -> Self {
+        Self::zeros(self.shape().clone(), self.dtype())
+    }
+
+    /// `start, start + step, ...` below `end` (torch.arange), as `dtype`.
+    pub fn arange(start: f64, end: f64, step: f64, dtype: DType) -> Result<Self> {
+        if step == 0.0 || !step.is_finite() || !start.is_finite() || !end.is_finite() {
+            return Err(Error::invalid(
+                "arange",
+                format!("start {start}, end {end}, step {step}"),
+            ));
+        }
+        let n = ((end - start) / step).ceil().max(0.0) as usize;
+        let buf = with_dtype!(dtype, T => T::wrap((0..n).map(|i| T::from_f64(start + i as f64 * step)).collect()));
+        Self::from_buffer(buf, [n])
+    }
+
+    /// The `n x n` identity.
+    pub fn eye(n: usize, dtype: DType) -> Self {
+        let buf = with_dtype!(dtype, T => T::wrap((0..n * n).map(|i| T::from_f64(if i % (n + 1) == 0 { 1.0 } else { 0.0 })).collect()));
+        Self::from_buffer(buf, [n, n]).expect("internal: eye shape")
+    }
+
+    // ----- inspection ---------------------------------------------------
+
+    /// The shape.
+    pub fn shape(&self) -> &Shape {
+        &self.layout.shape
+    }
+    /// The dims as a slice.
+    pub fn dims(&self) -> &[usize] {
+        self.layout.shape.dims()
+    }
+    /// Number of dims.
+    pub fn rank(&self) -> usize {
+        self.layout.shape.rank()
+    }
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.layout.numel()
+    }
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.storage.dtype()
+    }
+    /// The device its storage lives on.
+    pub fn device(&self) -> Device {
+        self.storage.device()
+    }
+    /// The strided layout.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+    /// Element strides.
+    pub fn strides(&self) -> &[usize] {
+        &self.layout.strides
+    }
+    /// True when row-major with no gaps.
+    pub fn is_contiguous(&self) -> bool {
+        self.layout.is_contiguous()
+    }
+    /// Bytes of the storage this tensor views (shared with other views).
+    pub fn storage_bytes(&self) -> usize {
+        self.storage.bytes()
+    }
+    /// True when both handles view the same storage.
+    pub fn same_storage(&self, other: &Tensor) -> bool {
+        Arc::ptr_eq(&self.storage, &other.storage)
+    }
+    /// Size of `axis` (negative counts from the end).
+    pub fn dim(&self, axis: isize) -> Result<usize> {
+        Ok(self.dims()[self.shape().axis("dim", axis)?])
+    }
+
+    /// The whole storage as a typed slice (ignores the layout).
+    pub(crate) fn storage_slice<T: CpuElement>(&self) -> &[T] {
+        T::slice(self.storage.buffer()).expect("internal: dtype matches storage")
+    }
+
+    /// The elements as a contiguous slice, if this tensor is contiguous and
+    /// of type `T`.
+    pub fn as_slice<T: CpuElement>(&self) -> Option<&[T]> {
+        if !self.is_contiguous() {
+            return None;
+        }
+        let s = T::slice(self.storage.buffer())?;
+        Some(&s[self.layout.offset..self.layout.offset + self.numel()])
+    }
+
+    /// The iteration space of this tensor alone.
+    pub(crate) fn nd(&self) -> Nd<1> {
+        Nd::new(self.dims(), [&self.layout.strides], [self.layout.offset])
+    }
+
+    // ----- leaving the tensor ---------------------------------------------
+
+    /// The elements in row-major order; `T` must match the dtype.
+    pub fn to_vec<T: CpuElement>(&self) -> Result<Vec<T>> {
+        if T::DTYPE != self.dtype() {
+            return Err(Error::DTypeMismatch {
+                op: "to_vec",
+                lhs: self.dtype(),
+                rhs: T::DTYPE,
+            });
+        }
+        if let Some(s) = self.as_slice::<T>() {
+            return Ok(s.to_vec());
+        }
+        Ok(map1(self.storage_slice::<T>(), &self.nd(), |x| x))
+    }
+
+    /// The elements converted to f64, in row-major order.
+    pub fn to_vec_f64(&self) -> Vec<f64> {
+        with_dtype!(self.dtype(), T => map1(self.storage_slice::<T>(), &self.nd(), |x: T| x.to_f64()))
+    }
+
+    /// The elements converted to f32, in row-major order.
+    pub fn to_vec_f32(&self) -> Vec<f32> {
+        with_dtype!(self.dtype(), T => map1(self.storage_slice::<T>(), &self.nd(), |x: T| x.to_f64() as f32))
+    }
+
+    /// The single element of a one-element tensor, as f64.
+    pub fn item(&self) -> Result<f64> {
+        if self.numel() != 1 {
+            return Err(Error::InvalidShape {
+                op: "item",
+                shape: self.shape().clone(),
+                reason: "item needs exactly one element".into(),
+            });
+        }
+        Ok(self.to_vec_f64()[0])
+    }
+
+    /// The single element of a one-element tensor, as f32.
+    pub fn item_f32(&self) -> Result<f32> {
+        self.item().map(|v| v as f32)
+    }
+
+    // ----- layout changes (no recording; Diff wraps these) --------------
+
+    /// A contiguous copy, or `self` when already contiguous at offset 0 or
+    /// of the whole storage.
+    pub fn contiguous(&self) -> Tensor {
+        if self.is_contiguous() {
+            return self.clone();
+        }
+        let buf = with_dtype!(self.dtype(), T => T::wrap(map1(self.storage_slice::<T>(), &self.nd(), |x: T| x)));
+        Tensor::from_buffer(buf, self.shape().clone()).expect("internal: contiguous copy")
+    }
+
+    pub(crate) fn with_layout(&self, layout: Layout) -> Tensor {
+        Tensor {
+            storage: self.storage.clone(),
+            layout,
+        }
+    }
+
+    /// Reshape without copying when the layout allows, else copy.
+    pub(crate) fn reshape_raw(&self, shape: Shape) -> Result<Tensor> {
+        if shape.numel() != self.numel() {
+            return Err(Error::ShapeMismatch {
+                op: "reshape",
+                lhs: self.shape().clone(),
+                rhs: shape,
+            });
+        }
+        let base = if self.is_contiguous() {
+            self.clone()
+        } else {
+            self.contiguous()
+        };
+        Ok(Tensor {
+            storage: base.storage,
+            layout: Layout {
+                strides: shape.contiguous_strides(),
+                shape,
+                offset: base.layout.offset,
+            },
+        })
+    }
+
+    pub(crate) fn permute_raw(&self, perm: &[usize]) -> Result<Tensor> {
+        let r = self.rank();
+        let mut seen: SmallVec<[bool; 6]> = SmallVec::from_elem(false, r);
+        if perm.len() != r
+            || perm
+                .iter()
+                .any(|&p| p >= r || std::mem::replace(&mut seen[p], true))
+        {
+            return Err(Error::invalid(
+                "permute",
+                format!("{perm:?} is not a permutation of 0..{r}"),
+            ));
+        }
+        let shape = Shape(perm.iter().map(|&p| self.dims()[p]).collect());
+        let strides = perm.iter().map(|&p| self.layout.strides[p]).collect();
+        Ok(self.with_layout(Layout {
+            shape,
+            strides,
+            offset: self.layout.offset,
+        }))
+    }
+
+    pub(crate) fn narrow_raw(&self, axis: usize, start: usize, len: usize) -> Result<Tensor> {
+        let size = self.dims()[axis];
+        if start.checked_add(len).is_none_or(|e| e > size) {
+            return Err(Error::IndexOutOfRange {
+                op: "narrow",
+                index: (start + len) as i64,
+                position: axis,
+                size,
+            });
+        }
+        let mut l = self.layout.clone();
+        l.shape.0[axis] = len;
+        if len > 0 {
+            l.offset += start * l.strides[axis];
+        }
+        Ok(self.with_layout(l))
+    }
+
+    pub(crate) fn broadcast_raw(&self, shape: &Shape) -> Result<Tensor> {
+        let b = Shape::broadcast("broadcast_to", self.shape(), shape)?;
+        if &b != shape {
+            return Err(Error::ShapeMismatch {
+                op: "broadcast_to",
+                lhs: self.shape().clone(),
+                rhs: shape.clone(),
+            });
+        }
+        let strides = self.layout.broadcast_strides(shape);
+        Ok(self.with_layout(Layout {
+            shape: shape.clone(),
+            strides,
+            offset: self.layout.offset,
+        }))
+    }
+
+    /// A copy converted to `dtype` (no copy when it already is).
+    pub(crate) fn cast_raw(&self, dtype: DType) -> Tensor {
+        if dtype == self.dtype() {
+            return self.clone();
+        }
+        let nd = self.nd();
+        let buf = with_dtype!(self.dtype(), S => {
+            let src = self.storage_slice::<S>();
+            match dtype {
+                DType::F32 => CpuBuffer::F32(map1(src, &nd, |x: S| x.to_f64() as f32)),
+                DType::F64 => CpuBuffer::F64(map1(src, &nd, |x: S| x.to_f64())),
+                DType::F16 => CpuBuffer::F16(map1(src, &nd, |x: S| f16::from_f64(x.to_f64()))),
+                DType::BF16 => CpuBuffer::BF16(map1(src, &nd, |x: S| bf16::from_f64(x.to_f64()))),
+                DType::I32 => CpuBuffer::I32(map1(src, &nd, |x: S| x.to_f64() as i32)),
+                DType::I64 => CpuBuffer::I64(map1(src, &nd, |x: S| x.to_f64() as i64)),
+            }
+        });
+        Tensor::from_buffer(buf, self.shape().clone()).expect("internal: cast shape")
+    }
+
+    /// Moves to `device` (a no-op when already there).
+    pub fn to_device(&self, device: Device) -> Result<Tensor> {
+        if device == self.device() {
+            return Ok(self.clone());
+        }
+        Device::cuda(match device {
+            Device::Cuda(i) => i,
+            Device::Cpu => 0,
+        })?;
+        Err(Error::DeviceUnavailable {
+            device,
+            reason: "no CUDA backend in this build".into(),
+        })
+    }
+
+    // ----- in place ---------------------------------------------------------
+
+    /// Mutable access to this tensor's elements as a contiguous slice. When
+    /// the storage is shared with another handle or the tensor is a strided
+    /// view, it first gets a private contiguous copy (copy-on-write), so no
+    /// other tensor ever sees the change.
+    pub fn make_mut<T: CpuElement>(&mut self) -> Result<&mut [T]> {
+        if T::DTYPE != self.dtype() {
+            return Err(Error::DTypeMismatch {
+                op: "make_mut",
+                lhs: self.dtype(),
+                rhs: T::DTYPE,
+            });
+        }
+        let whole = self.is_contiguous()
+            && self.layout.offset == 0
+            && self.numel() == self.storage.buffer().len();
+        if !whole || Arc::strong_count(&self.storage) != 1 {
+            *self = Tensor::from_vec(self.to_vec::<T>()?, self.shape().clone())?;
+        }
+        let st = Arc::get_mut(&mut self.storage).expect("internal: unique after copy");
+        Ok(T::slice_mut(st.buffer_mut()).expect("internal: dtype checked"))
+    }
+}
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        const SHOW: usize = 8;
+        let v = if self.numel() <= SHOW {
+            self.to_vec_f64()
+        } else {
+            self.narrow_flat_preview(SHOW)
+        };
+        write!(
+            f,
+            "Tensor[{}, {}, {}] {:?}",
+            self.shape(),
+            self.dtype(),
+            self.device(),
+            v
+        )?;
+        if self.numel() > SHOW {
+            write!(f, " ...")?;
+        }
+        Ok(())
+    }
+}
+
+impl Tensor {
+    fn narrow_flat_preview(&self, n: usize) -> Vec<f64> {
+        let mut out = Vec::with_capacity(n);
+        with_dtype!(self.dtype(), T => self.nd().runs(0, n, |_, [o], len, [s]| {
+            let src = self.storage_slice::<T>();
+            for i in 0..len {
+                out.push(src[o + i * s].to_f64());
+            }
+        }));
+        out
+    }
+}
