@@ -157,10 +157,8 @@ pub enum Error {
 }
 
 impl Error {
-    pub(crate) fn invalid(op: &'static str, reason: impl Into<String>) -> Self {
-        Error::InvalidArgument {
-            op,
-            reason: reason.into(),
-        }
+    /// An [`Error::InvalidArgument`] for `op`.
+    pub fn invalid_arg(op: &'static str, reason: impl Into<String>) -> Self {
+        Error::InvalidArgument { op, reason: reason.into() }
     }
 }

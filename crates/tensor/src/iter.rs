@@ -33,8 +33,7 @@ impl<const K: usize> Nd<K> {
             if dims[i] == 1 {
                 continue;
             }
-            let merge =
-                !d.is_empty() && (0..K).all(|k| s[k][s[k].len() - 1] == strides[k][i] * dims[i]);
+            let merge = !d.is_empty() && (0..K).all(|k| s[k][s[k].len() - 1] == strides[k][i] * dims[i]);
             if merge {
                 let last = d.len() - 1;
                 d[last] *= dims[i];
@@ -49,11 +48,7 @@ impl<const K: usize> Nd<K> {
                 }
             }
         }
-        Nd {
-            dims: d,
-            strides: s,
-            offsets,
-        }
+        Nd { dims: d, strides: s, offsets }
     }
 
     /// Total number of elements.
@@ -63,12 +58,7 @@ impl<const K: usize> Nd<K> {
 
     /// Calls `f(out_start, offsets, len, inner_strides)` for each innermost run
     /// covering the linear output range `start..end`.
-    pub fn runs(
-        &self,
-        start: usize,
-        end: usize,
-        mut f: impl FnMut(usize, [usize; K], usize, [usize; K]),
-    ) {
+    pub fn runs(&self, start: usize, end: usize, mut f: impl FnMut(usize, [usize; K], usize, [usize; K])) {
         if start >= end {
             return;
         }
@@ -117,10 +107,7 @@ pub fn fill_vec<D: Send>(n: usize, fill: impl Fn(usize, &mut [MaybeUninit<D>]) +
         let spare = &mut v.spare_capacity_mut()[..n];
         if n >= PAR_MIN && rayon::current_num_threads() > 1 {
             let chunk = (n / (rayon::current_num_threads() * 4)).max(PAR_MIN / 4);
-            spare
-                .par_chunks_mut(chunk)
-                .enumerate()
-                .for_each(|(i, c)| fill(i * chunk, c));
+            spare.par_chunks_mut(chunk).enumerate().for_each(|(i, c)| fill(i * chunk, c));
         } else {
             fill(0, spare);
         }
@@ -161,8 +148,7 @@ pub fn map2<A: Copy + Sync, B: Copy + Sync, D: Send>(
             let out = &mut out[pos - start..pos - start + len];
             match (sa, sb) {
                 (1, 1) => {
-                    for ((d, &x), &y) in out.iter_mut().zip(&a[oa..oa + len]).zip(&b[ob..ob + len])
-                    {
+                    for ((d, &x), &y) in out.iter_mut().zip(&a[oa..oa + len]).zip(&b[ob..ob + len]) {
                         d.write(f(x, y));
                     }
                 }
@@ -197,15 +183,11 @@ pub fn map3<A: Copy + Sync, B: Copy + Sync, C: Copy + Sync, D: Send>(
     f: impl Fn(A, B, C) -> D + Sync,
 ) -> Vec<D> {
     fill_vec(nd.numel(), |start, out| {
-        nd.runs(
-            start,
-            start + out.len(),
-            |pos, [oa, ob, oc], len, [sa, sb, sc]| {
-                let out = &mut out[pos - start..pos - start + len];
-                for (i, d) in out.iter_mut().enumerate() {
-                    d.write(f(a[oa + i * sa], b[ob + i * sb], c[oc + i * sc]));
-                }
-            },
-        )
+        nd.runs(start, start + out.len(), |pos, [oa, ob, oc], len, [sa, sb, sc]| {
+            let out = &mut out[pos - start..pos - start + len];
+            for (i, d) in out.iter_mut().enumerate() {
+                d.write(f(a[oa + i * sa], b[ob + i * sb], c[oc + i * sc]));
+            }
+        })
     })
 }

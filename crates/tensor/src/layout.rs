@@ -38,26 +38,14 @@ impl Shape {
         let r = a.rank().max(b.rank());
         let mut out: SmallVec<[usize; 6]> = SmallVec::from_elem(1, r);
         for i in 0..r {
-            let da = if i + a.rank() >= r {
-                a.0[i + a.rank() - r]
-            } else {
-                1
-            };
-            let db = if i + b.rank() >= r {
-                b.0[i + b.rank() - r]
-            } else {
-                1
-            };
+            let da = if i + a.rank() >= r { a.0[i + a.rank() - r] } else { 1 };
+            let db = if i + b.rank() >= r { b.0[i + b.rank() - r] } else { 1 };
             out[i] = if da == db || db == 1 {
                 da
             } else if da == 1 {
                 db
             } else {
-                return Err(Error::ShapeMismatch {
-                    op,
-                    lhs: a.clone(),
-                    rhs: b.clone(),
-                });
+                return Err(Error::ShapeMismatch { op, lhs: a.clone(), rhs: b.clone() });
             };
         }
         Ok(Shape(out))
@@ -68,11 +56,7 @@ impl Shape {
 pub fn resolve_axis(op: &'static str, axis: isize, rank: usize) -> Result<usize> {
     let r = rank as isize;
     if axis >= -r && axis < r {
-        Ok(if axis < 0 {
-            (axis + r) as usize
-        } else {
-            axis as usize
-        })
+        Ok(if axis < 0 { (axis + r) as usize } else { axis as usize })
     } else {
         Err(Error::AxisOutOfRange { op, axis, rank })
     }
@@ -140,11 +124,7 @@ impl Layout {
     /// A row-major layout of `shape` at offset 0.
     pub fn contiguous(shape: Shape) -> Self {
         let strides = shape.contiguous_strides();
-        Layout {
-            shape,
-            strides,
-            offset: 0,
-        }
+        Layout { shape, strides, offset: 0 }
     }
     /// True when the elements are in row-major order with no gaps (dims of
     /// size 1 may have any stride).
@@ -170,11 +150,7 @@ impl Layout {
         let mut s: SmallVec<[usize; 6]> = SmallVec::from_elem(0, r);
         for i in 0..own {
             let t = r - own + i;
-            s[t] = if self.shape.0[i] == 1 && target.0[t] != 1 {
-                0
-            } else {
-                self.strides[i]
-            };
+            s[t] = if self.shape.0[i] == 1 && target.0[t] != 1 { 0 } else { self.strides[i] };
         }
         s
     }

@@ -32,12 +32,10 @@ pub use device::Device;
 pub use dtype::{DType, Element, Float};
 pub use error::{Error, Result};
 pub use layout::{resolve_axis, Layout, Shape};
-pub use memory::{
-    max_memory_allocated, memory_allocated, memory_stats, reset_peak_memory_stats, MemoryStats,
-};
+pub use memory::{max_memory_allocated, memory_allocated, memory_stats, reset_peak_memory_stats, MemoryStats};
 pub use ops::{
-    BinaryOps, CrossEntropyOps, Diff, DynOp, IndexOps, MatmulOps, Op, ReduceOps, ShapeOps,
-    SoftmaxOps, Tape, Traced, UnaryOps,
+    BinaryOps, CrossEntropyOps, Diff, DynOp, IndexOps, MatmulOps, Op, ReduceOps, ShapeOps, SoftmaxOps, Tape, Traced,
+    UnaryOps,
 };
 pub use rng::Rng;
 pub use storage::{CpuBuffer, CpuElement, Storage};
@@ -46,8 +44,7 @@ pub use tensor::Tensor;
 /// Everything a user of tensors needs in scope: the types and every op trait.
 pub mod prelude {
     pub use crate::{
-        memory_allocated, memory_stats, reset_peak_memory_stats, BinaryOps, CrossEntropyOps, DType,
-        Device, Diff, Error, IndexOps, MatmulOps, ReduceOps, Result, Rng, Shape, ShapeOps,
-        SoftmaxOps, Tensor, UnaryOps,
+        memory_allocated, memory_stats, reset_peak_memory_stats, BinaryOps, CrossEntropyOps, DType, Device, Diff,
+        Error, IndexOps, MatmulOps, ReduceOps, Result, Rng, Shape, ShapeOps, SoftmaxOps, Tensor, UnaryOps,
     };
 }

@@ -35,11 +35,7 @@ pub struct MemoryStats {
 
 impl std::fmt::Display for MemoryStats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "allocated {} B, peak {} B, reserved {} B",
-            self.allocated, self.peak, self.reserved
-        )
+        write!(f, "allocated {} B, peak {} B, reserved {} B", self.allocated, self.peak, self.reserved)
     }
 }
 
@@ -128,7 +124,6 @@ pub fn max_memory_allocated(device: Device) -> usize {
 /// allocation to zero (`torch.cuda.reset_peak_memory_stats`).
 pub fn reset_peak_memory_stats(device: Device) {
     let c = counters(device);
-    c.peak
-        .store(c.allocated.load(Ordering::Relaxed), Ordering::Relaxed);
+    c.peak.store(c.allocated.load(Ordering::Relaxed), Ordering::Relaxed);
     c.largest.store(0, Ordering::Relaxed);
 }

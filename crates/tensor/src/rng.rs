@@ -22,10 +22,7 @@ impl Rng {
             x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
             x ^ (x >> 31)
         };
-        Rng {
-            s: [next(), next(), next(), next()],
-            spare_normal: None,
-        }
+        Rng { s: [next(), next(), next(), next()], spare_normal: None }
     }
 
     /// The next 64 random bits.
@@ -66,17 +63,9 @@ impl Rng {
     }
 
     /// A tensor uniform in `[lo, hi)`.
-    pub fn uniform(
-        &mut self,
-        shape: impl Into<Shape>,
-        lo: f64,
-        hi: f64,
-        dtype: DType,
-    ) -> Result<Tensor> {
+    pub fn uniform(&mut self, shape: impl Into<Shape>, lo: f64, hi: f64, dtype: DType) -> Result<Tensor> {
         let shape = shape.into();
-        let v: Vec<f64> = (0..shape.numel())
-            .map(|_| lo + (hi - lo) * self.next_f64())
-            .collect();
+        let v: Vec<f64> = (0..shape.numel()).map(|_| lo + (hi - lo) * self.next_f64()).collect();
         Tensor::from_buffer(buffer_from_f64(dtype, &v), shape)
     }
 
@@ -91,26 +80,16 @@ impl Rng {
     }
 
     /// A tensor of normals with `mean` and `std`.
-    pub fn normal_tensor(
-        &mut self,
-        shape: impl Into<Shape>,
-        mean: f64,
-        std: f64,
-        dtype: DType,
-    ) -> Result<Tensor> {
+    pub fn normal_tensor(&mut self, shape: impl Into<Shape>, mean: f64, std: f64, dtype: DType) -> Result<Tensor> {
         let shape = shape.into();
-        let v: Vec<f64> = (0..shape.numel())
-            .map(|_| mean + std * self.normal())
-            .collect();
+        let v: Vec<f64> = (0..shape.numel()).map(|_| mean + std * self.normal()).collect();
         Tensor::from_buffer(buffer_from_f64(dtype, &v), shape)
     }
 
     /// A tensor of integers uniform in `0..n`, as `dtype` (i32/i64 labels).
     pub fn randint(&mut self, shape: impl Into<Shape>, n: u64, dtype: DType) -> Result<Tensor> {
         let shape = shape.into();
-        let v: Vec<f64> = (0..shape.numel())
-            .map(|_| self.below(n.max(1)) as f64)
-            .collect();
+        let v: Vec<f64> = (0..shape.numel()).map(|_| self.below(n.max(1)) as f64).collect();
         Tensor::from_buffer(buffer_from_f64(dtype, &v), shape)
     }
 }

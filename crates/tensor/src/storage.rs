@@ -114,11 +114,7 @@ impl Storage {
     pub fn cpu(buf: CpuBuffer) -> Self {
         let bytes = buf.len() * buf.dtype().size_in_bytes();
         track_alloc(Device::Cpu, bytes, true);
-        Storage {
-            buf,
-            device: Device::Cpu,
-            bytes,
-        }
+        Storage { buf, device: Device::Cpu, bytes }
     }
     /// The host buffer.
     pub fn buffer(&self) -> &CpuBuffer {

@@ -80,17 +80,9 @@ impl Tensor {
     pub fn from_buffer(buf: CpuBuffer, shape: impl Into<Shape>) -> Result<Self> {
         let shape = shape.into();
         if buf.len() != shape.numel() {
-            return Err(Error::ElementCount {
-                op: "from_vec",
-                expected: shape.numel(),
-                got: buf.len(),
-                shape,
-            });
+            return Err(Error::ElementCount { op: "from_vec", expected: shape.numel(), got: buf.len(), shape });
         }
-        Ok(Tensor {
-            storage: Arc::new(Storage::cpu(buf)),
-            layout: Layout::contiguous(shape),
-        })
+        Ok(Tensor { storage: Arc::new(Storage::cpu(buf)), layout: Layout::contiguous(shape) })
     }
 
     /// A tensor owning `data`, checked against `shape`.
@@ -117,10 +109,7 @@ impl Tensor {
     pub fn zeros(shape: impl Into<Shape>, dtype: DType) -> Self {
         let shape = shape.into();
         let buf = CpuBuffer::zeros(dtype, shape.numel());
-        Tensor {
-            storage: Arc::new(Storage::cpu(buf)),
-            layout: Layout::contiguous(shape),
-        }
+        Tensor { storage: Arc::new(Storage::cpu(buf)), layout: Layout::contiguous(shape) }
     }
 
     /// Ones of `shape` and `dtype`.
@@ -133,10 +122,7 @@ impl Tensor {
         let shape = shape.into();
         let n = shape.numel();
         let buf = with_dtype!(dtype, T => T::wrap(vec![T::from_f64(value); n]));
-        Tensor {
-            storage: Arc::new(Storage::cpu(buf)),
-            layout: Layout::contiguous(shape),
-        }
+        Tensor { storage: Arc::new(Storage::cpu(buf)), layout: Layout::contiguous(shape) }
     }
 
     /// Zeros shaped like `self`, same dtype and device.
@@ -147,10 +133,7 @@ impl Tensor {
     /// `start, start + step, ...` below `end` (torch.arange), as `dtype`.
     pub fn arange(start: f64, end: f64, step: f64, dtype: DType) -> Result<Self> {
         if step == 0.0 || !step.is_finite() || !start.is_finite() || !end.is_finite() {
-            return Err(Error::invalid(
-                "arange",
-                format!("start {start}, end {end}, step {step}"),
-            ));
+            return Err(Error::invalid_arg("arange", format!("start {start}, end {end}, step {step}")));
         }
         let n = ((end - start) / step).ceil().max(0.0) as usize;
         let buf = with_dtype!(dtype, T => T::wrap((0..n).map(|i| T::from_f64(start + i as f64 * step)).collect()));
@@ -205,6 +188,11 @@ impl Tensor {
     pub fn storage_bytes(&self) -> usize {
         self.storage.bytes()
     }
+    /// An identity for the storage this tensor views (for de-duplicating
+    /// byte counts over several views).
+    pub fn storage_ptr(&self) -> *const () {
+        Arc::as_ptr(&self.storage) as *const ()
+    }
     /// True when both handles view the same storage.
     pub fn same_storage(&self, other: &Tensor) -> bool {
         Arc::ptr_eq(&self.storage, &other.storage)
@@ -239,11 +227,7 @@ impl Tensor {
     /// The elements in row-major order; `T` must match the dtype.
     pub fn to_vec<T: CpuElement>(&self) -> Result<Vec<T>> {
         if T::DTYPE != self.dtype() {
-            return Err(Error::DTypeMismatch {
-                op: "to_vec",
-                lhs: self.dtype(),
-                rhs: T::DTYPE,
-            });
+            return Err(Error::DTypeMismatch { op: "to_vec", lhs: self.dtype(), rhs: T::DTYPE });
         }
         if let Some(s) = self.as_slice::<T>() {
             return Ok(s.to_vec());
@@ -291,67 +275,36 @@ impl Tensor {
     }
 
     pub(crate) fn with_layout(&self, layout: Layout) -> Tensor {
-        Tensor {
-            storage: self.storage.clone(),
-            layout,
-        }
+        Tensor { storage: self.storage.clone(), layout }
     }
 
     /// Reshape without copying when the layout allows, else copy.
     pub(crate) fn reshape_raw(&self, shape: Shape) -> Result<Tensor> {
         if shape.numel() != self.numel() {
-            return Err(Error::ShapeMismatch {
-                op: "reshape",
-                lhs: self.shape().clone(),
-                rhs: shape,
-            });
+            return Err(Error::ShapeMismatch { op: "reshape", lhs: self.shape().clone(), rhs: shape });
         }
-        let base = if self.is_contiguous() {
-            self.clone()
-        } else {
-            self.contiguous()
-        };
+        let base = if self.is_contiguous() { self.clone() } else { self.contiguous() };
         Ok(Tensor {
             storage: base.storage,
-            layout: Layout {
-                strides: shape.contiguous_strides(),
-                shape,
-                offset: base.layout.offset,
-            },
+            layout: Layout { strides: shape.contiguous_strides(), shape, offset: base.layout.offset },
         })
     }
 
     pub(crate) fn permute_raw(&self, perm: &[usize]) -> Result<Tensor> {
         let r = self.rank();
         let mut seen: SmallVec<[bool; 6]> = SmallVec::from_elem(false, r);
-        if perm.len() != r
-            || perm
-                .iter()
-                .any(|&p| p >= r || std::mem::replace(&mut seen[p], true))
-        {
-            return Err(Error::invalid(
-                "permute",
-                format!("{perm:?} is not a permutation of 0..{r}"),
-            ));
+        if perm.len() != r || perm.iter().any(|&p| p >= r || std::mem::replace(&mut seen[p], true)) {
+            return Err(Error::invalid_arg("permute", format!("{perm:?} is not a permutation of 0..{r}")));
         }
         let shape = Shape(perm.iter().map(|&p| self.dims()[p]).collect());
         let strides = perm.iter().map(|&p| self.layout.strides[p]).collect();
-        Ok(self.with_layout(Layout {
-            shape,
-            strides,
-            offset: self.layout.offset,
-        }))
+        Ok(self.with_layout(Layout { shape, strides, offset: self.layout.offset }))
     }
 
     pub(crate) fn narrow_raw(&self, axis: usize, start: usize, len: usize) -> Result<Tensor> {
         let size = self.dims()[axis];
         if start.checked_add(len).is_none_or(|e| e > size) {
-            return Err(Error::IndexOutOfRange {
-                op: "narrow",
-                index: (start + len) as i64,
-                position: axis,
-                size,
-            });
+            return Err(Error::IndexOutOfRange { op: "narrow", index: (start + len) as i64, position: axis, size });
         }
         let mut l = self.layout.clone();
         l.shape.0[axis] = len;
@@ -364,18 +317,10 @@ impl Tensor {
     pub(crate) fn broadcast_raw(&self, shape: &Shape) -> Result<Tensor> {
         let b = Shape::broadcast("broadcast_to", self.shape(), shape)?;
         if &b != shape {
-            return Err(Error::ShapeMismatch {
-                op: "broadcast_to",
-                lhs: self.shape().clone(),
-                rhs: shape.clone(),
-            });
+            return Err(Error::ShapeMismatch { op: "broadcast_to", lhs: self.shape().clone(), rhs: shape.clone() });
         }
         let strides = self.layout.broadcast_strides(shape);
-        Ok(self.with_layout(Layout {
-            shape: shape.clone(),
-            strides,
-            offset: self.layout.offset,
-        }))
+        Ok(self.with_layout(Layout { shape: shape.clone(), strides, offset: self.layout.offset }))
     }
 
     /// A copy converted to `dtype` (no copy when it already is).
@@ -407,10 +352,7 @@ impl Tensor {
             Device::Cuda(i) => i,
             Device::Cpu => 0,
         })?;
-        Err(Error::DeviceUnavailable {
-            device,
-            reason: "no CUDA backend in this build".into(),
-        })
+        Err(Error::DeviceUnavailable { device, reason: "no CUDA backend in this build".into() })
     }
 
     // ----- in place ---------------------------------------------------------
@@ -421,15 +363,9 @@ impl Tensor {
     /// other tensor ever sees the change.
     pub fn make_mut<T: CpuElement>(&mut self) -> Result<&mut [T]> {
         if T::DTYPE != self.dtype() {
-            return Err(Error::DTypeMismatch {
-                op: "make_mut",
-                lhs: self.dtype(),
-                rhs: T::DTYPE,
-            });
+            return Err(Error::DTypeMismatch { op: "make_mut", lhs: self.dtype(), rhs: T::DTYPE });
         }
-        let whole = self.is_contiguous()
-            && self.layout.offset == 0
-            && self.numel() == self.storage.buffer().len();
+        let whole = self.is_contiguous() && self.layout.offset == 0 && self.numel() == self.storage.buffer().len();
         if !whole || Arc::strong_count(&self.storage) != 1 {
             *self = Tensor::from_vec(self.to_vec::<T>()?, self.shape().clone())?;
         }
@@ -441,19 +377,8 @@ impl Tensor {
 impl std::fmt::Debug for Tensor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         const SHOW: usize = 8;
-        let v = if self.numel() <= SHOW {
-            self.to_vec_f64()
-        } else {
-            self.narrow_flat_preview(SHOW)
-        };
-        write!(
-            f,
-            "Tensor[{}, {}, {}] {:?}",
-            self.shape(),
-            self.dtype(),
-            self.device(),
-            v
-        )?;
+        let v = if self.numel() <= SHOW { self.to_vec_f64() } else { self.narrow_flat_preview(SHOW) };
+        write!(f, "Tensor[{}, {}, {}] {:?}", self.shape(), self.dtype(), self.device(), v)?;
         if self.numel() > SHOW {
             write!(f, " ...")?;
         }

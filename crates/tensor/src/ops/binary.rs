@@ -34,18 +34,10 @@ pub enum Binary {
 /// Checks dtypes and devices agree and returns the broadcast shape.
 pub(crate) fn check_pair(op: &'static str, a: &Tensor, b: &Tensor) -> Result<Shape> {
     if a.dtype() != b.dtype() {
-        return Err(Error::DTypeMismatch {
-            op,
-            lhs: a.dtype(),
-            rhs: b.dtype(),
-        });
+        return Err(Error::DTypeMismatch { op, lhs: a.dtype(), rhs: b.dtype() });
     }
     if a.device() != b.device() {
-        return Err(Error::DeviceMismatch {
-            op,
-            lhs: a.device(),
-            rhs: b.device(),
-        });
+        return Err(Error::DeviceMismatch { op, lhs: a.device(), rhs: b.device() });
     }
     Shape::broadcast(op, a.shape(), b.shape())
 }
@@ -116,10 +108,7 @@ impl Op for Binary {
                 (g.mul(&m)?, g.mul(&m.neg()?.add_scalar(1.0)?)?)
             }
         };
-        Ok(smallvec::smallvec![
-            Some(ga.sum_to(a.shape())?),
-            Some(gb.sum_to(b.shape())?)
-        ])
+        Ok(smallvec::smallvec![Some(ga.sum_to(a.shape())?), Some(gb.sum_to(b.shape())?)])
     }
 
     fn jvp<T: Diff>(&self, xs: &[&T], y: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
@@ -129,36 +118,21 @@ impl Op for Binary {
         let out = match self {
             Binary::Add => add_opt(ta.cloned(), tb.cloned())?,
             Binary::Sub => add_opt(ta.cloned(), tb.map(|t| t.neg()).transpose()?)?,
-            Binary::Mul => add_opt(
-                ta.map(|t| t.mul(b)).transpose()?,
-                tb.map(|t| t.mul(a)).transpose()?,
-            )?,
-            Binary::Div => add_opt(
-                ta.map(|t| t.div(b)).transpose()?,
-                tb.map(|t| t.mul(y)?.div(b)?.neg()).transpose()?,
-            )?,
+            Binary::Mul => add_opt(ta.map(|t| t.mul(b)).transpose()?, tb.map(|t| t.mul(a)).transpose()?)?,
+            Binary::Div => {
+                add_opt(ta.map(|t| t.div(b)).transpose()?, tb.map(|t| t.mul(y)?.div(b)?.neg()).transpose()?)?
+            }
             Binary::Pow => add_opt(
-                ta.map(|t| t.mul(&b.mul(&a.pow(&b.sub_scalar(1.0)?)?)?))
-                    .transpose()?,
+                ta.map(|t| t.mul(&b.mul(&a.pow(&b.sub_scalar(1.0)?)?)?)).transpose()?,
                 tb.map(|t| t.mul(&y.mul(&a.log()?)?)).transpose()?,
             )?,
             Binary::Maximum | Binary::Minimum => {
                 let m = self.select_mask(a, b)?;
-                add_opt(
-                    ta.map(|t| t.mul(&m)).transpose()?,
-                    tb.map(|t| t.mul(&m.neg()?.add_scalar(1.0)?)).transpose()?,
-                )?
+                add_opt(ta.map(|t| t.mul(&m)).transpose()?, tb.map(|t| t.mul(&m.neg()?.add_scalar(1.0)?)).transpose()?)?
             }
         };
         // A tangent of a broadcast input must itself be broadcast.
-        out.map(|t| {
-            if t.shape() == shape {
-                Ok(t)
-            } else {
-                t.broadcast_to(shape.clone())
-            }
-        })
-        .transpose()
+        out.map(|t| if t.shape() == shape { Ok(t) } else { t.broadcast_to(shape.clone()) }).transpose()
     }
 }
 
@@ -166,11 +140,7 @@ impl Binary {
     /// For maximum/minimum: 1 where `a` wins, 0 where `b` wins, 1/2 on ties
     /// (torch splits the gradient evenly on ties).
     fn select_mask<T: Diff>(self, a: &T, b: &T) -> Result<T> {
-        let wins = if self == Binary::Maximum {
-            a.gt(b)?
-        } else {
-            a.lt(b)?
-        };
+        let wins = if self == Binary::Maximum { a.gt(b)? } else { a.lt(b)? };
         wins.add(&a.eq(b)?.mul_scalar(0.5)?)
     }
 }
@@ -277,11 +247,7 @@ impl Op for Where {
             b.layout.broadcast_strides(&shape),
             m.layout.broadcast_strides(&shape),
         );
-        let nd = Nd::new(
-            shape.dims(),
-            [&sa, &sb, &sm],
-            [a.layout.offset, b.layout.offset, m.layout.offset],
-        );
+        let nd = Nd::new(shape.dims(), [&sa, &sb, &sm], [a.layout.offset, b.layout.offset, m.layout.offset]);
         let buf = with_dtype!(a.dtype(), T => T::wrap(map3(
             a.storage_slice::<T>(), b.storage_slice::<T>(), m.storage_slice::<f64>(), &nd,
             |p: T, q: T, c: f64| if c != 0.0 { p } else { q },
@@ -302,11 +268,7 @@ impl Op for Where {
         let tb = ts[1].cloned().unwrap_or_else(|| xs[1].zeros_like());
         let t = T::apply(self.clone(), &[&ta, &tb])?;
         let shape = y.shape();
-        Ok(Some(if t.shape() == shape {
-            t
-        } else {
-            t.broadcast_to(shape)?
-        }))
+        Ok(Some(if t.shape() == shape { t } else { t.broadcast_to(shape)? }))
     }
 }
 
@@ -358,123 +320,51 @@ pub trait BinaryOps: Diff {
     }
     /// Mask of a == b.
     fn eq(&self, o: &Self) -> Result<Self> {
-        Self::apply(
-            Compare {
-                cmp: Cmp::Eq,
-                scalar: None,
-            },
-            &[self, o],
-        )
+        Self::apply(Compare { cmp: Cmp::Eq, scalar: None }, &[self, o])
     }
     /// Mask of a != b.
     fn ne(&self, o: &Self) -> Result<Self> {
-        Self::apply(
-            Compare {
-                cmp: Cmp::Ne,
-                scalar: None,
-            },
-            &[self, o],
-        )
+        Self::apply(Compare { cmp: Cmp::Ne, scalar: None }, &[self, o])
     }
     /// Mask of a < b.
     fn lt(&self, o: &Self) -> Result<Self> {
-        Self::apply(
-            Compare {
-                cmp: Cmp::Lt,
-                scalar: None,
-            },
-            &[self, o],
-        )
+        Self::apply(Compare { cmp: Cmp::Lt, scalar: None }, &[self, o])
     }
     /// Mask of a <= b.
     fn le(&self, o: &Self) -> Result<Self> {
-        Self::apply(
-            Compare {
-                cmp: Cmp::Le,
-                scalar: None,
-            },
-            &[self, o],
-        )
+        Self::apply(Compare { cmp: Cmp::Le, scalar: None }, &[self, o])
     }
     /// Mask of a > b.
     fn gt(&self, o: &Self) -> Result<Self> {
-        Self::apply(
-            Compare {
-                cmp: Cmp::Gt,
-                scalar: None,
-            },
-            &[self, o],
-        )
+        Self::apply(Compare { cmp: Cmp::Gt, scalar: None }, &[self, o])
     }
     /// Mask of a >= b.
     fn ge(&self, o: &Self) -> Result<Self> {
-        Self::apply(
-            Compare {
-                cmp: Cmp::Ge,
-                scalar: None,
-            },
-            &[self, o],
-        )
+        Self::apply(Compare { cmp: Cmp::Ge, scalar: None }, &[self, o])
     }
     /// Mask of x == c.
     fn eq_scalar(&self, c: f64) -> Result<Self> {
-        Self::apply(
-            Compare {
-                cmp: Cmp::Eq,
-                scalar: Some(c),
-            },
-            &[self],
-        )
+        Self::apply(Compare { cmp: Cmp::Eq, scalar: Some(c) }, &[self])
     }
     /// Mask of x != c.
     fn ne_scalar(&self, c: f64) -> Result<Self> {
-        Self::apply(
-            Compare {
-                cmp: Cmp::Ne,
-                scalar: Some(c),
-            },
-            &[self],
-        )
+        Self::apply(Compare { cmp: Cmp::Ne, scalar: Some(c) }, &[self])
     }
     /// Mask of x < c.
     fn lt_scalar(&self, c: f64) -> Result<Self> {
-        Self::apply(
-            Compare {
-                cmp: Cmp::Lt,
-                scalar: Some(c),
-            },
-            &[self],
-        )
+        Self::apply(Compare { cmp: Cmp::Lt, scalar: Some(c) }, &[self])
     }
     /// Mask of x <= c.
     fn le_scalar(&self, c: f64) -> Result<Self> {
-        Self::apply(
-            Compare {
-                cmp: Cmp::Le,
-                scalar: Some(c),
-            },
-            &[self],
-        )
+        Self::apply(Compare { cmp: Cmp::Le, scalar: Some(c) }, &[self])
     }
     /// Mask of x > c.
     fn gt_scalar(&self, c: f64) -> Result<Self> {
-        Self::apply(
-            Compare {
-                cmp: Cmp::Gt,
-                scalar: Some(c),
-            },
-            &[self],
-        )
+        Self::apply(Compare { cmp: Cmp::Gt, scalar: Some(c) }, &[self])
     }
     /// Mask of x >= c.
     fn ge_scalar(&self, c: f64) -> Result<Self> {
-        Self::apply(
-            Compare {
-                cmp: Cmp::Ge,
-                scalar: Some(c),
-            },
-            &[self],
-        )
+        Self::apply(Compare { cmp: Cmp::Ge, scalar: Some(c) }, &[self])
     }
     /// `self` where `mask` is non-zero, else `other` (all broadcast).
     fn where_(&self, mask: &Tensor, other: &Self) -> Result<Self> {

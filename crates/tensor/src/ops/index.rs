@@ -11,13 +11,7 @@ pub(crate) fn checked_indices(op: &'static str, idx: &Tensor, size: usize) -> Re
     let raw: Vec<i64> = match idx.dtype() {
         DType::I64 => idx.to_vec::<i64>()?,
         DType::I32 => idx.to_vec::<i32>()?.into_iter().map(i64::from).collect(),
-        dtype => {
-            return Err(Error::UnsupportedDType {
-                op,
-                dtype,
-                expected: "int32 or int64 indices",
-            })
-        }
+        dtype => return Err(Error::UnsupportedDType { op, dtype, expected: "int32 or int64 indices" }),
     };
     raw.iter()
         .enumerate()
@@ -25,12 +19,7 @@ pub(crate) fn checked_indices(op: &'static str, idx: &Tensor, size: usize) -> Re
             if i >= 0 && (i as usize) < size {
                 Ok(i as usize)
             } else {
-                Err(Error::IndexOutOfRange {
-                    op,
-                    index: i,
-                    position,
-                    size,
-                })
+                Err(Error::IndexOutOfRange { op, index: i, position, size })
             }
         })
         .collect()
@@ -39,11 +28,7 @@ pub(crate) fn checked_indices(op: &'static str, idx: &Tensor, size: usize) -> Re
 /// Splits `shape` around `axis` into (outer, size, inner) element counts.
 fn split(shape: &Shape, axis: usize) -> (usize, usize, usize) {
     let d = shape.dims();
-    (
-        d[..axis].iter().product(),
-        d[axis],
-        d[axis + 1..].iter().product(),
-    )
+    (d[..axis].iter().product(), d[axis], d[axis + 1..].iter().product())
 }
 
 /// Picks entries `idx` (1-D) along `axis`: out has `idx.len()` there.
@@ -80,14 +65,7 @@ impl Op for IndexSelect {
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         let size = xs[0].shape().dims()[self.axis];
-        Ok(one(T::apply(
-            IndexAdd {
-                axis: self.axis,
-                idx: self.idx.clone(),
-                size,
-            },
-            &[g],
-        )?))
+        Ok(one(T::apply(IndexAdd { axis: self.axis, idx: self.idx.clone(), size }, &[g])?))
     }
     fn jvp<T: Diff>(&self, _: &[&T], _: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
         ts[0].map(|t| T::apply(self.clone(), &[t])).transpose()
@@ -139,13 +117,7 @@ impl Op for IndexAdd {
         Tensor::from_buffer(buf, shape)
     }
     fn vjp<T: Diff>(&self, _: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
-        Ok(one(T::apply(
-            IndexSelect {
-                axis: self.axis,
-                idx: self.idx.clone(),
-            },
-            &[g],
-        )?))
+        Ok(one(T::apply(IndexSelect { axis: self.axis, idx: self.idx.clone() }, &[g])?))
     }
     fn jvp<T: Diff>(&self, _: &[&T], _: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
         ts[0].map(|t| T::apply(self.clone(), &[t])).transpose()
@@ -165,25 +137,11 @@ pub struct Gather {
 /// For gather/scatter: checks ranks and shapes and returns, for each
 /// element of `idx` in row-major order, its flat offset in a contiguous
 /// tensor of `target` shape.
-fn scatter_offsets(
-    op: &'static str,
-    target: &Shape,
-    axis: usize,
-    idx: &Tensor,
-) -> Result<Vec<usize>> {
+fn scatter_offsets(op: &'static str, target: &Shape, axis: usize, idx: &Tensor) -> Result<Vec<usize>> {
     let fits = idx.rank() == target.rank()
-        && idx
-            .dims()
-            .iter()
-            .zip(target.dims())
-            .enumerate()
-            .all(|(a, (&i, &t))| a == axis || i <= t);
+        && idx.dims().iter().zip(target.dims()).enumerate().all(|(a, (&i, &t))| a == axis || i <= t);
     if !fits {
-        return Err(Error::ShapeMismatch {
-            op,
-            lhs: target.clone(),
-            rhs: idx.shape().clone(),
-        });
+        return Err(Error::ShapeMismatch { op, lhs: target.clone(), rhs: idx.shape().clone() });
     }
     let ids = checked_indices(op, idx, target.dims()[axis])?;
     let ts = target.contiguous_strides();
@@ -222,13 +180,7 @@ impl Op for Gather {
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         let zeros = g.lift(Tensor::zeros(xs[0].shape(), g.dtype()));
-        Ok(one(T::apply(
-            ScatterAdd {
-                axis: self.axis,
-                idx: self.idx.clone(),
-            },
-            &[&zeros, g],
-        )?))
+        Ok(one(T::apply(ScatterAdd { axis: self.axis, idx: self.idx.clone() }, &[&zeros, g])?))
     }
     fn jvp<T: Diff>(&self, _: &[&T], _: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
         ts[0].map(|t| T::apply(self.clone(), &[t])).transpose()
@@ -252,11 +204,7 @@ impl Op for ScatterAdd {
     fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let (base, src) = (xs[0], xs[1].contiguous());
         if base.dtype() != src.dtype() {
-            return Err(Error::DTypeMismatch {
-                op: "scatter_add",
-                lhs: base.dtype(),
-                rhs: src.dtype(),
-            });
+            return Err(Error::DTypeMismatch { op: "scatter_add", lhs: base.dtype(), rhs: src.dtype() });
         }
         if src.shape() != self.idx.shape() {
             return Err(Error::ShapeMismatch {
@@ -277,13 +225,7 @@ impl Op for ScatterAdd {
         Tensor::from_buffer(buf, base.shape().clone())
     }
     fn vjp<T: Diff>(&self, _: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
-        let gsrc = T::apply(
-            Gather {
-                axis: self.axis,
-                idx: self.idx.clone(),
-            },
-            &[g],
-        )?;
+        let gsrc = T::apply(Gather { axis: self.axis, idx: self.idx.clone() }, &[g])?;
         Ok(smallvec::smallvec![Some(g.clone()), Some(gsrc)])
     }
     fn jvp<T: Diff>(&self, xs: &[&T], _: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
@@ -308,13 +250,7 @@ pub trait IndexOps: Diff {
                 reason: "indices must be 1-D".into(),
             });
         }
-        Self::apply(
-            IndexSelect {
-                axis,
-                idx: idx.clone(),
-            },
-            &[self],
-        )
+        Self::apply(IndexSelect { axis, idx: idx.clone() }, &[self])
     }
     /// Rows of an embedding table `[vocab, dim]` for integer `ids` of any
     /// shape: the result is `[..ids.shape, dim]`.
@@ -335,24 +271,12 @@ pub trait IndexOps: Diff {
     /// torch.gather along `axis`.
     fn gather(&self, axis: isize, idx: &Tensor) -> Result<Self> {
         let axis = resolve_axis("gather", axis, self.rank())?;
-        Self::apply(
-            Gather {
-                axis,
-                idx: idx.clone(),
-            },
-            &[self],
-        )
+        Self::apply(Gather { axis, idx: idx.clone() }, &[self])
     }
     /// torch.scatter_add along `axis`: `self` with `src` added at `idx`.
     fn scatter_add(&self, axis: isize, idx: &Tensor, src: &Self) -> Result<Self> {
         let axis = resolve_axis("scatter_add", axis, self.rank())?;
-        Self::apply(
-            ScatterAdd {
-                axis,
-                idx: idx.clone(),
-            },
-            &[self, src],
-        )
+        Self::apply(ScatterAdd { axis, idx: idx.clone() }, &[self, src])
     }
 }
 

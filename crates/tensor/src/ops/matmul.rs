@@ -27,11 +27,7 @@ struct Plan {
 }
 
 fn plan(a: &Tensor, b: &Tensor) -> Result<Plan> {
-    let mismatch = || Error::ShapeMismatch {
-        op: "matmul",
-        lhs: a.shape().clone(),
-        rhs: b.shape().clone(),
-    };
+    let mismatch = || Error::ShapeMismatch { op: "matmul", lhs: a.shape().clone(), rhs: b.shape().clone() };
     if a.rank() < 2 || b.rank() < 2 {
         return Err(mismatch());
     }
@@ -41,12 +37,8 @@ fn plan(a: &Tensor, b: &Tensor) -> Result<Plan> {
     if k != k2 {
         return Err(mismatch());
     }
-    let batch = Shape::broadcast(
-        "matmul",
-        &Shape::from(&a.dims()[..ra - 2]),
-        &Shape::from(&b.dims()[..rb - 2]),
-    )
-    .map_err(|_| mismatch())?;
+    let batch = Shape::broadcast("matmul", &Shape::from(&a.dims()[..ra - 2]), &Shape::from(&b.dims()[..rb - 2]))
+        .map_err(|_| mismatch())?;
     Ok(Plan { batch, m, k, n })
 }
 
@@ -54,17 +46,12 @@ fn plan(a: &Tensor, b: &Tensor) -> Result<Plan> {
 fn batch_offsets(t: &Tensor, batch: &Shape) -> Vec<usize> {
     let r = t.rank();
     let own = Shape::from(&t.dims()[..r - 2]);
-    let lay = crate::Layout {
-        shape: own,
-        strides: SmallVec::from_slice(&t.strides()[..r - 2]),
-        offset: t.layout.offset,
-    };
+    let lay =
+        crate::Layout { shape: own, strides: SmallVec::from_slice(&t.strides()[..r - 2]), offset: t.layout.offset };
     let strides = lay.broadcast_strides(batch);
     let mut out = Vec::with_capacity(batch.numel());
     let nd = crate::iter::Nd::new(batch.dims(), [&strides], [t.layout.offset]);
-    nd.runs(0, batch.numel(), |_, [o], len, [s]| {
-        out.extend((0..len).map(|i| o + i * s))
-    });
+    nd.runs(0, batch.numel(), |_, [o], len, [s]| out.extend((0..len).map(|i| o + i * s)));
     out
 }
 
@@ -112,15 +99,9 @@ fn kernel<T: Float + CpuElement>(a: &Tensor, b: &Tensor, p: &Plan) -> Vec<T> {
     };
     let flops = m * n * k;
     if p.batch.numel() > 1 && flops < GEMM_PAR_MIN * 4 && p.batch.numel() * flops >= GEMM_PAR_MIN {
-        out.par_chunks_mut(m * n)
-            .enumerate()
-            .for_each(|(i, d)| one_gemm(d, i, gemm::Parallelism::None));
+        out.par_chunks_mut(m * n).enumerate().for_each(|(i, d)| one_gemm(d, i, gemm::Parallelism::None));
     } else {
-        let par = if flops >= GEMM_PAR_MIN {
-            gemm::Parallelism::Rayon(0)
-        } else {
-            gemm::Parallelism::None
-        };
+        let par = if flops >= GEMM_PAR_MIN { gemm::Parallelism::Rayon(0) } else { gemm::Parallelism::None };
         for (i, d) in out.chunks_mut(m * n).enumerate() {
             one_gemm(d, i, par);
         }
@@ -135,18 +116,10 @@ impl Op for Matmul {
     fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let (a, b) = (xs[0], xs[1]);
         if a.dtype() != b.dtype() {
-            return Err(Error::DTypeMismatch {
-                op: "matmul",
-                lhs: a.dtype(),
-                rhs: b.dtype(),
-            });
+            return Err(Error::DTypeMismatch { op: "matmul", lhs: a.dtype(), rhs: b.dtype() });
         }
         if a.device() != b.device() {
-            return Err(Error::DeviceMismatch {
-                op: "matmul",
-                lhs: a.device(),
-                rhs: b.device(),
-            });
+            return Err(Error::DeviceMismatch { op: "matmul", lhs: a.device(), rhs: b.device() });
         }
         let p = plan(a, b)?;
         let mut shape = p.batch.clone();
@@ -167,10 +140,7 @@ impl Op for Matmul {
     }
     fn jvp<T: Diff>(&self, xs: &[&T], _: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
         let (a, b) = (xs[0], xs[1]);
-        add_opt(
-            ts[0].map(|t| t.matmul(b)).transpose()?,
-            ts[1].map(|t| a.matmul(t)).transpose()?,
-        )
+        add_opt(ts[0].map(|t| t.matmul(b)).transpose()?, ts[1].map(|t| a.matmul(t)).transpose()?)
     }
 }
 
@@ -181,17 +151,9 @@ pub trait MatmulOps: Diff {
     fn matmul(&self, o: &Self) -> Result<Self> {
         let (ra, rb) = (self.rank(), o.rank());
         if ra == 0 || rb == 0 {
-            return Err(Error::ShapeMismatch {
-                op: "matmul",
-                lhs: self.shape(),
-                rhs: o.shape(),
-            });
+            return Err(Error::ShapeMismatch { op: "matmul", lhs: self.shape(), rhs: o.shape() });
         }
-        let a = if ra == 1 {
-            self.unsqueeze(0)?
-        } else {
-            self.clone()
-        };
+        let a = if ra == 1 { self.unsqueeze(0)? } else { self.clone() };
         let b = if rb == 1 { o.unsqueeze(-1)? } else { o.clone() };
         let mut y = Self::apply(Matmul, &[&a, &b])?;
         if rb == 1 {

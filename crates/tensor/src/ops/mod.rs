@@ -23,6 +23,59 @@ pub mod shape;
 pub mod softmax;
 pub mod unary;
 
+/// The name of every differentiable op, so a test can check that each has a
+/// gradient-check case.
+pub const DIFFERENTIABLE_OPS: &[&str] = &[
+    "neg",
+    "abs",
+    "exp",
+    "log",
+    "sqrt",
+    "rsqrt",
+    "tanh",
+    "sigmoid",
+    "relu",
+    "gelu",
+    "gelu_tanh",
+    "sin",
+    "cos",
+    "square",
+    "powf",
+    "recip",
+    "add_scalar",
+    "mul_scalar",
+    "clamp",
+    "erf",
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "pow",
+    "maximum",
+    "minimum",
+    "where",
+    "sum",
+    "max",
+    "min",
+    "logsumexp",
+    "sum_to",
+    "reshape",
+    "permute",
+    "narrow",
+    "pad",
+    "broadcast_to",
+    "contiguous",
+    "concat",
+    "cast",
+    "matmul",
+    "softmax",
+    "log_softmax",
+    "index_select",
+    "index_add",
+    "gather",
+    "scatter_add",
+];
+
 /// Gradients of an op's inputs: `None` for an input that gets no gradient
 /// (a constant operand, or an input the op is not differentiable in).
 pub type InputGrads<T> = SmallVec<[Option<T>; 3]>;
@@ -57,19 +110,9 @@ pub trait DynOp: Debug + Send + Sync + 'static {
     /// [`Op::vjp`] on plain tensors.
     fn vjp_eager(&self, xs: &[&Tensor], y: &Tensor, g: &Tensor) -> Result<InputGrads<Tensor>>;
     /// [`Op::vjp`] recorded on a tape.
-    fn vjp_traced<'t>(
-        &self,
-        xs: &[&Traced<'t>],
-        y: &Traced<'t>,
-        g: &Traced<'t>,
-    ) -> Result<InputGrads<Traced<'t>>>;
+    fn vjp_traced<'t>(&self, xs: &[&Traced<'t>], y: &Traced<'t>, g: &Traced<'t>) -> Result<InputGrads<Traced<'t>>>;
     /// [`Op::jvp`] on plain tensors.
-    fn jvp_eager(
-        &self,
-        xs: &[&Tensor],
-        y: &Tensor,
-        ts: &[Option<&Tensor>],
-    ) -> Result<Option<Tensor>>;
+    fn jvp_eager(&self, xs: &[&Tensor], y: &Tensor, ts: &[Option<&Tensor>]) -> Result<Option<Tensor>>;
     /// [`Op::jvp`] recorded on a tape.
     fn jvp_traced<'t>(
         &self,
@@ -91,20 +134,10 @@ impl<O: Op> DynOp for O {
     fn vjp_eager(&self, xs: &[&Tensor], y: &Tensor, g: &Tensor) -> Result<InputGrads<Tensor>> {
         self.vjp(xs, y, g)
     }
-    fn vjp_traced<'t>(
-        &self,
-        xs: &[&Traced<'t>],
-        y: &Traced<'t>,
-        g: &Traced<'t>,
-    ) -> Result<InputGrads<Traced<'t>>> {
+    fn vjp_traced<'t>(&self, xs: &[&Traced<'t>], y: &Traced<'t>, g: &Traced<'t>) -> Result<InputGrads<Traced<'t>>> {
         self.vjp(xs, y, g)
     }
-    fn jvp_eager(
-        &self,
-        xs: &[&Tensor],
-        y: &Tensor,
-        ts: &[Option<&Tensor>],
-    ) -> Result<Option<Tensor>> {
+    fn jvp_eager(&self, xs: &[&Tensor], y: &Tensor, ts: &[Option<&Tensor>]) -> Result<Option<Tensor>> {
         self.jvp(xs, y, ts)
     }
     fn jvp_traced<'t>(
@@ -155,14 +188,9 @@ impl Debug for Traced<'_> {
 
 impl Diff for Traced<'_> {
     fn apply<O: Op>(op: O, inputs: &[&Self]) -> Result<Self> {
-        let first = inputs
-            .first()
-            .expect("internal: ops have at least one input");
+        let first = inputs.first().expect("internal: ops have at least one input");
         let ids: SmallVec<[u64; 4]> = inputs.iter().map(|t| t.id).collect();
-        Ok(Traced {
-            tape: first.tape,
-            id: first.tape.record(Arc::new(op), &ids)?,
-        })
+        Ok(Traced { tape: first.tape, id: first.tape.record(Arc::new(op), &ids)? })
     }
     fn shape(&self) -> Shape {
         self.tape.node_shape(self.id)
@@ -174,10 +202,7 @@ impl Diff for Traced<'_> {
         self.tape.node_device(self.id)
     }
     fn lift(&self, value: Tensor) -> Self {
-        Traced {
-            tape: self.tape,
-            id: self.tape.constant(value),
-        }
+        Traced { tape: self.tape, id: self.tape.constant(value) }
     }
     fn eval(&self) -> Result<Tensor> {
         self.tape.node_value(self.id)

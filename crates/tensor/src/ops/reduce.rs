@@ -20,15 +20,13 @@ pub fn normalize_axes(op: &'static str, axes: &[isize], rank: usize) -> Result<A
     let mut out: Axes = if axes.is_empty() {
         (0..rank).collect()
     } else {
-        axes.iter()
-            .map(|&a| resolve_axis(op, a, rank))
-            .collect::<Result<_>>()?
+        axes.iter().map(|&a| resolve_axis(op, a, rank)).collect::<Result<_>>()?
     };
     out.sort_unstable();
     let before = out.len();
     out.dedup();
     if out.len() != before {
-        return Err(Error::invalid(op, format!("repeated axis in {axes:?}")));
+        return Err(Error::invalid_arg(op, format!("repeated axis in {axes:?}")));
     }
     Ok(out)
 }
@@ -123,9 +121,7 @@ pub(crate) fn sum_raw<T: Float + CpuElement>(x: &Tensor, axes: &[usize]) -> Resu
         let mut out = vec![T::ZERO; inner];
         if x.numel() >= PAR_MIN && inner >= 64 {
             let chunk = inner.div_ceil(rayon::current_num_threads() * 2).max(16);
-            out.par_chunks_mut(chunk)
-                .enumerate()
-                .for_each(|(i, c)| sum_cols(i * chunk, c));
+            out.par_chunks_mut(chunk).enumerate().for_each(|(i, c)| sum_cols(i * chunk, c));
         } else {
             sum_cols(0, &mut out);
         }
@@ -135,10 +131,7 @@ pub(crate) fn sum_raw<T: Float + CpuElement>(x: &Tensor, axes: &[usize]) -> Resu
     if rows == 1 && reduced >= PAR_MIN && x.is_contiguous() {
         // One big row: split it across threads.
         let data = &x.storage_slice::<T>()[x.layout.offset..x.layout.offset + x.numel()];
-        let total = data
-            .par_chunks(PAR_MIN / 2)
-            .map(sum_slice)
-            .reduce(|| T::ZERO, |a, b| a + b);
+        let total = data.par_chunks(PAR_MIN / 2).map(sum_slice).reduce(|| T::ZERO, |a, b| a + b);
         return Ok(vec![total]);
     }
     reduce_rows(x, axes, sum_slice::<T>)
@@ -172,12 +165,8 @@ impl Reduce {
     fn kernel<T: Float + CpuElement>(&self, x: &Tensor) -> Result<Vec<T>> {
         match self.kind {
             ReduceKind::Sum => sum_raw::<T>(x, &self.axes),
-            ReduceKind::Max => reduce_rows(x, &self.axes, |r: &[T]| {
-                r.iter().fold(T::NEG_INF, |a, &b| a.max(b))
-            }),
-            ReduceKind::Min => reduce_rows(x, &self.axes, |r: &[T]| {
-                r.iter().fold(T::INF, |a, &b| a.min(b))
-            }),
+            ReduceKind::Max => reduce_rows(x, &self.axes, |r: &[T]| r.iter().fold(T::NEG_INF, |a, &b| a.max(b))),
+            ReduceKind::Min => reduce_rows(x, &self.axes, |r: &[T]| r.iter().fold(T::INF, |a, &b| a.min(b))),
             ReduceKind::LogSumExp => reduce_rows(x, &self.axes, |r: &[T]| logsumexp_slice(r)),
         }
     }
@@ -196,10 +185,7 @@ impl Reduce {
     fn tie_weights<T: Diff>(&self, x: &T, y: &T) -> Result<T> {
         let yk = self.keep(y, &x.shape())?;
         let mask = x.eq(&yk)?;
-        let count = mask.sum(
-            &self.axes.iter().map(|&a| a as isize).collect::<Vec<_>>(),
-            true,
-        )?;
+        let count = mask.sum(&self.axes.iter().map(|&a| a as isize).collect::<Vec<_>>(), true)?;
         mask.div(&count)
     }
 }
@@ -289,17 +275,9 @@ impl Op for ArgReduce {
     fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let x = xs[0];
         if x.dims()[self.axis] == 0 {
-            return Err(Error::InvalidShape {
-                op: self.name(),
-                shape: x.shape().clone(),
-                reason: "empty axis".into(),
-            });
+            return Err(Error::InvalidShape { op: self.name(), shape: x.shape().clone(), reason: "empty axis".into() });
         }
-        let x = if x.dtype().is_float() {
-            x.cast_raw(x.dtype().compute())
-        } else {
-            x.cast_raw(DType::F64)
-        };
+        let x = if x.dtype().is_float() { x.cast_raw(x.dtype().compute()) } else { x.cast_raw(DType::F64) };
         let min = self.min;
         let out: Vec<i64> = with_float!(x.dtype(), T => reduce_rows(&x, &[self.axis], |r: &[T]| {
             // First occurrence wins; NaN counts as the extreme, like torch.
@@ -338,32 +316,16 @@ impl Op for SumTo {
     fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let x = xs[0];
         let (r, tr) = (x.rank(), self.shape.rank());
-        let fits = tr <= r
-            && self
-                .shape
-                .dims()
-                .iter()
-                .enumerate()
-                .all(|(i, &d)| d == 1 || d == x.dims()[r - tr + i]);
+        let fits = tr <= r && self.shape.dims().iter().enumerate().all(|(i, &d)| d == 1 || d == x.dims()[r - tr + i]);
         if !fits {
-            return Err(Error::ShapeMismatch {
-                op: "sum_to",
-                lhs: x.shape().clone(),
-                rhs: self.shape.clone(),
-            });
+            return Err(Error::ShapeMismatch { op: "sum_to", lhs: x.shape().clone(), rhs: self.shape.clone() });
         }
-        let axes: Axes = (0..r)
-            .filter(|&i| i < r - tr || (self.shape.dims()[i - (r - tr)] == 1 && x.dims()[i] != 1))
-            .collect();
+        let axes: Axes =
+            (0..r).filter(|&i| i < r - tr || (self.shape.dims()[i - (r - tr)] == 1 && x.dims()[i] != 1)).collect();
         if axes.is_empty() {
             return x.reshape_raw(self.shape.clone());
         }
-        let s = Reduce {
-            kind: ReduceKind::Sum,
-            axes,
-            keepdim: true,
-        }
-        .forward(&[x])?;
+        let s = Reduce { kind: ReduceKind::Sum, axes, keepdim: true }.forward(&[x])?;
         s.reshape_raw(self.shape.clone())
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
@@ -380,14 +342,7 @@ pub trait ReduceOps: Diff {
     /// Sum over `axes`.
     fn sum(&self, axes: &[isize], keepdim: bool) -> Result<Self> {
         let axes = normalize_axes("sum", axes, self.rank())?;
-        Self::apply(
-            Reduce {
-                kind: ReduceKind::Sum,
-                axes,
-                keepdim,
-            },
-            &[self],
-        )
+        Self::apply(Reduce { kind: ReduceKind::Sum, axes, keepdim }, &[self])
     }
     /// Sum of every element, as a 0-d value.
     fn sum_all(&self) -> Result<Self> {
@@ -406,62 +361,27 @@ pub trait ReduceOps: Diff {
     /// Maximum over `axes`.
     fn max(&self, axes: &[isize], keepdim: bool) -> Result<Self> {
         let axes = normalize_axes("max", axes, self.rank())?;
-        Self::apply(
-            Reduce {
-                kind: ReduceKind::Max,
-                axes,
-                keepdim,
-            },
-            &[self],
-        )
+        Self::apply(Reduce { kind: ReduceKind::Max, axes, keepdim }, &[self])
     }
     /// Minimum over `axes`.
     fn min(&self, axes: &[isize], keepdim: bool) -> Result<Self> {
         let axes = normalize_axes("min", axes, self.rank())?;
-        Self::apply(
-            Reduce {
-                kind: ReduceKind::Min,
-                axes,
-                keepdim,
-            },
-            &[self],
-        )
+        Self::apply(Reduce { kind: ReduceKind::Min, axes, keepdim }, &[self])
     }
     /// log(sum(exp(x))) over `axes`, computed stably.
     fn logsumexp(&self, axes: &[isize], keepdim: bool) -> Result<Self> {
         let axes = normalize_axes("logsumexp", axes, self.rank())?;
-        Self::apply(
-            Reduce {
-                kind: ReduceKind::LogSumExp,
-                axes,
-                keepdim,
-            },
-            &[self],
-        )
+        Self::apply(Reduce { kind: ReduceKind::LogSumExp, axes, keepdim }, &[self])
     }
     /// Index of the maximum along `axis` (i64, first occurrence).
     fn argmax(&self, axis: isize, keepdim: bool) -> Result<Self> {
         let axis = resolve_axis("argmax", axis, self.rank())?;
-        Self::apply(
-            ArgReduce {
-                axis,
-                keepdim,
-                min: false,
-            },
-            &[self],
-        )
+        Self::apply(ArgReduce { axis, keepdim, min: false }, &[self])
     }
     /// Index of the minimum along `axis` (i64, first occurrence).
     fn argmin(&self, axis: isize, keepdim: bool) -> Result<Self> {
         let axis = resolve_axis("argmin", axis, self.rank())?;
-        Self::apply(
-            ArgReduce {
-                axis,
-                keepdim,
-                min: true,
-            },
-            &[self],
-        )
+        Self::apply(ArgReduce { axis, keepdim, min: true }, &[self])
     }
     /// Sums a broadcast value back down to `shape`.
     fn sum_to(&self, shape: impl Into<Shape>) -> Result<Self> {

@@ -11,19 +11,10 @@ use crate::{resolve_axis, with_dtype, DType, Element, Error, Result, Shape, Tens
 
 /// Copies `src` into the contiguous buffer `dst` (of shape `dst_shape`) at
 /// element `offset`, placing `src`'s elements at `dst_shape`'s strides.
-pub(crate) fn copy_into<T: CpuElement>(
-    dst: &mut [T],
-    dst_shape: &Shape,
-    offset: usize,
-    src: &Tensor,
-) {
+pub(crate) fn copy_into<T: CpuElement>(dst: &mut [T], dst_shape: &Shape, offset: usize, src: &Tensor) {
     let ds = dst_shape.contiguous_strides();
     let data = src.storage_slice::<T>();
-    let nd = Nd::new(
-        src.dims(),
-        [&ds, &src.layout.strides],
-        [offset, src.layout.offset],
-    );
+    let nd = Nd::new(src.dims(), [&ds, &src.layout.strides], [offset, src.layout.offset]);
     nd.runs(0, nd.numel(), |_, [od, os], len, [sd, ss]| {
         for i in 0..len {
             dst[od + i * sd] = data[os + i * ss];
@@ -93,14 +84,7 @@ impl Op for Narrow {
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         let size = xs[0].shape().dims()[self.axis];
-        Ok(one(T::apply(
-            Pad {
-                axis: self.axis,
-                start: self.start,
-                size,
-            },
-            &[g],
-        )?))
+        Ok(one(T::apply(Pad { axis: self.axis, start: self.start, size }, &[g])?))
     }
     fn jvp<T: Diff>(&self, _: &[&T], _: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
         ts[0].map(|t| T::apply(self.clone(), &[t])).transpose()
@@ -127,14 +111,9 @@ impl Op for Pad {
         let x = xs[0];
         let mut shape = x.shape().clone();
         if self.axis >= x.rank() || self.start + x.dims()[self.axis] > self.size {
-            return Err(Error::invalid(
+            return Err(Error::invalid_arg(
                 "pad",
-                format!(
-                    "cannot place {} at {} in {}",
-                    x.shape(),
-                    self.start,
-                    self.size
-                ),
+                format!("cannot place {} at {} in {}", x.shape(), self.start, self.size),
             ));
         }
         shape.0[self.axis] = self.size;
@@ -148,14 +127,7 @@ impl Op for Pad {
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         let len = xs[0].shape().dims()[self.axis];
-        Ok(one(T::apply(
-            Narrow {
-                axis: self.axis,
-                start: self.start,
-                len,
-            },
-            &[g],
-        )?))
+        Ok(one(T::apply(Narrow { axis: self.axis, start: self.start, len }, &[g])?))
     }
     fn jvp<T: Diff>(&self, _: &[&T], _: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
         ts[0].map(|t| T::apply(self.clone(), &[t])).transpose()
@@ -217,24 +189,12 @@ impl Op for Concat {
         let mut total = 0;
         for x in xs {
             let compatible = x.rank() == first.rank()
-                && x.dims()
-                    .iter()
-                    .zip(first.dims())
-                    .enumerate()
-                    .all(|(i, (a, b))| i == self.axis || a == b);
+                && x.dims().iter().zip(first.dims()).enumerate().all(|(i, (a, b))| i == self.axis || a == b);
             if !compatible {
-                return Err(Error::ShapeMismatch {
-                    op: "concat",
-                    lhs: first.shape().clone(),
-                    rhs: x.shape().clone(),
-                });
+                return Err(Error::ShapeMismatch { op: "concat", lhs: first.shape().clone(), rhs: x.shape().clone() });
             }
             if x.dtype() != first.dtype() {
-                return Err(Error::DTypeMismatch {
-                    op: "concat",
-                    lhs: first.dtype(),
-                    rhs: x.dtype(),
-                });
+                return Err(Error::DTypeMismatch { op: "concat", lhs: first.dtype(), rhs: x.dtype() });
             }
             total += x.dims()[self.axis];
         }
@@ -266,11 +226,7 @@ impl Op for Concat {
         if ts.iter().all(|t| t.is_none()) {
             return Ok(None);
         }
-        let full: Vec<T> = xs
-            .iter()
-            .zip(ts)
-            .map(|(x, t)| t.cloned().unwrap_or_else(|| x.zeros_like()))
-            .collect();
+        let full: Vec<T> = xs.iter().zip(ts).map(|(x, t)| t.cloned().unwrap_or_else(|| x.zeros_like())).collect();
         let refs: Vec<&T> = full.iter().collect();
         T::apply(self.clone(), &refs).map(Some)
     }
@@ -290,13 +246,7 @@ impl Op for Cast {
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         let from = xs[0].dtype();
-        Ok(smallvec::smallvec![
-            if from.is_float() && self.0.is_float() {
-                Some(g.cast(from)?)
-            } else {
-                None
-            }
-        ])
+        Ok(smallvec::smallvec![if from.is_float() && self.0.is_float() { Some(g.cast(from)?) } else { None }])
     }
     fn jvp<T: Diff>(&self, _: &[&T], _: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
         if !self.0.is_float() {
@@ -318,11 +268,7 @@ pub trait ShapeOps: Diff {
             return Ok(self.clone());
         }
         if shape.numel() != self.numel() {
-            return Err(Error::ShapeMismatch {
-                op: "reshape",
-                lhs: self.shape(),
-                rhs: shape,
-            });
+            return Err(Error::ShapeMismatch { op: "reshape", lhs: self.shape(), rhs: shape });
         }
         Self::apply(Reshape(shape), &[self])
     }
@@ -337,10 +283,7 @@ pub trait ShapeOps: Diff {
     /// Swaps two axes.
     fn transpose(&self, a: isize, b: isize) -> Result<Self> {
         let r = self.rank();
-        let (a, b) = (
-            resolve_axis("transpose", a, r)?,
-            resolve_axis("transpose", b, r)?,
-        );
+        let (a, b) = (resolve_axis("transpose", a, r)?, resolve_axis("transpose", b, r)?);
         let mut perm: Vec<usize> = (0..r).collect();
         perm.swap(a, b);
         self.permute(&perm)
@@ -348,11 +291,7 @@ pub trait ShapeOps: Diff {
     /// Swaps the last two axes (matrix transpose).
     fn t(&self) -> Result<Self> {
         if self.rank() < 2 {
-            return Err(Error::InvalidShape {
-                op: "t",
-                shape: self.shape(),
-                reason: "needs rank >= 2".into(),
-            });
+            return Err(Error::InvalidShape { op: "t", shape: self.shape(), reason: "needs rank >= 2".into() });
         }
         self.transpose(-2, -1)
     }
@@ -416,28 +355,20 @@ pub trait ShapeOps: Diff {
     }
     /// Joins `xs` along `axis`.
     fn concat(xs: &[&Self], axis: isize) -> Result<Self> {
-        let first = xs
-            .first()
-            .ok_or_else(|| Error::invalid("concat", "no tensors given"))?;
+        let first = xs.first().ok_or_else(|| Error::invalid_arg("concat", "no tensors given"))?;
         let axis = resolve_axis("concat", axis, first.rank())?;
         Self::apply(Concat { axis }, xs)
     }
     /// Stacks equal-shaped `xs` along a new `axis`.
     fn stack(xs: &[&Self], axis: isize) -> Result<Self> {
-        let first = xs
-            .first()
-            .ok_or_else(|| Error::invalid("stack", "no tensors given"))?;
+        let first = xs.first().ok_or_else(|| Error::invalid_arg("stack", "no tensors given"))?;
         let axis = resolve_axis("stack", axis, first.rank() + 1)?;
         let shape = first.shape();
         let parts = xs
             .iter()
             .map(|x| {
                 if x.shape() != shape {
-                    return Err(Error::ShapeMismatch {
-                        op: "stack",
-                        lhs: shape.clone(),
-                        rhs: x.shape(),
-                    });
+                    return Err(Error::ShapeMismatch { op: "stack", lhs: shape.clone(), rhs: x.shape() });
                 }
                 x.unsqueeze(axis as isize)
             })

@@ -27,11 +27,7 @@ pub(crate) fn rowwise<T: Float + CpuElement>(
     let last = x.rank() - 1;
     let mut perm: Vec<usize> = (0..x.rank()).collect();
     perm.swap(axis, last);
-    let xt = if axis == last {
-        x.contiguous()
-    } else {
-        x.permute_raw(&perm)?.contiguous()
-    };
+    let xt = if axis == last { x.contiguous() } else { x.permute_raw(&perm)?.contiguous() };
     let v = xt.dims()[last];
     let data = &xt.storage_slice::<T>()[xt.layout.offset..xt.layout.offset + xt.numel()];
     let out = if v == 0 {
@@ -41,13 +37,9 @@ pub(crate) fn rowwise<T: Float + CpuElement>(
         let mut out = vec![T::ZERO; rows * v];
         use rayon::prelude::*;
         if rows * v >= crate::iter::PAR_MIN {
-            out.par_chunks_mut(v)
-                .zip(data.par_chunks(v))
-                .for_each(|(o, i)| row(i, o));
+            out.par_chunks_mut(v).zip(data.par_chunks(v)).for_each(|(o, i)| row(i, o));
         } else {
-            out.chunks_mut(v)
-                .zip(data.chunks(v))
-                .for_each(|(o, i)| row(i, o));
+            out.chunks_mut(v).zip(data.chunks(v)).for_each(|(o, i)| row(i, o));
         }
         out
     };

@@ -112,29 +112,17 @@ impl Unary {
             Unary::GeluTanh => {
                 // d/dx 0.5 x (1 + tanh u), u = k (x + c x^3)
                 let x2 = x.square()?;
-                let u = x
-                    .mul(&x2.mul_scalar(GELU_C)?.add_scalar(1.0)?)?
-                    .mul_scalar(SQRT_2_OVER_PI)?;
+                let u = x.mul(&x2.mul_scalar(GELU_C)?.add_scalar(1.0)?)?.mul_scalar(SQRT_2_OVER_PI)?;
                 let t = u.tanh()?;
-                let du = x2
-                    .mul_scalar(3.0 * GELU_C * SQRT_2_OVER_PI)?
-                    .add_scalar(SQRT_2_OVER_PI)?;
+                let du = x2.mul_scalar(3.0 * GELU_C * SQRT_2_OVER_PI)?.add_scalar(SQRT_2_OVER_PI)?;
                 let sech2 = t.square()?.neg()?.add_scalar(1.0)?;
                 let a = t.add_scalar(1.0)?.mul_scalar(0.5)?;
                 Tensor(a.add(&x.mul(&sech2)?.mul(&du)?.mul_scalar(0.5)?)?)
             }
             Unary::GeluErf => {
                 // Phi(x) + x phi(x)
-                let cdf = x
-                    .mul_scalar(std::f64::consts::FRAC_1_SQRT_2)?
-                    .erf()?
-                    .add_scalar(1.0)?
-                    .mul_scalar(0.5)?;
-                let pdf = x
-                    .square()?
-                    .mul_scalar(-0.5)?
-                    .exp()?
-                    .mul_scalar(FRAC_1_SQRT_2PI)?;
+                let cdf = x.mul_scalar(std::f64::consts::FRAC_1_SQRT_2)?.erf()?.add_scalar(1.0)?.mul_scalar(0.5)?;
+                let pdf = x.square()?.mul_scalar(-0.5)?.exp()?.mul_scalar(FRAC_1_SQRT_2PI)?;
                 Tensor(cdf.add(&x.mul(&pdf)?)?)
             }
             Unary::Sin => Tensor(x.cos()?),
@@ -145,12 +133,7 @@ impl Unary {
             Unary::AddScalar(_) => One,
             Unary::MulScalar(c) => Const(c),
             Unary::Clamp(lo, hi) => Tensor(x.ge_scalar(lo)?.mul(&x.le_scalar(hi)?)?),
-            Unary::Erf => Tensor(
-                x.square()?
-                    .neg()?
-                    .exp()?
-                    .mul_scalar(std::f64::consts::FRAC_2_SQRT_PI)?,
-            ),
+            Unary::Erf => Tensor(x.square()?.neg()?.exp()?.mul_scalar(std::f64::consts::FRAC_2_SQRT_PI)?),
             Unary::Sign => Const(0.0),
         })
     }
@@ -171,9 +154,7 @@ impl Unary {
             Unary::Relu => map1(src, &nd, |v: T| if v > T::ZERO { v } else { T::ZERO }),
             Unary::GeluTanh => {
                 let (k, gc, half) = (c(SQRT_2_OVER_PI), c(GELU_C), c(0.5));
-                map1(src, &nd, move |v: T| {
-                    half * v * (T::ONE + (k * (v + gc * v * v * v)).tanh())
-                })
+                map1(src, &nd, move |v: T| half * v * (T::ONE + (k * (v + gc * v * v * v)).tanh()))
             }
             Unary::GeluErf => {
                 let (r, half) = (c(std::f64::consts::FRAC_1_SQRT_2), c(0.5));
@@ -258,19 +239,11 @@ impl Op for Unary {
 
 /// Runs a float kernel on `x`: f32 and f64 directly, f16 and bf16 through
 /// f32 (the result is cast back), integers rejected.
-pub(crate) fn float_map(
-    op: &'static str,
-    x: &Tensor,
-    f: impl FnOnce(&Tensor) -> Result<Tensor>,
-) -> Result<Tensor> {
+pub(crate) fn float_map(op: &'static str, x: &Tensor, f: impl FnOnce(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
     match x.dtype() {
         DType::F32 | DType::F64 => f(x),
         DType::F16 | DType::BF16 => Ok(f(&x.cast_raw(DType::F32))?.cast_raw(x.dtype())),
-        dtype => Err(Error::UnsupportedDType {
-            op,
-            dtype,
-            expected: "a float dtype",
-        }),
+        dtype => Err(Error::UnsupportedDType { op, dtype, expected: "a float dtype" }),
     }
 }
 
@@ -359,10 +332,7 @@ pub trait UnaryOps: Diff {
     /// Clamps into `[lo, hi]`; the gradient is 1 inside and 0 outside.
     fn clamp(&self, lo: f64, hi: f64) -> Result<Self> {
         if lo > hi || lo.is_nan() || hi.is_nan() {
-            return Err(Error::invalid(
-                "clamp",
-                format!("min {lo} is not <= max {hi}"),
-            ));
+            return Err(Error::invalid_arg("clamp", format!("min {lo} is not <= max {hi}")));
         }
         Self::apply(Unary::Clamp(lo, hi), &[self])
     }

@@ -1,0 +1,312 @@
+//! The arena: a graph's nodes live in one slotmap owned by the [`Graph`],
+//! and every node is freed, whole, when the scope that made the graph ends.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashSet;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use slotmap::{new_key_type, Key, KeyData, SlotMap};
+use smallvec::SmallVec;
+use tapir_tensor::{DType, Device, Diff, DynOp, Error, Op, Result, Shape, Tape, Tensor};
+
+new_key_type! {
+    /// A node of a graph.
+    pub struct NodeId;
+}
+
+/// One recorded value: what it is, how it was made, from what.
+pub(crate) struct Node {
+    /// The value; `None` once a backward pass without `retain_graph` has
+    /// released it.
+    pub value: Option<Tensor>,
+    pub shape: Shape,
+    pub dtype: DType,
+    pub device: Device,
+    /// `None` for leaves and constants.
+    pub op: Option<Arc<dyn DynOp>>,
+    pub inputs: SmallVec<[NodeId; 3]>,
+    /// True when a leaf, or made by a differentiable op from such a node.
+    pub requires_grad: bool,
+}
+
+/// A computation graph: an arena of nodes. The only way to get one is
+/// [`Graph::scope`], which frees every node when the closure returns.
+pub struct Graph {
+    pub(crate) nodes: RefCell<SlotMap<NodeId, Node>>,
+    /// Pointer identity used to reject handles from another graph at run
+    /// time (the lifetime brand already rejects them at compile time).
+    id: usize,
+    _not_sync: PhantomData<Cell<()>>,
+}
+
+/// A handle on a node of a graph, valid only inside that graph's scope.
+///
+/// `Var<'g>` is `Copy` and carries an invariant lifetime brand: it cannot be
+/// returned from the scope, stored in anything that outlives it, or combined
+/// with a `Var` of another graph. Values leave a scope only as plain
+/// [`Tensor`]s, through [`Var::value`].
+///
+/// ```compile_fail
+/// use tapir_autograd::Graph;
+/// use tapir_tensor::Tensor;
+/// // A Var cannot escape its scope.
+/// let escaped = Graph::scope(|g| Ok(g.leaf(Tensor::scalar(1.0)))).unwrap();
+/// ```
+#[derive(Clone, Copy)]
+pub struct Var<'g> {
+    pub(crate) graph: &'g Graph,
+    pub(crate) id: NodeId,
+    _brand: PhantomData<fn(&'g ()) -> &'g ()>,
+}
+
+impl std::fmt::Debug for Var<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let nodes = self.graph.nodes.borrow();
+        let n = &nodes[self.id];
+        let op = n.op.as_ref().map_or("leaf", |o| o.name());
+        write!(f, "Var({:?}, {}, {:?}, {})", self.id.data(), op, n.shape, n.dtype)
+    }
+}
+
+static NEXT_GRAPH: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
+
+impl Graph {
+    fn new() -> Self {
+        Graph {
+            nodes: RefCell::new(SlotMap::with_key()),
+            id: NEXT_GRAPH.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            _not_sync: PhantomData,
+        }
+    }
+
+    /// Runs `f` with a fresh graph and frees all of it when `f` returns (or
+    /// fails): nothing recorded inside can outlive this call. Return plain
+    /// tensors or numbers from `f`.
+    ///
+    /// ```
+    /// use tapir_autograd::Graph;
+    /// use tapir_tensor::prelude::*;
+    ///
+    /// let x0 = Tensor::from_vec(vec![0.5f64, -1.0], [2])?;
+    /// let d2 = Graph::scope(|g| {
+    ///     let x = g.leaf(x0.clone());
+    ///     let y = x.tanh()?.sum_all()?;
+    ///     let dy = g.grad_graph(y, &[x])?[0];        // recorded: differentiable again
+    ///     let d2 = g.grad(dy.sum_all()?, &[x])?;     // second derivative, as tensors
+    ///     Ok(d2[0].clone())
+    /// })?;
+    /// let want: Vec<f64> = [0.5f64, -1.0].iter().map(|x| -2.0 * x.tanh() * (1.0 - x.tanh().powi(2))).collect();
+    /// for (a, b) in d2.to_vec::<f64>()?.iter().zip(&want) { assert!((a - b).abs() < 1e-12); }
+    /// # Ok::<(), tapir_tensor::Error>(())
+    /// ```
+    pub fn scope<R, E>(f: impl for<'g> FnOnce(&'g Graph) -> Result<R, E>) -> Result<R, E> {
+        let g = Graph::new();
+        f(&g)
+        // `g` drops here, and with it every node and every tensor it held.
+    }
+
+    fn push(&self, node: Node) -> NodeId {
+        self.nodes.borrow_mut().insert(node)
+    }
+
+    pub(crate) fn var(&self, id: NodeId) -> Var<'_> {
+        Var { graph: self, id, _brand: PhantomData }
+    }
+
+    fn insert_value(&self, value: Tensor, requires_grad: bool) -> NodeId {
+        self.push(Node {
+            shape: value.shape().clone(),
+            dtype: value.dtype(),
+            device: value.device(),
+            value: Some(value),
+            op: None,
+            inputs: SmallVec::new(),
+            requires_grad,
+        })
+    }
+
+    /// A leaf to differentiate with respect to.
+    pub fn leaf(&self, value: Tensor) -> Var<'_> {
+        self.var(self.insert_value(value, true))
+    }
+
+    /// A constant: recorded, but never differentiated.
+    pub fn constant(&self, value: Tensor) -> Var<'_> {
+        self.var(self.insert_value(value, false))
+    }
+
+    /// Runs `op` on the values of `inputs` and records the result.
+    pub(crate) fn record_op(&self, op: Arc<dyn DynOp>, inputs: &[NodeId]) -> Result<NodeId> {
+        let (value, requires_grad) = {
+            let nodes = self.nodes.borrow();
+            let mut vals: SmallVec<[&Tensor; 4]> = SmallVec::new();
+            let mut requires_grad = false;
+            for &i in inputs {
+                let n = nodes
+                    .get(i)
+                    .ok_or_else(|| Error::Graph { reason: "a node id that is not in this graph".into() })?;
+                vals.push(n.value.as_ref().ok_or_else(|| released(op.name()))?);
+                requires_grad |= n.requires_grad;
+            }
+            (op.forward(&vals)?, requires_grad && op.is_differentiable())
+        };
+        Ok(self.push(Node {
+            shape: value.shape().clone(),
+            dtype: value.dtype(),
+            device: value.device(),
+            value: Some(value),
+            op: Some(op),
+            inputs: inputs.iter().copied().collect(),
+            requires_grad,
+        }))
+    }
+
+    pub(crate) fn value_of(&self, id: NodeId) -> Result<Tensor> {
+        let nodes = self.nodes.borrow();
+        nodes[id].value.clone().ok_or_else(|| released("value"))
+    }
+
+    /// Number of nodes the graph holds.
+    pub fn node_count(&self) -> usize {
+        self.nodes.borrow().len()
+    }
+
+    /// Bytes of tensor storage the graph's nodes keep alive (each storage
+    /// counted once, even when several nodes view it).
+    pub fn saved_bytes(&self) -> usize {
+        let nodes = self.nodes.borrow();
+        let mut seen: HashSet<*const ()> = HashSet::new();
+        let mut total = 0;
+        for n in nodes.values() {
+            if let Some(v) = &n.value {
+                if seen.insert(v.storage_ptr()) {
+                    total += v.storage_bytes();
+                }
+            }
+        }
+        total
+    }
+
+    /// Names of the ops recorded in this graph, one per distinct op.
+    pub fn op_names(&self) -> Vec<&'static str> {
+        let mut names: Vec<&'static str> =
+            self.nodes.borrow().values().filter_map(|n| n.op.as_ref().map(|o| o.name())).collect();
+        names.sort_unstable();
+        names.dedup();
+        names
+    }
+
+    /// Number of nodes whose values a backward pass has released.
+    pub fn released_count(&self) -> usize {
+        self.nodes.borrow().values().filter(|n| n.value.is_none()).count()
+    }
+}
+
+pub(crate) fn released(what: &str) -> Error {
+    Error::Graph {
+        reason: format!(
+            "{what}: a value this needs was released by an earlier backward pass; \
+             read values before calling grad, or pass GradOptions {{ retain_graph: true, .. }}"
+        ),
+    }
+}
+
+pub(crate) fn to_raw(id: NodeId) -> u64 {
+    id.data().as_ffi()
+}
+
+pub(crate) fn from_raw(raw: u64) -> NodeId {
+    NodeId::from(KeyData::from_ffi(raw))
+}
+
+impl Tape for Graph {
+    fn record(&self, op: Arc<dyn DynOp>, inputs: &[u64]) -> Result<u64> {
+        let ids: SmallVec<[NodeId; 4]> = inputs.iter().map(|&r| from_raw(r)).collect();
+        self.record_op(op, &ids).map(to_raw)
+    }
+    fn constant(&self, value: Tensor) -> u64 {
+        to_raw(self.insert_value(value, false))
+    }
+    fn node_shape(&self, id: u64) -> Shape {
+        self.nodes.borrow()[from_raw(id)].shape.clone()
+    }
+    fn node_dtype(&self, id: u64) -> DType {
+        self.nodes.borrow()[from_raw(id)].dtype
+    }
+    fn node_device(&self, id: u64) -> Device {
+        self.nodes.borrow()[from_raw(id)].device
+    }
+    fn node_value(&self, id: u64) -> Result<Tensor> {
+        self.value_of(from_raw(id))
+    }
+}
+
+impl<'g> Var<'g> {
+    /// The value, as a plain tensor with no graph attached: the way out of a
+    /// scope. An error only if a backward pass released it.
+    pub fn value(&self) -> Result<Tensor> {
+        self.graph.value_of(self.id)
+    }
+
+    /// Alias of [`Var::value`].
+    pub fn to_tensor(&self) -> Result<Tensor> {
+        self.value()
+    }
+
+    /// The single element, as f64.
+    pub fn item(&self) -> Result<f64> {
+        self.value()?.item()
+    }
+
+    /// The graph this handle belongs to.
+    pub fn graph(&self) -> &'g Graph {
+        self.graph
+    }
+
+    /// The node id.
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+
+    /// True when gradients flow to this value.
+    pub fn requires_grad(&self) -> bool {
+        self.graph.nodes.borrow()[self.id].requires_grad
+    }
+
+    /// The same value as a new constant node: gradients stop here.
+    pub fn detach(&self) -> Result<Var<'g>> {
+        Ok(self.graph.constant(self.value()?))
+    }
+
+    pub(crate) fn traced(&self) -> tapir_tensor::Traced<'g> {
+        tapir_tensor::Traced { tape: self.graph, id: to_raw(self.id) }
+    }
+}
+
+impl Diff for Var<'_> {
+    fn apply<O: Op>(op: O, inputs: &[&Self]) -> Result<Self> {
+        let first = inputs.first().ok_or_else(|| Error::Graph { reason: "an op with no inputs".into() })?;
+        let g = first.graph;
+        if inputs.iter().any(|v| v.graph.id != g.id) {
+            return Err(Error::Graph { reason: format!("{}: operands come from different graphs", op.name()) });
+        }
+        let ids: SmallVec<[NodeId; 4]> = inputs.iter().map(|v| v.id).collect();
+        Ok(g.var(g.record_op(Arc::new(op), &ids)?))
+    }
+    fn shape(&self) -> Shape {
+        self.graph.nodes.borrow()[self.id].shape.clone()
+    }
+    fn dtype(&self) -> DType {
+        self.graph.nodes.borrow()[self.id].dtype
+    }
+    fn device(&self) -> Device {
+        self.graph.nodes.borrow()[self.id].device
+    }
+    fn lift(&self, value: Tensor) -> Self {
+        self.graph.constant(value)
+    }
+    fn eval(&self) -> Result<Tensor> {
+        self.value()
+    }
+}
