@@ -111,6 +111,7 @@ pub trait Float:
     + std::ops::Div<Output = Self>
     + std::ops::Neg<Output = Self>
     + std::ops::AddAssign
+    + std::ops::MulAssign
     + std::iter::Sum
 {
     /// Zero.

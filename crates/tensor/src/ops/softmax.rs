@@ -30,18 +30,18 @@ pub(crate) fn rowwise<T: Float + CpuElement>(
     let xt = if axis == last { x.contiguous() } else { x.permute_raw(&perm)?.contiguous() };
     let v = xt.dims()[last];
     let data = &xt.storage_slice::<T>()[xt.layout.offset..xt.layout.offset + xt.numel()];
-    let out = if v == 0 {
-        Vec::new()
-    } else {
-        let rows = xt.numel() / v;
-        let mut out = vec![T::ZERO; rows * v];
-        use rayon::prelude::*;
-        if rows * v >= crate::iter::PAR_MIN {
-            out.par_chunks_mut(v).zip(data.par_chunks(v)).for_each(|(o, i)| row(i, o));
-        } else {
-            out.chunks_mut(v).zip(data.chunks(v)).for_each(|(o, i)| row(i, o));
+    let out = match xt.numel().checked_div(v) {
+        None => Vec::new(),
+        Some(rows) => {
+            let mut out = vec![T::ZERO; rows * v];
+            use rayon::prelude::*;
+            if rows * v >= crate::iter::PAR_MIN {
+                out.par_chunks_mut(v).zip(data.par_chunks(v)).for_each(|(o, i)| row(i, o));
+            } else {
+                out.chunks_mut(v).zip(data.chunks(v)).for_each(|(o, i)| row(i, o));
+            }
+            out
         }
-        out
     };
     let y = Tensor::from_vec(out, xt.shape().clone())?;
     if axis == last {
@@ -72,7 +72,7 @@ impl Op for Softmax {
                     let mut s = T::ZERO;
                     for (o, &v) in o.iter_mut().zip(i) { let e = (v - m).exp(); *o = e; s += e; }
                     let inv = T::ONE / s;
-                    for o in o.iter_mut() { *o = *o * inv; }
+                    for o in o.iter_mut() { *o *= inv; }
                 }
             }), _ => unreachable!())
         })

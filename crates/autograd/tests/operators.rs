@@ -1,0 +1,161 @@
+//! Derivative operators against closed forms.
+
+use tapir_autograd::{GradOptions, Graph, Var};
+use tapir_tensor::prelude::*;
+
+fn close(a: &[f64], b: &[f64], tol: f64) {
+    assert_eq!(a.len(), b.len());
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        assert!((x - y).abs() <= tol * (1.0 + y.abs()), "at {i}: {x} vs {y}");
+    }
+}
+
+/// Points [N, 2] and u = x^3 y + sin(x) e^y, whose derivatives are known.
+fn points() -> Tensor {
+    Tensor::from_vec(vec![0.1f64, 0.2, -0.7, 0.4, 1.3, -0.5, 0.0, 0.9], [4, 2]).unwrap()
+}
+
+fn u_of<'g>(x: tapir_autograd::Var<'g>) -> Result<tapir_autograd::Var<'g>> {
+    let a = x.narrow(1, 0, 1)?;
+    let b = x.narrow(1, 1, 1)?;
+    a.powf(3.0)?.mul(&b)?.add(&a.sin()?.mul(&b.exp()?)?)
+}
+
+#[test]
+fn laplacian_hessian_diag_and_mixed_partials_match_closed_forms() {
+    let p = points().to_vec::<f64>().unwrap();
+    let (mut uxx, mut uyy, mut uxy, mut ux) = (vec![], vec![], vec![], vec![]);
+    for r in p.chunks(2) {
+        let (x, y) = (r[0], r[1]);
+        uxx.push(6.0 * x * y - x.sin() * y.exp());
+        uyy.push(x.sin() * y.exp());
+        uxy.push(3.0 * x * x + x.cos() * y.exp());
+        ux.push(3.0 * x * x * y + x.cos() * y.exp());
+    }
+    Graph::scope(|g| {
+        let x = g.leaf(points());
+        let u = u_of(x)?;
+        let lap = g.laplacian(u, x)?.value()?.to_vec::<f64>()?;
+        let want: Vec<f64> = uxx.iter().zip(&uyy).map(|(a, b)| a + b).collect();
+        close(&lap, &want, 1e-12);
+        let diag = g.hessian_diag(u, x)?.value()?.to_vec::<f64>()?;
+        let want: Vec<f64> = uxx.iter().zip(&uyy).flat_map(|(a, b)| [*a, *b]).collect();
+        close(&diag, &want, 1e-12);
+        close(&g.second_partials(u, x, &[1])?.value()?.to_vec::<f64>()?, &uyy, 1e-12);
+        close(&g.mixed_partial(u, x, 0, 1)?.value()?.to_vec::<f64>()?, &uxy, 1e-12);
+        close(&g.mixed_partial(u, x, 1, 0)?.value()?.to_vec::<f64>()?, &uxy, 1e-12);
+        let grad = g.point_gradient(u, x)?.value()?.to_vec::<f64>()?;
+        close(&grad.iter().step_by(2).copied().collect::<Vec<_>>(), &ux, 1e-12);
+        Ok::<_, Error>(())
+    })
+    .unwrap();
+}
+
+#[test]
+fn laplacian_is_differentiable_for_training() {
+    // d/dc of sum(lap(c * u)) = sum(lap(u)).
+    Graph::scope(|g| {
+        let c = g.leaf(Tensor::from_vec(vec![2.0f64], [1])?);
+        let x = g.leaf(points());
+        let u = u_of(x)?.mul(&c)?;
+        let lap = g.laplacian(u, x)?;
+        let dc = g.grad(lap.sum_all()?, &[c])?.remove(0).item()?;
+        let lap_u = Graph::scope(|h| {
+            let x = h.leaf(points());
+            h.laplacian(u_of(x)?, x)?.sum_all()?.item()
+        })?;
+        assert!((dc - lap_u).abs() < 1e-10, "{dc} vs {lap_u}");
+        Ok::<_, Error>(())
+    })
+    .unwrap();
+}
+
+#[test]
+fn hutchinson_estimate_is_unbiased_on_average() {
+    let mut rng = Rng::new(7);
+    Graph::scope(|g| {
+        let x = g.leaf(points());
+        let u = u_of(x)?;
+        let exact = g.laplacian(u, x)?.value()?.to_vec::<f64>()?;
+        let probes = 4000;
+        let est = g.laplacian_hutchinson(u, x, probes, &mut rng)?.value()?.to_vec::<f64>()?;
+        let mixed = g.mixed_partial(u, x, 0, 1)?.value()?.to_vec::<f64>()?;
+        for ((e, a), m) in est.iter().zip(&exact).zip(&mixed) {
+            // With Rademacher probes in 2-D, v'Hv = trace + 2 v0 v1 H01: its
+            // standard deviation is 2 |H01|; allow five standard errors.
+            let tol = 5.0 * 2.0 * m.abs() / (probes as f64).sqrt() + 1e-12;
+            assert!((e - a).abs() <= tol, "{e} vs {a} (tolerance {tol})");
+        }
+        Ok::<_, Error>(())
+    })
+    .unwrap();
+}
+
+#[test]
+fn hvp_hessian_and_jacobian() {
+    // f(x) = sum(x^2 * x_shifted) style: f = x0^2 x1 + x1^3 + sin(x2)
+    let x0 = Tensor::from_vec(vec![0.5f64, -1.0, 0.3], [3]).unwrap();
+    Graph::scope(|g| {
+        let x = g.leaf(x0.clone());
+        let (a, b, c) = (x.narrow(0, 0, 1)?, x.narrow(0, 1, 1)?, x.narrow(0, 2, 1)?);
+        let f = a.square()?.mul(&b)?.add(&b.powf(3.0)?)?.add(&c.sin()?)?.sum_all()?;
+        let h = g.hessian(f, x)?.to_vec::<f64>()?;
+        let (xa, xb, xc) = (0.5, -1.0, 0.3f64);
+        let want = [2.0 * xb, 2.0 * xa, 0.0, 2.0 * xa, 6.0 * xb, 0.0, 0.0, 0.0, -xc.sin()];
+        close(&h, &want, 1e-12);
+        let v = Tensor::from_vec(vec![1.0f64, 2.0, 3.0], [3])?;
+        let hv = g.hvp(f, x, &v)?.to_vec::<f64>()?;
+        let want_hv: Vec<f64> = (0..3).map(|i| (0..3).map(|j| want[i * 3 + j] * [1.0, 2.0, 3.0][j]).sum()).collect();
+        close(&hv, &want_hv, 1e-12);
+        // Jacobian of y = [x0*x1, x2^2] both ways agree with the closed form.
+        let y = Var::concat(&[&a.mul(&b)?, &c.square()?], 0)?;
+        let j = g.jacobian(y, x)?.to_vec::<f64>()?;
+        close(&j, &[xb, xa, 0.0, 0.0, 0.0, 2.0 * xc], 1e-12);
+        Ok::<_, Error>(())
+    })
+    .unwrap();
+}
+
+#[test]
+fn third_order_derivative() {
+    // d^3/dx^3 tanh(x) = -2 sech^2 (1 - 3 tanh^2)... checked against finite
+    // differences of the second derivative instead.
+    let second = |x: f64| -> f64 {
+        Graph::scope(|g| {
+            let v = g.leaf(Tensor::from_vec(vec![x], [1])?);
+            let d1 = g.grad_graph(v.tanh()?.sum_all()?, &[v])?[0];
+            g.grad(d1.sum_all()?, &[v])?.remove(0).item()
+        })
+        .unwrap()
+    };
+    let third = Graph::scope(|g| {
+        let v = g.leaf(Tensor::from_vec(vec![0.4f64], [1])?);
+        let d1 = g.grad_graph(v.tanh()?.sum_all()?, &[v])?[0];
+        let d2 = g.grad_graph(d1.sum_all()?, &[v])?[0];
+        g.grad(d2.sum_all()?, &[v])?.remove(0).item()
+    })
+    .unwrap();
+    let fd = (second(0.4 + 1e-5) - second(0.4 - 1e-5)) / 2e-5;
+    assert!((third - fd).abs() < 1e-6, "{third} vs {fd}");
+}
+
+#[test]
+fn grad_errors_are_structured() {
+    Graph::scope(|g| {
+        let x = g.leaf(Tensor::ones([3], DType::F64));
+        let y = x.square()?;
+        let bad = g.grad_with(
+            &[y],
+            &[x],
+            GradOptions { grad_outputs: Some(vec![Tensor::ones([2], DType::F64)]), retain_graph: false },
+        );
+        assert!(matches!(bad, Err(Error::ShapeMismatch { op: "grad", .. })));
+        let unused = g.leaf(Tensor::ones([2], DType::F64));
+        let gs = g.grad(y.sum_all()?, &[x, unused])?;
+        assert_eq!(gs[1].to_vec::<f64>()?, vec![0.0, 0.0], "an unused input gets zeros");
+        let pts = g.leaf(Tensor::ones([3], DType::F64));
+        assert!(matches!(g.laplacian(y, pts), Err(Error::InvalidShape { .. })));
+        Ok::<_, Error>(())
+    })
+    .unwrap();
+}
