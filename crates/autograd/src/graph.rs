@@ -309,4 +309,7 @@ impl Diff for Var<'_> {
     fn eval(&self) -> Result<Tensor> {
         self.value()
     }
+    fn is_recording(&self) -> bool {
+        true
+    }
 }

@@ -22,6 +22,7 @@ mod dtype;
 mod error;
 pub mod iter;
 mod layout;
+pub mod math;
 mod memory;
 pub mod ops;
 mod rng;

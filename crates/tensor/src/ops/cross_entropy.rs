@@ -1,8 +1,673 @@
-//! Sparse cross-entropy (filled in by the cross-entropy work).
+//! Sparse cross-entropy that never builds a one-hot, and a fused linear +
+//! cross-entropy head that never holds the full logits.
+//!
+//! Seed 000: Keras on PyTorch computed `one_hot(y) * log(softmax(x))` and
+//! ran a 40 GiB GPU out of memory. Here the forward makes one pass per row
+//! with an online max and sum (log-sum-exp) and saves only the per-row
+//! log-sum-exp (N floats); the backward writes `softmax - target` straight
+//! from the logits and that saved value. Under `create_graph` the rules
+//! switch to a differentiable formulation, so second derivatives through
+//! the loss (Hessian-vector products of a classifier) work.
 
-use crate::ops::Diff;
+use std::sync::OnceLock;
 
-/// Cross-entropy losses.
-pub trait CrossEntropyOps: Diff {}
+use rayon::prelude::*;
+
+use crate::math::exp_f32;
+use crate::ops::binary::BinaryOps;
+use crate::ops::index::IndexOps;
+use crate::ops::matmul::{gemm_into, MatRef, MatmulOps};
+use crate::ops::reduce::ReduceOps;
+use crate::ops::shape::ShapeOps;
+use crate::ops::softmax::SoftmaxOps;
+use crate::ops::unary::UnaryOps;
+use crate::ops::{Diff, InputGrads, Op};
+use crate::storage::CpuElement;
+use crate::{DType, Error, Float, Result, Shape, Tensor};
+
+/// How per-row losses are combined.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Reduction {
+    /// One loss per row, shaped like the labels.
+    None,
+    /// The sum over non-ignored rows.
+    Sum,
+    /// The mean over non-ignored rows. With every row ignored this is NaN
+    /// (0/0, as in torch) and its gradient is zero.
+    #[default]
+    Mean,
+}
+
+/// Options of the cross-entropy losses (torch's defaults).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CrossEntropyOptions {
+    /// Rows whose label equals this get zero loss and zero gradient.
+    pub ignore_index: i64,
+    /// Mass spread uniformly over all classes, in `[0, 1]`.
+    pub label_smoothing: f64,
+    /// How rows are combined.
+    pub reduction: Reduction,
+}
+
+impl Default for CrossEntropyOptions {
+    fn default() -> Self {
+        CrossEntropyOptions { ignore_index: -100, label_smoothing: 0.0, reduction: Reduction::Mean }
+    }
+}
+
+/// Labels as row indices (`None` for ignored rows), checked against `classes`.
+fn check_labels(op: &'static str, labels: &Tensor, ignore: i64, classes: usize) -> Result<Vec<Option<usize>>> {
+    let raw: Vec<i64> = match labels.dtype() {
+        DType::I64 => labels.to_vec::<i64>()?,
+        DType::I32 => labels.to_vec::<i32>()?.into_iter().map(i64::from).collect(),
+        dtype => return Err(Error::UnsupportedDType { op, dtype, expected: "int32 or int64 labels" }),
+    };
+    raw.iter()
+        .enumerate()
+        .map(|(row, &l)| {
+            if l == ignore {
+                Ok(None)
+            } else if l >= 0 && (l as usize) < classes {
+                Ok(Some(l as usize))
+            } else {
+                Err(Error::LabelOutOfRange { op, label: l, row, classes })
+            }
+        })
+        .collect()
+}
+
+fn check_options(op: &'static str, o: &CrossEntropyOptions) -> Result<()> {
+    if !(0.0..=1.0).contains(&o.label_smoothing) {
+        return Err(Error::invalid_arg(op, format!("label_smoothing {} is outside [0, 1]", o.label_smoothing)));
+    }
+    Ok(())
+}
+
+/// The float types the fused kernels run in.
+trait CeFloat: Float + CpuElement {
+    fn fexp(self) -> Self;
+}
+impl CeFloat for f32 {
+    #[inline(always)]
+    fn fexp(self) -> Self {
+        exp_f32(self)
+    }
+}
+impl CeFloat for f64 {
+    #[inline(always)]
+    fn fexp(self) -> Self {
+        self.exp()
+    }
+}
+
+/// One pass over a row: an online max and sum of exponentials, block by
+/// block (each block's max, then its exponentials, vectorised), and the sum
+/// of the row when label smoothing needs it. Returns (lse, sum of row).
+#[inline]
+fn row_lse<T: CeFloat>(x: &[T], want_sum: bool) -> (T, T) {
+    const BLOCK: usize = 512;
+    let (mut m, mut s, mut sx) = (T::NEG_INF, T::ZERO, T::ZERO);
+    for b in x.chunks(BLOCK) {
+        let bm = b.iter().fold(T::NEG_INF, |a, &v| if v > a { v } else { a });
+        if bm > m {
+            s = if m == T::NEG_INF { T::ZERO } else { s * (m - bm).fexp() };
+            m = bm;
+        }
+        if m == T::NEG_INF {
+            continue;
+        }
+        let mut acc = T::ZERO;
+        for &v in b {
+            acc += (v - m).fexp();
+        }
+        s += acc;
+        if want_sum {
+            sx += b.iter().copied().sum::<T>();
+        }
+    }
+    if x.iter().any(|v| v.is_nan()) {
+        return (T::from_f64(f64::NAN), sx);
+    }
+    (if m == T::NEG_INF || m == T::INF { m } else { m + s.ln() }, sx)
+}
+
+/// Per-row (lse, loss) of a contiguous `[rows, v]` block.
+fn forward_rows<T: CeFloat>(x: &[T], v: usize, labels: &[Option<usize>], smoothing: f64) -> (Vec<T>, Vec<T>) {
+    let eps = T::from_f64(smoothing);
+    let inv_v = T::from_f64(1.0 / v as f64);
+    let row = |(r, xr): (usize, &[T])| {
+        let (lse, sx) = row_lse(xr, smoothing > 0.0);
+        let loss = match labels[r] {
+            None => T::ZERO,
+            Some(y) => lse - (T::ONE - eps) * xr[y] - eps * sx * inv_v,
+        };
+        (lse, loss)
+    };
+    if x.len() >= crate::iter::PAR_MIN {
+        x.par_chunks(v).enumerate().map(row).unzip()
+    } else {
+        x.chunks(v).enumerate().map(row).unzip()
+    }
+}
+
+/// Overwrites a contiguous `[rows, v]` block of logits with the gradient
+/// `w_r * (softmax - target)`, row by row; ignored rows become zero.
+fn grad_rows_in_place<T: CeFloat>(x: &mut [T], v: usize, lse: &[T], labels: &[Option<usize>], w: &[T], smoothing: f64) {
+    let eps_v = T::from_f64(smoothing / v as f64);
+    let on = T::from_f64(1.0 - smoothing);
+    let row = |(r, xr): (usize, &mut [T])| match labels[r] {
+        None => xr.iter_mut().for_each(|e| *e = T::ZERO),
+        Some(y) => {
+            let (l, wr) = (lse[r], w[r]);
+            for e in xr.iter_mut() {
+                *e = wr * ((*e - l).fexp() - eps_v);
+            }
+            xr[y] = xr[y] - wr * on;
+        }
+    };
+    if x.len() >= crate::iter::PAR_MIN {
+        x.par_chunks_mut(v).enumerate().for_each(row);
+    } else {
+        x.chunks_mut(v).enumerate().for_each(row);
+    }
+}
+
+/// Per-row gradient weights from the incoming gradient `g`.
+fn row_weights(g: &Tensor, labels: &[Option<usize>], reduction: Reduction) -> Result<Vec<f64>> {
+    let valid = labels.iter().filter(|l| l.is_some()).count();
+    Ok(match reduction {
+        Reduction::None => g.to_vec_f64(),
+        Reduction::Sum => vec![g.item()?; labels.len()],
+        Reduction::Mean => {
+            let w = if valid == 0 { 0.0 } else { g.item()? / valid as f64 };
+            vec![w; labels.len()]
+        }
+    })
+}
+
+/// Combines per-row losses into the op's output.
+fn reduce_losses<T: CeFloat>(loss: Vec<T>, labels: &[Option<usize>], red: Reduction, shape: Shape) -> Result<Tensor> {
+    let valid = labels.iter().filter(|l| l.is_some()).count();
+    match red {
+        Reduction::None => Tensor::from_vec(loss, shape),
+        Reduction::Sum => Tensor::from_vec(vec![loss.iter().copied().sum::<T>()], ()),
+        Reduction::Mean => {
+            let s: T = loss.iter().copied().sum();
+            Tensor::from_vec(vec![s / T::from_f64(valid as f64)], ())
+        }
+    }
+}
+
+/// The constant per-row mask (1 for kept rows), scaled for the reduction.
+fn row_scale(labels: &[Option<usize>], red: Reduction, shape: Shape, dtype: DType) -> Result<Tensor> {
+    let valid = labels.iter().filter(|l| l.is_some()).count();
+    let k = if red == Reduction::Mean && valid > 0 { 1.0 / valid as f64 } else { 1.0 };
+    let v: Vec<f64> = labels.iter().map(|l| if l.is_some() { k } else { 0.0 }).collect();
+    Tensor::from_vec(v, shape)?.cast(dtype)
+}
+
+/// Labels with ignored rows replaced by 0, shaped `[..., 1]`, for gathers.
+fn safe_index(labels: &[Option<usize>], shape: &Shape) -> Result<Tensor> {
+    let mut s = shape.clone();
+    s.0.push(1);
+    Tensor::from_vec(labels.iter().map(|l| l.unwrap_or(0) as i64).collect::<Vec<_>>(), s)
+}
+
+/// The gradient of the loss with respect to the logits, in differentiable
+/// ops: `w_r * (softmax(x) - target)`. Used when recording.
+fn traced_logits_grad<T: Diff>(x: &T, w_rows: &T, labels: &[Option<usize>], lead: &Shape, eps: f64) -> Result<T> {
+    let v = x.shape().dims()[x.rank() - 1];
+    let w = w_rows.unsqueeze(-1)?; // [..., 1]
+    let p = x.softmax(-1)?.mul(&w)?;
+    let idx = safe_index(labels, lead)?;
+    let on = w.mul_scalar(-(1.0 - eps))?;
+    let g = p.scatter_add(-1, &idx, &on)?;
+    if eps > 0.0 {
+        g.sub(&w.mul_scalar(eps / v as f64)?)
+    } else {
+        Ok(g)
+    }
+}
+
+/// The loss's tangent from a tangent `t` of the logits, in differentiable ops.
+fn logits_jvp<T: Diff>(x: &T, t: &T, labels: &[Option<usize>], lead: &Shape, o: &CrossEntropyOptions) -> Result<T> {
+    let eps = o.label_smoothing;
+    let p = x.softmax(-1)?;
+    let idx = safe_index(labels, lead)?;
+    let per_row = p
+        .mul(t)?
+        .sum(&[-1], false)?
+        .sub(&t.gather(-1, &idx)?.squeeze(-1)?.mul_scalar(1.0 - eps)?)?
+        .sub(&t.mean(&[-1], false)?.mul_scalar(eps)?)?;
+    let scale = x.lift(row_scale(labels, o.reduction, lead.clone(), x.dtype())?);
+    let scaled = per_row.mul(&scale)?;
+    match o.reduction {
+        Reduction::None => Ok(scaled),
+        _ => scaled.sum_all(),
+    }
+}
+
+/// Sparse cross-entropy of logits `[..., V]` against integer labels `[...]`.
+#[derive(Debug)]
+pub struct SparseCrossEntropy {
+    /// Class indices (i32 or i64), one per row.
+    pub labels: Tensor,
+    /// Options.
+    pub options: CrossEntropyOptions,
+    /// The per-row log-sum-exp, saved by the forward (N floats).
+    lse: OnceLock<Tensor>,
+}
+
+impl SparseCrossEntropy {
+    fn split(&self, x_shape: &Shape) -> Result<(Shape, usize)> {
+        let d = x_shape.dims();
+        let v = *d.last().ok_or_else(|| Error::InvalidShape {
+            op: "sparse_cross_entropy",
+            shape: x_shape.clone(),
+            reason: "logits need a class axis".into(),
+        })?;
+        let lead = Shape::from(&d[..d.len() - 1]);
+        if self.labels.shape() != &lead {
+            return Err(Error::ShapeMismatch {
+                op: "sparse_cross_entropy",
+                lhs: x_shape.clone(),
+                rhs: self.labels.shape().clone(),
+            });
+        }
+        Ok((lead, v))
+    }
+}
+
+fn compute_dtype(op: &'static str, x: &Tensor) -> Result<DType> {
+    match x.dtype() {
+        DType::F64 => Ok(DType::F64),
+        DType::F32 | DType::F16 | DType::BF16 => Ok(DType::F32),
+        dtype => Err(Error::UnsupportedDType { op, dtype, expected: "float logits" }),
+    }
+}
+
+impl Op for SparseCrossEntropy {
+    fn name(&self) -> &'static str {
+        "sparse_cross_entropy"
+    }
+
+    fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
+        let x = xs[0];
+        let (lead, v) = self.split(x.shape())?;
+        check_options(self.name(), &self.options)?;
+        let labels = check_labels(self.name(), &self.labels, self.options.ignore_index, v)?;
+        let cd = compute_dtype(self.name(), x)?;
+        let xc = x.cast_raw(cd).contiguous();
+        macro_rules! run {
+            ($T:ty) => {{
+                let data = xc.as_slice::<$T>().expect("internal: contiguous");
+                let (lse, loss) = if v == 0 {
+                    (vec![], vec![])
+                } else {
+                    forward_rows::<$T>(data, v, &labels, self.options.label_smoothing)
+                };
+                let _ = self.lse.set(Tensor::from_vec(lse, lead.clone())?);
+                reduce_losses::<$T>(loss, &labels, self.options.reduction, lead.clone())?
+            }};
+        }
+        let out = if cd == DType::F64 { run!(f64) } else { run!(f32) };
+        Ok(out.cast_raw(x.dtype()))
+    }
+
+    fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
+        let x = xs[0];
+        let (lead, v) = self.split(&x.shape())?;
+        let labels = check_labels(self.name(), &self.labels, self.options.ignore_index, v)?;
+        if g.is_recording() {
+            let scale = x.lift(row_scale(&labels, self.options.reduction, lead.clone(), x.dtype())?);
+            let w_rows = g.mul(&scale)?;
+            return Ok(smallvec::smallvec![Some(traced_logits_grad(
+                x,
+                &w_rows,
+                &labels,
+                &lead,
+                self.options.label_smoothing
+            )?)]);
+        }
+        // Fused: the gradient is written over a private copy of the logits
+        // (the only N x V buffer of the backward), from the saved lse.
+        let xt = x.eval()?;
+        let cd = compute_dtype(self.name(), &xt)?;
+        let lse = match self.lse.get() {
+            Some(l) => l.clone(),
+            None => {
+                self.forward(&[&xt])?;
+                self.lse.get().expect("internal: forward saves lse").clone()
+            }
+        };
+        let w = row_weights(&g.eval()?, &labels, self.options.reduction)?;
+        let mut grad = xt.cast_raw(cd).contiguous();
+        if grad.same_storage(&xt) {
+            grad = Tensor::from_buffer(grad.storage.buffer().clone(), grad.shape().clone())?;
+        }
+        macro_rules! run {
+            ($T:ty) => {{
+                let l = lse.as_slice::<$T>().expect("internal: lse contiguous").to_vec();
+                let w: Vec<$T> = w.iter().map(|&v| v as $T).collect();
+                let buf = grad.make_mut::<$T>()?;
+                if v > 0 {
+                    grad_rows_in_place::<$T>(buf, v, &l, &labels, &w, self.options.label_smoothing);
+                }
+            }};
+        }
+        if cd == DType::F64 {
+            run!(f64)
+        } else {
+            run!(f32)
+        }
+        Ok(smallvec::smallvec![Some(x.lift(grad.cast_raw(xt.dtype())))])
+    }
+
+    fn jvp<T: Diff>(&self, xs: &[&T], _: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
+        let Some(t) = ts[0] else { return Ok(None) };
+        let x = xs[0];
+        let (lead, v) = self.split(&x.shape())?;
+        let labels = check_labels(self.name(), &self.labels, self.options.ignore_index, v)?;
+        logits_jvp(x, t, &labels, &lead, &self.options).map(Some)
+    }
+}
+
+/// The fused classifier head `cross_entropy(hidden @ weight^T + bias)`,
+/// processed in chunks of rows so the `[N, V]` logits never exist at once.
+#[derive(Debug)]
+pub struct LinearCrossEntropy {
+    /// Class indices (i32 or i64), one per row of `hidden`.
+    pub labels: Tensor,
+    /// Options.
+    pub options: CrossEntropyOptions,
+    /// Rows per chunk; `None` picks one automatically.
+    pub chunk: Option<usize>,
+    lse: OnceLock<Tensor>,
+}
+
+/// The automatic chunk: rows whose logits take about 32 MiB, or as many
+/// bytes as `hidden`'s gradient will take anyway if that is more.
+pub fn auto_chunk(n: usize, d: usize, v: usize) -> usize {
+    let budget = (32usize << 20).max(n * d * 4);
+    (budget / (v.max(1) * 4)).clamp(1, n.max(1))
+}
+
+impl LinearCrossEntropy {
+    fn check(&self, xs: &[&Tensor]) -> Result<(usize, usize, usize, Vec<Option<usize>>)> {
+        let (h, w) = (xs[0], xs[1]);
+        let op = "linear_cross_entropy";
+        if h.rank() != 2 || w.rank() != 2 || h.dims()[1] != w.dims()[1] {
+            return Err(Error::ShapeMismatch { op, lhs: h.shape().clone(), rhs: w.shape().clone() });
+        }
+        let (n, d, v) = (h.dims()[0], h.dims()[1], w.dims()[0]);
+        if let Some(b) = xs.get(2) {
+            if b.dims() != [v] {
+                return Err(Error::ShapeMismatch { op, lhs: w.shape().clone(), rhs: b.shape().clone() });
+            }
+        }
+        if self.labels.dims() != [n] {
+            return Err(Error::ShapeMismatch { op, lhs: h.shape().clone(), rhs: self.labels.shape().clone() });
+        }
+        for t in &xs[1..] {
+            if t.dtype() != h.dtype() {
+                return Err(Error::DTypeMismatch { op, lhs: h.dtype(), rhs: t.dtype() });
+            }
+        }
+        if self.chunk == Some(0) {
+            return Err(Error::invalid_arg(op, "chunk must be at least 1"));
+        }
+        check_options(op, &self.options)?;
+        Ok((n, d, v, check_labels(op, &self.labels, self.options.ignore_index, v)?))
+    }
+
+    /// Logits of rows `r0..r0+c` into `buf` (`c x v`), bias included.
+    fn chunk_logits<T: CeFloat>(
+        buf: &mut [T],
+        h: &[T],
+        w: &[T],
+        b: Option<&[T]>,
+        r0: usize,
+        c: usize,
+        d: usize,
+        v: usize,
+    ) {
+        gemm_into(
+            buf,
+            c,
+            v,
+            d,
+            MatRef { data: &h[r0 * d..(r0 + c) * d], rs: d, cs: 1 },
+            MatRef { data: w, rs: 1, cs: d },
+            false,
+        );
+        if let Some(b) = b {
+            for row in buf[..c * v].chunks_mut(v) {
+                for (e, &bb) in row.iter_mut().zip(b) {
+                    *e += bb;
+                }
+            }
+        }
+    }
+
+    fn run_forward<T: CeFloat>(
+        &self,
+        xs: &[Tensor],
+        n: usize,
+        d: usize,
+        v: usize,
+        labels: &[Option<usize>],
+    ) -> Result<Tensor> {
+        let chunk = self.chunk.unwrap_or_else(|| auto_chunk(n, d, v)).min(n.max(1));
+        let (h, w) = (xs[0].as_slice::<T>().expect("contiguous"), xs[1].as_slice::<T>().expect("contiguous"));
+        let b = xs.get(2).map(|b| b.as_slice::<T>().expect("contiguous"));
+        let mut lse = Vec::with_capacity(n);
+        let mut loss = Vec::with_capacity(n);
+        let mut buf = Tensor::zeros([chunk, v], T::DTYPE);
+        let buf = buf.make_mut::<T>()?;
+        let mut r0 = 0;
+        while r0 < n {
+            let c = chunk.min(n - r0);
+            Self::chunk_logits(buf, h, w, b, r0, c, d, v);
+            let (l, s) = forward_rows::<T>(&buf[..c * v], v, &labels[r0..r0 + c], self.options.label_smoothing);
+            lse.extend(l);
+            loss.extend(s);
+            r0 += c;
+        }
+        let _ = self.lse.set(Tensor::from_vec(lse, [n])?);
+        reduce_losses::<T>(loss, labels, self.options.reduction, Shape::from([n]))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run_backward<T: CeFloat>(
+        &self,
+        xs: &[Tensor],
+        n: usize,
+        d: usize,
+        v: usize,
+        labels: &[Option<usize>],
+        weights: &[f64],
+    ) -> Result<Vec<Tensor>> {
+        let chunk = self.chunk.unwrap_or_else(|| auto_chunk(n, d, v)).min(n.max(1));
+        let (h, w) = (xs[0].as_slice::<T>().expect("contiguous"), xs[1].as_slice::<T>().expect("contiguous"));
+        let b = xs.get(2).map(|b| b.as_slice::<T>().expect("contiguous"));
+        let lse_t = match self.lse.get() {
+            Some(l) => l.clone(),
+            None => {
+                self.run_forward::<T>(xs, n, d, v, labels)?;
+                self.lse.get().expect("internal: forward saves lse").clone()
+            }
+        };
+        let lse = lse_t.as_slice::<T>().expect("contiguous");
+        let wts: Vec<T> = weights.iter().map(|&x| T::from_f64(x)).collect();
+        let mut dh = Tensor::zeros([n, d], T::DTYPE);
+        let mut dw = Tensor::zeros([v, d], T::DTYPE);
+        let mut db = b.map(|_| Tensor::zeros([v], T::DTYPE));
+        let mut buf_t = Tensor::zeros([chunk, v], T::DTYPE);
+        {
+            let (dhs, dws) = (dh.make_mut::<T>()?, dw.make_mut::<T>()?);
+            let mut dbs = match db.as_mut() {
+                Some(t) => Some(t.make_mut::<T>()?),
+                None => None,
+            };
+            let buf = buf_t.make_mut::<T>()?;
+            let mut r0 = 0;
+            while r0 < n {
+                let c = chunk.min(n - r0);
+                Self::chunk_logits(buf, h, w, b, r0, c, d, v);
+                let g = &mut buf[..c * v];
+                grad_rows_in_place::<T>(
+                    g,
+                    v,
+                    &lse[r0..r0 + c],
+                    &labels[r0..r0 + c],
+                    &wts[r0..r0 + c],
+                    self.options.label_smoothing,
+                );
+                // d_hidden rows = G @ W ; d_weight += G^T @ h_chunk ; d_bias += column sums of G.
+                gemm_into(
+                    &mut dhs[r0 * d..(r0 + c) * d],
+                    c,
+                    d,
+                    v,
+                    MatRef { data: g, rs: v, cs: 1 },
+                    MatRef { data: w, rs: d, cs: 1 },
+                    false,
+                );
+                gemm_into(
+                    dws,
+                    v,
+                    d,
+                    c,
+                    MatRef { data: g, rs: 1, cs: v },
+                    MatRef { data: &h[r0 * d..(r0 + c) * d], rs: d, cs: 1 },
+                    true,
+                );
+                if let Some(dbs) = dbs.as_mut() {
+                    for row in g.chunks(v) {
+                        for (a, &e) in dbs.iter_mut().zip(row) {
+                            *a += e;
+                        }
+                    }
+                }
+                r0 += c;
+            }
+        }
+        drop(buf_t);
+        let mut out = vec![dh, dw];
+        out.extend(db);
+        Ok(out)
+    }
+}
+
+impl Op for LinearCrossEntropy {
+    fn name(&self) -> &'static str {
+        "linear_cross_entropy"
+    }
+
+    fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
+        let (n, d, v, labels) = self.check(xs)?;
+        let cd = compute_dtype(self.name(), xs[0])?;
+        let ins: Vec<Tensor> = xs.iter().map(|t| t.cast_raw(cd).contiguous()).collect();
+        let out = if cd == DType::F64 {
+            self.run_forward::<f64>(&ins, n, d, v, &labels)?
+        } else {
+            self.run_forward::<f32>(&ins, n, d, v, &labels)?
+        };
+        Ok(out.cast_raw(xs[0].dtype()))
+    }
+
+    fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
+        let (h, w) = (xs[0], xs[1]);
+        if g.is_recording() {
+            let n = h.shape().dims()[0];
+            let v = w.shape().dims()[0];
+            let labels = check_labels(self.name(), &self.labels, self.options.ignore_index, v)?;
+            let lead = Shape::from([n]);
+            let logits = h.linear(w, xs.get(2).copied())?;
+            let scale = h.lift(row_scale(&labels, self.options.reduction, lead.clone(), h.dtype())?);
+            let gl = traced_logits_grad(&logits, &g.mul(&scale)?, &labels, &lead, self.options.label_smoothing)?;
+            let mut out: InputGrads<T> = smallvec::smallvec![Some(gl.matmul(w)?), Some(gl.t()?.matmul(h)?)];
+            if xs.len() > 2 {
+                out.push(Some(gl.sum(&[0], false)?));
+            }
+            return Ok(out);
+        }
+        let vals: Vec<Tensor> = xs.iter().map(|t| t.eval()).collect::<Result<_>>()?;
+        let refs: Vec<&Tensor> = vals.iter().collect();
+        let (n, d, v, labels) = self.check(&refs)?;
+        let cd = compute_dtype(self.name(), &vals[0])?;
+        let ins: Vec<Tensor> = vals.iter().map(|t| t.cast_raw(cd).contiguous()).collect();
+        let weights = row_weights(&g.eval()?, &labels, self.options.reduction)?;
+        let grads = if cd == DType::F64 {
+            self.run_backward::<f64>(&ins, n, d, v, &labels, &weights)?
+        } else {
+            self.run_backward::<f32>(&ins, n, d, v, &labels, &weights)?
+        };
+        let dt = vals[0].dtype();
+        Ok(grads.into_iter().map(|t| Some(h.lift(t.cast_raw(dt)))).collect())
+    }
+
+    fn jvp<T: Diff>(&self, xs: &[&T], _: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
+        if ts.iter().all(|t| t.is_none()) {
+            return Ok(None);
+        }
+        let (h, w) = (xs[0], xs[1]);
+        let n = h.shape().dims()[0];
+        let v = w.shape().dims()[0];
+        let labels = check_labels(self.name(), &self.labels, self.options.ignore_index, v)?;
+        let logits = h.linear(w, xs.get(2).copied())?;
+        let mut t: Option<T> = None;
+        let mut add = |x: T| -> Result<()> {
+            t = Some(match t.take() {
+                Some(a) => a.add(&x)?,
+                None => x,
+            });
+            Ok(())
+        };
+        if let Some(th) = ts[0] {
+            add(th.matmul(&w.t()?)?)?;
+        }
+        if let Some(tw) = ts[1] {
+            add(h.matmul(&tw.t()?)?)?;
+        }
+        if let Some(Some(tb)) = ts.get(2) {
+            add(tb.broadcast_to([n, v])?)?;
+        }
+        let t = t.expect("internal: some tangent");
+        logits_jvp(&logits, &t, &labels, &Shape::from([n]), &self.options).map(Some)
+    }
+}
+
+/// Cross-entropy losses, on tensors and graph handles alike.
+pub trait CrossEntropyOps: Diff {
+    /// Cross-entropy of logits `[..., V]` against integer `labels` `[...]`
+    /// (i32 or i64), with torch's defaults (mean, ignore_index -100). Never
+    /// builds a one-hot: the forward saves only a per-row log-sum-exp.
+    fn sparse_cross_entropy(&self, labels: &Tensor) -> Result<Self> {
+        self.sparse_cross_entropy_with(labels, CrossEntropyOptions::default())
+    }
+    /// [`CrossEntropyOps::sparse_cross_entropy`] with options.
+    fn sparse_cross_entropy_with(&self, labels: &Tensor, options: CrossEntropyOptions) -> Result<Self> {
+        Self::apply(SparseCrossEntropy { labels: labels.clone(), options, lse: OnceLock::new() }, &[self])
+    }
+    /// Cross-entropy of `self @ weight^T + bias` (`self` is `[N, D]`,
+    /// `weight` `[V, D]`) against `labels` `[N]`, computed in chunks of rows
+    /// so the `[N, V]` logits never exist. `chunk` overrides the automatic
+    /// rows-per-chunk.
+    fn linear_cross_entropy(
+        &self,
+        weight: &Self,
+        bias: Option<&Self>,
+        labels: &Tensor,
+        options: CrossEntropyOptions,
+        chunk: Option<usize>,
+    ) -> Result<Self> {
+        let op = LinearCrossEntropy { labels: labels.clone(), options, chunk, lse: OnceLock::new() };
+        match bias {
+            Some(b) => Self::apply(op, &[self, weight, b]),
+            None => Self::apply(op, &[self, weight]),
+        }
+    }
+}
 
 impl<T: Diff> CrossEntropyOps for T {}

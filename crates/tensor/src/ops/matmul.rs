@@ -175,3 +175,63 @@ pub trait MatmulOps: Diff {
 }
 
 impl<T: Diff> MatmulOps for T {}
+
+/// A strided matrix operand: data, row stride, column stride.
+pub(crate) struct MatRef<'a, T> {
+    pub data: &'a [T],
+    pub rs: usize,
+    pub cs: usize,
+}
+
+/// `dst (m x n, row-major) = a (m x k) @ b (k x n)`, or `+=` when
+/// `accumulate`: a gemm into a buffer the caller owns, for kernels that must
+/// not allocate per call (the chunked linear cross-entropy).
+pub(crate) fn gemm_into<T: Float>(
+    dst: &mut [T],
+    m: usize,
+    n: usize,
+    k: usize,
+    a: MatRef<'_, T>,
+    b: MatRef<'_, T>,
+    accumulate: bool,
+) {
+    assert!(dst.len() >= m * n, "internal: gemm_into destination too small");
+    if m * n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            dst[..m * n].iter_mut().for_each(|d| *d = T::ZERO);
+        }
+        return;
+    }
+    assert!(
+        (m - 1) * a.rs + (k - 1) * a.cs < a.data.len() && (k - 1) * b.rs + (n - 1) * b.cs < b.data.len(),
+        "internal: gemm_into operand too small"
+    );
+    let par = if m * n * k >= GEMM_PAR_MIN { gemm::Parallelism::Rayon(0) } else { gemm::Parallelism::None };
+    // SAFETY: the asserts above keep every addressed element in bounds.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            n as isize,
+            accumulate,
+            a.data.as_ptr(),
+            a.cs as isize,
+            a.rs as isize,
+            b.data.as_ptr(),
+            b.cs as isize,
+            b.rs as isize,
+            T::ONE,
+            T::ONE,
+            false,
+            false,
+            false,
+            par,
+        )
+    }
+}

@@ -207,6 +207,9 @@ impl Diff for Traced<'_> {
     fn eval(&self) -> Result<Tensor> {
         self.tape.node_value(self.id)
     }
+    fn is_recording(&self) -> bool {
+        true
+    }
 }
 
 impl Diff for Tensor {
@@ -246,6 +249,12 @@ pub trait Diff: Clone + Sized {
     fn lift(&self, value: Tensor) -> Self;
     /// The current value as a plain tensor.
     fn eval(&self) -> Result<Tensor>;
+    /// True for graph handles, whose ops are recorded (under create_graph).
+    /// Fused rules use it to pick their kernel (eager) or a differentiable
+    /// formulation (recording).
+    fn is_recording(&self) -> bool {
+        false
+    }
 
     /// Number of dims.
     fn rank(&self) -> usize {
@@ -270,7 +279,7 @@ pub trait Diff: Clone + Sized {
 }
 
 pub use binary::BinaryOps;
-pub use cross_entropy::CrossEntropyOps;
+pub use cross_entropy::{CrossEntropyOps, CrossEntropyOptions, Reduction};
 pub use index::IndexOps;
 pub use matmul::MatmulOps;
 pub use reduce::ReduceOps;

@@ -1,0 +1,101 @@
+//! Exact memory bounds of the cross-entropy kernels (seed 000), through the
+//! allocator's counters. These tests run one at a time: the counters are
+//! process-wide.
+
+use std::sync::{Mutex, MutexGuard};
+
+use tapir::prelude::*;
+use tapir::tensor::ops::cross_entropy::CrossEntropyOptions;
+
+static LOCK: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+const N: usize = 2048;
+const V: usize = 8192;
+const SLACK: usize = 4096; // scalars and seeds: a few small tensors
+
+fn inputs() -> (Tensor, Tensor) {
+    let mut rng = Rng::new(0);
+    let x = rng.uniform([N, V], -4.0, 4.0, DType::F32).unwrap();
+    let mut l = rng.randint([N], V as u64, DType::I64).unwrap().to_vec::<i64>().unwrap();
+    l[7] = -100;
+    (x, Tensor::from_vec(l, [N]).unwrap())
+}
+
+/// Forward adds at most 16 bytes per row; no allocation of N x V bytes or
+/// more happens in forward (a one-hot of any dtype would be one); forward
+/// plus backward adds at most the one N x V gradient plus O(N).
+#[test]
+fn sparse_cross_entropy_memory_bounds() {
+    let _s = serial();
+    let (x, labels) = inputs();
+    let logits_bytes = N * V * 4;
+    Graph::scope(|g| {
+        let xv = g.leaf(x.clone());
+        reset_peak_memory_stats(Device::Cpu);
+        let base = memory_allocated(Device::Cpu);
+        let loss = xv.sparse_cross_entropy(&labels)?;
+        let s = memory_stats(Device::Cpu);
+        assert!(s.peak - base <= 16 * N + SLACK, "forward added {} bytes", s.peak - base);
+        assert!(s.largest_allocation < N * V, "forward allocated {} bytes at once", s.largest_allocation);
+        let grad = g.grad(loss, &[xv])?;
+        let s = memory_stats(Device::Cpu);
+        assert!(
+            s.peak - base <= logits_bytes + 16 * N + SLACK,
+            "forward+backward added {} bytes, bound {}",
+            s.peak - base,
+            logits_bytes + 16 * N + SLACK
+        );
+        assert_eq!(grad[0].shape().dims(), &[N, V]);
+        Ok::<_, Error>(())
+    })
+    .unwrap();
+}
+
+/// The fused head never holds the N x V logits: its largest allocation in
+/// forward is one chunk of logits, and its peak follows chunk x V plus the
+/// gradients of its inputs plus O(N).
+#[test]
+fn linear_cross_entropy_memory_bounds() {
+    let _s = serial();
+    const D: usize = 64;
+    const CHUNK: usize = 256;
+    let mut rng = Rng::new(1);
+    let h = rng.randn([N, D], DType::F32).unwrap();
+    let w = rng.normal_tensor([V, D], 0.0, 0.1, DType::F32).unwrap();
+    let labels = rng.randint([N], V as u64, DType::I64).unwrap();
+    let chunk_bytes = CHUNK * V * 4;
+    Graph::scope(|g| {
+        let (hv, wv) = (g.leaf(h.clone()), g.leaf(w.clone()));
+        reset_peak_memory_stats(Device::Cpu);
+        let base = memory_allocated(Device::Cpu);
+        let loss = hv.linear_cross_entropy(&wv, None, &labels, CrossEntropyOptions::default(), Some(CHUNK))?;
+        let s = memory_stats(Device::Cpu);
+        assert!(s.largest_allocation <= chunk_bytes, "largest forward allocation {}", s.largest_allocation);
+        assert!(s.peak - base <= chunk_bytes + 16 * N + SLACK, "forward added {}", s.peak - base);
+        g.grad(loss, &[hv, wv])?;
+        let s = memory_stats(Device::Cpu);
+        let grads = (N * D + V * D) * 4;
+        assert!(s.peak - base <= chunk_bytes + grads + 16 * N + SLACK, "forward+backward added {}", s.peak - base);
+        assert!(s.peak - base < N * V * 4 / 4, "far below the full logits");
+        Ok::<_, Error>(())
+    })
+    .unwrap();
+}
+
+/// A bad label fails before anything large is allocated, and frees what it made.
+#[test]
+fn bad_label_leaks_nothing() {
+    let _s = serial();
+    let (x, _) = inputs();
+    let mut l = vec![0i64; N];
+    l[N - 1] = V as i64;
+    let labels = Tensor::from_vec(l, [N]).unwrap();
+    let base = memory_allocated(Device::Cpu);
+    let r = Graph::scope(|g| g.leaf(x.clone()).sparse_cross_entropy(&labels).map(|_| ()));
+    assert!(matches!(r, Err(Error::LabelOutOfRange { row, .. }) if row == N - 1));
+    assert_eq!(memory_allocated(Device::Cpu), base);
+}
