@@ -1,1 +1,6 @@
-//! x
+//! The `tapir` command's subcommands, as a library so tests can run them
+//! at tiny sizes.
+
+pub mod chart;
+pub mod memcheck;
+pub mod pinn;

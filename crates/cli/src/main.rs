@@ -1,1 +1,29 @@
-fn main() {}
+//! The `tapir` command.
+
+use clap::{Parser, Subcommand};
+
+use tapir_cli::{memcheck, pinn};
+
+/// tapir: a pure-Rust autograd engine whose graphs cannot leak.
+#[derive(Parser)]
+#[command(name = "tapir", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Runs PyTorch's memory-leak patterns in tapir (and in PyTorch when
+    /// python3 can import torch) and reports memory growth side by side.
+    Memcheck(memcheck::Args),
+    /// Trains a physics-informed network on a PDE with a known solution.
+    Pinn(pinn::Args),
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Command::Memcheck(a) => memcheck::run(a),
+        Command::Pinn(a) => pinn::run(a),
+    }
+}

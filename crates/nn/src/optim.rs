@@ -1,0 +1,290 @@
+//! Optimizers. Updates happen in place on the parameters, and optimizer
+//! state is allocated once, on the first step: a steady training loop makes
+//! no allocation in `step`.
+
+use tapir_tensor::{DType, Error, Result, Tensor};
+
+use crate::params::{Grads, ParamStore};
+
+/// Something that updates parameters from gradients.
+pub trait Optimizer {
+    /// One update of every parameter from its gradient.
+    fn step(&mut self, store: &mut ParamStore, grads: &Grads) -> Result<()>;
+    /// The current learning rate.
+    fn lr(&self) -> f64;
+    /// Sets the learning rate (for schedules).
+    fn set_lr(&mut self, lr: f64);
+}
+
+fn check(store: &ParamStore, grads: &Grads, op: &'static str) -> Result<()> {
+    if store.len() != grads.len() {
+        return Err(Error::invalid_arg(op, format!("{} gradients for {} parameters", grads.len(), store.len())));
+    }
+    for (id, g) in grads.iter() {
+        let p = store.get(id);
+        if p.shape() != g.shape() {
+            return Err(Error::ShapeMismatch { op, lhs: p.shape().clone(), rhs: g.shape().clone() });
+        }
+        if p.dtype() != g.dtype() {
+            return Err(Error::DTypeMismatch { op, lhs: p.dtype(), rhs: g.dtype() });
+        }
+    }
+    Ok(())
+}
+
+/// Runs `f(param, grad, state...)` over f32 or f64 slices of one parameter.
+macro_rules! for_each_param {
+    ($store:expr, $grads:expr, $states:expr, |$p:ident, $g:ident, $s:ident| $body:block) => {{
+        for (id, gt) in $grads.iter() {
+            let states: &mut Vec<Tensor> = &mut $states[id.index()];
+            match gt.dtype() {
+                DType::F32 => {
+                    type F = f32;
+                    let gv = gt
+                        .as_slice::<F>()
+                        .map(std::borrow::Cow::Borrowed)
+                        .unwrap_or_else(|| gt.to_vec::<F>().unwrap().into());
+                    let $g: &[F] = &gv;
+                    let mut sl: Vec<&mut [F]> = Vec::new();
+                    for st in states.iter_mut() {
+                        sl.push(st.make_mut::<F>()?);
+                    }
+                    let $s = sl;
+                    let $p = $store.get_mut(id).make_mut::<F>()?;
+                    $body
+                }
+                DType::F64 => {
+                    type F = f64;
+                    let gv = gt
+                        .as_slice::<F>()
+                        .map(std::borrow::Cow::Borrowed)
+                        .unwrap_or_else(|| gt.to_vec::<F>().unwrap().into());
+                    let $g: &[F] = &gv;
+                    let mut sl: Vec<&mut [F]> = Vec::new();
+                    for st in states.iter_mut() {
+                        sl.push(st.make_mut::<F>()?);
+                    }
+                    let $s = sl;
+                    let $p = $store.get_mut(id).make_mut::<F>()?;
+                    $body
+                }
+                dtype => {
+                    return Err(Error::UnsupportedDType {
+                        op: "optimizer step",
+                        dtype,
+                        expected: "f32 or f64 parameters",
+                    })
+                }
+            }
+        }
+    }};
+}
+
+/// Stochastic gradient descent with momentum, Nesterov and (coupled, L2)
+/// weight decay, with torch.optim.SGD's update rule.
+#[derive(Debug, Clone)]
+pub struct Sgd {
+    /// Learning rate.
+    pub lr: f64,
+    /// Momentum factor (0 disables).
+    pub momentum: f64,
+    /// Nesterov momentum.
+    pub nesterov: bool,
+    /// L2 penalty added to the gradient.
+    pub weight_decay: f64,
+    state: Vec<Vec<Tensor>>,
+}
+
+impl Sgd {
+    /// Plain SGD.
+    pub fn new(lr: f64) -> Self {
+        Sgd { lr, momentum: 0.0, nesterov: false, weight_decay: 0.0, state: Vec::new() }
+    }
+    /// With momentum (and optionally Nesterov).
+    pub fn with_momentum(lr: f64, momentum: f64, nesterov: bool) -> Self {
+        Sgd { lr, momentum, nesterov, weight_decay: 0.0, state: Vec::new() }
+    }
+}
+
+impl Optimizer for Sgd {
+    fn step(&mut self, store: &mut ParamStore, grads: &Grads) -> Result<()> {
+        check(store, grads, "Sgd::step")?;
+        let first = self.state.is_empty();
+        if first {
+            self.state = store
+                .ids()
+                .map(|id| if self.momentum != 0.0 { vec![store.get(id).zeros_like()] } else { vec![] })
+                .collect();
+        }
+        let (lr, mu, wd, nesterov) = (self.lr, self.momentum, self.weight_decay, self.nesterov);
+        for_each_param!(store, grads, self.state, |p, g, s| {
+            let (lr, mu, wd) = (lr as F, mu as F, wd as F);
+            let mut s = s;
+            for i in 0..p.len() {
+                let mut d = g[i] + wd * p[i];
+                if mu != 0.0 {
+                    let b = &mut s[0][i];
+                    // torch: the first step's buffer is the gradient itself.
+                    *b = if first { d } else { mu * *b + d };
+                    d = if nesterov { d + mu * *b } else { *b };
+                }
+                p[i] -= lr * d;
+            }
+        });
+        Ok(())
+    }
+    fn lr(&self) -> f64 {
+        self.lr
+    }
+    fn set_lr(&mut self, lr: f64) {
+        self.lr = lr;
+    }
+}
+
+/// Adam, and AdamW when `decoupled` (torch.optim.Adam / AdamW update rules).
+#[derive(Debug, Clone)]
+pub struct Adam {
+    /// Learning rate.
+    pub lr: f64,
+    /// Decay of the first moment.
+    pub beta1: f64,
+    /// Decay of the second moment.
+    pub beta2: f64,
+    /// Added to the denominator.
+    pub eps: f64,
+    /// Weight decay: L2 (Adam) or decoupled (AdamW).
+    pub weight_decay: f64,
+    /// Decoupled weight decay (AdamW).
+    pub decoupled: bool,
+    /// Groups whose parameters get no weight decay (e.g. "no_decay").
+    pub no_decay_groups: Vec<String>,
+    t: u64,
+    state: Vec<Vec<Tensor>>,
+}
+
+impl Adam {
+    /// Adam with torch's defaults (betas 0.9, 0.999, eps 1e-8).
+    pub fn new(lr: f64) -> Self {
+        Adam {
+            lr,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.0,
+            decoupled: false,
+            no_decay_groups: vec![],
+            t: 0,
+            state: Vec::new(),
+        }
+    }
+    /// AdamW with decoupled `weight_decay`, skipping the "no_decay" group.
+    pub fn adamw(lr: f64, weight_decay: f64) -> Self {
+        Adam { weight_decay, decoupled: true, no_decay_groups: vec!["no_decay".into()], ..Adam::new(lr) }
+    }
+    /// Steps taken.
+    pub fn steps(&self) -> u64 {
+        self.t
+    }
+    /// The moment estimates of every parameter (m, v), for checkpoints.
+    pub fn state(&self) -> &[Vec<Tensor>] {
+        &self.state
+    }
+    /// Restores moments and the step count (from a checkpoint).
+    pub fn restore(&mut self, t: u64, state: Vec<Vec<Tensor>>) {
+        self.t = t;
+        self.state = state;
+    }
+}
+
+impl Optimizer for Adam {
+    fn step(&mut self, store: &mut ParamStore, grads: &Grads) -> Result<()> {
+        check(store, grads, "Adam::step")?;
+        if self.state.is_empty() {
+            self.state = store.ids().map(|id| vec![store.get(id).zeros_like(), store.get(id).zeros_like()]).collect();
+        }
+        self.t += 1;
+        let (b1, b2) = (self.beta1, self.beta2);
+        let bc1 = 1.0 - b1.powi(self.t as i32);
+        let bc2 = 1.0 - b2.powi(self.t as i32);
+        let decay: Vec<f64> = store
+            .ids()
+            .map(|id| if self.no_decay_groups.iter().any(|g| g == store.group(id)) { 0.0 } else { self.weight_decay })
+            .collect();
+        let (lr, eps, decoupled) = (self.lr, self.eps, self.decoupled);
+        let mut k = 0;
+        for_each_param!(store, grads, self.state, |p, g, s| {
+            let wd = decay[k] as F;
+            k += 1;
+            let (lr_, b1_, b2_) = (lr as F, b1 as F, b2 as F);
+            let step = (lr / bc1) as F;
+            let (inv_bc2_sqrt, eps_) = ((1.0 / bc2.sqrt()) as F, eps as F);
+            let mut s = s;
+            let (m, v) = s.split_at_mut(1);
+            let (m, v) = (&mut m[0], &mut v[0]);
+            for i in 0..p.len() {
+                let mut gi = g[i];
+                if decoupled {
+                    p[i] -= lr_ * wd * p[i];
+                } else {
+                    gi += wd * p[i];
+                }
+                m[i] = b1_ * m[i] + (1.0 - b1_) * gi;
+                v[i] = b2_ * v[i] + (1.0 - b2_) * gi * gi;
+                p[i] -= step * m[i] / (v[i].sqrt() * inv_bc2_sqrt + eps_);
+            }
+        });
+        Ok(())
+    }
+    fn lr(&self) -> f64 {
+        self.lr
+    }
+    fn set_lr(&mut self, lr: f64) {
+        self.lr = lr;
+    }
+}
+
+/// Learning-rate schedules.
+#[derive(Debug, Clone, Copy)]
+pub enum Schedule {
+    /// Constant.
+    Constant,
+    /// Linear warm-up over `warmup` steps, then cosine decay to
+    /// `min_factor * base` at `total` steps.
+    WarmupCosine {
+        /// Warm-up steps.
+        warmup: usize,
+        /// Total steps.
+        total: usize,
+        /// Final learning rate as a fraction of the base.
+        min_factor: f64,
+    },
+    /// Exponential decay from the base to `final_factor * base` over `total` steps.
+    Exponential {
+        /// Total steps.
+        total: usize,
+        /// Final learning rate as a fraction of the base.
+        final_factor: f64,
+    },
+}
+
+impl Schedule {
+    /// The learning rate at `step` (0-based) for base rate `base`.
+    pub fn lr(&self, base: f64, step: usize) -> f64 {
+        match *self {
+            Schedule::Constant => base,
+            Schedule::WarmupCosine { warmup, total, min_factor } => {
+                if step < warmup {
+                    base * (step + 1) as f64 / warmup as f64
+                } else {
+                    let span = total.saturating_sub(warmup).max(1) as f64;
+                    let t = ((step - warmup) as f64 / span).min(1.0);
+                    let min = base * min_factor;
+                    min + (base - min) * 0.5 * (1.0 + (std::f64::consts::PI * t).cos())
+                }
+            }
+            Schedule::Exponential { total, final_factor } => {
+                base * final_factor.powf((step as f64 / total.max(1) as f64).min(1.0))
+            }
+        }
+    }
+}
