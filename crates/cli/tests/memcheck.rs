@@ -1,0 +1,74 @@
+//! `tapir memcheck` at tiny sizes: every scenario's tapir growth is exactly
+//! zero, the JSON report has its schema, and the command works without
+//! python3 or torch.
+
+use std::sync::Mutex;
+
+use tapir_cli::memcheck::{run, scenarios, Args};
+
+static LOCK: Mutex<()> = Mutex::new(());
+
+#[test]
+fn every_scenario_is_flat_at_tiny_sizes() {
+    let _s = LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    for s in scenarios() {
+        let m = (s.run)(0.01, 12).unwrap_or_else(|e| panic!("{}: {e}", s.name));
+        assert_eq!(m.growth(), 0, "{} grew: {:?}", s.name, m.live);
+        assert_eq!(m.live.len(), m.peak.len());
+        // Beyond warm-up, every boundary is identical once kept values are
+        // subtracted: exact, not a slope within a tolerance.
+        let net: Vec<i64> = m.live.iter().zip(&m.kept).map(|(l, k)| *l as i64 - *k as i64).collect();
+        assert!(net.windows(2).skip(1).all(|w| w[0] == w[1]), "{}: {net:?}", s.name);
+    }
+}
+
+#[test]
+fn report_schema_without_python() {
+    let _s = LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = std::env::temp_dir().join(format!("tapir-memcheck-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let args = Args {
+        iters: 4,
+        size: 0.01,
+        json: dir.join("r.json"),
+        plot: dir.join("r.png"),
+        only: vec!["create_graph_cycle".into(), "accumulated_loss".into()],
+        no_torch: false,
+        python: "python3-that-does-not-exist".into(),
+    };
+    run(args).unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("r.json")).unwrap()).unwrap();
+    assert_eq!(doc["schema"], "tapir-memcheck/1");
+    assert!(doc["torch_skipped"].as_str().unwrap().contains("not found"));
+    let sc = doc["scenarios"].as_array().unwrap();
+    assert_eq!(sc.len(), 2);
+    for s in sc {
+        assert!(s["name"].is_string());
+        assert_eq!(s["tapir"]["growth_bytes"], 0);
+        assert_eq!(s["tapir"]["live"].as_array().unwrap().len(), 4);
+        assert!(s["tapir"]["peak"].is_array() && s["tapir"]["kept"].is_array());
+        assert!(s["torch"].is_null());
+        assert!(s["verdict"].as_str().unwrap().starts_with("tapir flat"));
+    }
+    // A python3 that cannot import torch: the tapir side still runs.
+    let no_torch = Args { python: "false".into(), only: vec!["accumulated_loss".into()], ..args_clone(&dir) };
+    run(no_torch).unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("r.json")).unwrap()).unwrap();
+    assert!(doc["torch_skipped"].as_str().unwrap().contains("cannot import torch"), "{}", doc["torch_skipped"]);
+    let png = std::fs::read(dir.join("r.png")).unwrap();
+    assert_eq!(&png[1..4], b"PNG");
+    assert!(run(Args { only: vec!["no_such".into()], ..args_clone(&dir) }).is_err());
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+fn args_clone(dir: &std::path::Path) -> Args {
+    Args {
+        iters: 3,
+        size: 0.01,
+        json: dir.join("r.json"),
+        plot: dir.join("r.png"),
+        only: vec![],
+        no_torch: false,
+        python: "python3".into(),
+    }
+}
