@@ -364,7 +364,8 @@ pub(crate) fn erf(x: f64) -> f64 {
             term *= -x2 / n;
             let add = term / (2.0 * n + 1.0);
             sum += add;
-            if add.abs() < 1e-17 * sum.abs() {
+            // `<=` so that x = 0 (every term zero) terminates too.
+            if add.abs() <= 1e-17 * sum.abs() {
                 break;
             }
         }
