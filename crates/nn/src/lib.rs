@@ -26,10 +26,14 @@
 #![deny(missing_docs)]
 
 pub mod init;
+mod jet;
 mod layers;
+mod lbfgs;
 mod optim;
 mod params;
 
 pub use layers::{Activation, Linear, Mlp};
 pub use optim::{Adam, Optimizer, Schedule, Sgd};
 pub use params::{Bound, Grads, ParamId, ParamStore};
+pub use jet::Jet;
+pub use lbfgs::{Lbfgs, LbfgsStep};

@@ -1,0 +1,157 @@
+//! L-BFGS with a backtracking (Armijo) line search, for the second phase of
+//! PINN training (Adam first, then L-BFGS).
+
+use std::collections::VecDeque;
+
+use tapir_tensor::{DType, Error, Result, Tensor};
+
+use crate::params::{Grads, ParamStore};
+
+/// Limited-memory BFGS over all parameters of a store, in f64.
+#[derive(Debug, Clone)]
+pub struct Lbfgs {
+    /// Number of (s, y) pairs kept.
+    pub history: usize,
+    /// The first step tried along each direction (1 is the natural scale).
+    pub lr: f64,
+    /// Armijo sufficient-decrease constant.
+    pub c1: f64,
+    /// Most function evaluations per line search.
+    pub max_evals: usize,
+    /// Stop when the gradient's max-norm falls below this.
+    pub tolerance_grad: f64,
+    s: VecDeque<Vec<f64>>,
+    y: VecDeque<Vec<f64>>,
+}
+
+/// What one L-BFGS iteration did.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LbfgsStep {
+    /// Loss before the step.
+    pub loss_before: f64,
+    /// Loss after the step.
+    pub loss: f64,
+    /// Function evaluations the line search used.
+    pub evals: usize,
+    /// True when the gradient was already below tolerance (no step taken).
+    pub converged: bool,
+}
+
+fn flatten(ts: impl Iterator<Item = Tensor>) -> Vec<f64> {
+    ts.flat_map(|t| t.to_vec_f64()).collect()
+}
+
+fn dot(a: &[f64], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// Writes `x` back into the store's parameters, in place.
+fn unflatten(store: &mut ParamStore, x: &[f64]) -> Result<()> {
+    let ids: Vec<_> = store.ids().collect();
+    let mut at = 0;
+    for id in ids {
+        let t = store.get_mut(id);
+        let n = t.numel();
+        let src = &x[at..at + n];
+        match t.dtype() {
+            DType::F64 => t.make_mut::<f64>()?.copy_from_slice(src),
+            DType::F32 => t.make_mut::<f32>()?.iter_mut().zip(src).for_each(|(d, &s)| *d = s as f32),
+            dtype => return Err(Error::UnsupportedDType { op: "Lbfgs", dtype, expected: "f32 or f64 parameters" }),
+        }
+        at += n;
+    }
+    Ok(())
+}
+
+impl Lbfgs {
+    /// L-BFGS keeping `history` pairs, with torch's defaults otherwise.
+    pub fn new(history: usize) -> Self {
+        Lbfgs {
+            history: history.max(1),
+            lr: 1.0,
+            c1: 1e-4,
+            max_evals: 25,
+            tolerance_grad: 1e-9,
+            s: VecDeque::new(),
+            y: VecDeque::new(),
+        }
+    }
+
+    /// One iteration: a quasi-Newton direction from the history, then a
+    /// backtracking line search along it. `f` evaluates the loss and its
+    /// gradients at the store's current parameters.
+    pub fn step(
+        &mut self,
+        store: &mut ParamStore,
+        mut f: impl FnMut(&ParamStore) -> Result<(f64, Grads)>,
+    ) -> Result<LbfgsStep> {
+        let x0 = flatten(store.ids().map(|id| store.get(id).clone()));
+        let (f0, g0) = f(store)?;
+        let g0 = flatten(g0.iter().map(|(_, g)| g.clone()));
+        if !f0.is_finite() {
+            return Err(Error::NonFinite { op: "Lbfgs::step", value: f0, position: 0 });
+        }
+        if g0.iter().fold(0.0f64, |m, g| m.max(g.abs())) <= self.tolerance_grad {
+            return Ok(LbfgsStep { loss_before: f0, loss: f0, evals: 1, converged: true });
+        }
+        // Two-loop recursion: d = -H g.
+        let mut q = g0.clone();
+        let mut alphas = Vec::with_capacity(self.s.len());
+        for (s, y) in self.s.iter().zip(&self.y).rev() {
+            let rho = 1.0 / dot(y, s);
+            let a = rho * dot(s, &q);
+            q.iter_mut().zip(y).for_each(|(qi, yi)| *qi -= a * yi);
+            alphas.push((a, rho));
+        }
+        let gamma = match (self.s.back(), self.y.back()) {
+            (Some(s), Some(y)) => dot(s, y) / dot(y, y),
+            _ => (1.0 / g0.iter().map(|g| g.abs()).sum::<f64>()).min(1.0) * self.lr,
+        };
+        q.iter_mut().for_each(|qi| *qi *= gamma);
+        for ((s, y), (a, rho)) in self.s.iter().zip(&self.y).zip(alphas.into_iter().rev()) {
+            let b = rho * dot(y, &q);
+            q.iter_mut().zip(s).for_each(|(qi, si)| *qi += (a - b) * si);
+        }
+        let mut dir: Vec<f64> = q.iter().map(|v| -v).collect();
+        let mut slope = dot(&g0, &dir);
+        if slope >= 0.0 {
+            // Not a descent direction (stale curvature): restart from -g.
+            self.s.clear();
+            self.y.clear();
+            let k = (1.0 / g0.iter().map(|g| g.abs()).sum::<f64>()).min(1.0) * self.lr;
+            dir = g0.iter().map(|g| -k * g).collect();
+            slope = dot(&g0, &dir);
+        }
+        // Backtracking line search with the Armijo condition.
+        // Without history the direction is already scaled (torch's first step).
+        let mut t = if self.s.is_empty() { 1.0 } else { self.lr };
+        let mut evals = 1;
+        loop {
+            let x: Vec<f64> = x0.iter().zip(&dir).map(|(a, d)| a + t * d).collect();
+            unflatten(store, &x)?;
+            let (ft, gt) = f(store)?;
+            evals += 1;
+            if ft.is_finite() && ft <= f0 + self.c1 * t * slope {
+                let g1 = flatten(gt.iter().map(|(_, g)| g.clone()));
+                let s: Vec<f64> = dir.iter().map(|d| t * d).collect();
+                let y: Vec<f64> = g1.iter().zip(&g0).map(|(a, b)| a - b).collect();
+                if dot(&s, &y) > 1e-10 * dot(&y, &y).sqrt() * dot(&s, &s).sqrt() {
+                    self.s.push_back(s);
+                    self.y.push_back(y);
+                    if self.s.len() > self.history {
+                        self.s.pop_front();
+                        self.y.pop_front();
+                    }
+                }
+                return Ok(LbfgsStep { loss_before: f0, loss: ft, evals, converged: false });
+            }
+            if evals >= self.max_evals {
+                unflatten(store, &x0)?;
+                self.s.clear();
+                self.y.clear();
+                return Ok(LbfgsStep { loss_before: f0, loss: f0, evals, converged: false });
+            }
+            t *= 0.5;
+        }
+    }
+}
