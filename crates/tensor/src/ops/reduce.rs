@@ -52,7 +52,9 @@ fn kept_then_reduced(x: &Tensor, axes: &[usize]) -> Result<(Tensor, usize, usize
     let mut perm: SmallVec<[usize; 6]> = (0..x.rank()).filter(|a| !axes.contains(a)).collect();
     perm.extend_from_slice(axes);
     let reduced: usize = axes.iter().map(|&a| x.dims()[a]).product();
-    let rows = x.numel() / reduced.max(1);
+    // Not numel / reduced: that is 0 when a reduced axis is empty, but the
+    // output still has one row per kept index (zeros(3, 0).sum(1) is [0; 3]).
+    let rows: usize = (0..x.rank()).filter(|a| !axes.contains(a)).map(|a| x.dims()[a]).product();
     Ok((x.permute_raw(&perm)?, rows, reduced))
 }
 
@@ -105,7 +107,7 @@ pub(crate) fn sum_raw<T: Float + CpuElement>(x: &Tensor, axes: &[usize]) -> Resu
     let leading = axes.iter().enumerate().all(|(i, &a)| i == a);
     if leading && x.is_contiguous() && !axes.is_empty() && axes.len() < x.rank() {
         let outer: usize = axes.iter().map(|&a| x.dims()[a]).product();
-        let inner = x.numel() / outer.max(1);
+        let inner: usize = x.dims()[axes.len()..].iter().product();
         let data = &x.storage_slice::<T>()[x.layout.offset..x.layout.offset + x.numel()];
         let sum_cols = |start: usize, out: &mut [T]| {
             for o in out.iter_mut() {
