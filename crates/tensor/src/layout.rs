@@ -154,4 +154,40 @@ impl Layout {
         }
         s
     }
+    /// The strides under which the same elements, read in the same row-major
+    /// order, have shape `target` (same numel), or `None` when no strides can
+    /// (the reshape must copy). torch's `computeStride`: each run of dims that
+    /// is contiguous among itself may be split or merged freely, so
+    /// (un)squeezing always succeeds and transposed or narrowed views keep
+    /// being views where possible.
+    pub fn view_strides(&self, target: &Shape) -> Option<SmallVec<[usize; 6]>> {
+        let (old, os, new) = (self.shape.dims(), &self.strides, target.dims());
+        if self.numel() == 0 || old.is_empty() {
+            return Some(target.contiguous_strides());
+        }
+        let mut out: SmallVec<[usize; 6]> = SmallVec::from_elem(0, new.len());
+        let mut view_d = new.len();
+        let mut base = os[old.len() - 1];
+        let (mut tensor_numel, mut view_numel) = (1, 1);
+        for d in (0..old.len()).rev() {
+            tensor_numel *= old[d];
+            // A chunk ends where the next-outer dim does not continue it.
+            if d == 0 || (old[d - 1] != 1 && os[d - 1] != tensor_numel * base) {
+                while view_d > 0 && (view_numel < tensor_numel || new[view_d - 1] == 1) {
+                    out[view_d - 1] = view_numel * base;
+                    view_numel *= new[view_d - 1];
+                    view_d -= 1;
+                }
+                if view_numel != tensor_numel {
+                    return None;
+                }
+                if d > 0 {
+                    base = os[d - 1];
+                    tensor_numel = 1;
+                    view_numel = 1;
+                }
+            }
+        }
+        (view_d == 0).then_some(out)
+    }
 }

@@ -283,7 +283,10 @@ impl Tensor {
         if shape.numel() != self.numel() {
             return Err(Error::ShapeMismatch { op: "reshape", lhs: self.shape().clone(), rhs: shape });
         }
-        let base = if self.is_contiguous() { self.clone() } else { self.contiguous() };
+        if let Some(strides) = self.layout.view_strides(&shape) {
+            return Ok(self.with_layout(Layout { strides, shape, offset: self.layout.offset }));
+        }
+        let base = self.contiguous();
         Ok(Tensor {
             storage: base.storage,
             layout: Layout { strides: shape.contiguous_strides(), shape, offset: base.layout.offset },
