@@ -150,17 +150,26 @@ pub trait MatmulOps: Diff {
     /// axis removed afterwards; batch dims broadcast.
     fn matmul(&self, o: &Self) -> Result<Self> {
         let (ra, rb) = (self.rank(), o.rank());
+        let mismatch = || Error::ShapeMismatch { op: "matmul", lhs: self.shape(), rhs: o.shape() };
         if ra == 0 || rb == 0 {
-            return Err(Error::ShapeMismatch { op: "matmul", lhs: self.shape(), rhs: o.shape() });
+            return Err(mismatch());
+        }
+        // Check the inner dims here, so the error names the shapes the user
+        // passed rather than the promoted ones.
+        let (sa, sb) = (self.shape(), o.shape());
+        if sa.dims()[ra - 1] != sb.dims()[rb.saturating_sub(2)] {
+            return Err(mismatch());
         }
         let a = if ra == 1 { self.unsqueeze(0)? } else { self.clone() };
         let b = if rb == 1 { o.unsqueeze(-1)? } else { o.clone() };
         let mut y = Self::apply(Matmul, &[&a, &b])?;
-        if rb == 1 {
-            y = y.squeeze(-1)?;
-        }
+        // y is [..., m, n]; drop the promoted row axis first, so that for
+        // vector . vector the promoted column axis is then last.
         if ra == 1 {
             y = y.squeeze(-2)?;
+        }
+        if rb == 1 {
+            y = y.squeeze(-1)?;
         }
         Ok(y)
     }
