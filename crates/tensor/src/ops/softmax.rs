@@ -65,9 +65,11 @@ impl Op for Softmax {
             with_float!(x.dtype(), T => rowwise::<T>(x, self.axis, |i, o| {
                 let m = i.iter().fold(T::NEG_INF, |a, &b| a.max(b));
                 if log {
+                    // (v - m) - ln s, not v - (m + ln s): m + ln s rounds to
+                    // m's ulp, which is 1e-3 for m = 1e4 in f32.
                     let s: T = i.iter().map(|&v| (v - m).exp()).sum();
-                    let lse = m + s.ln();
-                    for (o, &v) in o.iter_mut().zip(i) { *o = v - lse; }
+                    let ls = s.ln();
+                    for (o, &v) in o.iter_mut().zip(i) { *o = (v - m) - ls; }
                 } else {
                     let mut s = T::ZERO;
                     for (o, &v) in o.iter_mut().zip(i) { let e = (v - m).exp(); *o = e; s += e; }
