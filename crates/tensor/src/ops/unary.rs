@@ -151,7 +151,8 @@ impl Unary {
             Unary::Rsqrt => map1(src, &nd, |v: T| T::ONE / v.sqrt()),
             Unary::Tanh => map1(src, &nd, |v: T| v.tanh()),
             Unary::Sigmoid => map1(src, &nd, |v: T| T::ONE / (T::ONE + (-v).exp())),
-            Unary::Relu => map1(src, &nd, |v: T| if v > T::ZERO { v } else { T::ZERO }),
+            // `v < 0`, not `v > 0`, so NaN passes through as in torch.
+            Unary::Relu => map1(src, &nd, |v: T| if v < T::ZERO { T::ZERO } else { v }),
             Unary::GeluTanh => {
                 let (k, gc, half) = (c(SQRT_2_OVER_PI), c(GELU_C), c(0.5));
                 map1(src, &nd, move |v: T| half * v * (T::ONE + (k * (v + gc * v * v * v)).tanh()))
