@@ -202,6 +202,12 @@ impl Op for Compare {
     fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let a = xs[0];
         let cmp = self.cmp;
+        if let (Some(_), true) = (self.scalar, a.dtype().is_int()) {
+            // torch promotes an int tensor compared with a float scalar
+            // (tensor([0]) < 0.5 is true); rounding the scalar to the int
+            // dtype would not. f64 holds every i32 (and i64 below 2^53).
+            return Ok(self.forward(&[&a.cast_raw(DType::F64)])?.cast_raw(a.dtype()));
+        }
         let (b, shape) = match self.scalar {
             Some(s) => (Tensor::scalar_of(s, a.dtype()), a.shape().clone()),
             None => (xs[1].clone(), check_pair(self.name(), a, xs[1])?),
