@@ -1,0 +1,240 @@
+//! f16 and bf16 as storage types that compute in f32, and the integer dtypes
+//! as labels and indices.
+
+use half::{bf16, f16};
+use tapir_tensor::prelude::*;
+
+type R = anyhow::Result<()>;
+
+#[test]
+fn dtype_properties() {
+    let cases = [
+        (DType::F32, 4, true, DType::F32, "float32"),
+        (DType::F64, 8, true, DType::F64, "float64"),
+        (DType::F16, 2, true, DType::F32, "float16"),
+        (DType::BF16, 2, true, DType::F32, "bfloat16"),
+        (DType::I32, 4, false, DType::I32, "int32"),
+        (DType::I64, 8, false, DType::I64, "int64"),
+    ];
+    for (d, size, float, compute, name) in cases {
+        assert_eq!(d.size_in_bytes(), size);
+        assert_eq!(d.is_float(), float);
+        assert_eq!(d.is_int(), !float);
+        assert_eq!(d.compute(), compute);
+        assert_eq!(d.name(), name);
+        assert_eq!(d.to_string(), name);
+    }
+    assert_eq!(DType::default(), DType::F32);
+}
+
+#[test]
+fn f16_round_trips_exactly_representable_values() -> R {
+    let vals = [0.0f32, -0.0, 1.0, -2.5, 0.099975586, 1024.0, 65504.0, -65504.0, 6.1035156e-5];
+    let h: Vec<f16> = vals.iter().map(|&v| f16::from_f32(v)).collect();
+    let t = Tensor::from_vec(h.clone(), [3, 3])?;
+    assert_eq!(t.dtype(), DType::F16);
+    assert_eq!(t.storage_bytes(), 18);
+    assert_eq!(t.to_vec::<f16>()?, h);
+    let f = t.cast(DType::F32)?;
+    assert_eq!(f.to_vec::<f32>()?, vals.to_vec());
+    let back = f.cast(DType::F16)?;
+    assert_eq!(back.to_vec::<f16>()?, h);
+    // Through f64 and bf16-free paths as well.
+    assert_eq!(t.cast(DType::F64)?.cast(DType::F16)?.to_vec::<f16>()?, h);
+    // Infinity and NaN survive.
+    let s = Tensor::from_vec(vec![f16::INFINITY, f16::NEG_INFINITY, f16::NAN], [3])?;
+    let v = s.cast(DType::F32)?.to_vec::<f32>()?;
+    assert_eq!(v[0], f32::INFINITY);
+    assert_eq!(v[1], f32::NEG_INFINITY);
+    assert!(v[2].is_nan());
+    Ok(())
+}
+
+#[test]
+fn f16_and_bf16_round_to_nearest_on_cast() -> R {
+    // 1 + 2^-11 is halfway between two f16 values: ties to even gives 1.
+    // 1 + 3 * 2^-11 rounds up to 1 + 2^-9.
+    let x = Tensor::from_vec(vec![1.0f32 + 2f32.powi(-11), 1.0 + 3.0 * 2f32.powi(-11), 70000.0], [3])?;
+    let h = x.cast(DType::F16)?.to_vec::<f16>()?;
+    assert_eq!(h[0], f16::from_f32(1.0));
+    assert_eq!(h[1], f16::from_f32(1.0 + 2f32.powi(-9)));
+    assert_eq!(h[2], f16::INFINITY, "beyond f16's range overflows to inf");
+    // bf16 keeps f32's range with 8 bits of precision.
+    let b = Tensor::from_vec(vec![1.0f32 + 2f32.powi(-9), 3.0e38, 1.0 + 3.0 * 2f32.powi(-9)], [3])?
+        .cast(DType::BF16)?
+        .to_vec::<bf16>()?;
+    assert_eq!(b[0], bf16::from_f32(1.0));
+    assert!((b[1].to_f32() - 3.0e38).abs() / 3.0e38 < 1e-2);
+    assert_eq!(b[2], bf16::from_f32(1.0 + 2f32.powi(-7)));
+    Ok(())
+}
+
+#[test]
+fn bf16_round_trips() -> R {
+    let vals = [0.0f32, 1.0, -1.5, 256.0, 3.0e38, 1.0e-30, -7.0];
+    let b: Vec<bf16> = vals.iter().map(|&v| bf16::from_f32(v)).collect();
+    let t = Tensor::from_slice(&b, [7])?;
+    assert_eq!(t.dtype(), DType::BF16);
+    assert_eq!(t.storage_bytes(), 14);
+    assert_eq!(t.to_vec::<bf16>()?, b);
+    let f = t.cast(DType::F32)?.to_vec::<f32>()?;
+    let want: Vec<f32> = b.iter().map(|v| v.to_f32()).collect();
+    assert_eq!(f, want);
+    assert_eq!(t.cast(DType::F32)?.cast(DType::BF16)?.to_vec::<bf16>()?, b);
+    // bf16 <-> f16 through the cast.
+    let small = Tensor::from_vec(vec![bf16::from_f32(1.0), bf16::from_f32(-0.5)], [2])?;
+    assert_eq!(small.cast(DType::F16)?.to_vec::<f16>()?, vec![f16::from_f32(1.0), f16::from_f32(-0.5)]);
+    Ok(())
+}
+
+/// An op on a half tensor and its f32 reference.
+type HalfCase = (fn(&Tensor) -> Result<Tensor>, fn(f32) -> f32);
+
+fn h(v: &[f32]) -> Vec<f16> {
+    v.iter().map(|&x| f16::from_f32(x)).collect()
+}
+
+fn bh(v: &[f32]) -> Vec<bf16> {
+    v.iter().map(|&x| bf16::from_f32(x)).collect()
+}
+
+#[test]
+fn half_ops_compute_in_f32_and_keep_their_dtype() -> R {
+    let xs = [-2.0f32, -0.5, 0.0, 0.5, 1.0, 3.0];
+    for dtype in [DType::F16, DType::BF16] {
+        let x = Tensor::from_vec(xs.to_vec(), [2, 3])?.cast(dtype)?;
+        let ops: [HalfCase; 6] = [
+            (|t| t.exp(), f32::exp),
+            (|t| t.tanh(), f32::tanh),
+            (|t| t.sigmoid(), |v| 1.0 / (1.0 + (-v).exp())),
+            (|t| t.relu(), |v| v.max(0.0)),
+            (|t| t.mul_scalar(0.1), |v| v * 0.1),
+            (|t| t.square(), |v| v * v),
+        ];
+        for (op, f) in ops {
+            let y = op(&x)?;
+            assert_eq!(y.dtype(), dtype);
+            // The result is f(x) computed in f32, then rounded once.
+            let want = Tensor::from_vec(xs.iter().map(|&v| f(v)).collect::<Vec<f32>>(), [2, 3])?.cast(dtype)?;
+            assert_eq!(y.to_vec_f64(), want.to_vec_f64());
+        }
+        let y = x.add(&x.t()?.t()?)?;
+        assert_eq!(y.dtype(), dtype);
+        assert_eq!(y.to_vec_f32(), xs.iter().map(|v| v * 2.0).collect::<Vec<_>>());
+        // Comparisons give masks in the same dtype.
+        let m = x.gt_scalar(0.0)?;
+        assert_eq!(m.dtype(), dtype);
+        assert_eq!(m.to_vec_f32(), vec![0., 0., 0., 1., 1., 1.]);
+        // Mixing a half dtype with f32 is a dtype mismatch, not a silent cast.
+        assert!(matches!(x.add(&Tensor::zeros([2, 3], DType::F32)), Err(Error::DTypeMismatch { .. })));
+    }
+    Ok(())
+}
+
+#[test]
+fn half_sums_accumulate_in_f32() -> R {
+    // A running f16 sum of ones stalls at 2048; f32 accumulation reaches 4096,
+    // which f16 represents exactly.
+    let x = Tensor::from_vec(h(&[1.0; 4096]), [4096])?;
+    let s = x.sum_all()?;
+    assert_eq!(s.dtype(), DType::F16);
+    assert_eq!(s.item()?, 4096.0);
+    // Same for bf16 (a bf16 running sum stalls at 256).
+    let b = Tensor::from_vec(bh(&[1.0; 1000]), [2, 500])?;
+    assert_eq!(b.sum_all()?.item()?, 1000.0);
+    assert_eq!(b.sum(&[1], false)?.to_vec_f32(), vec![500.0, 500.0]);
+    // mean, max, logsumexp keep the dtype.
+    let m = b.mean(&[1], true)?;
+    assert_eq!(m.dtype(), DType::BF16);
+    assert_eq!(m.dims(), &[2, 1]);
+    assert_eq!(m.to_vec_f32(), vec![1.0, 1.0]);
+    assert_eq!(b.max(&[], false)?.item()?, 1.0);
+    let l = Tensor::from_vec(h(&[0.0, 0.0]), [2])?.logsumexp(&[0], false)?;
+    assert_eq!(l.dtype(), DType::F16);
+    assert_eq!(l.item()?, f16::from_f32(2f32.ln()).to_f64());
+    Ok(())
+}
+
+#[test]
+fn half_matmul_and_softmax() -> R {
+    // [[1, 2], [3, 4]] @ [[0.5, -1], [2, 0.25]] in f16 and bf16: exact values.
+    for dtype in [DType::F16, DType::BF16] {
+        let a = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], [2, 2])?.cast(dtype)?;
+        let b = Tensor::from_vec(vec![0.5f32, -1.0, 2.0, 0.25], [2, 2])?.cast(dtype)?;
+        let y = a.matmul(&b)?;
+        assert_eq!(y.dtype(), dtype);
+        assert_eq!(y.to_vec_f32(), vec![4.5, -0.5, 9.5, -2.0]);
+        assert_eq!(a.matmul(&b.t()?)?.to_vec_f32(), vec![-1.5, 2.5, -2.5, 7.0]);
+        // A long dot product of ones: exact with f32 accumulation.
+        let ones = Tensor::ones([1, 2048], dtype);
+        assert_eq!(ones.matmul(&ones.t()?)?.item()?, 2048.0);
+        let s = Tensor::from_vec(vec![0.0f32, 0.0, 1e4, 1e4], [2, 2])?.cast(dtype)?.softmax(1)?;
+        assert_eq!(s.dtype(), dtype);
+        assert_eq!(s.to_vec_f32(), vec![0.5, 0.5, 0.5, 0.5]);
+    }
+    Ok(())
+}
+
+#[test]
+fn half_views_and_index_ops() -> R {
+    let x = Tensor::from_vec(h(&[0., 1., 2., 3., 4., 5.]), [2, 3])?;
+    let t = x.t()?;
+    assert!(t.same_storage(&x));
+    assert_eq!(t.to_vec_f32(), vec![0., 3., 1., 4., 2., 5.]);
+    assert_eq!(t.contiguous().to_vec::<f16>()?, h(&[0., 3., 1., 4., 2., 5.]));
+    let idx = Tensor::from_vec(vec![2i64, 0], [2])?;
+    let sel = x.index_select(1, &idx)?;
+    assert_eq!(sel.dtype(), DType::F16);
+    assert_eq!(sel.to_vec_f32(), vec![2., 0., 5., 3.]);
+    let g = x.gather(1, &Tensor::from_vec(vec![1i32, 1, 0, 2], [2, 2])?)?;
+    assert_eq!(g.to_vec_f32(), vec![1., 1., 3., 5.]);
+    let c = Tensor::concat(&[&x, &x], 0)?;
+    assert_eq!(c.dtype(), DType::F16);
+    assert_eq!(c.dims(), &[4, 3]);
+    let sa = Tensor::zeros([2, 3], DType::BF16).scatter_add(
+        1,
+        &Tensor::from_vec(vec![0i64, 0, 2, 2], [2, 2])?,
+        &Tensor::from_vec(bh(&[1.0, 2.0, 3.0, 4.0]), [2, 2])?,
+    )?;
+    assert_eq!(sa.to_vec_f32(), vec![3., 0., 0., 0., 0., 7.]);
+    assert_eq!(x.argmax(1, false)?.to_vec::<i64>()?, vec![2, 2]);
+    Ok(())
+}
+
+#[test]
+fn int_dtypes_for_indices_and_labels() -> R {
+    let table = Tensor::from_vec((0..12).map(|v| v as f32).collect::<Vec<_>>(), [4, 3])?;
+    for ids in [Tensor::from_vec(vec![3i32, 1, 3], [3])?, Tensor::from_vec(vec![3i64, 1, 3], [3])?] {
+        assert!(ids.dtype().is_int());
+        let rows = table.index_select(0, &ids)?;
+        assert_eq!(rows.to_vec::<f32>()?, vec![9., 10., 11., 3., 4., 5., 9., 10., 11.]);
+        assert_eq!(table.embedding(&ids)?.dims(), &[3, 3]);
+        let g = table.gather(0, &ids.reshape([1, 3])?)?;
+        assert_eq!(g.to_vec::<f32>()?, vec![9., 4., 11.]);
+    }
+    // Integer tensors can themselves be indexed, gathered, selected,
+    // concatenated, compared and viewed.
+    let labels = Tensor::from_vec(vec![5i64, 7, 9, 11], [2, 2])?;
+    assert_eq!(labels.index_select(1, &Tensor::from_vec(vec![1i32], [1])?)?.to_vec::<i64>()?, vec![7, 11]);
+    assert_eq!(labels.gather(1, &Tensor::from_vec(vec![1i64, 0], [2, 1])?)?.to_vec::<i64>()?, vec![7, 9]);
+    assert_eq!(labels.t()?.to_vec::<i64>()?, vec![5, 9, 7, 11]);
+    assert_eq!(labels.eq_scalar(9.0)?.to_vec::<i64>()?, vec![0, 0, 1, 0]);
+    assert_eq!(labels.argmax(0, false)?.to_vec::<i64>()?, vec![1, 1]);
+    let sa = Tensor::zeros([3], DType::I32).scatter_add(
+        0,
+        &Tensor::from_vec(vec![2i64, 2, 0], [3])?,
+        &Tensor::from_vec(vec![1i32, 10, 100], [3])?,
+    )?;
+    assert_eq!(sa.to_vec::<i32>()?, vec![100, 0, 11]);
+    // Random labels, and casts to and from floats.
+    let r = Rng::new(3).randint([100], 7, DType::I32)?;
+    assert_eq!(r.dtype(), DType::I32);
+    assert!(r.to_vec::<i32>()?.iter().all(|&v| (0..7).contains(&v)));
+    let f = Tensor::from_vec(vec![-1.9f32, 2.9], [2])?;
+    assert_eq!(f.cast(DType::I32)?.to_vec::<i32>()?, vec![-1, 2]);
+    assert_eq!(
+        Tensor::from_vec(vec![i64::MAX, i64::MIN], [2])?.cast(DType::I32)?.to_vec::<i32>()?,
+        vec![i32::MAX, i32::MIN]
+    );
+    Ok(())
+}

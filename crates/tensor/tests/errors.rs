@@ -1,0 +1,434 @@
+//! Every error path of tapir-tensor returns the right structured variant,
+//! naming the op and the offending values (DESIGN.md invariant 8). Nothing
+//! here may panic: a panic fails the test as surely as a wrong variant.
+
+use tapir_tensor::prelude::*;
+
+/// Asserts that `$e` is an `Err` matching `$p` (with an optional guard), and
+/// returns the error for further checks.
+macro_rules! assert_err {
+    ($e:expr, $p:pat $(if $guard:expr)?) => {{
+        match $e {
+            Err(err) => {
+                #[allow(unused_variables)]
+                let ok = matches!(&err, $p $(if $guard)?);
+                assert!(ok, "wrong error: {err:?}");
+                err
+            }
+            Ok(v) => panic!("expected an error, got Ok({v:?})"),
+        }
+    }};
+}
+
+type UnaryFn = fn(&Tensor) -> Result<Tensor>;
+type BinaryFn = fn(&Tensor, &Tensor) -> Result<Tensor>;
+
+fn f32s(data: &[f32], dims: &[usize]) -> Tensor {
+    Tensor::from_vec(data.to_vec(), dims.to_vec()).expect("test tensor")
+}
+
+fn m23() -> Tensor {
+    f32s(&[1., 2., 3., 4., 5., 6.], &[2, 3])
+}
+
+fn shape(d: &[usize]) -> Shape {
+    Shape::from(d)
+}
+
+fn i64s(v: &[i64], dims: &[usize]) -> Tensor {
+    Tensor::from_vec(v.to_vec(), dims.to_vec()).expect("index tensor")
+}
+
+// ----- shape mismatches --------------------------------------------------------
+
+#[test]
+fn binary_shape_mismatch_names_op_and_shapes() {
+    let a = m23();
+    let b = f32s(&[1., 2., 3., 4.], &[4]);
+    let ops: [(&str, BinaryFn); 7] = [
+        ("add", |a, b| a.add(b)),
+        ("sub", |a, b| a.sub(b)),
+        ("mul", |a, b| a.mul(b)),
+        ("div", |a, b| a.div(b)),
+        ("pow", |a, b| a.pow(b)),
+        ("maximum", |a, b| a.maximum(b)),
+        ("minimum", |a, b| a.minimum(b)),
+    ];
+    for (name, op) in ops {
+        let e = assert_err!(
+            op(&a, &b),
+            Error::ShapeMismatch { op, lhs, rhs }
+                if *op == name && *lhs == shape(&[2, 3]) && *rhs == shape(&[4])
+        );
+        let msg = e.to_string();
+        assert!(msg.contains(name) && msg.contains("[2, 3]") && msg.contains("[4]"), "{msg}");
+    }
+    // Comparisons and where broadcast too.
+    assert_err!(a.lt(&b), Error::ShapeMismatch { op: "lt", .. });
+    assert_err!(a.eq(&b), Error::ShapeMismatch { op: "eq", .. });
+    let mask = f32s(&[1., 0.], &[2]);
+    assert_err!(a.where_(&mask, &a), Error::ShapeMismatch { op: "where", .. });
+    assert_err!(a.where_(&Tensor::ones([2, 3], DType::F32), &b), Error::ShapeMismatch { op: "where", .. });
+}
+
+#[test]
+fn matmul_inner_mismatch_names_user_shapes() {
+    let a = m23();
+    let b = Tensor::zeros([4, 5], DType::F32);
+    let e = assert_err!(
+        a.matmul(&b),
+        Error::ShapeMismatch { op: "matmul", lhs, rhs }
+            if *lhs == shape(&[2, 3]) && *rhs == shape(&[4, 5])
+    );
+    assert!(e.to_string().contains("matmul"));
+    // Batch dims that do not broadcast.
+    assert_err!(
+        Tensor::zeros([2, 2, 3], DType::F32).matmul(&Tensor::zeros([3, 3, 4], DType::F32)),
+        Error::ShapeMismatch { op: "matmul", lhs, rhs }
+            if *lhs == shape(&[2, 2, 3]) && *rhs == shape(&[3, 3, 4])
+    );
+    // 1-D operands: the error names the shapes the user passed.
+    let v3 = Tensor::zeros([3], DType::F32);
+    let v4 = Tensor::zeros([4], DType::F32);
+    assert_err!(
+        v3.matmul(&v4),
+        Error::ShapeMismatch { op: "matmul", lhs, rhs }
+            if *lhs == shape(&[3]) && *rhs == shape(&[4])
+    );
+    assert_err!(
+        v4.matmul(&a),
+        Error::ShapeMismatch { op: "matmul", lhs, rhs }
+            if *lhs == shape(&[4]) && *rhs == shape(&[2, 3])
+    );
+    assert_err!(
+        a.matmul(&v4),
+        Error::ShapeMismatch { op: "matmul", lhs, rhs }
+            if *lhs == shape(&[2, 3]) && *rhs == shape(&[4])
+    );
+    // 0-d operands cannot be multiplied as matrices.
+    assert_err!(Tensor::scalar(1.0).matmul(&a), Error::ShapeMismatch { op: "matmul", .. });
+    assert_err!(a.matmul(&Tensor::scalar(1.0)), Error::ShapeMismatch { op: "matmul", .. });
+    // linear with a weight of the wrong width.
+    assert_err!(a.linear(&Tensor::zeros([5, 4], DType::F32), None), Error::ShapeMismatch { op: "matmul", .. });
+}
+
+#[test]
+fn view_shape_errors() {
+    let a = m23();
+    // reshape to the wrong number of elements.
+    assert_err!(
+        a.reshape([4]),
+        Error::ShapeMismatch { op: "reshape", lhs, rhs }
+            if *lhs == shape(&[2, 3]) && *rhs == shape(&[4])
+    );
+    assert_err!(a.reshape([7, 1]), Error::ShapeMismatch { op: "reshape", .. });
+    // broadcast_to a shape the tensor does not broadcast to.
+    assert_err!(
+        a.broadcast_to([2, 4]),
+        Error::ShapeMismatch { op: "broadcast_to", lhs, rhs }
+            if *lhs == shape(&[2, 3]) && *rhs == shape(&[2, 4])
+    );
+    assert_err!(a.broadcast_to([3]), Error::ShapeMismatch { op: "broadcast_to", .. });
+    assert_err!(a.broadcast_to([1, 3]), Error::ShapeMismatch { op: "broadcast_to", .. });
+    assert_err!(a.expand([3, 3]), Error::ShapeMismatch { op: "broadcast_to", .. });
+    // sum_to a shape the tensor is not a broadcast of.
+    assert_err!(a.sum_to([4]), Error::ShapeMismatch { op: "sum_to", .. });
+    assert_err!(a.sum_to([2, 2, 3]), Error::ShapeMismatch { op: "sum_to", .. });
+    // concat and stack of incompatible shapes.
+    let b = Tensor::zeros([2, 2], DType::F32);
+    assert_err!(
+        Tensor::concat(&[&a, &b], 0),
+        Error::ShapeMismatch { op: "concat", lhs, rhs }
+            if *lhs == shape(&[2, 3]) && *rhs == shape(&[2, 2])
+    );
+    assert_err!(Tensor::concat(&[&a, &Tensor::zeros([6], DType::F32)], 0), Error::ShapeMismatch { op: "concat", .. });
+    assert_err!(Tensor::stack(&[&a, &b], 0), Error::ShapeMismatch { op: "stack", .. });
+    // squeeze of a dim that is not 1, t() of a vector.
+    assert_err!(
+        a.squeeze(0),
+        Error::InvalidShape { op: "squeeze", shape: s, .. } if *s == shape(&[2, 3])
+    );
+    assert_err!(Tensor::zeros([3], DType::F32).t(), Error::InvalidShape { op: "t", .. });
+}
+
+#[test]
+fn index_shape_errors() {
+    let x = m23();
+    // index_select wants 1-D indices.
+    assert_err!(x.index_select(0, &i64s(&[0, 1], &[1, 2])), Error::InvalidShape { op: "index_select", .. });
+    // embedding wants a [vocab, dim] table.
+    assert_err!(
+        Tensor::zeros([4], DType::F32).embedding(&i64s(&[0], &[1])),
+        Error::InvalidShape { op: "embedding", .. }
+    );
+    // gather indices of another rank, or larger than the input off-axis.
+    assert_err!(x.gather(1, &i64s(&[0, 1], &[2])), Error::ShapeMismatch { op: "gather", .. });
+    assert_err!(x.gather(1, &i64s(&[0; 9], &[3, 3])), Error::ShapeMismatch { op: "gather", .. });
+    // scatter_add: src and idx must have one shape.
+    let src = Tensor::ones([2, 2], DType::F32);
+    assert_err!(x.scatter_add(1, &i64s(&[0, 1, 2], &[1, 3]), &src), Error::ShapeMismatch { op: "scatter_add", .. });
+}
+
+// ----- dtypes and devices ------------------------------------------------------
+
+#[test]
+fn dtype_mismatch_names_both_dtypes() {
+    let a = m23();
+    let b = Tensor::ones([2, 3], DType::F64);
+    let e = assert_err!(a.add(&b), Error::DTypeMismatch { op: "add", lhs: DType::F32, rhs: DType::F64 });
+    let msg = e.to_string();
+    assert!(msg.contains("add") && msg.contains("F32") || msg.contains("F64"), "{msg}");
+    assert_err!(a.mul(&b), Error::DTypeMismatch { op: "mul", lhs: DType::F32, rhs: DType::F64 });
+    assert_err!(a.gt(&b), Error::DTypeMismatch { op: "gt", .. });
+    assert_err!(a.where_(&a, &b), Error::DTypeMismatch { op: "where", .. });
+    assert_err!(
+        a.matmul(&Tensor::ones([3, 2], DType::F16)),
+        Error::DTypeMismatch { op: "matmul", lhs: DType::F32, rhs: DType::F16 }
+    );
+    assert_err!(Tensor::concat(&[&a, &b], 0), Error::DTypeMismatch { op: "concat", lhs: DType::F32, rhs: DType::F64 });
+    assert_err!(a.scatter_add(1, &i64s(&[0; 6], &[2, 3]), &b), Error::DTypeMismatch { op: "scatter_add", .. });
+    // Reading elements as the wrong Rust type.
+    assert_err!(a.to_vec::<f64>(), Error::DTypeMismatch { op: "to_vec", lhs: DType::F32, rhs: DType::F64 });
+    let mut m = a.clone();
+    assert_err!(m.make_mut::<i32>().map(|s| s.len()), Error::DTypeMismatch { op: "make_mut", .. });
+}
+
+#[test]
+fn float_ops_reject_integer_tensors() {
+    let i = Tensor::from_vec(vec![1i32, 2, 3, 4], [2, 2]).expect("ints");
+    let unary: [(&str, UnaryFn); 6] = [
+        ("exp", |x| x.exp()),
+        ("log", |x| x.log()),
+        ("tanh", |x| x.tanh()),
+        ("relu", |x| x.relu()),
+        ("mul_scalar", |x| x.mul_scalar(2.0)),
+        ("clamp", |x| x.clamp(0.0, 1.0)),
+    ];
+    for (name, op) in unary {
+        assert_err!(
+            op(&i),
+            Error::UnsupportedDType { op, dtype: DType::I32, .. } if *op == name
+        );
+    }
+    assert_err!(i.add(&i), Error::UnsupportedDType { op: "add", .. });
+    assert_err!(i.matmul(&i), Error::UnsupportedDType { op: "matmul", .. });
+    assert_err!(i.softmax(0), Error::UnsupportedDType { op: "softmax", .. });
+    assert_err!(i.log_softmax(0), Error::UnsupportedDType { op: "log_softmax", .. });
+    assert_err!(i.sum(&[0], false), Error::UnsupportedDType { op: "sum", .. });
+    assert_err!(i.max(&[0], false), Error::UnsupportedDType { op: "max", .. });
+}
+
+#[test]
+fn indices_must_be_integers() {
+    let x = m23();
+    let fidx = f32s(&[0., 1.], &[2]);
+    assert_err!(x.index_select(1, &fidx), Error::UnsupportedDType { op: "index_select", dtype: DType::F32, .. });
+    assert_err!(x.embedding(&fidx), Error::UnsupportedDType { dtype: DType::F32, .. });
+    assert_err!(x.gather(1, &f32s(&[0.; 6], &[2, 3])), Error::UnsupportedDType { op: "gather", .. });
+}
+
+#[test]
+fn cuda_is_an_error_never_a_panic() {
+    assert_err!(Device::cuda(0), Error::DeviceUnavailable { device: Device::Cuda(0), .. });
+    assert_err!(m23().to_device(Device::Cuda(0)), Error::DeviceUnavailable { .. });
+    assert_err!(m23().to_device(Device::Cuda(100)), Error::DeviceUnavailable { .. });
+    assert_eq!(Device::best(), Device::Cpu);
+}
+
+// ----- axes ----------------------------------------------------------------------
+
+#[test]
+fn axis_out_of_range_names_axis_and_rank() {
+    let x = m23();
+    type AxisOp = (&'static str, isize, fn(&Tensor, isize) -> Result<Tensor>);
+    let cases: [AxisOp; 16] = [
+        ("sum", 2, |x, a| x.sum(&[a], false)),
+        ("sum", -3, |x, a| x.sum(&[0, a], true)),
+        ("mean", 5, |x, a| x.mean(&[a], false)),
+        ("max", 2, |x, a| x.max(&[a], false)),
+        ("min", -3, |x, a| x.min(&[a], false)),
+        ("logsumexp", 2, |x, a| x.logsumexp(&[a], false)),
+        ("argmax", 2, |x, a| x.argmax(a, false)),
+        ("argmin", -3, |x, a| x.argmin(a, false)),
+        ("softmax", 2, |x, a| x.softmax(a)),
+        ("log_softmax", -3, |x, a| x.log_softmax(a)),
+        ("narrow", 2, |x, a| x.narrow(a, 0, 1)),
+        ("transpose", 2, |x, a| x.transpose(0, a)),
+        ("squeeze", 2, |x, a| x.squeeze(a)),
+        ("index_select", 2, |x, a| x.index_select(a, &Tensor::from_vec(vec![0i64], [1])?)),
+        ("gather", 2, |x, a| x.gather(a, &Tensor::from_vec(vec![0i64], [1, 1])?)),
+        ("concat", 2, |x, a| Tensor::concat(&[x, x], a)),
+    ];
+    for (name, axis, op) in cases {
+        let e = assert_err!(
+            op(&x, axis),
+            Error::AxisOutOfRange { op, axis: a, rank: 2 } if *op == name && *a == axis
+        );
+        let msg = e.to_string();
+        assert!(msg.contains(name) && msg.contains(&axis.to_string()), "{msg}");
+    }
+    // unsqueeze and stack insert an axis, so rank + 1 positions are valid.
+    assert_err!(x.unsqueeze(3), Error::AxisOutOfRange { op: "unsqueeze", axis: 3, rank: 3 });
+    assert_err!(x.unsqueeze(-4), Error::AxisOutOfRange { op: "unsqueeze", axis: -4, rank: 3 });
+    assert_err!(Tensor::stack(&[&x, &x], 3), Error::AxisOutOfRange { op: "stack", axis: 3, rank: 3 });
+    assert_err!(x.dim(2), Error::AxisOutOfRange { op: "dim", axis: 2, rank: 2 });
+    assert_err!(
+        x.scatter_add(3, &i64s(&[0], &[1, 1]), &Tensor::ones([1, 1], DType::F32)),
+        Error::AxisOutOfRange { op: "scatter_add", axis: 3, rank: 2 }
+    );
+    // A scalar has no axes at all.
+    assert_err!(Tensor::scalar(1.0).softmax(0), Error::AxisOutOfRange { op: "softmax", axis: 0, rank: 0 });
+}
+
+#[test]
+fn repeated_axes_and_bad_permutations_are_invalid_arguments() {
+    let x = m23();
+    assert_err!(x.sum(&[0, 0], false), Error::InvalidArgument { op: "sum", .. });
+    assert_err!(x.sum(&[1, -1], false), Error::InvalidArgument { op: "sum", .. });
+    assert_err!(x.mean(&[0, -2], false), Error::InvalidArgument { op: "mean", .. });
+    assert_err!(x.permute(&[0, 0]), Error::InvalidArgument { op: "permute", .. });
+    assert_err!(x.permute(&[0]), Error::InvalidArgument { op: "permute", .. });
+    assert_err!(x.permute(&[0, 2]), Error::InvalidArgument { op: "permute", .. });
+    assert_err!(x.permute(&[1, 0, 2]), Error::InvalidArgument { op: "permute", .. });
+}
+
+// ----- indices -------------------------------------------------------------------
+
+#[test]
+fn index_out_of_range_names_value_and_position() {
+    let x = m23();
+    let e = assert_err!(
+        x.index_select(1, &i64s(&[0, 2, 3, 1], &[4])),
+        Error::IndexOutOfRange { op: "index_select", index: 3, position: 2, size: 3 }
+    );
+    let msg = e.to_string();
+    assert!(msg.contains("index_select") && msg.contains('3') && msg.contains('2'), "{msg}");
+    // Negative indices are out of range (no wrap-around).
+    assert_err!(
+        x.index_select(0, &Tensor::from_vec(vec![-1i32], [1]).expect("idx")),
+        Error::IndexOutOfRange { index: -1, position: 0, size: 2, .. }
+    );
+    // embedding reports the id and where it sits in the flattened ids.
+    let table = Tensor::zeros([5, 2], DType::F32);
+    assert_err!(
+        table.embedding(&i64s(&[0, 4, 1, 5], &[2, 2])),
+        Error::IndexOutOfRange { index: 5, position: 3, size: 5, .. }
+    );
+    // gather and scatter_add.
+    assert_err!(
+        x.gather(1, &i64s(&[0, 1, 2, 0, 7, 1], &[2, 3])),
+        Error::IndexOutOfRange { op: "gather", index: 7, position: 4, size: 3 }
+    );
+    assert_err!(
+        x.gather(0, &i64s(&[0, 1, 2], &[1, 3])),
+        Error::IndexOutOfRange { op: "gather", index: 2, position: 2, size: 2 }
+    );
+    assert_err!(
+        Tensor::zeros([2, 3], DType::F32).scatter_add(1, &i64s(&[0, -5], &[1, 2]), &Tensor::ones([1, 2], DType::F32)),
+        Error::IndexOutOfRange { op: "scatter_add", index: -5, position: 1, size: 3 }
+    );
+    // narrow past the end.
+    assert_err!(x.narrow(1, 2, 2), Error::IndexOutOfRange { op: "narrow", index: 4, size: 3, .. });
+    assert_err!(x.narrow(0, 3, 0), Error::IndexOutOfRange { op: "narrow", size: 2, .. });
+    assert_err!(x.narrow(0, usize::MAX, 2), Error::IndexOutOfRange { op: "narrow", .. });
+}
+
+// ----- element counts and arguments ------------------------------------------------
+
+#[test]
+fn element_count_errors() {
+    let e = assert_err!(
+        Tensor::from_vec(vec![0.0f32; 5], [2, 3]),
+        Error::ElementCount { shape: s, expected: 6, got: 5, .. } if *s == shape(&[2, 3])
+    );
+    assert!(e.to_string().contains('5') && e.to_string().contains('6'));
+    assert_err!(Tensor::from_slice(&[1i64, 2], ()), Error::ElementCount { expected: 1, got: 2, .. });
+    assert_err!(Tensor::from_vec(Vec::<f64>::new(), [1]), Error::ElementCount { expected: 1, got: 0, .. });
+}
+
+#[test]
+fn invalid_arguments() {
+    let x = m23();
+    let e = assert_err!(x.clamp(1.0, 0.0), Error::InvalidArgument { op: "clamp", .. });
+    assert!(e.to_string().contains("clamp"));
+    assert_err!(x.clamp(f64::NAN, 1.0), Error::InvalidArgument { op: "clamp", .. });
+    assert_err!(x.clamp(0.0, f64::NAN), Error::InvalidArgument { op: "clamp", .. });
+    // lo == hi is fine.
+    assert!(x.clamp(2.0, 2.0).is_ok());
+    assert_err!(Tensor::arange(0.0, 1.0, 0.0, DType::F32), Error::InvalidArgument { op: "arange", .. });
+    assert_err!(Tensor::arange(0.0, f64::INFINITY, 1.0, DType::F32), Error::InvalidArgument { op: "arange", .. });
+    assert_err!(Tensor::arange(f64::NAN, 1.0, 1.0, DType::F32), Error::InvalidArgument { op: "arange", .. });
+    assert_err!(Tensor::arange(0.0, 1.0, f64::NAN, DType::F32), Error::InvalidArgument { op: "arange", .. });
+    assert_err!(Tensor::concat(&[], 0), Error::InvalidArgument { op: "concat", .. });
+    assert_err!(Tensor::stack(&[], 0), Error::InvalidArgument { op: "stack", .. });
+}
+
+#[test]
+fn invalid_shapes() {
+    let x = m23();
+    let e = assert_err!(
+        x.item(),
+        Error::InvalidShape { op: "item", shape: s, .. } if *s == shape(&[2, 3])
+    );
+    assert!(e.to_string().contains("item"));
+    assert_err!(x.item_f32(), Error::InvalidShape { op: "item", .. });
+    assert_err!(Tensor::zeros([0], DType::F32).item(), Error::InvalidShape { op: "item", .. });
+    // max/min/argmax over an empty axis have no answer.
+    let e0 = Tensor::zeros([2, 0], DType::F32);
+    assert_err!(e0.max(&[1], false), Error::InvalidShape { op: "max", .. });
+    assert_err!(e0.min(&[], false), Error::InvalidShape { op: "min", .. });
+    assert_err!(e0.argmax(1, false), Error::InvalidShape { op: "argmax", .. });
+    assert_err!(e0.argmin(1, false), Error::InvalidShape { op: "argmin", .. });
+}
+
+#[test]
+fn errors_display_the_op() {
+    // Every variant's message starts with (or names) the op, so a log line is
+    // enough to find the call.
+    let x = m23();
+    let errs = [
+        x.add(&Tensor::zeros([4], DType::F32)).unwrap_err(),
+        x.add(&Tensor::zeros([2, 3], DType::F64)).unwrap_err(),
+        x.sum(&[7], false).unwrap_err(),
+        x.index_select(0, &i64s(&[9], &[1])).unwrap_err(),
+        x.clamp(1.0, 0.0).unwrap_err(),
+        x.item().unwrap_err(),
+        Tensor::from_vec(vec![1.0f32], [2]).unwrap_err(),
+        Tensor::from_vec(vec![1i32], [1]).and_then(|t| t.exp()).unwrap_err(),
+    ];
+    let ops = ["add", "add", "sum", "index_select", "clamp", "item", "from_vec", "exp"];
+    for (e, op) in errs.iter().zip(ops) {
+        assert!(e.to_string().starts_with(op), "{e}");
+    }
+}
+
+#[test]
+fn degenerate_inputs_do_not_panic() {
+    // Empty tensors through every op family: results or errors, no panics.
+    let e = Tensor::zeros([0, 3], DType::F32);
+    let _ = e.exp().expect("exp of empty");
+    let _ = e.add(&Tensor::zeros([3], DType::F32)).expect("add of empty");
+    let _ = e.softmax(0).expect("softmax over an empty axis");
+    let _ = e.softmax(1).expect("softmax of no rows");
+    let _ = e.log_softmax(1).expect("log_softmax of no rows");
+    let _ = e.t().and_then(|t| t.matmul(&e)).expect("[3, 0] @ [0, 3]");
+    let _ = e.matmul(&Tensor::zeros([3, 2], DType::F32)).expect("[0, 3] @ [3, 2]");
+    let _ = e.sum(&[0], false).expect("sum over an empty axis");
+    let _ = e.argmax(1, false).expect("argmax of no rows");
+    let _ = e.index_select(1, &i64s(&[2, 0], &[2])).expect("select from no rows");
+    let _ = e.gather(0, &Tensor::zeros([0, 3], DType::I64)).expect("gather of nothing");
+    let _ = Tensor::concat(&[&e, &e], 0).expect("concat of empties");
+    let _ = e.reshape([3, 0]).expect("reshape of empty");
+    let _ = e.narrow(1, 1, 2).expect("narrow of empty");
+    let _ = e.cast(DType::F16).expect("cast of empty");
+    assert!(e.clamp(1.0, 0.0).is_err());
+    // Scalars.
+    let s = Tensor::scalar(2.0);
+    let _ = s.sum(&[], false).expect("sum of a scalar");
+    let _ = s.reshape([1, 1]).expect("scalar to [1, 1]");
+    assert!(s.t().is_err());
+    assert!(s.argmax(0, false).is_err());
+    assert!(s.narrow(0, 0, 1).is_err());
+    assert!(s.squeeze(0).is_err());
+    let _ = s.unsqueeze(0).expect("unsqueeze a scalar");
+}
