@@ -2,7 +2,7 @@
 //! on the parameters bound there.
 
 use tapir_autograd::Var;
-use tapir_tensor::{DType, Diff, MatmulOps, Result, Rng, UnaryOps};
+use tapir_tensor::{BinaryOps, DType, Diff, Error, IndexOps, MatmulOps, Result, Rng, ShapeOps, Tensor, UnaryOps};
 
 use crate::init;
 use crate::params::{Bound, ParamId, ParamStore};
@@ -38,6 +38,22 @@ impl Linear {
         Ok(Linear { weight, bias })
     }
 
+    /// A new layer with N(0, std^2) weights and zero bias (GPT-2's init).
+    #[allow(clippy::too_many_arguments)]
+    pub fn normal(
+        store: &mut ParamStore,
+        name: &str,
+        input: usize,
+        output: usize,
+        std: f64,
+        rng: &mut Rng,
+        dtype: DType,
+    ) -> Result<Self> {
+        let weight = store.add(format!("{name}.weight"), init::normal(rng, [output, input], std, dtype)?)?;
+        let bias = Some(store.add_to_group(format!("{name}.bias"), "no_decay", Tensor::zeros([output], dtype))?);
+        Ok(Linear { weight, bias })
+    }
+
     /// A new layer with Xavier-normal weights and zero bias (the usual PINN init).
     pub fn xavier(
         store: &mut ParamStore,
@@ -56,9 +72,20 @@ impl Linear {
         Ok(Linear { weight, bias })
     }
 
-    /// Applies the layer.
+    /// Applies the layer to `x` of shape `[..., in]`. Leading dims are
+    /// folded into one (a view) so the product is one matrix multiply, and
+    /// the weight's gradient one more, rather than a batch of them summed.
     pub fn forward<'g>(&self, p: &Bound<'g>, x: Var<'g>) -> Result<Var<'g>> {
-        x.linear(&p.var(self.weight), self.bias.map(|b| p.var(b)).as_ref())
+        let (w, b) = (p.var(self.weight), self.bias.map(|b| p.var(b)));
+        let dims = x.shape().dims().to_vec();
+        if dims.len() <= 2 {
+            return x.linear(&w, b.as_ref());
+        }
+        let rows: usize = dims[..dims.len() - 1].iter().product();
+        let y = x.reshape([rows, dims[dims.len() - 1]])?.linear(&w, b.as_ref())?;
+        let mut out = dims;
+        *out.last_mut().expect("internal: rank > 2") = w.shape().dims()[0];
+        y.reshape(out)
     }
 }
 
@@ -144,5 +171,73 @@ impl Mlp {
             }
         }
         Ok(h)
+    }
+}
+
+/// A lookup table of `[num, dim]` vectors indexed by integer ids (torch's
+/// nn.Embedding, initialised N(0, 1) by [`Embedding::new`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Embedding {
+    /// The table `[num, dim]`.
+    pub weight: ParamId,
+}
+
+impl Embedding {
+    /// A new table with N(0, std^2) entries (torch's default is std 1; GPTs use 0.02).
+    pub fn new(
+        store: &mut ParamStore,
+        name: &str,
+        num: usize,
+        dim: usize,
+        std: f64,
+        rng: &mut Rng,
+        dtype: DType,
+    ) -> Result<Self> {
+        Ok(Embedding { weight: store.add(format!("{name}.weight"), init::normal(rng, [num, dim], std, dtype)?)? })
+    }
+
+    /// The rows of `ids` (i32/i64, any shape): `[..ids.shape, dim]`. An id
+    /// outside the table is an error naming it.
+    pub fn forward<'g>(&self, p: &Bound<'g>, ids: &Tensor) -> Result<Var<'g>> {
+        p.var(self.weight).embedding(ids)
+    }
+
+    /// The first `n` rows `[n, dim]` (a view): learned positions `0..n`.
+    pub fn first<'g>(&self, p: &Bound<'g>, n: usize) -> Result<Var<'g>> {
+        p.var(self.weight).narrow(0, 0, n)
+    }
+}
+
+/// Inverted dropout: in training each element is zeroed with probability
+/// `p` and the rest scaled by `1 / (1 - p)`; in evaluation it is the
+/// identity. The random mask comes from the generator the caller passes, so
+/// a run is reproducible from its seed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Dropout {
+    /// Probability of zeroing an element, in `[0, 1)`.
+    pub p: f64,
+}
+
+impl Dropout {
+    /// Dropout with probability `p` (an error outside `[0, 1)`).
+    pub fn new(p: f64) -> Result<Self> {
+        if !(0.0..1.0).contains(&p) {
+            return Err(Error::invalid_arg("Dropout::new", format!("p = {p} is outside [0, 1)")));
+        }
+        Ok(Dropout { p })
+    }
+
+    /// Applies dropout when `rng` is given (training), else returns `x`
+    /// (evaluation). With `p == 0` nothing is drawn.
+    pub fn forward<'g>(&self, x: Var<'g>, rng: Option<&mut Rng>) -> Result<Var<'g>> {
+        let Some(rng) = rng else { return Ok(x) };
+        if self.p == 0.0 {
+            return Ok(x);
+        }
+        let keep = 1.0 - self.p;
+        let shape = x.shape();
+        let mask: Vec<f64> = (0..shape.numel()).map(|_| if rng.next_f64() < keep { 1.0 / keep } else { 0.0 }).collect();
+        let mask = Tensor::from_vec(mask, shape)?.cast(x.dtype())?;
+        x.mul(&x.graph().constant(mask))
     }
 }

@@ -25,15 +25,25 @@
 //! ```
 #![deny(missing_docs)]
 
+mod attention;
+pub mod checkpoint;
+mod gpt;
 pub mod init;
 mod jet;
 mod layers;
 mod lbfgs;
+pub mod loss;
+mod norm;
 mod optim;
 mod params;
 
-pub use layers::{Activation, Linear, Mlp};
-pub use optim::{Adam, Optimizer, Schedule, Sgd};
-pub use params::{Bound, Grads, ParamId, ParamStore};
+pub use attention::{causal_softmax, CausalSelfAttention, CausalSoftmax};
+pub use checkpoint::{Checkpoint, CheckpointError, Mismatch};
+pub use gpt::{Block, Gpt, GptConfig};
 pub use jet::Jet;
+pub use layers::{Activation, Dropout, Embedding, Linear, Mlp};
 pub use lbfgs::{Lbfgs, LbfgsStep};
+pub use loss::mse;
+pub use norm::{LayerNorm, RmsNorm};
+pub use optim::{Adam, Optimizer, OptimizerState, Schedule, Sgd};
+pub use params::{Bound, Grads, ParamId, ParamStore};

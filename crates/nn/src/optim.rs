@@ -14,6 +14,44 @@ pub trait Optimizer {
     fn lr(&self) -> f64;
     /// Sets the learning rate (for schedules).
     fn set_lr(&mut self, lr: f64);
+    /// The state a checkpoint must hold to resume bit-for-bit.
+    fn state_dict(&self) -> OptimizerState;
+    /// Restores state saved by [`Optimizer::state_dict`] (of the same kind,
+    /// with one entry per parameter; a checkpoint checks shapes first).
+    fn load_state_dict(&mut self, state: OptimizerState) -> Result<()>;
+}
+
+/// An optimizer's state as plain tensors: what a checkpoint stores.
+#[derive(Debug, Clone)]
+pub struct OptimizerState {
+    /// Which optimizer ("sgd", "adam"); loading into another kind is an error.
+    pub kind: &'static str,
+    /// Steps taken.
+    pub step: u64,
+    /// Names of the per-parameter state tensors, torch's names
+    /// ("momentum_buffer"; "exp_avg", "exp_avg_sq").
+    pub slot_names: &'static [&'static str],
+    /// Per parameter (store order), one tensor per slot; empty before the
+    /// first step, when no state exists yet.
+    pub slots: Vec<Vec<Tensor>>,
+}
+
+fn load_checked(
+    op: &'static str,
+    kind: &'static str,
+    slot_names: &'static [&'static str],
+    state: OptimizerState,
+) -> Result<(u64, Vec<Vec<Tensor>>)> {
+    if state.kind != kind {
+        return Err(Error::invalid_arg(op, format!("state of a {:?} optimizer given to {kind:?}", state.kind)));
+    }
+    if let Some(bad) = state.slots.iter().position(|s| s.len() != slot_names.len()) {
+        return Err(Error::invalid_arg(
+            op,
+            format!("parameter {bad} has {} state tensors, expected {}", state.slots[bad].len(), slot_names.len()),
+        ));
+    }
+    Ok((state.step, state.slots))
 }
 
 fn check(store: &ParamStore, grads: &Grads, op: &'static str) -> Result<()> {
@@ -92,17 +130,18 @@ pub struct Sgd {
     pub nesterov: bool,
     /// L2 penalty added to the gradient.
     pub weight_decay: f64,
+    steps: u64,
     state: Vec<Vec<Tensor>>,
 }
 
 impl Sgd {
     /// Plain SGD.
     pub fn new(lr: f64) -> Self {
-        Sgd { lr, momentum: 0.0, nesterov: false, weight_decay: 0.0, state: Vec::new() }
+        Sgd { lr, momentum: 0.0, nesterov: false, weight_decay: 0.0, steps: 0, state: Vec::new() }
     }
     /// With momentum (and optionally Nesterov).
     pub fn with_momentum(lr: f64, momentum: f64, nesterov: bool) -> Self {
-        Sgd { lr, momentum, nesterov, weight_decay: 0.0, state: Vec::new() }
+        Sgd { lr, momentum, nesterov, weight_decay: 0.0, steps: 0, state: Vec::new() }
     }
 }
 
@@ -110,6 +149,7 @@ impl Optimizer for Sgd {
     fn step(&mut self, store: &mut ParamStore, grads: &Grads) -> Result<()> {
         check(store, grads, "Sgd::step")?;
         let first = self.state.is_empty();
+        self.steps += 1;
         if first {
             self.state = store
                 .ids()
@@ -138,6 +178,16 @@ impl Optimizer for Sgd {
     }
     fn set_lr(&mut self, lr: f64) {
         self.lr = lr;
+    }
+    fn state_dict(&self) -> OptimizerState {
+        let slots = if self.momentum != 0.0 { self.state.clone() } else { vec![] };
+        OptimizerState { kind: "sgd", step: self.steps, slot_names: &["momentum_buffer"], slots }
+    }
+    fn load_state_dict(&mut self, state: OptimizerState) -> Result<()> {
+        let (step, slots) = load_checked("Sgd::load_state_dict", "sgd", &["momentum_buffer"], state)?;
+        self.steps = step;
+        self.state = slots;
+        Ok(())
     }
 }
 
@@ -240,6 +290,15 @@ impl Optimizer for Adam {
     }
     fn set_lr(&mut self, lr: f64) {
         self.lr = lr;
+    }
+    fn state_dict(&self) -> OptimizerState {
+        OptimizerState { kind: "adam", step: self.t, slot_names: &["exp_avg", "exp_avg_sq"], slots: self.state.clone() }
+    }
+    fn load_state_dict(&mut self, state: OptimizerState) -> Result<()> {
+        let (step, slots) = load_checked("Adam::load_state_dict", "adam", &["exp_avg", "exp_avg_sq"], state)?;
+        self.t = step;
+        self.state = slots;
+        Ok(())
     }
 }
 

@@ -121,6 +121,10 @@ impl ParamStore {
     pub fn group(&self, id: ParamId) -> &str {
         &self.params[id.0].group
     }
+    /// Every (id, name, value), in insertion order.
+    pub fn iter(&self) -> impl Iterator<Item = (ParamId, &str, &Tensor)> {
+        self.params.iter().enumerate().map(|(i, p)| (ParamId(i), p.name.as_str(), &p.value))
+    }
     /// Bytes of parameter storage.
     pub fn bytes(&self) -> usize {
         self.params.iter().map(|p| p.value.numel() * p.value.dtype().size_in_bytes()).sum()
@@ -141,6 +145,16 @@ pub struct Bound<'g> {
 }
 
 impl<'g> Bound<'g> {
+    /// Parameters given as existing values of `graph`, one per parameter in
+    /// store order: how a layer runs on leaves made elsewhere, e.g. by the
+    /// gradient checker.
+    pub fn from_vars(graph: &'g Graph, vars: Vec<Var<'g>>) -> Self {
+        Bound { graph, vars }
+    }
+    /// Every bound value, in store order.
+    pub fn vars(&self) -> &[Var<'g>] {
+        &self.vars
+    }
     /// The leaf of parameter `id`.
     pub fn var(&self, id: ParamId) -> Var<'g> {
         self.vars[id.0]
@@ -194,7 +208,7 @@ impl Grads {
     pub fn clip_global_norm(&mut self, max_norm: f64) -> Result<f64> {
         let norm = self.global_norm();
         if norm > max_norm && norm > 0.0 {
-            let k = (max_norm / (norm + 1e-6)) as f32;
+            let k = max_norm / (norm + 1e-6);
             for g in &mut self.grads {
                 scale_in_place(g, k)?;
             }
@@ -203,10 +217,10 @@ impl Grads {
     }
 }
 
-fn scale_in_place(t: &mut Tensor, k: f32) -> Result<()> {
+fn scale_in_place(t: &mut Tensor, k: f64) -> Result<()> {
     match t.dtype() {
-        tapir_tensor::DType::F64 => t.make_mut::<f64>()?.iter_mut().for_each(|x| *x *= k as f64),
-        tapir_tensor::DType::F32 => t.make_mut::<f32>()?.iter_mut().for_each(|x| *x *= k),
+        tapir_tensor::DType::F64 => t.make_mut::<f64>()?.iter_mut().for_each(|x| *x *= k),
+        tapir_tensor::DType::F32 => t.make_mut::<f32>()?.iter_mut().for_each(|x| *x *= k as f32),
         dtype => return Err(Error::UnsupportedDType { op: "clip_global_norm", dtype, expected: "f32 or f64" }),
     }
     Ok(())
