@@ -2,5 +2,6 @@
 //! at tiny sizes.
 
 pub mod chart;
+pub mod gpt;
 pub mod memcheck;
 pub mod pinn;

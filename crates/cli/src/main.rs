@@ -2,7 +2,7 @@
 
 use clap::{Parser, Subcommand};
 
-use tapir_cli::{memcheck, pinn};
+use tapir_cli::{gpt, memcheck, pinn};
 
 /// tapir: a pure-Rust autograd engine whose graphs cannot leak.
 #[derive(Parser)]
@@ -19,11 +19,14 @@ enum Command {
     Memcheck(memcheck::Args),
     /// Trains a physics-informed network on a PDE with a known solution.
     Pinn(pinn::Args),
+    /// Trains a character-level mini-GPT (built-in sums task, or --data FILE).
+    Gpt(gpt::Args),
 }
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Memcheck(a) => memcheck::run(a),
         Command::Pinn(a) => pinn::run(a),
+        Command::Gpt(a) => gpt::run(a),
     }
 }

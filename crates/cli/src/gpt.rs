@@ -1,0 +1,711 @@
+//! `tapir gpt`: trains a character-level mini-GPT natively in Rust.
+//!
+//! The built-in task needs no download: sums of two random 2-digit numbers
+//! written as text (`37+48=85`). Every pair is enumerated, a seeded share
+//! is held out, and the model is scored by exact match of its greedy
+//! answer after `=` on the held-out pairs it never saw. With `--data` it
+//! trains on any text file instead (next-character prediction).
+//!
+//! Each step's graph lives inside one `Graph::scope`, so the live bytes at
+//! every step boundary after the first (when the optimizer allocates its
+//! moments) must be identical; the command checks and reports it.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use indicatif::{ProgressBar, ProgressStyle};
+use tapir::nn::{checkpoint, Adam, Gpt, GptConfig, Optimizer, ParamStore, Schedule};
+use tapir::prelude::*;
+
+use crate::chart::{self, Panel, Series};
+
+/// Arguments of `tapir gpt`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Args {
+    /// Train on this text file (character-level) instead of the built-in sums.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// Digits of each addend in the built-in task (1 to 3).
+    #[arg(long, default_value_t = 2)]
+    pub digits: u32,
+    /// Share of the sums held out for testing.
+    #[arg(long, default_value_t = 0.1)]
+    pub test_fraction: f64,
+    /// Training steps (in total, counting those of a resumed checkpoint).
+    #[arg(long, default_value_t = 2000)]
+    pub steps: usize,
+    /// Sequences per step.
+    #[arg(long, default_value_t = 64)]
+    pub batch: usize,
+    /// Seed of the initialisation, the data split and the batches.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Width of the residual stream.
+    #[arg(long, default_value_t = 64)]
+    pub d_model: usize,
+    /// Transformer blocks.
+    #[arg(long, default_value_t = 2)]
+    pub layers: usize,
+    /// Attention heads.
+    #[arg(long, default_value_t = 4)]
+    pub heads: usize,
+    /// Context length in characters (the sums need 3 * digits + 3).
+    #[arg(long, default_value_t = 16)]
+    pub block: usize,
+    /// Dropout probability.
+    #[arg(long, default_value_t = 0.0)]
+    pub dropout: f64,
+    /// Use a separate output head instead of tying it to the token embedding.
+    #[arg(long)]
+    pub untied: bool,
+    /// Peak learning rate (AdamW).
+    #[arg(long, default_value_t = 3e-3)]
+    pub lr: f64,
+    /// Decoupled weight decay (not applied to norms and biases).
+    #[arg(long, default_value_t = 0.1)]
+    pub weight_decay: f64,
+    /// Linear warm-up steps before the cosine decay.
+    #[arg(long, default_value_t = 100)]
+    pub warmup: usize,
+    /// Clip gradients to this global norm (0 disables).
+    #[arg(long, default_value_t = 1.0)]
+    pub clip: f64,
+    /// Evaluate held-out accuracy every this many steps (0: only at the end).
+    #[arg(long, default_value_t = 250)]
+    pub eval_every: usize,
+    /// Write a PNG chart of loss and live memory per step here.
+    #[arg(long, default_value = "gpt.png")]
+    pub chart: PathBuf,
+    /// Do not write the chart.
+    #[arg(long)]
+    pub no_chart: bool,
+    /// Save a checkpoint (safetensors: parameters, AdamW state, config) here.
+    #[arg(long)]
+    pub save: Option<PathBuf>,
+    /// Also save every this many steps (0: only at the end).
+    #[arg(long, default_value_t = 0)]
+    pub save_every: usize,
+    /// Resume from a checkpoint; its model shape overrides the shape flags.
+    #[arg(long)]
+    pub resume: Option<PathBuf>,
+    /// Stop after this many steps of this invocation (the schedule still
+    /// spans --steps): a long run in parts, continued with --resume.
+    #[arg(long)]
+    pub stop_after: Option<usize>,
+    /// After training, print this many samples: held-out sums with the
+    /// model's answers, or characters of generated text with --data.
+    #[arg(long)]
+    pub sample: Option<usize>,
+    /// Text to start the generated sample from (--data).
+    #[arg(long, default_value = "")]
+    pub prompt: String,
+    /// Sampling temperature for generated text (0: greedy).
+    #[arg(long, default_value_t = 0.8)]
+    pub temperature: f64,
+    /// No progress bar.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+impl Default for Args {
+    fn default() -> Self {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Wrap {
+            #[command(flatten)]
+            args: Args,
+        }
+        Wrap::parse_from(["gpt"]).args
+    }
+}
+
+/// What a run measured.
+#[derive(Debug, Clone)]
+pub struct Summary {
+    /// Steps run in this invocation.
+    pub steps_run: usize,
+    /// Loss of each step run.
+    pub losses: Vec<f32>,
+    /// Live bytes after each step (the first step allocates the optimizer's
+    /// moments, so every entry must be equal).
+    pub live: Vec<usize>,
+    /// Peak bytes during each step.
+    pub peak: Vec<usize>,
+    /// True when live bytes were identical at every step boundary after the
+    /// first step.
+    pub memory_flat: bool,
+    /// Held-out exact-match accuracy at the end (sums only).
+    pub accuracy: Option<f64>,
+    /// (step, accuracy) of each evaluation.
+    pub evals: Vec<(usize, f64)>,
+    /// Seconds of training (evaluations included).
+    pub wall_s: f64,
+    /// Seconds until held-out accuracy first reached 95%, if it did.
+    pub time_to_95: Option<f64>,
+    /// Training tokens per second.
+    pub tokens_per_s: f64,
+    /// Samples printed with --sample.
+    pub samples: Vec<String>,
+}
+
+/// A character vocabulary.
+#[derive(Debug, Clone)]
+struct Vocab {
+    chars: Vec<char>,
+}
+
+impl Vocab {
+    fn new(chars: Vec<char>) -> Self {
+        Vocab { chars }
+    }
+    fn id(&self, c: char) -> Option<usize> {
+        self.chars.iter().position(|&d| d == c)
+    }
+    fn encode(&self, s: &str) -> anyhow::Result<Vec<i64>> {
+        s.chars()
+            .map(|c| self.id(c).map(|i| i as i64).with_context(|| format!("character {c:?} is not in the vocabulary")))
+            .collect()
+    }
+    fn decode(&self, ids: &[i64]) -> String {
+        ids.iter().map(|&i| self.chars.get(i as usize).copied().unwrap_or('?')).collect()
+    }
+}
+
+const SUM_CHARS: &str = "0123456789+=\n";
+const END: char = '\n';
+
+/// The sums task: every pair of `digits`-digit numbers, split into train and test.
+struct Sums {
+    digits: u32,
+    vocab: Vocab,
+    train: Vec<(u32, u32)>,
+    test: Vec<(u32, u32)>,
+}
+
+impl Sums {
+    fn new(digits: u32, test_fraction: f64, seed: u64) -> anyhow::Result<Self> {
+        if !(1..=3).contains(&digits) {
+            bail!("--digits must be 1, 2 or 3");
+        }
+        if !(0.0..1.0).contains(&test_fraction) {
+            bail!("--test-fraction must be in [0, 1)");
+        }
+        let lo = if digits == 1 { 0 } else { 10u32.pow(digits - 1) };
+        let hi = 10u32.pow(digits);
+        let mut pairs: Vec<(u32, u32)> = (lo..hi).flat_map(|a| (lo..hi).map(move |b| (a, b))).collect();
+        // Fisher-Yates with the run's seed: the split is part of the run.
+        let mut rng = Rng::new(seed ^ 0x5u64.rotate_left(60));
+        for i in (1..pairs.len()).rev() {
+            pairs.swap(i, rng.below(i as u64 + 1) as usize);
+        }
+        let n_test = ((pairs.len() as f64) * test_fraction).round() as usize;
+        let train = pairs.split_off(n_test);
+        Ok(Sums { digits, vocab: Vocab::new(SUM_CHARS.chars().collect()), train, test: pairs })
+    }
+    /// Characters of the prompt `a+b=`.
+    fn prompt_len(&self) -> usize {
+        2 * self.digits as usize + 2
+    }
+    /// Characters of the longest full line `a+b=c\n`.
+    fn line_len(&self) -> usize {
+        self.prompt_len() + self.digits as usize + 2
+    }
+    fn line(&self, a: u32, b: u32) -> String {
+        let w = self.digits as usize;
+        format!("{a:0w$}+{b:0w$}={}{END}", a + b)
+    }
+    /// Inputs and targets `[n, line_len - 1]`: targets are the answer and
+    /// the end mark; the prompt and the padding after the end are ignored.
+    fn batch(&self, rng: &mut Rng, n: usize) -> anyhow::Result<(Tensor, Tensor)> {
+        let t = self.line_len() - 1;
+        let (mut xs, mut ys) = (Vec::with_capacity(n * t), Vec::with_capacity(n * t));
+        for _ in 0..n {
+            let (a, b) = self.train[rng.below(self.train.len() as u64) as usize];
+            let mut ids = self.vocab.encode(&self.line(a, b))?;
+            let answer_end = ids.len() - 1; // index of the end mark
+            ids.resize(t + 1, self.vocab.id(END).expect("internal: end mark") as i64);
+            xs.extend_from_slice(&ids[..t]);
+            for (i, &y) in ids[1..].iter().enumerate() {
+                let target = i + 1;
+                ys.push(if target >= self.prompt_len() && target <= answer_end { y } else { -100 });
+            }
+        }
+        Ok((Tensor::from_vec(xs, [n, t])?, Tensor::from_vec(ys, [n, t])?))
+    }
+}
+
+/// A text file as character ids.
+struct Text {
+    vocab: Vocab,
+    ids: Vec<i64>,
+}
+
+impl Text {
+    fn load(path: &Path) -> anyhow::Result<Self> {
+        let s = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let mut chars: Vec<char> = s.chars().collect();
+        chars.sort_unstable();
+        chars.dedup();
+        let vocab = Vocab::new(chars);
+        let ids = vocab.encode(&s)?;
+        if ids.len() < 2 {
+            bail!("{} holds fewer than two characters", path.display());
+        }
+        Ok(Text { vocab, ids })
+    }
+    /// Random windows: inputs and next-character targets `[n, t]`.
+    fn batch(&self, rng: &mut Rng, n: usize, t: usize) -> anyhow::Result<(Tensor, Tensor)> {
+        let t = t.min(self.ids.len() - 1);
+        let (mut xs, mut ys) = (Vec::with_capacity(n * t), Vec::with_capacity(n * t));
+        for _ in 0..n {
+            let s = rng.below((self.ids.len() - t) as u64) as usize;
+            xs.extend_from_slice(&self.ids[s..s + t]);
+            ys.extend_from_slice(&self.ids[s + 1..s + t + 1]);
+        }
+        Ok((Tensor::from_vec(xs, [n, t])?, Tensor::from_vec(ys, [n, t])?))
+    }
+}
+
+enum Task {
+    Sums(Sums),
+    Text(Text),
+}
+
+impl Task {
+    fn vocab(&self) -> &Vocab {
+        match self {
+            Task::Sums(s) => &s.vocab,
+            Task::Text(t) => &t.vocab,
+        }
+    }
+}
+
+/// Greedy answers of the model to `a+b=` for each pair, in one batch per
+/// generated character (every prompt has the same length).
+fn answers(model: &Gpt, store: &ParamStore, sums: &Sums, pairs: &[(u32, u32)]) -> anyhow::Result<Vec<String>> {
+    let mut out = Vec::with_capacity(pairs.len());
+    for chunk in pairs.chunks(1024) {
+        let n = chunk.len();
+        let mut rows: Vec<Vec<i64>> = chunk
+            .iter()
+            .map(|&(a, b)| {
+                let line = sums.line(a, b);
+                sums.vocab.encode(&line[..sums.prompt_len()])
+            })
+            .collect::<anyhow::Result<_>>()?;
+        for _ in 0..sums.digits + 2 {
+            let t = rows[0].len();
+            let ids = Tensor::from_vec(rows.concat(), [n, t])?;
+            let next = greedy_next(model, store, &ids)?;
+            for (r, c) in rows.iter_mut().zip(next) {
+                r.push(c);
+            }
+        }
+        for r in rows {
+            let s = sums.vocab.decode(&r[sums.prompt_len()..]);
+            out.push(s.split(END).next().unwrap_or("").to_string());
+        }
+    }
+    Ok(out)
+}
+
+/// The logits of the last position of each row of `ids` `[n, t]`, as `[n, vocab]`.
+fn last_logits(model: &Gpt, store: &ParamStore, ids: &Tensor) -> Result<Tensor> {
+    Graph::scope(|g| {
+        let p = store.bind(g);
+        let (n, t) = (ids.dims()[0], ids.dims()[1]);
+        let h = model.hidden(&p, ids, None)?;
+        let last = h.narrow(1, t - 1, 1)?.reshape([n, model.cfg.d_model])?;
+        last.linear(&model.head_weight(&p), None)?.value()
+    })
+}
+
+fn greedy_next(model: &Gpt, store: &ParamStore, ids: &Tensor) -> Result<Vec<i64>> {
+    last_logits(model, store, ids)?.argmax(-1, false)?.to_vec::<i64>()
+}
+
+/// Held-out exact-match accuracy.
+fn accuracy(model: &Gpt, store: &ParamStore, sums: &Sums) -> anyhow::Result<f64> {
+    if sums.test.is_empty() {
+        return Ok(f64::NAN);
+    }
+    let got = answers(model, store, sums, &sums.test)?;
+    let right = sums.test.iter().zip(&got).filter(|(&(a, b), g)| (a + b).to_string() == **g).count();
+    Ok(right as f64 / sums.test.len() as f64)
+}
+
+/// `n` characters generated after `prompt`.
+fn generate(
+    model: &Gpt,
+    store: &ParamStore,
+    vocab: &Vocab,
+    prompt: &str,
+    n: usize,
+    temperature: f64,
+    rng: &mut Rng,
+) -> anyhow::Result<String> {
+    let mut ids = if prompt.is_empty() { vec![0] } else { vocab.encode(prompt)? };
+    let start = if prompt.is_empty() { 1 } else { ids.len() };
+    for _ in 0..n {
+        let ctx = &ids[ids.len().saturating_sub(model.cfg.block_size)..];
+        let logits = last_logits(model, store, &Tensor::from_vec(ctx.to_vec(), [1, ctx.len()])?)?.to_vec_f64();
+        let next = if temperature <= 0.0 {
+            logits.iter().enumerate().fold((0, f64::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b }).0
+        } else {
+            let m = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let w: Vec<f64> = logits.iter().map(|&v| ((v - m) / temperature).exp()).collect();
+            let mut u = rng.next_f64() * w.iter().sum::<f64>();
+            w.iter()
+                .position(|&wi| {
+                    u -= wi;
+                    u <= 0.0
+                })
+                .unwrap_or(w.len() - 1)
+        };
+        ids.push(next as i64);
+    }
+    Ok(vocab.decode(&ids[start..]))
+}
+
+fn config_metadata(cfg: &GptConfig, task: &str, vocab: &Vocab, seed: u64, step: usize) -> BTreeMap<String, String> {
+    let mut m = BTreeMap::new();
+    let mut put = |k: &str, v: String| {
+        m.insert(k.to_string(), v);
+    };
+    put("gpt.vocab", vocab.chars.iter().collect());
+    put("gpt.block_size", cfg.block_size.to_string());
+    put("gpt.d_model", cfg.d_model.to_string());
+    put("gpt.n_layer", cfg.n_layer.to_string());
+    put("gpt.n_head", cfg.n_head.to_string());
+    put("gpt.mlp_ratio", cfg.mlp_ratio.to_string());
+    put("gpt.dropout", cfg.dropout.to_string());
+    put("gpt.tie_weights", cfg.tie_weights.to_string());
+    put("train.task", task.to_string());
+    put("train.seed", seed.to_string());
+    put("train.step", step.to_string());
+    m
+}
+
+fn config_from_metadata(m: &BTreeMap<String, String>) -> anyhow::Result<(GptConfig, String, u64, usize)> {
+    fn get<T: std::str::FromStr>(m: &BTreeMap<String, String>, k: &str) -> anyhow::Result<T> {
+        m.get(k)
+            .with_context(|| format!("checkpoint metadata lacks {k:?}: not a `tapir gpt` checkpoint"))?
+            .parse()
+            .map_err(|_| anyhow::anyhow!("checkpoint metadata {k:?} is malformed"))
+    }
+    let vocab: String = get(m, "gpt.vocab")?;
+    let cfg = GptConfig {
+        vocab: vocab.chars().count(),
+        block_size: get(m, "gpt.block_size")?,
+        d_model: get(m, "gpt.d_model")?,
+        n_layer: get(m, "gpt.n_layer")?,
+        n_head: get(m, "gpt.n_head")?,
+        mlp_ratio: get(m, "gpt.mlp_ratio")?,
+        dropout: get(m, "gpt.dropout")?,
+        tie_weights: get(m, "gpt.tie_weights")?,
+    };
+    Ok((cfg, get(m, "train.task")?, get(m, "train.seed")?, get(m, "train.step")?))
+}
+
+fn mib(b: usize) -> f64 {
+    b as f64 / (1024.0 * 1024.0)
+}
+
+/// Trains as `a` says and returns what it measured (the command's output
+/// is printed by [`run`]).
+pub fn train(a: &Args) -> anyhow::Result<Summary> {
+    let task_name = match &a.data {
+        Some(p) => format!("text:{}", p.display()),
+        None => format!("sums:{}", a.digits),
+    };
+    // A resumed run takes its model shape, task and seed from the checkpoint.
+    let resumed = match &a.resume {
+        Some(path) => {
+            let ck = checkpoint::Checkpoint::read(path)?;
+            Some(config_from_metadata(&ck.metadata)?)
+        }
+        None => None,
+    };
+    let seed = resumed.as_ref().map_or(a.seed, |r| r.2);
+    let task = match &a.data {
+        Some(p) => Task::Text(Text::load(p)?),
+        None => Task::Sums(Sums::new(a.digits, a.test_fraction, seed)?),
+    };
+    if let Some((_, t, _, _)) = &resumed {
+        if *t != task_name {
+            bail!("the checkpoint was trained on {t}, this run is {task_name}");
+        }
+    }
+    let vocab = task.vocab().clone();
+    let cfg = match &resumed {
+        Some((cfg, ..)) => cfg.clone(),
+        None => GptConfig {
+            vocab: vocab.chars.len(),
+            block_size: a.block,
+            d_model: a.d_model,
+            n_layer: a.layers,
+            n_head: a.heads,
+            mlp_ratio: 4,
+            dropout: a.dropout,
+            tie_weights: !a.untied,
+        },
+    };
+    if cfg.vocab != vocab.chars.len() {
+        bail!("the checkpoint's vocabulary has {} characters, the data {}", cfg.vocab, vocab.chars.len());
+    }
+    let seq = match &task {
+        Task::Sums(s) => s.line_len() - 1,
+        Task::Text(_) => cfg.block_size,
+    };
+    if seq > cfg.block_size {
+        bail!("--block {} is shorter than the {seq} characters a sum needs", cfg.block_size);
+    }
+
+    let mut rng = Rng::new(seed);
+    let mut store = ParamStore::new();
+    let model = Gpt::new(&mut store, cfg.clone(), &mut rng, DType::F32)?;
+    let mut opt = Adam::adamw(a.lr, a.weight_decay);
+    opt.beta2 = 0.99;
+    let mut start = 0;
+    if let Some(path) = &a.resume {
+        let meta = checkpoint::load(path, &mut store, Some(&mut opt))?;
+        start = config_from_metadata(&meta)?.3;
+        if !a.quiet {
+            eprintln!("resumed {} at step {start}", path.display());
+        }
+    }
+    let schedule = Schedule::WarmupCosine { warmup: a.warmup, total: a.steps, min_factor: 0.1 };
+    // Each step's batch and dropout masks come from a generator seeded by
+    // (seed, step), so a resumed run draws exactly what the uninterrupted
+    // run would have drawn: resuming is bit-for-bit.
+    let step_rng = |step: usize, stream: u64| {
+        Rng::new(seed ^ (step as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ stream.rotate_left(32))
+    };
+
+    if !a.quiet {
+        eprintln!(
+            "tapir gpt: {task_name}, {} parameters ({:.2} MiB), d_model {}, {} layers, {} heads, context {}, batch {}, steps {}..{}",
+            store.numel(),
+            mib(store.bytes()),
+            cfg.d_model,
+            cfg.n_layer,
+            cfg.n_head,
+            cfg.block_size,
+            a.batch,
+            start,
+            a.steps
+        );
+    }
+    let end = a.stop_after.map_or(a.steps, |n| a.steps.min(start + n));
+    let bar = if a.quiet { ProgressBar::hidden() } else { ProgressBar::new(end as u64) };
+    bar.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}")
+            .expect("internal: template"),
+    );
+    bar.set_position(start as u64);
+
+    let t0 = Instant::now();
+    let mut summary = Summary {
+        steps_run: 0,
+        losses: vec![],
+        live: vec![],
+        peak: vec![],
+        memory_flat: true,
+        accuracy: None,
+        evals: vec![],
+        wall_s: 0.0,
+        time_to_95: None,
+        tokens_per_s: 0.0,
+        samples: vec![],
+    };
+    let mut tokens = 0usize;
+    let meta = |step: usize| config_metadata(&cfg, &task_name, &vocab, seed, step);
+    for step in start..end {
+        opt.set_lr(schedule.lr(a.lr, step));
+        let mut data_rng = step_rng(step, 1);
+        let mut drop_rng = step_rng(step, 2);
+        let (x, y) = match &task {
+            Task::Sums(s) => s.batch(&mut data_rng, a.batch)?,
+            Task::Text(t) => t.batch(&mut data_rng, a.batch, seq)?,
+        };
+        tokens += x.numel();
+        reset_peak_memory_stats(Device::Cpu);
+        let training = cfg.dropout > 0.0;
+        let (loss, mut grads) = Graph::scope(|g| {
+            let p = store.bind(g);
+            let loss = model.loss(&p, &x, &y, training.then_some(&mut drop_rng))?;
+            let value = loss.item()? as f32;
+            Ok::<_, Error>((value, p.grads(loss)?))
+        })?;
+        if a.clip > 0.0 {
+            grads.clip_global_norm(a.clip)?;
+        }
+        opt.step(&mut store, &grads)?;
+        drop((grads, x, y));
+        let stats = memory_stats(Device::Cpu);
+        if let Some(&first) = summary.live.first() {
+            if stats.allocated != first {
+                summary.memory_flat = false;
+            }
+        }
+        summary.live.push(stats.allocated);
+        summary.peak.push(stats.peak);
+        summary.losses.push(loss);
+        summary.steps_run += 1;
+        if !loss.is_finite() {
+            bail!("the loss became {loss} at step {step}; try a lower --lr");
+        }
+        let done = step + 1;
+        let elapsed = t0.elapsed().as_secs_f64();
+        bar.set_position(done as u64);
+        bar.set_message(format!(
+            "loss {loss:.4} | {:.0} tok/s | live {:.2} MiB",
+            tokens as f64 / elapsed.max(1e-9),
+            mib(stats.allocated)
+        ));
+        if let Task::Sums(s) = &task {
+            if (a.eval_every > 0 && done % a.eval_every == 0) || done == end {
+                let acc = accuracy(&model, &store, s)?;
+                summary.evals.push((done, acc));
+                if acc >= 0.95 && summary.time_to_95.is_none() {
+                    summary.time_to_95 = Some(t0.elapsed().as_secs_f64());
+                }
+                let line = format!(
+                    "step {done:>5}  loss {loss:.4}  held-out exact match {:5.1}%  ({:.0} s)",
+                    100.0 * acc,
+                    t0.elapsed().as_secs_f64()
+                );
+                if bar.is_hidden() {
+                    if !a.quiet {
+                        eprintln!("{line}");
+                    }
+                } else {
+                    bar.println(line);
+                }
+            }
+        }
+        if let Some(path) = &a.save {
+            if a.save_every > 0 && done % a.save_every == 0 && done != end {
+                checkpoint::save(path, &store, Some(&opt), &meta(done))?;
+            }
+        }
+    }
+    bar.finish_and_clear();
+    summary.wall_s = t0.elapsed().as_secs_f64();
+    summary.tokens_per_s = tokens as f64 / summary.wall_s.max(1e-9);
+    summary.accuracy = summary.evals.last().map(|e| e.1);
+    if let Some(path) = &a.save {
+        checkpoint::save(path, &store, Some(&opt), &meta(end.max(start)))?;
+    }
+    if let Some(n) = a.sample {
+        match &task {
+            Task::Sums(s) => {
+                let pairs: Vec<(u32, u32)> = s.test.iter().take(n).copied().collect();
+                let got = answers(&model, &store, s, &pairs)?;
+                for (&(x, y), g) in pairs.iter().zip(got) {
+                    let w = s.digits as usize;
+                    let mark = if g == (x + y).to_string() { "ok" } else { "WRONG" };
+                    summary.samples.push(format!("{x:0w$}+{y:0w$}={g:<5} {mark}"));
+                }
+            }
+            Task::Text(_) => {
+                let mut r = Rng::new(seed.wrapping_add(99));
+                summary.samples.push(generate(&model, &store, &vocab, &a.prompt, n, a.temperature, &mut r)?);
+            }
+        }
+    }
+    if !a.no_chart && summary.steps_run > 0 {
+        write_chart(&a.chart, start, &summary)?;
+    }
+    Ok(summary)
+}
+
+fn write_chart(path: &Path, start: usize, s: &Summary) -> anyhow::Result<()> {
+    let step = |i: usize| (start + i + 1) as f64;
+    let mut panels = vec![Panel {
+        title: "training loss (answer characters)".into(),
+        x_label: "step".into(),
+        y_label: "cross-entropy".into(),
+        series: vec![Series {
+            label: "loss".into(),
+            points: s.losses.iter().enumerate().map(|(i, &l)| (step(i), l as f64)).collect(),
+        }],
+        log_y: true,
+    }];
+    panels.push(Panel {
+        title: "memory per step (exact allocator counts)".into(),
+        x_label: "step".into(),
+        y_label: "MiB".into(),
+        series: vec![
+            Series {
+                label: "live at step boundary".into(),
+                points: s.live.iter().enumerate().map(|(i, &b)| (step(i), mib(b))).collect(),
+            },
+            Series {
+                label: "peak within step".into(),
+                points: s.peak.iter().enumerate().map(|(i, &b)| (step(i), mib(b))).collect(),
+            },
+        ],
+        log_y: false,
+    });
+    if !s.evals.is_empty() {
+        panels.push(Panel {
+            title: "held-out exact match".into(),
+            x_label: "step".into(),
+            y_label: "%".into(),
+            series: vec![Series {
+                label: "accuracy".into(),
+                points: s.evals.iter().map(|&(st, a)| (st as f64, 100.0 * a)).collect(),
+            }],
+            log_y: false,
+        });
+    }
+    chart::line_chart(path, &panels)
+}
+
+/// Runs the command and prints its report.
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let s = train(&a)?;
+    for line in &s.samples {
+        println!("{line}");
+    }
+    if s.steps_run == 0 {
+        println!("nothing to do: the checkpoint is already at step {}", a.steps);
+        return Ok(());
+    }
+    let last = s.losses.last().copied().unwrap_or(f32::NAN);
+    println!("steps        {}  (final loss {last:.4})", s.steps_run);
+    println!("wall time    {:.1} s  ({:.0} tokens/s)", s.wall_s, s.tokens_per_s);
+    if let Some(acc) = s.accuracy {
+        println!("held-out     {:.2}% exact match", 100.0 * acc);
+        match s.time_to_95 {
+            Some(t) => println!("reached 95%  after {t:.1} s"),
+            None => println!("reached 95%  no"),
+        }
+    }
+    let peak = s.peak.iter().copied().max().unwrap_or(0);
+    match (s.live.first(), s.memory_flat) {
+        (Some(&b), true) => println!(
+            "memory       live {b} B at every step boundary after the first ({} boundaries, flat); peak {:.2} MiB",
+            s.live.len(),
+            mib(peak)
+        ),
+        (Some(_), false) => {
+            let (lo, hi) = (s.live.iter().min().unwrap_or(&0), s.live.iter().max().unwrap_or(&0));
+            println!("memory       NOT flat: live bytes ranged {lo}..{hi} across step boundaries");
+        }
+        (None, _) => println!("memory       one step only: nothing to compare"),
+    }
+    if !a.no_chart {
+        println!("chart        {}", a.chart.display());
+    }
+    if let Some(p) = &a.save {
+        println!("checkpoint   {}", p.display());
+    }
+    if !s.memory_flat {
+        bail!("live memory changed between step boundaries");
+    }
+    Ok(())
+}

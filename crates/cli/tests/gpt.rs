@@ -1,0 +1,75 @@
+//! `tapir gpt` at tiny sizes: a run is scored and memory-flat, a resumed
+//! run continues bit-for-bit, and a text file trains and samples. The
+//! allocator's counters are process-wide, so this file is its own test
+//! binary and its tests run one at a time.
+
+use tapir_cli::gpt::{train, Args};
+
+fn tiny(steps: usize) -> Args {
+    Args {
+        digits: 1,
+        steps,
+        batch: 16,
+        d_model: 16,
+        layers: 1,
+        heads: 2,
+        block: 8,
+        warmup: 2,
+        eval_every: 0,
+        no_chart: true,
+        quiet: true,
+        ..Args::default()
+    }
+}
+
+/// The allocator's counters are process-wide: these tests run one at a time.
+static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[test]
+fn sums_run_is_flat_and_scored() {
+    let _s = serial();
+    let s = train(&Args { sample: Some(3), ..tiny(8) }).unwrap();
+    assert_eq!(s.steps_run, 8);
+    assert!(s.memory_flat, "{:?}", s.live);
+    assert_eq!(s.live.len(), 8);
+    let acc = s.accuracy.unwrap();
+    assert!((0.0..=1.0).contains(&acc));
+    assert_eq!(s.samples.len(), 3);
+    assert!(s.losses[7] < s.losses[0], "{:?}", s.losses);
+}
+
+#[test]
+fn resume_continues_bit_for_bit() {
+    let _s = serial();
+    let dir = std::env::temp_dir().join(format!("tapir-cli-gpt-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ck = dir.join("half.safetensors");
+    let whole = train(&tiny(10)).unwrap();
+    let first = train(&Args { save: Some(ck.clone()), stop_after: Some(5), ..tiny(10) }).unwrap();
+    assert_eq!(first.losses, whole.losses[..5].to_vec());
+    let rest = train(&Args { resume: Some(ck.clone()), ..tiny(10) }).unwrap();
+    assert_eq!(rest.steps_run, 5);
+    assert_eq!(rest.losses, whole.losses[5..].to_vec());
+    // A checkpoint of another task is refused.
+    let other = train(&Args { resume: Some(ck), digits: 2, ..tiny(10) });
+    assert!(other.unwrap_err().to_string().contains("trained on sums:1"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn text_file_trains_and_samples() {
+    let _s = serial();
+    let dir = std::env::temp_dir().join(format!("tapir-cli-text-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("t.txt");
+    std::fs::write(&path, "hello world, hello tapir. ".repeat(20)).unwrap();
+    let s = train(&Args { data: Some(path), sample: Some(12), prompt: "hel".into(), ..tiny(6) }).unwrap();
+    assert!(s.memory_flat);
+    assert_eq!(s.accuracy, None);
+    assert_eq!(s.samples[0].chars().count(), 12);
+    let _ = std::fs::remove_dir_all(&dir);
+}
