@@ -130,3 +130,67 @@ pub fn line_chart(path: &Path, panels: &[Panel]) -> anyhow::Result<()> {
     root.present()?;
     Ok(())
 }
+
+/// A scalar field on a regular grid, for [`heatmaps`].
+pub struct Field {
+    /// Panel title.
+    pub title: String,
+    /// Values, row-major: `ny` rows (y from low to high) of `nx` columns.
+    pub values: Vec<f64>,
+    /// Columns.
+    pub nx: usize,
+    /// Rows.
+    pub ny: usize,
+    /// x range.
+    pub x: (f64, f64),
+    /// y range.
+    pub y: (f64, f64),
+    /// Axis labels.
+    pub labels: (String, String),
+}
+
+/// A perceptual blue-to-yellow colour map (viridis-like), t in [0, 1].
+fn colormap(t: f64) -> RGBColor {
+    const STOPS: [(f64, f64, f64); 5] =
+        [(68.0, 1.0, 84.0), (59.0, 82.0, 139.0), (33.0, 145.0, 140.0), (94.0, 201.0, 98.0), (253.0, 231.0, 37.0)];
+    let t = if t.is_finite() { t.clamp(0.0, 1.0) } else { 0.0 } * (STOPS.len() - 1) as f64;
+    let i = (t.floor() as usize).min(STOPS.len() - 2);
+    let f = t - i as f64;
+    let (a, b) = (STOPS[i], STOPS[i + 1]);
+    let mix = |x: f64, y: f64| (x + (y - x) * f).round() as u8;
+    RGBColor(mix(a.0, b.0), mix(a.1, b.1), mix(a.2, b.2))
+}
+
+/// Draws fields side by side as heat maps, each with its value range in the
+/// title, into a PNG at `path`.
+pub fn heatmaps(path: &Path, fields: &[Field]) -> anyhow::Result<()> {
+    let text = font_ready();
+    let root = BitMapBackend::new(path, (460 * fields.len().max(1) as u32, 460)).into_drawing_area();
+    root.fill(&WHITE)?;
+    for (f, area) in fields.iter().zip(root.split_evenly((1, fields.len().max(1)))) {
+        let (lo, hi) =
+            f.values.iter().filter(|v| v.is_finite()).fold((f64::MAX, f64::MIN), |(a, b), &v| (a.min(v), b.max(v)));
+        let span = if hi > lo { hi - lo } else { 1.0 };
+        let mut b = ChartBuilder::on(&area);
+        b.margin(10).x_label_area_size(if text { 30 } else { 2 }).y_label_area_size(if text { 40 } else { 2 });
+        if text {
+            b.caption(format!("{} [{lo:.2e}, {hi:.2e}]", f.title), ("sans-serif", 16));
+        }
+        let mut chart = b.build_cartesian_2d(f.x.0..f.x.1, f.y.0..f.y.1)?;
+        let mut mesh = chart.configure_mesh();
+        if text {
+            mesh.x_desc(f.labels.0.as_str()).y_desc(f.labels.1.as_str());
+        } else {
+            mesh.disable_x_axis().disable_y_axis();
+        }
+        mesh.disable_mesh().draw()?;
+        let (dx, dy) = ((f.x.1 - f.x.0) / f.nx as f64, (f.y.1 - f.y.0) / f.ny as f64);
+        chart.draw_series((0..f.ny).flat_map(|j| (0..f.nx).map(move |i| (i, j))).map(|(i, j)| {
+            let v = f.values[j * f.nx + i];
+            let (x0, y0) = (f.x.0 + i as f64 * dx, f.y.0 + j as f64 * dy);
+            Rectangle::new([(x0, y0), (x0 + dx, y0 + dy)], colormap((v - lo) / span).filled())
+        }))?;
+    }
+    root.present()?;
+    Ok(())
+}

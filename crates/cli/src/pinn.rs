@@ -1,10 +1,438 @@
-//! `tapir pinn` (being written).
+//! `tapir pinn`: physics-informed networks on PDEs with known solutions.
+//!
+//! The residual's derivatives come from the forward-Laplacian jet
+//! (`Mlp::forward_jet`): value, gradient and the needed second derivatives
+//! of the network in one recorded forward pass, then one backward pass for
+//! the parameters. Every step runs in its own graph scope, so live memory at
+//! every step boundary is identical; the command checks it.
+
+use std::f64::consts::PI;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context;
+use indicatif::{ProgressBar, ProgressStyle};
+use tapir::nn::{Activation, Adam, Bound, Grads, Lbfgs, Mlp, Optimizer, ParamStore, Schedule};
+use tapir::prelude::*;
+
+use crate::chart::{heatmaps, line_chart, Field, Panel, Series};
+
+/// Which PDE.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Problem {
+    /// -Laplacian(u) = 2 pi^2 sin(pi x) sin(pi y) on the unit square, u = 0 on its boundary.
+    Poisson,
+    /// u_t = alpha u_xx on [0,1] x [0,1], u(x,0) = sin(pi x), u = 0 at x = 0, 1.
+    Heat,
+    /// u_t + u u_x = (0.01/pi) u_xx on [-1,1] x [0,1], u(x,0) = -sin(pi x), u(+-1,t) = 0.
+    Burgers,
+}
 
 /// Arguments of `tapir pinn`.
 #[derive(clap::Args, Debug, Clone)]
-pub struct Args {}
+pub struct Args {
+    /// The problem to solve.
+    #[arg(value_enum)]
+    pub problem: Problem,
+    /// Adam steps.
+    #[arg(long, default_value_t = 10_000)]
+    pub steps: usize,
+    /// L-BFGS iterations after Adam (default: 0, or 500 for burgers).
+    #[arg(long)]
+    pub lbfgs: Option<usize>,
+    /// Initial Adam learning rate.
+    #[arg(long, default_value_t = 1e-3)]
+    pub lr: f64,
+    /// Final Adam learning rate (exponential decay).
+    #[arg(long, default_value_t = 1e-4)]
+    pub lr_final: f64,
+    /// Hidden widths of the tanh MLP.
+    #[arg(long, value_delimiter = ',', default_value = "64,64,64")]
+    pub hidden: Vec<usize>,
+    /// Interior collocation points.
+    #[arg(long, default_value_t = 2000)]
+    pub interior: usize,
+    /// Boundary (and initial-condition) points.
+    #[arg(long, default_value_t = 400)]
+    pub boundary: usize,
+    /// Compute in f64 instead of f32.
+    #[arg(long)]
+    pub f64: bool,
+    /// Seed for points and weights.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Evaluate the error every this many steps.
+    #[arg(long, default_value_t = 500)]
+    pub eval_every: usize,
+    /// PNG of the solution and the pointwise error.
+    #[arg(long, default_value = "pinn.png")]
+    pub plot: PathBuf,
+    /// PNG of the loss, error and live memory per step.
+    #[arg(long, default_value = "pinn-training.png")]
+    pub curves: PathBuf,
+    /// Hide the progress bar.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+/// The heat equation's diffusivity.
+const ALPHA: f64 = 0.1;
+/// Burgers' viscosity.
+const NU: f64 = 0.01 / PI;
+
+/// Domain of the two inputs (x, and y or t).
+fn domain(p: Problem) -> ((f64, f64), (f64, f64)) {
+    match p {
+        Problem::Poisson | Problem::Heat => ((0.0, 1.0), (0.0, 1.0)),
+        Problem::Burgers => ((-1.0, 1.0), (0.0, 1.0)),
+    }
+}
+
+/// The exact (or reference) solution at (x, y-or-t).
+pub fn exact(p: Problem, x: f64, y: f64, gh: &GaussHermite) -> f64 {
+    match p {
+        Problem::Poisson => (PI * x).sin() * (PI * y).sin(),
+        Problem::Heat => (PI * x).sin() * (-ALPHA * PI * PI * y).exp(),
+        Problem::Burgers => burgers_cole_hopf(x, y, gh),
+    }
+}
+
+/// Gauss-Hermite nodes and weights (weight e^{-z^2}), by Newton's method on
+/// the normalised Hermite recurrence.
+pub struct GaussHermite {
+    /// Nodes.
+    pub z: Vec<f64>,
+    /// Weights.
+    pub w: Vec<f64>,
+}
+
+impl GaussHermite {
+    /// The n-point rule.
+    pub fn new(n: usize) -> Self {
+        let pim4 = PI.powf(-0.25);
+        let (mut z, mut w) = (vec![0.0; n], vec![0.0; n]);
+        let mut x = 0.0f64;
+        for i in 0..n.div_ceil(2) {
+            x = match i {
+                0 => (2.0 * n as f64 + 1.0).sqrt() - 1.85575 * (2.0 * n as f64 + 1.0).powf(-0.16667),
+                1 => x - 1.14 * (n as f64).powf(0.426) / x,
+                2 => 1.86 * x - 0.86 * z[0],
+                3 => 1.91 * x - 0.91 * z[1],
+                _ => 2.0 * x - z[i - 2],
+            };
+            let mut pp = 0.0;
+            for _ in 0..100 {
+                let (mut p1, mut p2) = (pim4, 0.0);
+                for j in 1..=n {
+                    let p3 = p2;
+                    p2 = p1;
+                    p1 = x * (2.0 / j as f64).sqrt() * p2 - ((j - 1) as f64 / j as f64).sqrt() * p3;
+                }
+                pp = (2.0 * n as f64).sqrt() * p2;
+                let x1 = x;
+                x = x1 - p1 / pp;
+                if (x - x1).abs() <= 1e-15 * x.abs().max(1.0) {
+                    break;
+                }
+            }
+            z[i] = x;
+            z[n - 1 - i] = -x;
+            w[i] = 2.0 / (pp * pp);
+            w[n - 1 - i] = w[i];
+        }
+        GaussHermite { z, w }
+    }
+}
+
+/// Burgers' solution by the Cole-Hopf transformation: with eta = sqrt(4 nu t) z,
+/// u = -sum w sin(pi (x - eta)) E / sum w E, E = exp(-cos(pi (x - eta)) / (2 pi nu)).
+pub fn burgers_cole_hopf(x: f64, t: f64, gh: &GaussHermite) -> f64 {
+    if t <= 0.0 {
+        return -(PI * x).sin();
+    }
+    let c = (4.0 * NU * t).sqrt();
+    let k = 1.0 / (2.0 * PI * NU);
+    let logs: Vec<f64> = gh.z.iter().map(|z| -(PI * (x - c * z)).cos() * k).collect();
+    let m = logs.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let (mut num, mut den) = (0.0, 0.0);
+    for ((z, w), l) in gh.z.iter().zip(&gh.w).zip(&logs) {
+        let e = w * (l - m).exp();
+        num += (PI * (x - c * z)).sin() * e;
+        den += e;
+    }
+    -num / den
+}
+
+/// Collocation points of a problem.
+struct Points {
+    /// Interior points [N, 2].
+    interior: Tensor,
+    /// Boundary and initial points [M, 2] and their target values [M, 1].
+    edge: Tensor,
+    edge_u: Tensor,
+    /// The source term at the interior points [N, 1] (Poisson).
+    source: Tensor,
+}
+
+fn sample(p: Problem, a: &Args, dtype: DType, gh: &GaussHermite) -> Result<Points> {
+    let mut rng = Rng::new(a.seed);
+    let ((x0, x1), (y0, y1)) = domain(p);
+    let n = a.interior;
+    let mut inner = Vec::with_capacity(n * 2);
+    for _ in 0..n {
+        inner.push(x0 + (x1 - x0) * rng.next_f64());
+        inner.push(y0 + (y1 - y0) * rng.next_f64());
+    }
+    // Edges: for Poisson all four sides; for the evolution problems the two
+    // spatial boundaries and the initial line t = 0.
+    let m = a.boundary;
+    let mut edge = Vec::with_capacity(m * 2);
+    for i in 0..m {
+        let s = rng.next_f64();
+        let side = i % if p == Problem::Poisson { 4 } else { 3 };
+        let (x, y) = match side {
+            0 => (x0 + (x1 - x0) * s, y0), // bottom: y = 0 (t = 0 for evolution)
+            1 => (x0, y0 + (y1 - y0) * s), // left
+            2 => (x1, y0 + (y1 - y0) * s), // right
+            _ => (x0 + (x1 - x0) * s, y1), // top (Poisson only)
+        };
+        edge.push(x);
+        edge.push(y);
+    }
+    let edge_u: Vec<f64> = edge.chunks(2).map(|c| exact(p, c[0], c[1], gh)).collect();
+    let source: Vec<f64> = inner.chunks(2).map(|c| 2.0 * PI * PI * (PI * c[0]).sin() * (PI * c[1]).sin()).collect();
+    Ok(Points {
+        interior: Tensor::from_vec(inner, [n, 2])?.cast(dtype)?,
+        edge: Tensor::from_vec(edge, [m, 2])?.cast(dtype)?,
+        edge_u: Tensor::from_vec(edge_u, [m, 1])?.cast(dtype)?,
+        source: Tensor::from_vec(source, [n, 1])?.cast(dtype)?,
+    })
+}
+
+/// The PINN loss of `net` at the points: mean squared residual plus mean
+/// squared boundary/initial misfit.
+fn loss<'g>(prob: Problem, net: &Mlp, p: &Bound<'g>, pts: &Points) -> Result<Var<'g>> {
+    let g = p.graph();
+    let x = g.constant(pts.interior.clone());
+    let residual = match prob {
+        Problem::Poisson => {
+            let jet = net.forward_jet(p, x, &[0, 1])?;
+            jet.laplacian.add(&g.constant(pts.source.clone()))?
+        }
+        Problem::Heat | Problem::Burgers => {
+            let jet = net.forward_jet(p, x, &[0])?;
+            let n = pts.interior.dims()[0];
+            let u_x = jet.jacobian.narrow(1, 0, 1)?.reshape([n, 1])?;
+            let u_t = jet.jacobian.narrow(1, 1, 1)?.reshape([n, 1])?;
+            if prob == Problem::Heat {
+                u_t.sub(&jet.laplacian.mul_scalar(ALPHA)?)?
+            } else {
+                u_t.add(&jet.value.mul(&u_x)?)?.sub(&jet.laplacian.mul_scalar(NU)?)?
+            }
+        }
+    };
+    let ub = net.forward(p, g.constant(pts.edge.clone()))?;
+    let misfit = ub.sub(&g.constant(pts.edge_u.clone()))?;
+    residual.square()?.mean_all()?.add(&misfit.square()?.mean_all()?)
+}
+
+/// The evaluation grid (101 x 101), the exact values on it, and the
+/// network's relative L2 error there.
+struct Grid {
+    pts: Tensor,
+    exact: Vec<f64>,
+    n: usize,
+}
+
+impl Grid {
+    fn new(p: Problem, dtype: DType, gh: &GaussHermite) -> Result<Self> {
+        let n = 101;
+        let ((x0, x1), (y0, y1)) = domain(p);
+        let mut pts = Vec::with_capacity(n * n * 2);
+        let mut ex = Vec::with_capacity(n * n);
+        for j in 0..n {
+            for i in 0..n {
+                let (x, y) = (x0 + (x1 - x0) * i as f64 / (n - 1) as f64, y0 + (y1 - y0) * j as f64 / (n - 1) as f64);
+                pts.push(x);
+                pts.push(y);
+                ex.push(exact(p, x, y, gh));
+            }
+        }
+        Ok(Grid { pts: Tensor::from_vec(pts, [n * n, 2])?.cast(dtype)?, exact: ex, n })
+    }
+
+    fn predict(&self, net: &Mlp, store: &ParamStore) -> Result<Vec<f64>> {
+        Graph::scope(|g| Ok(net.forward(&store.bind(g), g.constant(self.pts.clone()))?.value()?.to_vec_f64()))
+    }
+
+    fn rel_l2(&self, u: &[f64]) -> f64 {
+        let num: f64 = u.iter().zip(&self.exact).map(|(a, b)| (a - b) * (a - b)).sum();
+        let den: f64 = self.exact.iter().map(|b| b * b).sum();
+        (num / den).sqrt()
+    }
+}
+
+/// What a run measured.
+pub struct Outcome {
+    /// Relative L2 error on the grid after training.
+    pub rel_l2: f64,
+    /// Relative L2 error before training.
+    pub initial_rel_l2: f64,
+    /// Live bytes at every step boundary.
+    pub live: Vec<usize>,
+    /// Loss per step.
+    pub losses: Vec<f64>,
+    /// Wall time.
+    pub seconds: f64,
+}
+
+/// Trains and evaluates; the CLI and the tests share this.
+pub fn train(a: &Args) -> anyhow::Result<Outcome> {
+    let dtype = if a.f64 { DType::F64 } else { DType::F32 };
+    let prob = a.problem;
+    let gh = GaussHermite::new(200);
+    let pts = sample(prob, a, dtype, &gh)?;
+    let grid = Grid::new(prob, dtype, &gh)?;
+    let mut rng = Rng::new(a.seed.wrapping_add(1));
+    let mut store = ParamStore::new();
+    let mut widths = vec![2];
+    widths.extend(&a.hidden);
+    widths.push(1);
+    let net = Mlp::xavier(&mut store, "u", &widths, Activation::Tanh, &mut rng, dtype)?;
+    let initial_rel_l2 = grid.rel_l2(&grid.predict(&net, &store)?);
+    let mut adam = Adam::new(a.lr);
+    let schedule = Schedule::Exponential { total: a.steps, final_factor: a.lr_final / a.lr };
+    let lbfgs_iters = a.lbfgs.unwrap_or(if prob == Problem::Burgers { 500 } else { 0 });
+    let bar = if a.quiet { ProgressBar::hidden() } else { ProgressBar::new((a.steps + lbfgs_iters) as u64) };
+    bar.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} {elapsed_precise} {msg}").expect("valid template"),
+    );
+    let started = Instant::now();
+    let mut live = Vec::with_capacity(a.steps + lbfgs_iters);
+    let mut losses = Vec::with_capacity(a.steps + lbfgs_iters);
+    let mut err = initial_rel_l2;
+    let evaluate = |store: &ParamStore| -> Result<f64> { Ok(grid.rel_l2(&grid.predict(&net, store)?)) };
+    for step in 0..a.steps {
+        adam.set_lr(schedule.lr(a.lr, step));
+        let (l, grads) = Graph::scope(|g| {
+            let p = store.bind(g);
+            let l = loss(prob, &net, &p, &pts)?;
+            Ok::<_, Error>((l.item()?, p.grads(l)?))
+        })?;
+        adam.step(&mut store, &grads)?;
+        drop(grads);
+        live.push(memory_allocated(Device::Cpu));
+        losses.push(l);
+        if (step + 1) % a.eval_every == 0 || step + 1 == a.steps {
+            err = evaluate(&store)?;
+            bar.suspend(|| {
+                println!(
+                    "adam {:>6}  loss {l:.3e}  rel L2 {err:.3e}  live {} B",
+                    step + 1,
+                    memory_allocated(Device::Cpu)
+                )
+            });
+        }
+        bar.set_message(format!("loss {l:.2e} rel L2 {err:.2e}"));
+        bar.inc(1);
+    }
+    let mut lbfgs = Lbfgs::new(50);
+    for it in 0..lbfgs_iters {
+        let st = lbfgs.step(&mut store, |s: &ParamStore| -> Result<(f64, Grads)> {
+            Graph::scope(|g| {
+                let p = s.bind(g);
+                let l = loss(prob, &net, &p, &pts)?;
+                Ok((l.item()?, p.grads(l)?))
+            })
+        })?;
+        live.push(memory_allocated(Device::Cpu));
+        losses.push(st.loss);
+        if (it + 1) % 50 == 0 || it + 1 == lbfgs_iters {
+            err = evaluate(&store)?;
+            bar.suspend(|| println!("lbfgs {:>5}  loss {:.3e}  rel L2 {err:.3e}", it + 1, st.loss));
+        }
+        bar.inc(1);
+        if st.converged {
+            break;
+        }
+    }
+    bar.finish_and_clear();
+    let u = grid.predict(&net, &store)?;
+    let rel_l2 = grid.rel_l2(&u);
+    let seconds = started.elapsed().as_secs_f64();
+    if !a.plot.as_os_str().is_empty() {
+        let ((x0, x1), (y0, y1)) = domain(prob);
+        let ylab = if prob == Problem::Poisson { "y" } else { "t" };
+        let field = |title: &str, values: Vec<f64>| Field {
+            title: title.into(),
+            values,
+            nx: grid.n,
+            ny: grid.n,
+            x: (x0, x1),
+            y: (y0, y1),
+            labels: ("x".into(), ylab.into()),
+        };
+        let errs: Vec<f64> = u.iter().zip(&grid.exact).map(|(a, b)| (a - b).abs()).collect();
+        heatmaps(
+            &a.plot,
+            &[field("tapir u", u.clone()), field("exact u", grid.exact.clone()), field("|error|", errs)],
+        )?;
+    }
+    if !a.curves.as_os_str().is_empty() {
+        let pts = |v: &[f64]| v.iter().enumerate().map(|(i, &y)| (i as f64, y)).collect::<Vec<_>>();
+        let mem: Vec<f64> = live.iter().map(|&b| b as f64 / 1024.0).collect();
+        line_chart(
+            &a.curves,
+            &[
+                Panel {
+                    title: "loss".into(),
+                    x_label: "step".into(),
+                    y_label: "loss".into(),
+                    series: vec![Series { label: "loss".into(), points: pts(&losses) }],
+                    log_y: true,
+                },
+                Panel {
+                    title: "live memory at step boundaries".into(),
+                    x_label: "step".into(),
+                    y_label: "KiB".into(),
+                    series: vec![Series { label: "live".into(), points: pts(&mem) }],
+                    log_y: false,
+                },
+            ],
+        )?;
+    }
+    Ok(Outcome { rel_l2, initial_rel_l2, live, losses, seconds })
+}
 
 /// Runs the command.
-pub fn run(_a: Args) -> anyhow::Result<()> {
+pub fn run(a: Args) -> anyhow::Result<()> {
+    println!(
+        "tapir pinn {:?}: MLP 2-{}-1 tanh, {} interior + {} boundary points, Adam {} -> {} over {} steps, {}",
+        a.problem,
+        a.hidden.iter().map(|w| w.to_string()).collect::<Vec<_>>().join("-"),
+        a.interior,
+        a.boundary,
+        a.lr,
+        a.lr_final,
+        a.steps,
+        if a.f64 { "f64" } else { "f32" }
+    );
+    let o = train(&a).context("training")?;
+    let flat = o.live.iter().skip(1).all(|&b| b == o.live[1.min(o.live.len() - 1)]);
+    println!("relative L2 error on a 101 x 101 grid: {:.3e} (initially {:.3e})", o.rel_l2, o.initial_rel_l2);
+    println!(
+        "live memory at every step boundary after the first: {} ({} bytes, {} boundaries)",
+        if flat { "identical" } else { "NOT identical" },
+        o.live.get(1).copied().unwrap_or(0),
+        o.live.len()
+    );
+    println!(
+        "time: {:.1} s ({:.2} ms/step)   plots: {}, {}",
+        o.seconds,
+        1e3 * o.seconds / o.live.len().max(1) as f64,
+        a.plot.display(),
+        a.curves.display()
+    );
+    anyhow::ensure!(flat, "live memory changed between step boundaries");
     Ok(())
 }

@@ -12,8 +12,10 @@ use std::mem::MaybeUninit;
 use rayon::prelude::*;
 use smallvec::SmallVec;
 
-/// Below this many elements a kernel runs on the calling thread.
-pub const PAR_MIN: usize = 1 << 15;
+/// Below this many elements a kernel runs on the calling thread: a memory-
+/// bound pass over 256 Ki floats takes tens of microseconds, about what
+/// waking the pool costs on two busy cores.
+pub const PAR_MIN: usize = 1 << 18;
 
 /// A coalesced iteration space: dims and, per operand, strides.
 #[derive(Debug, Clone)]

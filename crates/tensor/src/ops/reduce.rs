@@ -136,7 +136,27 @@ pub(crate) fn sum_raw<T: Float + CpuElement>(x: &Tensor, axes: &[usize]) -> Resu
         let total = data.par_chunks(PAR_MIN / 2).map(sum_slice).reduce(|| T::ZERO, |a, b| a + b);
         return Ok(vec![total]);
     }
-    reduce_rows(x, axes, sum_slice::<T>)
+    let trailing = axes.iter().rev().enumerate().all(|(i, &a)| a == x.rank() - 1 - i);
+    if trailing {
+        // Rows are contiguous after the (identity) permutation.
+        return reduce_rows(x, axes, sum_slice::<T>);
+    }
+    // Any other axis set: walk the input in its own order and accumulate
+    // into the output through strides that are zero on reduced axes. No
+    // transposed copy, and the inner loop is unit-stride on both sides when
+    // an inner axis is kept.
+    let kept = reduced_shape(x.shape(), axes, true);
+    let ks = kept.contiguous_strides();
+    let out_strides: SmallVec<[usize; 6]> = (0..x.rank()).map(|i| if axes.contains(&i) { 0 } else { ks[i] }).collect();
+    let mut out = vec![T::ZERO; kept.numel()];
+    let data = x.storage_slice::<T>();
+    let nd = crate::iter::Nd::new(x.dims(), [&x.layout.strides, &out_strides], [x.layout.offset, 0]);
+    nd.runs(0, nd.numel(), |_, [ox, oo], len, [sx, so]| match (sx, so) {
+        (1, 1) => out[oo..oo + len].iter_mut().zip(&data[ox..ox + len]).for_each(|(o, &v)| *o += v),
+        (1, 0) => out[oo] += sum_slice(&data[ox..ox + len]),
+        _ => (0..len).for_each(|i| out[oo + i * so] += data[ox + i * sx]),
+    });
+    Ok(out)
 }
 
 /// Which reduction.
