@@ -2,7 +2,7 @@
 
 use clap::{Parser, Subcommand};
 
-use tapir_cli::{gpt, memcheck, pinn};
+use tapir_cli::{bench, gpt, memcheck, pinn};
 
 /// tapir: a pure-Rust autograd engine whose graphs cannot leak.
 #[derive(Parser)]
@@ -19,6 +19,8 @@ enum Command {
     Memcheck(memcheck::Args),
     /// Trains a physics-informed network on a PDE with a known solution.
     Pinn(pinn::Args),
+    /// Times autograd, Hessian and Laplacian workloads beside PyTorch.
+    Bench(bench::Args),
     /// Trains a character-level mini-GPT (built-in sums task, or --data FILE).
     Gpt(gpt::Args),
 }
@@ -28,5 +30,6 @@ fn main() -> anyhow::Result<()> {
         Command::Memcheck(a) => memcheck::run(a),
         Command::Pinn(a) => pinn::run(a),
         Command::Gpt(a) => gpt::run(a),
+        Command::Bench(a) => bench::run(a),
     }
 }

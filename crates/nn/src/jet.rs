@@ -56,12 +56,23 @@ impl Mlp {
         if let Some(&bad) = dims.iter().find(|&&i| i >= d) {
             return Err(Error::IndexOutOfRange { op: "forward_jet", index: bad as i64, position: 0, size: d });
         }
-        // A [d] mask selecting the Laplacian's dims, as [1, d, 1].
+        // A [d] mask selecting the Laplacian's dims, as [1, d, 1]; none when
+        // every dim is selected.
         let mut sel = vec![0.0; d];
         for &i in dims {
             sel[i] = 1.0;
         }
+        let all = sel.iter().all(|&s| s == 1.0);
         let sel = p.graph().constant(Tensor::from_vec(sel, [1, d, 1])?.cast(x.dtype())?);
+        // sum over the selected dims of J^2: [N, d, w] -> [N, w].
+        let sum_sq = |j: &Var<'g>| -> Result<Var<'g>> {
+            let sq = j.square()?;
+            if all {
+                sq.sum(&[1], false)
+            } else {
+                sq.mul(&sel)?.sum(&[1], false)
+            }
+        };
 
         let mut h = x;
         let mut jac: Option<Var<'g>> = None; // [N, d, w]; None = the identity
@@ -86,7 +97,18 @@ impl Mlp {
                 let a = self.activation.apply(&h)?;
                 let (d1, d2) = self.activation.derivatives(&h, &a)?;
                 let j = jac.take().expect("internal: set above");
-                let jsq = j.square()?.mul(&sel)?.sum(&[1], false)?; // [N, w]
+                let jsq = if k == 0 {
+                    // The first layer's Jacobian is W^T for every point: sum
+                    // its squares once, as [w], instead of over [N, d, w].
+                    let wsq = p.var(layer.weight).square()?;
+                    if all {
+                        wsq.sum(&[1], false)?
+                    } else {
+                        wsq.mul(&sel.reshape([1, d])?)?.sum(&[1], false)?
+                    }
+                } else {
+                    sum_sq(&j)?
+                };
                 let curv = d2.mul(&jsq)?;
                 lap = Some(match lap {
                     None => curv,

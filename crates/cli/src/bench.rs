@@ -1,0 +1,262 @@
+//! `tapir bench`: timings of tapir beside its PyTorch mirror
+//! (benches/torch/bench.py), same shapes and seeds, in one run, as ratios.
+//!
+//! Absolute times on a shared machine are noisy; each case reports the
+//! median of several repetitions and the tapir / PyTorch ratio.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use serde_json::{json, Value};
+use tapir::nn::{Activation, Adam, Mlp, Optimizer, ParamStore};
+use tapir::prelude::*;
+
+/// Arguments of `tapir bench`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Args {
+    /// Cases to run (comma-separated); all by default.
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<String>,
+    /// Repetitions per case (the median is reported).
+    #[arg(long, default_value_t = 15)]
+    pub reps: usize,
+    /// Skip the PyTorch side.
+    #[arg(long)]
+    pub no_torch: bool,
+    /// The python interpreter for the PyTorch side.
+    #[arg(long, default_value = "python3")]
+    pub python: String,
+    /// Where to write the JSON figures.
+    #[arg(long, default_value = "bench.json")]
+    pub json: PathBuf,
+}
+
+/// Median wall time of `f` in milliseconds, after one warm-up call.
+fn median_ms(reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    f()?;
+    let mut t: Vec<f64> = (0..reps.max(1))
+        .map(|_| {
+            let s = Instant::now();
+            f().map(|_| s.elapsed().as_secs_f64() * 1e3)
+        })
+        .collect::<Result<_>>()?;
+    t.sort_by(|a, b| a.total_cmp(b));
+    Ok(t[t.len() / 2])
+}
+
+/// One benchmark case.
+pub struct Case {
+    /// Name shared with the PyTorch mirror.
+    pub name: &'static str,
+    /// What it measures.
+    pub what: &'static str,
+    /// Runs it, returning the median milliseconds.
+    pub run: fn(usize) -> Result<f64>,
+}
+
+/// Every case.
+pub fn cases() -> Vec<Case> {
+    vec![
+        Case { name: "scalar_chain", what: "10,000 scalar ops forward + backward (graph overhead)", run: scalar_chain },
+        Case { name: "mlp_grad", what: "gradient of an MLP 2-64-64-64-1 tanh loss, 1,024 points", run: mlp_grad },
+        Case { name: "mlp_hvp", what: "Hessian-vector product of the same loss w.r.t. the parameters", run: mlp_hvp },
+        Case {
+            name: "poisson_step",
+            what: "Poisson PINN step: Laplacian, loss, backward, Adam (N=1,024)",
+            run: poisson_step,
+        },
+        Case {
+            name: "laplacian_d10",
+            what: "exact Laplacian of an MLP (width 128, depth 3, batch 256), d=10",
+            run: |r| laplacian(r, 10, false),
+        },
+        Case { name: "laplacian_d100", what: "the same, d=100", run: |r| laplacian(r, 100, false) },
+        Case {
+            name: "laplacian_d10_nested",
+            what: "d=10 by nested autodiff in tapir (the alternative)",
+            run: |r| laplacian(r, 10, true),
+        },
+        Case {
+            name: "laplacian_d100_nested",
+            what: "d=100 by nested autodiff in tapir (the alternative)",
+            run: |r| laplacian(r, 100, true),
+        },
+    ]
+}
+
+fn scalar_chain(reps: usize) -> Result<f64> {
+    let x0 = Tensor::from_vec(vec![0.5f32], [1])?;
+    median_ms(reps, || {
+        Graph::scope(|g| {
+            let x = g.leaf(x0.clone());
+            let mut y = x;
+            for i in 0..10_000 {
+                y = match i % 4 {
+                    0 => y.mul_scalar(1.0001)?,
+                    1 => y.add_scalar(1e-4)?,
+                    2 => y.mul(&x)?.mul_scalar(0.5)?.add(&y)?.mul_scalar(0.6)?,
+                    _ => y.tanh()?,
+                };
+            }
+            g.grad(y.sum_all()?, &[x])?;
+            Ok(())
+        })
+    })
+}
+
+fn mlp(seed: u64, widths: &[usize]) -> Result<(ParamStore, Mlp)> {
+    let mut store = ParamStore::new();
+    let net = Mlp::xavier(&mut store, "u", widths, Activation::Tanh, &mut Rng::new(seed), DType::F32)?;
+    Ok((store, net))
+}
+
+fn mlp_grad(reps: usize) -> Result<f64> {
+    let (store, net) = mlp(0, &[2, 64, 64, 64, 1])?;
+    let x = Rng::new(1).rand([1024, 2], DType::F32)?;
+    median_ms(reps, || {
+        Graph::scope(|g| {
+            let p = store.bind(g);
+            let loss = net.forward(&p, g.constant(x.clone()))?.square()?.mean_all()?;
+            p.grads(loss)?;
+            Ok(())
+        })
+    })
+}
+
+fn mlp_hvp(reps: usize) -> Result<f64> {
+    let (store, net) = mlp(0, &[2, 64, 64, 64, 1])?;
+    let x = Rng::new(1).rand([1024, 2], DType::F32)?;
+    let mut rng = Rng::new(2);
+    let v: Vec<Tensor> =
+        store.ids().map(|id| rng.randn(store.get(id).shape().clone(), DType::F32)).collect::<Result<_>>()?;
+    median_ms(reps, || {
+        Graph::scope(|g| {
+            let p = store.bind(g);
+            let loss = net.forward(&p, g.constant(x.clone()))?.square()?.mean_all()?;
+            let vars: Vec<Var<'_>> = store.ids().map(|id| p.var(id)).collect();
+            let gs = g.grad_graph(loss, &vars)?;
+            let hv = g.jvp(&gs, &vars, &v)?;
+            std::hint::black_box(hv);
+            Ok(())
+        })
+    })
+}
+
+fn poisson_step(reps: usize) -> Result<f64> {
+    let (mut store, net) = mlp(0, &[2, 64, 64, 64, 1])?;
+    let x = Rng::new(1).rand([1024, 2], DType::F32)?;
+    let f = x.narrow(1, 0, 1)?.mul_scalar(std::f64::consts::PI)?.sin()?;
+    let mut opt = Adam::new(1e-3);
+    median_ms(reps, || {
+        let grads = Graph::scope(|g| {
+            let p = store.bind(g);
+            let jet = net.forward_jet(&p, g.constant(x.clone()), &[0, 1])?;
+            let loss = jet.laplacian.add(&g.constant(f.clone()))?.square()?.mean_all()?;
+            p.grads(loss)
+        })?;
+        opt.step(&mut store, &grads)
+    })
+}
+
+fn laplacian(reps: usize, d: usize, nested: bool) -> Result<f64> {
+    let (store, net) = mlp(0, &[d, 128, 128, 128, 1])?;
+    let x = Rng::new(1).randn([256, d], DType::F32)?;
+    median_ms(reps, || {
+        Graph::scope(|g| {
+            let p = store.bind(g);
+            let xv = g.leaf(x.clone());
+            let lap = if nested {
+                g.laplacian(net.forward(&p, xv)?, xv)?
+            } else {
+                net.forward_jet(&p, xv, &(0..d).collect::<Vec<_>>())?.laplacian
+            };
+            std::hint::black_box(lap.value()?);
+            Ok(())
+        })
+    })
+}
+
+fn torch_script() -> Option<PathBuf> {
+    [
+        PathBuf::from("benches/torch/bench.py"),
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../benches/torch/bench.py"),
+    ]
+    .into_iter()
+    .find(|p| p.exists())
+}
+
+/// Runs the command.
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let chosen: Vec<Case> =
+        cases().into_iter().filter(|c| a.only.is_empty() || a.only.iter().any(|o| o == c.name)).collect();
+    anyhow::ensure!(!chosen.is_empty(), "no case matches {:?}", a.only);
+    println!("tapir bench: median of {} repetitions, milliseconds (f32, CPU, {} threads)", a.reps, rayon_threads());
+    let mut rows = Vec::new();
+    for c in &chosen {
+        let ms = (c.run)(a.reps)?;
+        eprintln!("tapir {:<24} {ms:>10.3} ms", c.name);
+        rows.push((c, ms));
+    }
+    let torch: Option<Value> = if a.no_torch {
+        None
+    } else {
+        let names: Vec<&str> = chosen.iter().map(|c| c.name).collect();
+        match torch_script() {
+            None => {
+                println!("PyTorch side skipped: benches/torch/bench.py not found");
+                None
+            }
+            Some(script) => {
+                let out = Command::new(&a.python)
+                    .arg(script)
+                    .args(["--reps", &a.reps.to_string(), "--only", &names.join(",")])
+                    .output();
+                match out {
+                    Ok(o) if o.status.success() => serde_json::from_slice(&o.stdout).ok(),
+                    Ok(o) => {
+                        println!(
+                            "PyTorch side skipped: {}",
+                            String::from_utf8_lossy(&o.stderr).lines().last().unwrap_or("failed")
+                        );
+                        None
+                    }
+                    Err(e) => {
+                        println!("PyTorch side skipped: {}: {e}", a.python);
+                        None
+                    }
+                }
+            }
+        }
+    };
+    println!();
+    println!("{:<24} {:>12} {:>12} {:>14}  what", "case", "tapir ms", "torch ms", "tapir/torch");
+    let mut out = Vec::new();
+    for (c, ms) in &rows {
+        let t = torch.as_ref().and_then(|v| v.get("cases")?.get(c.name)?.as_f64());
+        let ratio = t.map(|t| ms / t);
+        println!(
+            "{:<24} {:>12.3} {:>12} {:>14}  {}",
+            c.name,
+            ms,
+            t.map(|t| format!("{t:.3}")).unwrap_or_else(|| "-".into()),
+            ratio.map(|r| format!("{r:.3}x")).unwrap_or_else(|| "-".into()),
+            c.what
+        );
+        out.push(json!({"name": c.name, "what": c.what, "tapir_ms": ms, "torch_ms": t, "ratio": ratio}));
+    }
+    if let (Some(h), Some(gr)) =
+        (rows.iter().find(|r| r.0.name == "mlp_hvp"), rows.iter().find(|r| r.0.name == "mlp_grad"))
+    {
+        println!("\nmlp_hvp / mlp_grad in tapir: {:.2}x", h.1 / gr.1);
+    }
+    let doc = json!({"schema": "tapir-bench/1", "reps": a.reps, "cases": out,
+        "torch_version": torch.as_ref().and_then(|v| v.get("torch_version").cloned())});
+    std::fs::write(&a.json, serde_json::to_string_pretty(&doc)?)?;
+    println!("figures: {}", a.json.display());
+    Ok(())
+}
+
+fn rayon_threads() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+}
