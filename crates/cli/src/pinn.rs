@@ -97,8 +97,10 @@ pub fn exact(p: Problem, x: f64, y: f64, gh: &GaussHermite) -> f64 {
     }
 }
 
-/// Gauss-Hermite nodes and weights (weight e^{-z^2}), by Newton's method on
-/// the normalised Hermite recurrence.
+/// Gauss-Hermite nodes and weights (weight e^{-z^2}). The nodes are the
+/// roots of the n-th Hermite function, bracketed by a scan for sign changes
+/// (the roots are at least pi / sqrt(2n + 1) apart) and polished by
+/// bisection; the weights come from the derivative there.
 pub struct GaussHermite {
     /// Nodes.
     pub z: Vec<f64>,
@@ -107,38 +109,50 @@ pub struct GaussHermite {
 }
 
 impl GaussHermite {
+    /// The orthonormal Hermite functions' recurrence: returns (h_n(x), h_{n-1}(x))
+    /// for h_k(x) = H_k(x) e^{-x^2/2} / sqrt(2^k k! sqrt(pi)).
+    fn hermite(n: usize, x: f64) -> (f64, f64) {
+        let (mut p1, mut p2) = (PI.powf(-0.25) * (-x * x / 2.0).exp(), 0.0);
+        for j in 1..=n {
+            let p3 = p2;
+            p2 = p1;
+            p1 = x * (2.0 / j as f64).sqrt() * p2 - ((j - 1) as f64 / j as f64).sqrt() * p3;
+        }
+        (p1, p2)
+    }
+
     /// The n-point rule.
     pub fn new(n: usize) -> Self {
-        let pim4 = PI.powf(-0.25);
-        let (mut z, mut w) = (vec![0.0; n], vec![0.0; n]);
-        let mut x = 0.0f64;
-        for i in 0..n.div_ceil(2) {
-            x = match i {
-                0 => (2.0 * n as f64 + 1.0).sqrt() - 1.85575 * (2.0 * n as f64 + 1.0).powf(-0.16667),
-                1 => x - 1.14 * (n as f64).powf(0.426) / x,
-                2 => 1.86 * x - 0.86 * z[0],
-                3 => 1.91 * x - 0.91 * z[1],
-                _ => 2.0 * x - z[i - 2],
-            };
-            let mut pp = 0.0;
-            for _ in 0..100 {
-                let (mut p1, mut p2) = (pim4, 0.0);
-                for j in 1..=n {
-                    let p3 = p2;
-                    p2 = p1;
-                    p1 = x * (2.0 / j as f64).sqrt() * p2 - ((j - 1) as f64 / j as f64).sqrt() * p3;
+        let edge = (2.0 * n as f64 + 1.0).sqrt() + 1.0;
+        let step = PI / (2.0 * n as f64 + 1.0).sqrt() / 8.0;
+        let (mut z, mut w) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        let mut a = -edge;
+        let mut fa = Self::hermite(n, a).0;
+        while a < edge && z.len() < n {
+            let b = a + step;
+            let fb = Self::hermite(n, b).0;
+            if fa == 0.0 || fa.signum() != fb.signum() {
+                let (mut lo, mut hi, mut flo) = (a, b, fa);
+                for _ in 0..200 {
+                    let mid = 0.5 * (lo + hi);
+                    if mid <= lo || mid >= hi {
+                        break;
+                    }
+                    let fm = Self::hermite(n, mid).0;
+                    if fm.signum() == flo.signum() {
+                        (lo, flo) = (mid, fm);
+                    } else {
+                        hi = mid;
+                    }
                 }
-                pp = (2.0 * n as f64).sqrt() * p2;
-                let x1 = x;
-                x = x1 - p1 / pp;
-                if (x - x1).abs() <= 1e-15 * x.abs().max(1.0) {
-                    break;
-                }
+                let x = 0.5 * (lo + hi);
+                // With h_k the orthonormal Hermite functions, the weight of
+                // the e^{-z^2} rule at a root x is e^{-x^2} / (n h_{n-1}(x)^2).
+                let h1 = Self::hermite(n, x).1;
+                z.push(x);
+                w.push((-x * x).exp() / (n as f64 * h1 * h1));
             }
-            z[i] = x;
-            z[n - 1 - i] = -x;
-            w[i] = 2.0 / (pp * pp);
-            w[n - 1 - i] = w[i];
+            (a, fa) = (b, fb);
         }
         GaussHermite { z, w }
     }
@@ -209,31 +223,46 @@ fn sample(p: Problem, a: &Args, dtype: DType, gh: &GaussHermite) -> Result<Point
     })
 }
 
+/// The PDE residual from the solution's value `u` `[N, 1]`, its gradient
+/// `[N, 2]` (x, then y or t), its second derivatives summed over the
+/// problem's diffusion dims `[N, 1]` (both dims for Poisson, x alone
+/// otherwise) and the source term `[N, 1]` (Poisson). Zero at the exact
+/// solution.
+pub fn residual<T: Diff>(prob: Problem, u: &T, grad: &T, second: &T, source: &T) -> Result<T> {
+    let n = u.shape().dims()[0];
+    match prob {
+        Problem::Poisson => second.add(source),
+        Problem::Heat | Problem::Burgers => {
+            let u_x = grad.narrow(1, 0, 1)?.reshape([n, 1])?;
+            let u_t = grad.narrow(1, 1, 1)?.reshape([n, 1])?;
+            if prob == Problem::Heat {
+                u_t.sub(&second.mul_scalar(ALPHA)?)
+            } else {
+                u_t.add(&u.mul(&u_x)?)?.sub(&second.mul_scalar(NU)?)
+            }
+        }
+    }
+}
+
+/// The input dims whose second derivatives the residual needs.
+fn diffusion_dims(prob: Problem) -> &'static [usize] {
+    match prob {
+        Problem::Poisson => &[0, 1],
+        Problem::Heat | Problem::Burgers => &[0],
+    }
+}
+
 /// The PINN loss of `net` at the points: mean squared residual plus mean
 /// squared boundary/initial misfit.
 fn loss<'g>(prob: Problem, net: &Mlp, p: &Bound<'g>, pts: &Points) -> Result<Var<'g>> {
     let g = p.graph();
-    let x = g.constant(pts.interior.clone());
-    let residual = match prob {
-        Problem::Poisson => {
-            let jet = net.forward_jet(p, x, &[0, 1])?;
-            jet.laplacian.add(&g.constant(pts.source.clone()))?
-        }
-        Problem::Heat | Problem::Burgers => {
-            let jet = net.forward_jet(p, x, &[0])?;
-            let n = pts.interior.dims()[0];
-            let u_x = jet.jacobian.narrow(1, 0, 1)?.reshape([n, 1])?;
-            let u_t = jet.jacobian.narrow(1, 1, 1)?.reshape([n, 1])?;
-            if prob == Problem::Heat {
-                u_t.sub(&jet.laplacian.mul_scalar(ALPHA)?)?
-            } else {
-                u_t.add(&jet.value.mul(&u_x)?)?.sub(&jet.laplacian.mul_scalar(NU)?)?
-            }
-        }
-    };
+    let n = pts.interior.dims()[0];
+    let jet = net.forward_jet(p, g.constant(pts.interior.clone()), diffusion_dims(prob))?;
+    let grad = jet.jacobian.reshape([n, 2])?;
+    let r = residual(prob, &jet.value, &grad, &jet.laplacian, &g.constant(pts.source.clone()))?;
     let ub = net.forward(p, g.constant(pts.edge.clone()))?;
     let misfit = ub.sub(&g.constant(pts.edge_u.clone()))?;
-    residual.square()?.mean_all()?.add(&misfit.square()?.mean_all()?)
+    r.square()?.mean_all()?.add(&misfit.square()?.mean_all()?)
 }
 
 /// The evaluation grid (101 x 101), the exact values on it, and the
