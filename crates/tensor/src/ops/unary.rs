@@ -4,12 +4,12 @@
 //! `dy/dx`, written in differentiable ops; the VJP is `g * dy/dx` and the
 //! JVP `t * dy/dx`, so both modes share the line.
 
-use crate::iter::map1;
+use crate::iter::{map1, map2};
 use crate::ops::{one, Diff, InputGrads, Op};
 use crate::storage::CpuElement;
 use crate::{with_float, DType, Error, Float, Result, Tensor};
 
-use super::binary::BinaryOps;
+use super::binary::{nd2, BinaryOps};
 
 /// Which elementwise function.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -217,6 +217,11 @@ impl Op for Unary {
     }
 
     fn vjp<T: Diff>(&self, xs: &[&T], y: &T, g: &T) -> Result<InputGrads<T>> {
+        if !g.is_recording() {
+            if let Some(d) = self.eager_vjp(&xs[0].eval()?, &y.eval()?, &g.eval()?)? {
+                return Ok(one(g.lift(d)));
+            }
+        }
         Ok(one(match self.deriv(xs[0], y)? {
             Deriv::One => g.clone(),
             Deriv::Const(c) => g.mul_scalar(c)?,
@@ -235,6 +240,46 @@ impl Op for Unary {
 
     fn is_differentiable(&self) -> bool {
         !matches!(self, Unary::Sign)
+    }
+}
+
+impl Unary {
+    /// `g * dy/dx` in one pass, for the activations whose derivative line
+    /// would otherwise take several passes and as many temporaries (a
+    /// training step's backward). Only when nothing is recorded: under
+    /// `create_graph` the differentiable line in `deriv` is used. `None`
+    /// for the other functions, and for operands the loop does not cover.
+    fn eager_vjp(self, x: &Tensor, y: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
+        if x.shape() != g.shape() || x.dtype() != g.dtype() {
+            return Ok(None);
+        }
+        let shape = x.shape().clone();
+        with_float!(x.dtype(), T => {
+            let c = |v: f64| <T as crate::Element>::from_f64(v);
+            let (xs, ys, gs) = (x.storage_slice::<T>(), y.storage_slice::<T>(), g.storage_slice::<T>());
+            let (nx, ny) = (nd2(x, g, &shape), nd2(y, g, &shape));
+            let out: Vec<T> = match self {
+                Unary::Relu => map2(xs, gs, &nx, |x: T, g: T| if x > T::ZERO { g } else { T::ZERO }),
+                Unary::Tanh => map2(ys, gs, &ny, |y: T, g: T| g * (T::ONE - y * y)),
+                Unary::Sigmoid => map2(ys, gs, &ny, |y: T, g: T| g * y * (T::ONE - y)),
+                Unary::GeluTanh => {
+                    let (k, gc, k3, half) = (c(SQRT_2_OVER_PI), c(GELU_C), c(3.0 * GELU_C * SQRT_2_OVER_PI), c(0.5));
+                    map2(xs, gs, &nx, move |x: T, g: T| {
+                        let x2 = x * x;
+                        let t = Float::tanh(k * x * (T::ONE + gc * x2));
+                        g * (half * (T::ONE + t) + half * x * (T::ONE - t * t) * (k + k3 * x2))
+                    })
+                }
+                Unary::GeluErf => {
+                    let (r, half, p) = (c(std::f64::consts::FRAC_1_SQRT_2), c(0.5), c(FRAC_1_SQRT_2PI));
+                    map2(xs, gs, &nx, move |x: T, g: T| {
+                        g * (half * (T::ONE + Float::erf(x * r)) + x * p * Float::exp(-half * x * x))
+                    })
+                }
+                _ => return Ok(None),
+            };
+            Tensor::from_vec(out, shape).map(Some)
+        }, _ => Ok(None))
     }
 }
 
