@@ -157,6 +157,27 @@ impl CausalSelfAttention {
     /// Attends over `x` `[B, T, C]`; returns `[B, T, C]`. `rng` is the
     /// dropout generator in training, `None` in evaluation.
     pub fn forward<'g>(&self, p: &Bound<'g>, x: Var<'g>, rng: Option<&mut Rng>) -> Result<Var<'g>> {
+        self.forward_inner(p, x, None, rng)
+    }
+
+    /// `r + attention(x)`, the residual added inside the output projection.
+    pub fn forward_residual<'g>(
+        &self,
+        p: &Bound<'g>,
+        x: Var<'g>,
+        r: Var<'g>,
+        rng: Option<&mut Rng>,
+    ) -> Result<Var<'g>> {
+        self.forward_inner(p, x, Some(r), rng)
+    }
+
+    fn forward_inner<'g>(
+        &self,
+        p: &Bound<'g>,
+        x: Var<'g>,
+        residual: Option<Var<'g>>,
+        rng: Option<&mut Rng>,
+    ) -> Result<Var<'g>> {
         let s = x.shape();
         let d = s.dims();
         if d.len() != 3 {
@@ -174,6 +195,9 @@ impl CausalSelfAttention {
         let att = causal_softmax(&q.matmul(&k.t()?)?, 1.0 / (hd as f64).sqrt())?;
         let att = self.attn_drop.forward(att, rng)?;
         let y = att.matmul(&v)?.permute(&[0, 2, 1, 3])?.reshape([b, t, c])?;
-        self.proj.forward(p, y)
+        match residual {
+            Some(r) => self.proj.forward_residual(p, y, r),
+            None => self.proj.forward(p, y),
+        }
     }
 }

@@ -86,12 +86,25 @@ impl Block {
         Ok(Block { ln1, attn, ln2, mlp, drop: Dropout::new(cfg.dropout)? })
     }
 
-    /// `x + attn(ln1(x))`, then `+ mlp(ln2(.))`, on `[B, T, C]`.
+    /// `x + attn(ln1(x))`, then `+ mlp(ln2(.))`, on `[B, T, C]`. Without
+    /// residual dropout each sum happens inside the branch's last linear
+    /// layer, so the branch's output is never kept on its own.
     pub fn forward<'g>(&self, p: &Bound<'g>, x: Var<'g>, mut rng: Option<&mut Rng>) -> Result<Var<'g>> {
-        let a = self.attn.forward(p, self.ln1.forward(p, x)?, rng.as_deref_mut())?;
-        let x = x.add(&self.drop.forward(a, rng.as_deref_mut())?)?;
-        let m = self.mlp.forward(p, self.ln2.forward(p, x)?)?;
-        x.add(&self.drop.forward(m, rng)?)
+        let dropping = rng.is_some() && self.drop.p > 0.0;
+        let h = self.ln1.forward(p, x)?;
+        let x = if dropping {
+            let a = self.attn.forward(p, h, rng.as_deref_mut())?;
+            x.add(&self.drop.forward(a, rng.as_deref_mut())?)?
+        } else {
+            self.attn.forward_residual(p, h, x, rng.as_deref_mut())?
+        };
+        let (fc, proj) = (&self.mlp.layers[0], &self.mlp.layers[1]);
+        let h = self.mlp.activation.apply(&fc.forward(p, self.ln2.forward(p, x)?)?)?;
+        if dropping {
+            x.add(&self.drop.forward(proj.forward(p, h)?, rng)?)
+        } else {
+            proj.forward_residual(p, h, x)
+        }
     }
 }
 

@@ -2,12 +2,15 @@
 //! on the parameters bound there.
 
 use tapir_autograd::Var;
-use tapir_tensor::{BinaryOps, DType, Diff, Error, IndexOps, MatmulOps, Result, Rng, ShapeOps, Tensor, UnaryOps};
+use tapir_tensor::{BinaryOps, DType, Diff, Error, IndexOps, Result, Rng, ShapeOps, Tensor, UnaryOps};
 
+use crate::affine::{affine_with, Affine};
 use crate::init;
 use crate::params::{Bound, ParamId, ParamStore};
 
 /// `y = x W^T + b`, W `[out, in]` (torch's layout and default init).
+///
+/// [`Affine`]: crate::Affine
 #[derive(Debug, Clone, Copy)]
 pub struct Linear {
     /// Weight `[out, in]`.
@@ -72,19 +75,38 @@ impl Linear {
         Ok(Linear { weight, bias })
     }
 
-    /// Applies the layer to `x` of shape `[..., in]`. Leading dims are
-    /// folded into one (a view) so the product is one matrix multiply, and
-    /// the weight's gradient one more, rather than a batch of them summed.
+    /// Applies the layer to `x` of shape `[..., in]`, as one [`Affine`]
+    /// op. Leading dims are folded into one (a view), so the product is one
+    /// matrix multiply, and the weight's gradient one more, rather than a
+    /// batch of them summed.
     pub fn forward<'g>(&self, p: &Bound<'g>, x: Var<'g>) -> Result<Var<'g>> {
+        self.apply(p, x, Affine::default(), None)
+    }
+
+    /// `r + linear(x)` as one op: a residual branch whose output is never
+    /// kept apart from the sum.
+    pub fn forward_residual<'g>(&self, p: &Bound<'g>, x: Var<'g>, r: Var<'g>) -> Result<Var<'g>> {
+        self.apply(p, x, Affine::default(), Some(r))
+    }
+
+    fn apply<'g>(&self, p: &Bound<'g>, x: Var<'g>, mut op: Affine, r: Option<Var<'g>>) -> Result<Var<'g>> {
         let (w, b) = (p.var(self.weight), self.bias.map(|b| p.var(b)));
         let dims = x.shape().dims().to_vec();
-        if dims.len() <= 2 {
-            return x.linear(&w, b.as_ref());
+        op.input_grad = x.requires_grad();
+        let rank = dims.len();
+        if rank == 0 {
+            return Err(Error::InvalidShape { op: "Linear", shape: x.shape(), reason: "needs rank >= 1".into() });
         }
-        let rows: usize = dims[..dims.len() - 1].iter().product();
-        let y = x.reshape([rows, dims[dims.len() - 1]])?.linear(&w, b.as_ref())?;
+        let rows: usize = dims[..rank - 1].iter().product();
+        let out_dim = w.shape().dims()[0];
+        let flat = |v: Var<'g>, d: usize| if rank == 2 { Ok(v) } else { v.reshape([rows, d]) };
+        let r = r.map(|r| flat(r, out_dim)).transpose()?;
+        let y = affine_with(op, &flat(x, dims[rank - 1])?, &w, b.as_ref(), r.as_ref())?;
+        if rank == 2 {
+            return Ok(y);
+        }
         let mut out = dims;
-        *out.last_mut().expect("internal: rank > 2") = w.shape().dims()[0];
+        out[rank - 1] = out_dim;
         y.reshape(out)
     }
 }

@@ -25,6 +25,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod affine;
 mod attention;
 pub mod checkpoint;
 mod gpt;
@@ -37,6 +38,7 @@ mod norm;
 mod optim;
 mod params;
 
+pub use affine::{affine, affine_with, Affine};
 pub use attention::{causal_softmax, CausalSelfAttention, CausalSoftmax};
 pub use checkpoint::{Checkpoint, CheckpointError, Mismatch};
 pub use gpt::{Block, Gpt, GptConfig};
@@ -44,6 +46,6 @@ pub use jet::Jet;
 pub use layers::{Activation, Dropout, Embedding, Linear, Mlp};
 pub use lbfgs::{Lbfgs, LbfgsStep};
 pub use loss::mse;
-pub use norm::{LayerNorm, RmsNorm};
+pub use norm::{norm, LayerNorm, NormOp, RmsNorm};
 pub use optim::{Adam, Optimizer, OptimizerState, Schedule, Sgd};
 pub use params::{Bound, Grads, ParamId, ParamStore};

@@ -1,9 +1,19 @@
-//! Normalisation over the last axis: LayerNorm and RMSNorm, composed from
-//! differentiable ops (mean, sub, square, rsqrt, mul), so their derivatives
-//! of every order come from those ops' rules with no rule of their own.
+//! Normalisation over the last axis: LayerNorm and RMSNorm.
+//!
+//! Each runs as one op, [`NormOp`]: a one-pass forward per row, and a
+//! backward that (when not recording) recomputes the row's mean and
+//! reciprocal deviation from the input and writes the three gradients in
+//! one pass. Composed from mean, sub, square, rsqrt and mul instead, a
+//! LayerNorm records about ten nodes whose values all stay alive until the
+//! backward pass, and its backward makes some twenty passes. Under
+//! `create_graph` the rule switches to that composed, differentiable
+//! formulation, so derivatives of every order still work;
+//! [`LayerNorm::forward_composed`] is the composition itself, kept as the
+//! reference the op is tested against.
 
 use tapir_autograd::Var;
-use tapir_tensor::{BinaryOps, DType, ReduceOps, Result, Tensor, UnaryOps};
+use tapir_tensor::ops::{add_opt, InputGrads, Op};
+use tapir_tensor::{BinaryOps, DType, Diff, Error, Float, ReduceOps, Result, ShapeOps, Tensor, UnaryOps};
 
 use crate::params::{Bound, ParamId, ParamStore};
 
@@ -32,8 +42,14 @@ impl LayerNorm {
         Ok(LayerNorm { weight, bias, eps: 1e-5 })
     }
 
-    /// Normalises `x` over its last axis.
+    /// Normalises `x` over its last axis (one [`NormOp`]).
     pub fn forward<'g>(&self, p: &Bound<'g>, x: Var<'g>) -> Result<Var<'g>> {
+        norm(&x, self.weight.map(|w| p.var(w)).as_ref(), self.bias.map(|b| p.var(b)).as_ref(), self.eps, false)
+    }
+
+    /// The same function composed from mean, sub, square, rsqrt and mul: the
+    /// reference [`LayerNorm::forward`] is tested against.
+    pub fn forward_composed<'g>(&self, p: &Bound<'g>, x: Var<'g>) -> Result<Var<'g>> {
         let xc = x.sub(&x.mean(&[-1], true)?)?;
         let rstd = xc.square()?.mean(&[-1], true)?.add_scalar(self.eps)?.rsqrt()?;
         affine(p, xc.mul(&rstd)?, self.weight, self.bias)
@@ -56,8 +72,13 @@ impl RmsNorm {
         Ok(RmsNorm { weight, eps: 1e-6 })
     }
 
-    /// Normalises `x` over its last axis.
+    /// Normalises `x` over its last axis (one [`NormOp`]).
     pub fn forward<'g>(&self, p: &Bound<'g>, x: Var<'g>) -> Result<Var<'g>> {
+        norm(&x, self.weight.map(|w| p.var(w)).as_ref(), None, self.eps, true)
+    }
+
+    /// The same function composed from square, mean, rsqrt and mul.
+    pub fn forward_composed<'g>(&self, p: &Bound<'g>, x: Var<'g>) -> Result<Var<'g>> {
         let rms = x.square()?.mean(&[-1], true)?.add_scalar(self.eps)?.rsqrt()?;
         affine(p, x.mul(&rms)?, self.weight, None)
     }
@@ -71,5 +92,231 @@ fn affine<'g>(p: &Bound<'g>, y: Var<'g>, w: Option<ParamId>, b: Option<ParamId>)
     match b {
         Some(b) => y.add(&p.var(b)),
         None => Ok(y),
+    }
+}
+
+/// `(x - mean) * rstd * w + b` over the last axis, `rstd = 1 / sqrt(var +
+/// eps)` (LayerNorm), or with `rms` no mean and `rstd = 1 / sqrt(mean(x^2) +
+/// eps)` (RMSNorm). Inputs: `x`, then the scale `w` if `has_weight`, then
+/// the shift `b` if `has_bias`, each `[dim]`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct NormOp {
+    /// Added to the variance (mean square).
+    pub eps: f64,
+    /// RMSNorm: no centring.
+    pub rms: bool,
+    /// A scale input follows `x`.
+    pub has_weight: bool,
+    /// A shift input follows (after the scale, if any).
+    pub has_bias: bool,
+}
+
+/// Applies [`NormOp`] over the last axis of `x`.
+pub fn norm<T: Diff>(x: &T, w: Option<&T>, b: Option<&T>, eps: f64, rms: bool) -> Result<T> {
+    let op = NormOp { eps, rms, has_weight: w.is_some(), has_bias: b.is_some() };
+    let mut inputs = vec![x];
+    inputs.extend(w);
+    inputs.extend(b);
+    T::apply(op, &inputs)
+}
+
+/// Mean (0 for RMS) and reciprocal deviation of one row.
+#[inline]
+fn row_stats<F: Float>(r: &[F], eps: F, rms: bool) -> (F, F) {
+    let n = F::from_f64(r.len() as f64);
+    let mean = if rms { F::ZERO } else { r.iter().copied().sum::<F>() / n };
+    let var = r.iter().map(|&v| (v - mean) * (v - mean)).sum::<F>() / n;
+    (mean, F::ONE / (var + eps).sqrt())
+}
+
+/// The forward kernel on contiguous rows of width `d`.
+fn forward_rows<F: Float>(x: &[F], w: Option<&[F]>, b: Option<&[F]>, d: usize, eps: F, rms: bool) -> Vec<F> {
+    let mut out = vec![F::ZERO; x.len()];
+    for (r, o) in x.chunks(d).zip(out.chunks_mut(d)) {
+        let (mean, rstd) = row_stats(r, eps, rms);
+        for i in 0..d {
+            let h = (r[i] - mean) * rstd;
+            o[i] = h * w.map_or(F::ONE, |w| w[i]) + b.map_or(F::ZERO, |b| b[i]);
+        }
+    }
+    out
+}
+
+/// The backward kernel: (dx, dw, db) from x, w and g in one pass per row.
+fn backward_rows<F: Float>(x: &[F], w: Option<&[F]>, g: &[F], d: usize, eps: F, rms: bool) -> [Vec<F>; 3] {
+    let (mut dx, mut dw, mut db) = (vec![F::ZERO; x.len()], vec![F::ZERO; d], vec![F::ZERO; d]);
+    let inv_d = F::ONE / F::from_f64(d as f64);
+    let mut h = vec![F::ZERO; d];
+    for ((r, gr), o) in x.chunks(d).zip(g.chunks(d)).zip(dx.chunks_mut(d)) {
+        let (mean, rstd) = row_stats(r, eps, rms);
+        let (mut s1, mut s2) = (F::ZERO, F::ZERO);
+        for i in 0..d {
+            h[i] = (r[i] - mean) * rstd;
+            dw[i] += gr[i] * h[i];
+            db[i] += gr[i];
+            let gh = gr[i] * w.map_or(F::ONE, |w| w[i]);
+            s1 += gh;
+            s2 += gh * h[i];
+        }
+        let (m1, m2) = (if rms { F::ZERO } else { s1 * inv_d }, s2 * inv_d);
+        for i in 0..d {
+            let gh = gr[i] * w.map_or(F::ONE, |w| w[i]);
+            o[i] = rstd * (gh - m1 - h[i] * m2);
+        }
+    }
+    [dx, dw, db]
+}
+
+impl NormOp {
+    /// The normalised input `(x - mean) * rstd` and `rstd`, in differentiable ops.
+    fn normalized<T: Diff>(&self, x: &T) -> Result<(T, T)> {
+        let xc = if self.rms { x.clone() } else { x.sub(&x.mean(&[-1], true)?)? };
+        let rstd = xc.square()?.mean(&[-1], true)?.add_scalar(self.eps)?.rsqrt()?;
+        Ok((xc.mul(&rstd)?, rstd))
+    }
+
+    /// `rstd * (v - mean(v) - h * mean(v * h))` (no `mean(v)` for RMS): the
+    /// normalisation's Jacobian applied to `v` (it is symmetric).
+    fn project<T: Diff>(&self, h: &T, rstd: &T, v: &T) -> Result<T> {
+        let mut u = v.sub(&h.mul(&v.mul(h)?.mean(&[-1], true)?)?)?;
+        if !self.rms {
+            u = u.sub(&v.mean(&[-1], true)?)?;
+        }
+        u.mul(rstd)
+    }
+
+    /// The eager backward: one pass over f32 or f64 rows.
+    fn vjp_kernel(&self, x: &Tensor, w: Option<&Tensor>, g: &Tensor) -> Result<Option<[Tensor; 3]>> {
+        let d = *x.dims().last().expect("internal: rank checked");
+        let (x, g, w) = (x.contiguous(), g.contiguous(), w.map(|w| w.contiguous()));
+        macro_rules! run {
+            ($F:ty) => {{
+                let (Some(xv), Some(gv)) = (x.as_slice::<$F>(), g.as_slice::<$F>()) else { return Ok(None) };
+                let wv = match &w {
+                    Some(w) => match w.as_slice::<$F>() {
+                        Some(s) => Some(s),
+                        None => return Ok(None),
+                    },
+                    None => None,
+                };
+                let [dx, dw, db] = backward_rows(xv, wv, gv, d, self.eps as $F, self.rms);
+                Ok(Some([
+                    Tensor::from_vec(dx, x.shape().clone())?,
+                    Tensor::from_vec(dw, [d])?,
+                    Tensor::from_vec(db, [d])?,
+                ]))
+            }};
+        }
+        match x.dtype() {
+            DType::F32 => run!(f32),
+            DType::F64 => run!(f64),
+            _ => Ok(None),
+        }
+    }
+}
+
+impl Op for NormOp {
+    fn name(&self) -> &'static str {
+        if self.rms {
+            "rms_norm"
+        } else {
+            "layer_norm"
+        }
+    }
+    fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
+        let x = xs[0];
+        let d = match x.dims().last() {
+            Some(&d) if d > 0 => d,
+            _ => {
+                return Err(Error::InvalidShape {
+                    op: self.name(),
+                    shape: x.shape().clone(),
+                    reason: "needs a non-empty last axis".into(),
+                })
+            }
+        };
+        let (w, b) = (self.has_weight.then(|| xs[1]), self.has_bias.then(|| xs[xs.len() - 1]));
+        for p in w.iter().chain(b.iter()) {
+            if p.dims() != [d] {
+                return Err(Error::ShapeMismatch { op: self.name(), lhs: x.shape().clone(), rhs: p.shape().clone() });
+            }
+            if p.dtype() != x.dtype() {
+                return Err(Error::DTypeMismatch { op: self.name(), lhs: x.dtype(), rhs: p.dtype() });
+            }
+        }
+        let (xc, wc, bc) = (x.contiguous(), w.map(|t| t.contiguous()), b.map(|t| t.contiguous()));
+        macro_rules! run {
+            ($F:ty) => {{
+                fn s(t: &Option<Tensor>) -> Option<&[$F]> {
+                    t.as_ref().map(|t| t.as_slice::<$F>().expect("internal: contiguous"))
+                }
+                let out = forward_rows(
+                    xc.as_slice::<$F>().expect("internal: contiguous"),
+                    s(&wc),
+                    s(&bc),
+                    d,
+                    self.eps as $F,
+                    self.rms,
+                );
+                Tensor::from_vec(out, x.shape().clone())
+            }};
+        }
+        match x.dtype() {
+            DType::F32 => run!(f32),
+            DType::F64 => run!(f64),
+            DType::F16 | DType::BF16 => {
+                let up: Vec<Tensor> = xs.iter().map(|t| t.cast(DType::F32)).collect::<Result<_>>()?;
+                let refs: Vec<&Tensor> = up.iter().collect();
+                self.forward(&refs)?.cast(x.dtype())
+            }
+            dtype => Err(Error::UnsupportedDType { op: self.name(), dtype, expected: "a float dtype" }),
+        }
+    }
+    fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
+        let x = xs[0];
+        let w = self.has_weight.then(|| xs[1]);
+        let mut out = InputGrads::new();
+        if !g.is_recording() {
+            let wt = w.map(|w| w.eval()).transpose()?;
+            if let Some([dx, dw, db]) = self.vjp_kernel(&x.eval()?, wt.as_ref(), &g.eval()?)? {
+                out.push(Some(g.lift(dx)));
+                if self.has_weight {
+                    out.push(Some(g.lift(dw)));
+                }
+                if self.has_bias {
+                    out.push(Some(g.lift(db)));
+                }
+                return Ok(out);
+            }
+        }
+        // The differentiable formulation (recording, or a dtype the kernel lacks).
+        let (h, rstd) = self.normalized(x)?;
+        let gh = match w {
+            Some(w) => g.mul(w)?,
+            None => g.clone(),
+        };
+        out.push(Some(self.project(&h, &rstd, &gh)?));
+        if let Some(w) = w {
+            out.push(Some(g.mul(&h)?.sum_to(w.shape())?));
+        }
+        if self.has_bias {
+            out.push(Some(g.sum_to(xs[xs.len() - 1].shape())?));
+        }
+        Ok(out)
+    }
+    fn jvp<T: Diff>(&self, xs: &[&T], y: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
+        let x = xs[0];
+        let w = self.has_weight.then(|| xs[1]);
+        let (tw, tb) =
+            (if self.has_weight { ts[1] } else { None }, if self.has_bias { ts[ts.len() - 1] } else { None });
+        let (h, rstd) = self.normalized(x)?;
+        let th = ts[0].map(|t| self.project(&h, &rstd, t)).transpose()?;
+        let th = match (th, w) {
+            (Some(t), Some(w)) => Some(t.mul(w)?),
+            (t, _) => t,
+        };
+        let tw = tw.map(|t| h.mul(t)).transpose()?;
+        let tb = tb.map(|t| t.broadcast_to(y.shape())).transpose()?;
+        add_opt(add_opt(th, tw)?, tb)
     }
 }

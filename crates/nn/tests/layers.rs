@@ -4,8 +4,8 @@
 
 use tapir_autograd::{check_grads, CheckOptions, Graph, Var};
 use tapir_nn::{
-    causal_softmax, mse, Activation, Bound, CausalSelfAttention, Dropout, Embedding, Gpt, GptConfig, LayerNorm, Linear,
-    Mlp, ParamStore, RmsNorm,
+    affine, affine_with, causal_softmax, mse, Activation, Affine, Bound, CausalSelfAttention, Dropout, Embedding, Gpt,
+    GptConfig, LayerNorm, Linear, Mlp, ParamStore, RmsNorm,
 };
 use tapir_tensor::prelude::*;
 
@@ -78,10 +78,53 @@ fn linear_forward_matches_loops_and_folds_leading_dims() {
 }
 
 #[test]
-fn mlp_gradients() {
+fn affine_op_gradients_and_layouts() {
+    let (x, w, b) = (rnd(&[4, 3], 20), rnd(&[2, 3], 21), rnd(&[2], 22));
+    let want = x.matmul(&w.t().unwrap()).unwrap().add(&b).unwrap().to_vec_f64();
+    close(&affine(&x, &w, Some(&b), true).unwrap().to_vec_f64(), &want, 1e-15);
+    check_grads(&|_g, v| affine(&v[0], &v[1], Some(&v[2]), true), &[x.clone(), w.clone(), b], &CheckOptions::default())
+        .unwrap();
+    check_grads(&|_g, v| affine(&v[0], &v[1], None, true)?.tanh(), &[x.clone(), w.clone()], &CheckOptions::default())
+        .unwrap();
+    // The weight's gradient comes back in the weight's own (contiguous)
+    // layout, and data gets no gradient computed.
     let mut store = ParamStore::new();
-    let m = Mlp::new(&mut store, "m", &[3, 5, 2], Activation::GeluTanh, &mut Rng::new(3), DType::F64).unwrap();
-    check_layer(&store, Some(rnd(&[4, 3], 4)), &[1, 2], &|p, x| m.forward(p, x.unwrap()));
+    let l = Linear::new(&mut store, "l", 3, 2, true, &mut Rng::new(23), DType::F32).unwrap();
+    let x32 = x.cast(DType::F32).unwrap();
+    let grads = Graph::scope(|g| {
+        let p = store.bind(g);
+        let y = l.forward(&p, g.constant(x32.clone()))?;
+        assert!(!y.requires_grad() || p.var(l.weight).requires_grad());
+        p.grads(y.square()?.sum_all()?)
+    })
+    .unwrap();
+    assert!(grads.get(l.weight).is_contiguous());
+    assert!(matches!(affine(&x, &rnd(&[2, 4], 1), None, true), Err(Error::ShapeMismatch { op: "affine", .. })));
+
+    // A fused residual: the same values as the sum, and checked derivatives.
+    let plain = Affine { input_grad: true, ..Affine::default() };
+    let (b, r) = (rnd(&[2], 22), rnd(&[4, 2], 24));
+    let z = x.matmul(&w.t().unwrap()).unwrap().add(&b).unwrap();
+    close(
+        &affine_with(plain, &x, &w, Some(&b), Some(&r)).unwrap().to_vec_f64(),
+        &z.add(&r).unwrap().to_vec_f64(),
+        1e-15,
+    );
+    check_grads(
+        &|_g, v| affine_with(plain, &v[0], &v[1], Some(&v[2]), Some(&v[3]))?.tanh(),
+        &[x.clone(), w.clone(), b, r],
+        &CheckOptions::default(),
+    )
+    .unwrap();
+}
+
+#[test]
+fn mlp_gradients() {
+    for act in [Activation::GeluTanh, Activation::Relu, Activation::Tanh] {
+        let mut store = ParamStore::new();
+        let m = Mlp::new(&mut store, "m", &[3, 5, 2], act, &mut Rng::new(3), DType::F64).unwrap();
+        check_layer(&store, Some(rnd(&[4, 3], 4)), &[1, 2], &|p, x| m.forward(p, x.unwrap()));
+    }
 }
 
 #[test]
@@ -140,6 +183,63 @@ fn rms_norm_forward_and_gradients() {
     let w = store.get(n.weight.unwrap()).to_vec_f64();
     close(&y, &layer_norm_ref(&x.to_vec_f64(), 5, &w, None, 1e-6, true), 1e-12);
     check_layer(&store, Some(x), &[1, 2], &|p, x| n.forward(p, x.unwrap()));
+}
+
+/// The fused op and its composition agree: values, first-order gradients
+/// (the op's one-pass kernel) and second-order ones (its differentiable
+/// formulation), in f64 and f32.
+#[test]
+fn norm_op_matches_its_composition() {
+    for dtype in [DType::F64, DType::F32] {
+        let tol = if dtype == DType::F64 { 1e-12 } else { 2e-5 };
+        let mut store = ParamStore::new();
+        let ln = LayerNorm::new(&mut store, "ln", 6, true, dtype).unwrap();
+        let rms = RmsNorm::new(&mut store, "rms", 6, dtype).unwrap();
+        for id in store.ids().collect::<Vec<_>>() {
+            store.set(id, rnd(&[6], 30 + id.index() as u64).cast(dtype).unwrap()).unwrap();
+        }
+        let x0 = rnd(&[2, 3, 6], 31).mul_scalar(2.0).unwrap().cast(dtype).unwrap();
+        let r = rnd(&[2, 3, 6], 32).cast(dtype).unwrap();
+        type F<'a> = &'a dyn for<'g> Fn(&Bound<'g>, Var<'g>) -> R<'g>;
+        let run = |f: F<'_>| {
+            Graph::scope(|g| {
+                let p = store.bind(g);
+                let x = g.leaf(x0.clone());
+                let y = f(&p, x)?;
+                let s = y.mul(&g.constant(r.clone()))?.sum_all()?;
+                let mut wrt = p.vars().to_vec();
+                wrt.push(x);
+                // Second order: the gradient of the squared norm of the gradients.
+                let g1 = g.grad_graph(s, &wrt)?;
+                let mut n2 = g1[0].square()?.sum_all()?;
+                for gi in &g1[1..] {
+                    n2 = n2.add(&gi.square()?.sum_all()?)?;
+                }
+                let h = g.grad(n2, &wrt)?;
+                let first = Graph::scope(|g2| {
+                    let p2 = store.bind(g2);
+                    let x2 = g2.leaf(x0.clone());
+                    let s2 = f(&p2, x2)?.mul(&g2.constant(r.clone()))?.sum_all()?;
+                    let mut wrt2 = p2.vars().to_vec();
+                    wrt2.push(x2);
+                    g2.grad(s2, &wrt2)
+                })?;
+                let mut out = vec![y.value()?.to_vec_f64()];
+                out.extend(first.iter().map(|t| t.to_vec_f64()));
+                out.extend(h.iter().map(|t| t.to_vec_f64()));
+                Ok::<_, Error>(out)
+            })
+            .unwrap()
+        };
+        for (fused, composed) in [
+            (run(&|p, x| ln.forward(p, x)), run(&|p, x| ln.forward_composed(p, x))),
+            (run(&|p, x| rms.forward(p, x)), run(&|p, x| rms.forward_composed(p, x))),
+        ] {
+            for (a, b) in fused.iter().zip(&composed) {
+                close(a, b, tol);
+            }
+        }
+    }
 }
 
 #[test]
@@ -327,4 +427,24 @@ fn mse_value_gradient_and_shape_check() {
     assert!((mse(&a, &b).unwrap().item().unwrap() - want).abs() < 1e-15);
     check_grads(&|_g, v| mse(&v[0], &v[1]), &[a.clone(), b], &CheckOptions::default()).unwrap();
     assert!(matches!(mse(&a, &rnd(&[6], 1)), Err(Error::ShapeMismatch { op: "mse", .. })));
+}
+
+/// The activations' one-pass eager backward (tapir-tensor's unary ops)
+/// agrees with their differentiable derivative line (used when recording).
+#[test]
+fn activation_backward_eager_matches_recorded() {
+    for dtype in [DType::F64, DType::F32] {
+        let x0 = rnd(&[5, 7], 40).mul_scalar(3.0).unwrap().cast(dtype).unwrap();
+        let r = rnd(&[5, 7], 41).cast(dtype).unwrap();
+        for act in [Activation::Relu, Activation::Gelu, Activation::GeluTanh, Activation::Tanh] {
+            let (eager, recorded) = Graph::scope(|g| {
+                let x = g.leaf(x0.clone());
+                let s = act.apply(&x)?.mul(&g.constant(r.clone()))?.sum_all()?;
+                let recorded = g.grad_graph(s, &[x])?[0].value()?;
+                Ok::<_, Error>((g.grad(s, &[x])?.remove(0), recorded))
+            })
+            .unwrap();
+            close(&eager.to_vec_f64(), &recorded.to_vec_f64(), if dtype == DType::F64 { 1e-12 } else { 1e-5 });
+        }
+    }
 }

@@ -1,0 +1,132 @@
+//! `x @ w^T + b` as one op, for [`crate::Linear`].
+//!
+//! Composed from `matmul`, `t` and `add`, a linear layer records three
+//! nodes and its backward does three avoidable things: it keeps the
+//! product *and* the biased sum alive until the backward pass; it returns
+//! the weight's gradient as a transposed view (the transpose of `x^T g`),
+//! which the optimizer must then copy to read in order; and it computes the
+//! gradient of the input even when the input is data. This op adds the bias
+//! into the product's own buffer, writes `dW = g^T x` in the weight's
+//! layout, and is told when recording whether the input needs a gradient.
+//! It can also add a residual branch in the same buffer.
+//! Its rules are written in differentiable ops, so higher orders work.
+
+use tapir_tensor::ops::{add_opt, InputGrads, Op};
+use tapir_tensor::{BinaryOps, DType, Diff, Error, MatmulOps, ReduceOps, Result, ShapeOps, Tensor};
+
+/// `y = x @ w^T + b`, plus `r` when `residual`, for `x` `[N, in]`, `w`
+/// `[out, in]`, `b` `[out]`, `r` `[N, out]`. Inputs: x, w, then b if
+/// `bias`, then r if `residual`. With the residual fused, the branch's
+/// output is never kept apart from the sum for the backward pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Affine {
+    /// Whether the gradient of `x` is wanted (false for data).
+    pub input_grad: bool,
+    /// A bias input follows the weight.
+    pub bias: bool,
+    /// Add a residual input to the result.
+    pub residual: bool,
+}
+
+fn in_place<F: tapir_tensor::CpuElement>(y: &mut Tensor, r: &Tensor, f: impl Fn(F, F) -> F) -> Result<bool> {
+    let r = r.contiguous();
+    let Some(rv) = r.as_slice::<F>() else { return Ok(false) };
+    let n = rv.len();
+    if n == 0 || !y.numel().is_multiple_of(n) {
+        return Ok(false);
+    }
+    y.make_mut::<F>()?.chunks_mut(n).for_each(|row| row.iter_mut().zip(rv).for_each(|(o, &c)| *o = f(*o, c)));
+    Ok(true)
+}
+
+/// `y += r` row by row (`r` is one row or all of them), in `y`'s buffer.
+fn add_in_place(y: &mut Tensor, r: &Tensor) -> Result<bool> {
+    match (y.dtype(), r.dtype()) {
+        (DType::F32, DType::F32) => in_place::<f32>(y, r, |a, b| a + b),
+        (DType::F64, DType::F64) => in_place::<f64>(y, r, |a, b| a + b),
+        _ => Ok(false),
+    }
+}
+
+impl Affine {
+    fn check(&self, n_inputs: usize) -> Result<()> {
+        if n_inputs != 2 + self.bias as usize + self.residual as usize {
+            return Err(Error::invalid_arg("affine", format!("{n_inputs} inputs for {self:?}")));
+        }
+        Ok(())
+    }
+}
+
+impl Op for Affine {
+    fn name(&self) -> &'static str {
+        "affine"
+    }
+    fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
+        self.check(xs.len())?;
+        let (x, w) = (xs[0], xs[1]);
+        if x.rank() != 2 || w.rank() != 2 || x.dims()[1] != w.dims()[1] {
+            return Err(Error::ShapeMismatch { op: "affine", lhs: x.shape().clone(), rhs: w.shape().clone() });
+        }
+        let mut y = x.matmul(&w.t()?)?;
+        if self.bias {
+            let b = xs[2];
+            if b.dims() != [w.dims()[0]] {
+                return Err(Error::ShapeMismatch { op: "affine", lhs: w.shape().clone(), rhs: b.shape().clone() });
+            }
+            if !add_in_place(&mut y, b)? {
+                y = y.add(b)?;
+            }
+        }
+        if self.residual {
+            let r = xs[xs.len() - 1];
+            if r.shape() != y.shape() {
+                return Err(Error::ShapeMismatch { op: "affine", lhs: y.shape().clone(), rhs: r.shape().clone() });
+            }
+            if !add_in_place(&mut y, r)? {
+                y = y.add(r)?;
+            }
+        }
+        Ok(y)
+    }
+    fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
+        let (x, w) = (xs[0], xs[1]);
+        let mut out = InputGrads::new();
+        out.push(if self.input_grad { Some(g.matmul(w)?) } else { None });
+        // (g^T x) is [out, in], the weight's own layout.
+        out.push(Some(g.t()?.matmul(x)?));
+        if self.bias {
+            out.push(Some(g.sum(&[0], false)?));
+        }
+        if self.residual {
+            out.push(Some(g.clone()));
+        }
+        Ok(out)
+    }
+    fn jvp<T: Diff>(&self, xs: &[&T], y: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
+        let (x, w) = (xs[0], xs[1]);
+        let tx = ts[0].map(|t| t.matmul(&w.t()?)).transpose()?;
+        let tw = ts[1].map(|t| x.matmul(&t.t()?)).transpose()?;
+        let tb = if self.bias { ts[2].map(|t| t.broadcast_to(y.shape())).transpose()? } else { None };
+        let tz = add_opt(add_opt(tx, tw)?, tb)?;
+        if self.residual {
+            return add_opt(tz, ts[ts.len() - 1].cloned());
+        }
+        Ok(tz)
+    }
+}
+
+/// `x @ w^T + b` for 2-D `x`, one [`Affine`] op.
+pub fn affine<T: Diff>(x: &T, w: &T, b: Option<&T>, input_grad: bool) -> Result<T> {
+    affine_with(Affine { input_grad, ..Affine::default() }, x, w, b, None)
+}
+
+/// [`Affine`] with a `residual` to add (`op.bias` and `op.residual` are
+/// set from the arguments).
+pub fn affine_with<T: Diff>(mut op: Affine, x: &T, w: &T, b: Option<&T>, residual: Option<&T>) -> Result<T> {
+    op.bias = b.is_some();
+    op.residual = residual.is_some();
+    let mut inputs = vec![x, w];
+    inputs.extend(b);
+    inputs.extend(residual);
+    T::apply(op, &inputs)
+}
