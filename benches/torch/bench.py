@@ -5,6 +5,8 @@ Prints {"torch_version": ..., "cases": {name: median milliseconds}}.
 import argparse
 import json
 import math
+import resource
+import subprocess
 import sys
 import time
 
@@ -109,6 +111,82 @@ def laplacian(reps, d):
     return median_ms(reps, lambda: laplacian_nested(net, x).detach())
 
 
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def ce_inputs(n, v):
+    torch.manual_seed(0)
+    x = torch.empty(n, v).uniform_(-3, 3)  # in place: no temporaries before the baseline
+    y = torch.randint(0, v, (n,))
+    return x, y
+
+
+def ce_step(kind, x, y):
+    x = x.detach().requires_grad_()
+    if kind == "onehot_formula":
+        # Seed 000: Keras's sparse categorical cross-entropy on the PyTorch backend.
+        loss = -(torch.nn.functional.one_hot(y, x.shape[1]) * torch.log_softmax(x, -1)).sum(-1).mean()
+    else:
+        loss = torch.nn.functional.cross_entropy(x, y)
+    loss.backward()
+    return x.grad
+
+
+def linear_ce_inputs(n, v, d):
+    torch.manual_seed(0)
+    h = torch.empty(n, d).normal_()
+    w = torch.empty(v, d).normal_(0, 0.02)
+    y = torch.randint(0, v, (n,))
+    return h, w, y
+
+
+def linear_ce_step(h, w, y):
+    h = h.detach().requires_grad_()
+    w = w.detach().requires_grad_()
+    torch.nn.functional.cross_entropy(h @ w.t(), y).backward()
+    return h.grad, w.grad
+
+
+CE_SHAPES = {"ce_4096x32000": (4096, 32000), "ce_8192x50257": (8192, 50257)}
+LINEAR_SHAPES = {"linear_ce_4096x32000x768": (4096, 32000, 768)}
+
+
+def peak_child(name, kind):
+    """Runs in a fresh process: peak resident bytes above the inputs."""
+    if name in CE_SHAPES:
+        x, y = ce_inputs(*CE_SHAPES[name])
+        base = rss()
+        ce_step(kind, x, y)
+    else:
+        h, w, y = linear_ce_inputs(*LINEAR_SHAPES[name])
+        base = rss()
+        linear_ce_step(h, w, y)
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base)
+
+
+def peak(name, kind):
+    out = subprocess.run([sys.executable, __file__, "--peak-child", name, "--kind", kind],
+                         capture_output=True, text=True, check=True)
+    return int(out.stdout.strip())
+
+
+def ce_time(reps, name):
+    x, y = ce_inputs(*CE_SHAPES[name])
+    return median_ms(min(reps, 5), lambda: ce_step("cross_entropy", x, y))
+
+
+def ce_onehot_time(reps, name):
+    x, y = ce_inputs(*CE_SHAPES[name])
+    return median_ms(min(reps, 3), lambda: ce_step("onehot_formula", x, y))
+
+
+def linear_ce_time(reps, name):
+    h, w, y = linear_ce_inputs(*LINEAR_SHAPES[name])
+    return median_ms(min(reps, 3), lambda: linear_ce_step(h, w, y))
+
+
 CASES = {
     "scalar_chain": scalar_chain,
     "mlp_grad": mlp_grad,
@@ -119,6 +197,9 @@ CASES = {
     # PyTorch has one exact method here; the nested rows compare the same thing.
     "laplacian_d10_nested": lambda r: laplacian(r, 10),
     "laplacian_d100_nested": lambda r: laplacian(r, 100),
+    "ce_4096x32000": lambda r: ce_time(r, "ce_4096x32000"),
+    "ce_8192x50257": lambda r: ce_time(r, "ce_8192x50257"),
+    "linear_ce_4096x32000x768": lambda r: linear_ce_time(r, "linear_ce_4096x32000x768"),
 }
 
 
@@ -126,14 +207,25 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--only", default="")
+    ap.add_argument("--peak-child", default="")
+    ap.add_argument("--kind", default="cross_entropy")
     a = ap.parse_args()
+    if a.peak_child:
+        peak_child(a.peak_child, a.kind)
+        return
     names = [n for n in a.only.split(",") if n] or list(CASES)
-    out = {"torch_version": torch.__version__, "threads": torch.get_num_threads(), "cases": {}}
+    out = {"torch_version": torch.__version__, "threads": torch.get_num_threads(), "cases": {},
+           "peak_bytes": {}, "onehot_ms": {}}
     for n in names:
         if n not in CASES:
             print(f"unknown case {n}", file=sys.stderr)
             sys.exit(2)
         out["cases"][n] = CASES[n](a.reps)
+        if n in CE_SHAPES:
+            out["onehot_ms"][n] = ce_onehot_time(a.reps, n)
+            out["peak_bytes"][n] = {k: peak(n, k) for k in ["F.cross_entropy", "onehot_formula"]}
+        if n in LINEAR_SHAPES:
+            out["peak_bytes"][n] = {"linear + F.cross_entropy": peak(n, "linear")}
         print(f"torch {n:<24} {out['cases'][n]:10.3f} ms", file=sys.stderr)
     json.dump(out, sys.stdout)
 

@@ -53,36 +53,135 @@ pub struct Case {
     pub what: &'static str,
     /// Runs it, returning the median milliseconds.
     pub run: fn(usize) -> Result<f64>,
+    /// Peak bytes allocated during one run above the bytes live before it
+    /// (for the memory cases), measured by a separate run.
+    pub peak: Option<fn() -> Result<usize>>,
 }
 
 /// Every case.
 pub fn cases() -> Vec<Case> {
     vec![
-        Case { name: "scalar_chain", what: "10,000 scalar ops forward + backward (graph overhead)", run: scalar_chain },
-        Case { name: "mlp_grad", what: "gradient of an MLP 2-64-64-64-1 tanh loss, 1,024 points", run: mlp_grad },
-        Case { name: "mlp_hvp", what: "Hessian-vector product of the same loss w.r.t. the parameters", run: mlp_hvp },
+        Case {
+            name: "scalar_chain",
+            what: "10,000 scalar ops forward + backward (graph overhead)",
+            run: scalar_chain,
+            peak: None,
+        },
+        Case {
+            name: "mlp_grad",
+            what: "gradient of an MLP 2-64-64-64-1 tanh loss, 1,024 points",
+            run: mlp_grad,
+            peak: None,
+        },
+        Case {
+            name: "mlp_hvp",
+            what: "Hessian-vector product of the same loss w.r.t. the parameters",
+            run: mlp_hvp,
+            peak: None,
+        },
         Case {
             name: "poisson_step",
             what: "Poisson PINN step: Laplacian, loss, backward, Adam (N=1,024)",
             run: poisson_step,
+            peak: None,
         },
         Case {
             name: "laplacian_d10",
             what: "exact Laplacian of an MLP (width 128, depth 3, batch 256), d=10",
             run: |r| laplacian(r, 10, false),
+            peak: None,
         },
-        Case { name: "laplacian_d100", what: "the same, d=100", run: |r| laplacian(r, 100, false) },
+        Case { name: "laplacian_d100", what: "the same, d=100", run: |r| laplacian(r, 100, false), peak: None },
         Case {
             name: "laplacian_d10_nested",
             what: "d=10 by nested autodiff in tapir (the alternative)",
             run: |r| laplacian(r, 10, true),
+            peak: None,
         },
         Case {
             name: "laplacian_d100_nested",
             what: "d=100 by nested autodiff in tapir (the alternative)",
             run: |r| laplacian(r, 100, true),
+            peak: None,
+        },
+        Case {
+            name: "ce_4096x32000",
+            what: "sparse cross-entropy forward+backward, N=4,096, V=32,000",
+            run: |r| ce_time(r, 4096, 32_000),
+            peak: Some(|| ce_peak(4096, 32_000)),
+        },
+        Case {
+            name: "ce_8192x50257",
+            what: "sparse cross-entropy forward+backward, N=8,192, V=50,257",
+            run: |r| ce_time(r, 8192, 50_257),
+            peak: Some(|| ce_peak(8192, 50_257)),
+        },
+        Case {
+            name: "linear_ce_4096x32000x768",
+            what: "fused linear + cross-entropy forward+backward, N=4,096, V=32,000, D=768",
+            run: |r| linear_ce_time(r, 4096, 32_000, 768),
+            peak: Some(|| linear_ce_peak(4096, 32_000, 768)),
         },
     ]
+}
+
+fn ce_inputs(n: usize, v: usize) -> Result<(Tensor, Tensor)> {
+    let mut rng = Rng::new(0);
+    Ok((rng.uniform([n, v], -3.0, 3.0, DType::F32)?, rng.randint([n], v as u64, DType::I64)?))
+}
+
+fn ce_step(x: &Tensor, labels: &Tensor) -> Result<()> {
+    Graph::scope(|g| {
+        let xv = g.leaf(x.clone());
+        let loss = xv.sparse_cross_entropy(labels)?;
+        std::hint::black_box(g.grad(loss, &[xv])?);
+        Ok(())
+    })
+}
+
+fn ce_time(reps: usize, n: usize, v: usize) -> Result<f64> {
+    let (x, l) = ce_inputs(n, v)?;
+    median_ms(reps.min(5), || ce_step(&x, &l))
+}
+
+fn ce_peak(n: usize, v: usize) -> Result<usize> {
+    let (x, l) = ce_inputs(n, v)?;
+    reset_peak_memory_stats(Device::Cpu);
+    let base = memory_allocated(Device::Cpu);
+    ce_step(&x, &l)?;
+    Ok(tapir::tensor::max_memory_allocated(Device::Cpu) - base)
+}
+
+fn linear_ce_inputs(n: usize, v: usize, d: usize) -> Result<(Tensor, Tensor, Tensor)> {
+    let mut rng = Rng::new(0);
+    Ok((
+        rng.randn([n, d], DType::F32)?,
+        rng.normal_tensor([v, d], 0.0, 0.02, DType::F32)?,
+        rng.randint([n], v as u64, DType::I64)?,
+    ))
+}
+
+fn linear_ce_step(h: &Tensor, w: &Tensor, labels: &Tensor) -> Result<()> {
+    Graph::scope(|g| {
+        let (hv, wv) = (g.leaf(h.clone()), g.leaf(w.clone()));
+        let opts = tapir::tensor::ops::cross_entropy::CrossEntropyOptions::default();
+        let loss = hv.linear_cross_entropy(&wv, None, labels, opts, None)?;
+        std::hint::black_box(g.grad(loss, &[hv, wv])?);
+        Ok(())
+    })
+}
+
+fn linear_ce_time(reps: usize, n: usize, v: usize, d: usize) -> Result<f64> {
+    let (h, w, l) = linear_ce_inputs(n, v, d)?;
+    median_ms(reps.min(3), || linear_ce_step(&h, &w, &l))
+}
+
+fn linear_ce_peak(n: usize, v: usize, d: usize) -> Result<usize> {
+    let (h, w, l) = linear_ce_inputs(n, v, d)?;
+    reset_peak_memory_stats(Device::Cpu);
+    let base = memory_allocated(Device::Cpu);
+    linear_ce_step(&h, &w, &l)?;
+    Ok(tapir::tensor::max_memory_allocated(Device::Cpu) - base)
 }
 
 fn scalar_chain(reps: usize) -> Result<f64> {
@@ -195,8 +294,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let mut rows = Vec::new();
     for c in &chosen {
         let ms = (c.run)(a.reps)?;
+        let peak = c.peak.map(|p| p()).transpose()?;
         eprintln!("tapir {:<24} {ms:>10.3} ms", c.name);
-        rows.push((c, ms));
+        rows.push((c, ms, peak));
     }
     let torch: Option<Value> = if a.no_torch {
         None
@@ -232,8 +332,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     println!();
     println!("{:<24} {:>12} {:>12} {:>14}  what", "case", "tapir ms", "torch ms", "tapir/torch");
     let mut out = Vec::new();
-    for (c, ms) in &rows {
+    for (c, ms, peak) in &rows {
         let t = torch.as_ref().and_then(|v| v.get("cases")?.get(c.name)?.as_f64());
+        let torch_mem = torch.as_ref().and_then(|v| v.get("peak_bytes")?.get(c.name).cloned());
         let ratio = t.map(|t| ms / t);
         println!(
             "{:<24} {:>12.3} {:>12} {:>14}  {}",
@@ -243,7 +344,23 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             ratio.map(|r| format!("{r:.3}x")).unwrap_or_else(|| "-".into()),
             c.what
         );
-        out.push(json!({"name": c.name, "what": c.what, "tapir_ms": ms, "torch_ms": t, "ratio": ratio}));
+        if let Some(p) = peak {
+            let mib = |b: f64| b / 1048576.0;
+            let mut line = format!("{:<24} peak extra memory: tapir {:.1} MiB", "", mib(*p as f64));
+            if let Some(m) = torch_mem.as_ref().and_then(|m| m.as_object()) {
+                for (k, b) in m {
+                    if let Some(b) = b.as_f64() {
+                        line += &format!("; PyTorch {k} {:.1} MiB (tapir/PyTorch {:.3}x)", mib(b), *p as f64 / b);
+                    }
+                }
+            }
+            println!("{line}");
+            if let Some(o) = torch.as_ref().and_then(|v| v.get("onehot_ms")?.get(c.name)?.as_f64()) {
+                println!("{:<24} PyTorch one-hot formula (seed 000): {o:.1} ms (tapir/one-hot {:.3}x)", "", ms / o);
+            }
+        }
+        out.push(json!({"name": c.name, "what": c.what, "tapir_ms": ms, "torch_ms": t, "ratio": ratio,
+            "tapir_peak_extra_bytes": peak, "torch_peak_extra_bytes": torch_mem}));
     }
     if let (Some(h), Some(gr)) =
         (rows.iter().find(|r| r.0.name == "mlp_hvp"), rows.iter().find(|r| r.0.name == "mlp_grad"))
