@@ -370,6 +370,13 @@ fn gelu_erf_and_gelu_tanh_match_torch() -> R {
     check(&f64s(&XS, &[6]).gelu_tanh()?, &[6], &gelu_tanh, 1e-13);
     check(&f32s(&XS, &[6]).gelu()?, &[6], &gelu, 1e-6);
     check(&f32s(&XS, &[6]).gelu_tanh()?, &[6], &gelu_tanh, 1e-6);
+    // On strided views too (a transpose and a broadcast).
+    let m = f64s(&XS, &[2, 3]);
+    for v in [m.t()?, m.narrow(0, 1, 1)?.broadcast_to([4, 3])?] {
+        same(&v.gelu()?, &v.contiguous().gelu()?);
+        same(&v.gelu_tanh()?, &v.contiguous().gelu_tanh()?);
+        same(&v.erf()?, &v.contiguous().erf()?);
+    }
     Ok(())
 }
 
