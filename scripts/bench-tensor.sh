@@ -3,25 +3,31 @@
 # shapes, then prints each one's throughput and the ratio tapir / torch
 # (above 1 means tapir is faster).
 #
-#   scripts/bench-tensor.sh            # both, then the table
-#   TAPIR_BENCH_SKIP_RUST=1 scripts/bench-tensor.sh   # reuse the last criterion run
+#   scripts/bench-tensor.sh                  # every benchmark
+#   scripts/bench-tensor.sh matmul_f32/1024  # some of them
 #
-# Needs python3 with torch. Criterion's results are read from
-# target/criterion/<group>/<id>/new/estimates.json (mean time per call).
+# Each benchmark runs in tapir and then at once in torch, so a machine whose
+# load drifts affects both sides of a ratio alike. Needs python3 with torch.
+# Criterion's result is read from
+# target/criterion/<group>/<id>/new/estimates.json (mean time per call);
+# the torch mirror reports its mean the same way.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+IDS=("$@")
+if [[ ${#IDS[@]} -eq 0 ]]; then
+    IDS=(matmul_f32/256 matmul_f32/1024 matmul_f32/2048 add_f32/16M exp_f32/16M sum_last_axis_f32/4096x4096)
+fi
 TIME="${TAPIR_BENCH_TIME:-3}"
 TORCH_OUT="$(mktemp)"
 trap 'rm -f "$TORCH_OUT"' EXIT
 
-if [[ -z "${TAPIR_BENCH_SKIP_RUST:-}" ]]; then
-    echo "== tapir (cargo bench -p tapir-tensor --bench tensor_ops)" >&2
-    cargo bench -p tapir-tensor --bench tensor_ops >&2
-fi
-
-echo "== torch (benches/torch/tensor_ops.py)" >&2
-python3 benches/torch/tensor_ops.py --time "$TIME" | tee "$TORCH_OUT" >&2
+cargo bench -p tapir-tensor --bench tensor_ops --no-run >&2
+for id in "${IDS[@]}"; do
+    echo "== $id" >&2
+    cargo bench -q -p tapir-tensor --bench tensor_ops -- "^${id}\$" >&2
+    python3 benches/torch/tensor_ops.py --time "$TIME" --only "$id" | tee -a "$TORCH_OUT" >&2
+done
 
 TARGET_DIR="${CARGO_TARGET_DIR:-target}" python3 - "$TORCH_OUT" <<'PY'
 import json, os, sys
@@ -52,12 +58,12 @@ for bench_id, r in torch.items():
     if t_ns is None:
         print(f"{bench_id:32} {'(no result)':>16} {fmt(r['elements'], r['ns'], unit):>16}")
         continue
-    ratio = r["ns"] / t_ns
     print(
         f"{bench_id:32} {fmt(r['elements'], t_ns, unit):>16} "
-        f"{fmt(r['elements'], r['ns'], unit):>16} {ratio:11.2f}x"
+        f"{fmt(r['elements'], r['ns'], unit):>16} {r['ns'] / t_ns:11.2f}x"
     )
-threads = next(iter(torch.values()))["threads"] if torch else "?"
-print(f"\n(torch {next(iter(torch.values()))['torch'] if torch else '?'}, {threads} threads; "
-      f"tapir uses rayon's default pool, {os.cpu_count()} CPUs)")
+if torch:
+    r = next(iter(torch.values()))
+    print(f"\n(torch {r['torch']}, {r['threads']} threads; tapir on rayon's pool; "
+          f"{os.cpu_count()} CPUs, load average {open('/proc/loadavg').read().split()[0]})")
 PY

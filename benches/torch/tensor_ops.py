@@ -9,7 +9,7 @@ Prints one JSON object per line:
 where "elements" matches the criterion Throughput of the Rust bench
 (2 n^3 FLOPs for matmul, elements for the rest).
 
-Usage: python3 benches/torch/tensor_ops.py [--time SECONDS] [--threads N]
+Usage: python3 benches/torch/tensor_ops.py [--time SECONDS] [--threads N] [--only ID]
 """
 
 import argparse
@@ -38,6 +38,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--time", type=float, default=3.0)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--only", default=None, help="run just the benchmark with this id")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -58,6 +59,8 @@ def main():
 
     with torch.inference_mode():
         for name, work, fn in cases:
+            if args.only is not None and name != args.only:
+                continue
             mean, median = bench(fn, args.time)
             print(
                 json.dumps(
