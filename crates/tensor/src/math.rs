@@ -10,7 +10,7 @@ pub fn exp_f32(x: f32) -> f32 {
     const LN2_HI: f32 = 0.693_145_75;
     const LN2_LO: f32 = 1.428_606_8e-6;
     const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer
-    let xc = x.max(-87.0).min(88.5);
+    let xc = x.clamp(-87.0, 88.5);
     // Round x / ln 2 to an integer n with the magic-number trick; n's bits
     // are then read straight from the sum, with no float-to-int conversion
     // (which would keep the loop from vectorising).
@@ -43,7 +43,7 @@ pub fn tanh_f32(x: f32) -> f32 {
     // |x| < 0.25: x (1 - x^2/3 + 2x^4/15 - 17x^6/315 + 62x^8/2835 - 1382x^10/155925)
     let z = a * a;
     let poly = 1.0
-        + z * (-0.333_333_34 + z * (0.133_333_33 + z * (-0.053_968_254 + z * (0.021_869_489 + z * -0.008_863_236))));
+        + z * (-0.333_333_34 + z * (0.133_333_33 + z * (-0.053_968_254 + z * (0.021_869_49 + z * -0.008_863_236))));
     let small = a * poly;
     let large = 1.0 - 2.0 / (exp_f32(2.0 * a.min(20.0)) + 1.0);
     let r = if a < 0.25 { small } else { large };

@@ -472,6 +472,7 @@ impl LinearCrossEntropy {
     }
 
     /// Logits of rows `r0..r0+c` into `buf` (`c x v`), bias included.
+    #[allow(clippy::too_many_arguments)]
     fn chunk_logits<T: CeFloat>(
         buf: &mut [T],
         h: &[T],
