@@ -7,15 +7,25 @@
 #
 #   scripts/bench-nn.sh                               # both, then the table
 #   TAPIR_BENCH_SKIP_RUST=1 scripts/bench-nn.sh       # reuse the last criterion run
+#   TAPIR_BENCH_THREADS=1 scripts/bench-nn.sh         # both sides on N threads
 #
 # Needs python3 with torch. Criterion's mean is read from
-# target/criterion/nn_step/<id>/new/estimates.json; tapir's peak bytes are
-# the exact allocator counts the bench prints before timing; torch's are
-# from its profiler (see benches/torch/nn_common.py: a lower bound).
+# target/criterion/nn_step/<id>/new/estimates.json and its fastest sample
+# from sample.json; tapir's peak bytes are the exact allocator counts the
+# bench prints before timing; torch's are exact too when a C compiler can
+# build benches/torch/cpu_alloc_shim.c, preloaded to count PyTorch's CPU
+# allocations (else a profiler lower bound; see benches/torch/nn_common.py).
+# On a shared machine the best-of ratio is the steadier one: contention only
+# ever adds time, and PyTorch's OpenMP threads suffer from it the most.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 TIME="${TAPIR_BENCH_TIME:-4}"
+THREADS_ARG=()
+if [[ -n "${TAPIR_BENCH_THREADS:-}" ]]; then
+    export RAYON_NUM_THREADS="$TAPIR_BENCH_THREADS"
+    THREADS_ARG=(--threads "$TAPIR_BENCH_THREADS")
+fi
 RUST_OUT="$(mktemp)"
 TORCH_OUT="$(mktemp)"
 trap 'rm -f "$RUST_OUT" "$TORCH_OUT"' EXIT
@@ -25,9 +35,17 @@ if [[ -z "${TAPIR_BENCH_SKIP_RUST:-}" ]]; then
     cargo bench -p tapir-nn --bench nn_step | tee "$RUST_OUT" >&2
 fi
 
+SHIM_DIR="${CARGO_TARGET_DIR:-target}/bench-nn"
+PRELOAD=""
+if command -v cc >/dev/null 2>&1; then
+    mkdir -p "$SHIM_DIR"
+    cc -O2 -shared -fPIC -o "$SHIM_DIR/cpu_alloc_shim.so" benches/torch/cpu_alloc_shim.c -ldl -lpthread
+    PRELOAD="$(cd "$SHIM_DIR" && pwd)/cpu_alloc_shim.so"
+fi
+
 echo "== torch (benches/torch/mlp_step.py, gpt_step.py)" >&2
 for s in mlp_step gpt_step; do
-    python3 "benches/torch/$s.py" --time "$TIME" 2>/dev/null | grep '^{' | tee -a "$TORCH_OUT" >&2
+    LD_PRELOAD="$PRELOAD" python3 "benches/torch/$s.py" --time "$TIME" "${THREADS_ARG[@]}" 2>/dev/null | grep '^{' | tee -a "$TORCH_OUT" >&2
 done
 
 TARGET_DIR="${CARGO_TARGET_DIR:-target}" python3 - "$RUST_OUT" "$TORCH_OUT" <<'PY'
@@ -46,27 +64,34 @@ def lines(path):
 tapir_mem, torch = lines(sys.argv[1]), lines(sys.argv[2])
 
 def tapir_ns(bench_id):
+    """(mean, fastest sample) ns per step, or None."""
     group, param = bench_id.split("/", 1)
-    path = os.path.join(target, "criterion", group, param, "new", "estimates.json")
-    if not os.path.exists(path):
+    d = os.path.join(target, "criterion", group, param, "new")
+    if not os.path.exists(os.path.join(d, "estimates.json")):
         return None
-    return json.load(open(path))["mean"]["point_estimate"]
+    mean = json.load(open(os.path.join(d, "estimates.json")))["mean"]["point_estimate"]
+    s = json.load(open(os.path.join(d, "sample.json")))
+    best = min(t / n for t, n in zip(s["times"], s["iters"]))
+    return mean, best
 
 mib = lambda b: f"{b / 2**20:7.2f} MiB"
 print()
-print(f"{'step':14} {'tapir':>10} {'torch':>10} {'torch/tapir':>12}   "
-      f"{'tapir peak':>12} {'torch peak':>12} {'tapir/torch':>12}")
+ms = lambda ns: f"{ns / 1e6:7.2f} ms"
+print(f"{'step':12} {'tapir mean':>11} {'torch mean':>11} {'torch/tapir':>11} "
+      f"{'tapir best':>11} {'torch best':>11} {'torch/tapir':>11}   "
+      f"{'tapir peak':>12} {'torch peak':>12} {'tapir/torch':>11}")
 for bench_id, r in torch.items():
-    t_ns = tapir_ns(bench_id)
-    t = f"{t_ns / 1e6:7.2f} ms" if t_ns else "  (none)"
-    speed = f"{r['ns'] / t_ns:11.2f}x" if t_ns else ""
+    t = tapir_ns(bench_id)
     m = tapir_mem.get(bench_id)
-    peak = mib(m["peak_bytes"]) if m else "(rerun)"
-    ratio = f"{m['peak_bytes'] / r['peak_bytes']:11.2f}x" if m else ""
-    print(f"{bench_id:14} {t:>10} {r['ns'] / 1e6:7.2f} ms {speed:>12}   "
-          f"{peak:>12} {mib(r['peak_bytes']):>12} {ratio:>12}")
+    cols = [ms(t[0]), ms(r["ns"]), f"{r['ns'] / t[0]:10.2f}x", ms(t[1]), ms(r["min_ns"]),
+            f"{r['min_ns'] / t[1]:10.2f}x"] if t else ["(none)", ms(r["ns"]), "", "", ms(r["min_ns"]), ""]
+    peak = [mib(m["peak_bytes"]), mib(r["peak_bytes"]), f"{m['peak_bytes'] / r['peak_bytes']:10.2f}x"] \
+        if m else ["(rerun)", mib(r["peak_bytes"]), ""]
+    print(f"{bench_id:12} " + " ".join(f"{c:>11}" for c in cols) + "   " +
+          " ".join(f"{c:>12}" for c in peak))
 if torch:
     r = next(iter(torch.values()))
-    print(f"\n(torch {r['torch']}, {r['threads']} threads, eager; "
-          f"tapir uses rayon's default pool, {os.cpu_count()} CPUs; time = mean per step)")
+    print(f"\n(torch {r['torch']}, {r['threads']} threads, eager, peak memory {r['memory']}; "
+          f"tapir {os.environ.get('RAYON_NUM_THREADS', str(os.cpu_count()) + ' (all)')} threads; times per step; "
+          f"ratios above 1 for time mean tapir is faster, below 1 for memory that it needs less)")
 PY

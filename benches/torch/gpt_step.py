@@ -17,7 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
-from nn_common import report  # noqa: E402
+from nn_common import baseline, report  # noqa: E402
 
 VOCAB, BLOCK, D, LAYERS, HEADS, RATIO = 13, 16, 64, 2, 4, 4
 BATCH, T = 64, 9
@@ -75,6 +75,7 @@ def main():
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    base = baseline()
     model = Gpt()
     decay = [p for n, p in model.named_parameters() if not (n.endswith("bias") or "ln" in n)]
     no_decay = [p for n, p in model.named_parameters() if n.endswith("bias") or "ln" in n]
@@ -94,7 +95,7 @@ def main():
         opt.step()
         return loss.item()
 
-    report("nn_step/gpt", step, model, opt, (x, y), args.time)
+    report("nn_step/gpt", step, model, opt, (x, y), args.time, base)
 
 
 if __name__ == "__main__":

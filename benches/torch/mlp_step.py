@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
-from nn_common import report  # noqa: E402
+from nn_common import baseline, report  # noqa: E402
 
 
 def main():
@@ -23,6 +23,7 @@ def main():
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    base = baseline()
     model = torch.nn.Sequential(
         torch.nn.Linear(784, 1024),
         torch.nn.ReLU(),
@@ -41,7 +42,7 @@ def main():
         opt.step()
         return loss.item()
 
-    report("nn_step/mlp", step, model, opt, (x, y), args.time)
+    report("nn_step/mlp", step, model, opt, (x, y), args.time, base)
 
 
 if __name__ == "__main__":

@@ -3,14 +3,18 @@
 Timing: warm-up, then repeated steps for about `seconds`; mean and median
 per step, as crates/nn/benches/nn_step.rs measures with criterion.
 
-Peak memory: PyTorch has no allocator counters on the CPU, so one step runs
-under torch.profiler with profile_memory=True and the bytes each op
-allocates and frees (self, not counting children) are summed in time order
-over the bytes already live (parameters, optimizer state, batch). A
-temporary that an op allocates and frees inside itself nets to zero there,
-so this is a lower bound of torch's true peak: a tapir peak at or below it
-is at or below torch's.
+Peak memory: PyTorch has no allocator counters on the CPU. When the
+process runs with benches/torch/cpu_alloc_shim.so preloaded (as
+scripts/bench-nn.sh does), the shim counts exactly the bytes PyTorch's CPU
+allocator holds, like torch.cuda.max_memory_allocated on a GPU: the peak
+of one step, counted from before the model was made, is comparable with
+tapir's exact figure. Without the shim, one step runs under torch.profiler
+with profile_memory=True and the bytes each op allocates and frees (self,
+not counting children) are summed in time order over the bytes already
+live; an op's internal temporaries net to zero there, so that figure is a
+lower bound. The "memory" field says which one was used.
 """
+import ctypes
 import json
 import time
 
@@ -19,7 +23,7 @@ from torch.profiler import ProfilerActivity, profile
 
 
 def bench(step, seconds, warmup=1.0):
-    """(mean, median) seconds per call of step over about `seconds`."""
+    """(mean, median, min) seconds per call of step over about `seconds`."""
     end = time.perf_counter() + warmup
     while time.perf_counter() < end:
         step()
@@ -30,7 +34,7 @@ def bench(step, seconds, warmup=1.0):
         step()
         per_call.append(time.perf_counter() - t0)
     per_call.sort()
-    return sum(per_call) / len(per_call), per_call[len(per_call) // 2]
+    return sum(per_call) / len(per_call), per_call[len(per_call) // 2], per_call[0]
 
 
 def tensor_bytes(tensors):
@@ -67,24 +71,53 @@ def peak_bytes(step, live):
     return live + peak
 
 
-def report(name, step, model, opt, batch, seconds):
+def shim():
+    """The preloaded allocator shim's counters, or None."""
+    try:
+        lib = ctypes.CDLL(None)
+        live, peak, reset = lib.tapir_shim_live, lib.tapir_shim_peak, lib.tapir_shim_reset_peak
+    except (OSError, AttributeError):
+        return None
+    live.restype = peak.restype = ctypes.c_longlong
+    return live, peak, reset
+
+
+def baseline():
+    """Bytes live before the model is made (0 without the shim)."""
+    s = shim()
+    return s[0]() if s else 0
+
+
+def report(name, step, model, opt, batch, seconds, base=0):
     for _ in range(2):
         step()  # optimizer state exists from here on, as in a steady loop
-    # Free the last step's gradients before profiling, so the profiler sees
-    # every byte it counts being allocated (tapir's gradients are values
-    # that die with the step too).
+    # Free the last step's gradients first (tapir's gradients are values
+    # that die with the step too, and the profiler must see every byte it
+    # counts being allocated).
     opt.zero_grad(set_to_none=True)
-    live = live_bytes(model, opt, batch)
-    peak = peak_bytes(step, live)
-    mean, median = bench(step, seconds)
+    counters = shim()
+    if counters:
+        live_now, peak_now, reset = counters
+        live = live_now() - base
+        reset()
+        step()
+        peak = peak_now() - base
+        method = "exact (allocator shim)"
+    else:
+        live = live_bytes(model, opt, batch)
+        peak = peak_bytes(step, live)
+        method = "profiler lower bound"
+    mean, median, best = bench(step, seconds)
     print(
         json.dumps(
             {
                 "id": name,
                 "ns": mean * 1e9,
                 "median_ns": median * 1e9,
+                "min_ns": best * 1e9,
                 "peak_bytes": peak,
                 "live_bytes": live,
+                "memory": method,
                 "threads": torch.get_num_threads(),
                 "torch": torch.__version__,
             }

@@ -1,17 +1,22 @@
 //! Causal multi-head self-attention.
 //!
-//! The causal mask is not a tensor. Attention scores go through one op,
-//! [`CausalSoftmax`], that computes `softmax(scale * s)` over the allowed
-//! keys of each query row (`j <= i`) and writes exact zeros above the
-//! diagonal. Compared with adding a cached `[T, T]` `-inf` mask this
-//! allocates no mask (not even once), makes one pass instead of three
-//! (scale, add, softmax), and its backward never computes the gradient of a
-//! mask that nobody asked for. Its derivative rules are the softmax rules,
-//! written in differentiable ops: masked entries have `y = 0`, so they get
-//! zero gradient with no special case, and higher orders work as for any op.
+//! The causal mask is never a tensor, not even a cached one. Attention runs
+//! as one op, [`CausalAttention`], that visits only the keys `j <= i` of
+//! each query, addresses the heads in place inside `[B, T, C]` (no split or
+//! merge copies), and keeps neither scores nor probabilities for the
+//! backward pass (it recomputes them per row, as flash attention does).
+//! With attention dropout, which needs the probabilities themselves, the
+//! layer takes the composed path: scores from a matmul, then
+//! [`CausalSoftmax`], which computes `softmax(scale * s)` over the allowed
+//! keys and writes exact zeros above the diagonal. Compared with adding a
+//! `[T, T]` `-inf` mask, that allocates no mask, makes one pass instead of
+//! three, and never computes the gradient of a mask nobody asked for. Both
+//! ops' rules are written in differentiable ops (masked entries have
+//! `p = 0`, so they get zero gradient with no special case), so every
+//! derivative order works.
 
 use tapir_autograd::Var;
-use tapir_tensor::ops::{one, InputGrads, Op};
+use tapir_tensor::ops::{add_opt, one, InputGrads, Op};
 use tapir_tensor::{BinaryOps, DType, Diff, Error, MatmulOps, ReduceOps, Result, Rng, ShapeOps, Tensor, UnaryOps};
 
 use crate::layers::{Dropout, Linear};
@@ -104,6 +109,266 @@ pub fn causal_softmax<T: Diff>(scores: &T, scale: f64) -> Result<T> {
     T::apply(CausalSoftmax { scale }, &[scores])
 }
 
+/// Causal multi-head attention as one op: for `q`, `k`, `v` `[B, T, C]`
+/// with `heads` heads of width `D = C / heads` (head `h` is channels
+/// `h*D..(h+1)*D`), `y[b, i, h] = sum_{j <= i} softmax_j(scale q_i . k_j) v_j`,
+/// `[B, T, C]`.
+///
+/// The heads are addressed in place, so no split or merge copies exist,
+/// and neither the scores nor the probabilities are kept: the backward
+/// pass recomputes them per row from `q` and `k` (the memory-saving trick
+/// of flash attention). When recording, the rule is the composition of
+/// matmuls and [`CausalSoftmax`], so every order works.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CausalAttention {
+    /// Number of heads.
+    pub heads: usize,
+    /// Multiplies `q . k` (`1 / sqrt(D)`).
+    pub scale: f64,
+}
+
+/// Raw rows of one (batch, head): element `(t, d)` of q/k/v/y is at
+/// `base + t * c + d`.
+struct Heads {
+    t: usize,
+    c: usize,
+    d: usize,
+}
+
+impl Heads {
+    /// Probabilities of query `i` over keys `0..=i` into `p`.
+    #[inline]
+    fn probs<F: tapir_tensor::Float>(&self, q: &[F], k: &[F], base: usize, i: usize, scale: F, p: &mut [F]) {
+        let qi = &q[base + i * self.c..base + i * self.c + self.d];
+        let mut m = F::NEG_INF;
+        for (j, pj) in p.iter_mut().enumerate().take(i + 1) {
+            let kj = &k[base + j * self.c..base + j * self.c + self.d];
+            let mut s = F::ZERO;
+            for (a, b) in qi.iter().zip(kj) {
+                s += *a * *b;
+            }
+            *pj = s * scale;
+            m = m.max(*pj);
+        }
+        let mut z = F::ZERO;
+        for pj in p.iter_mut().take(i + 1) {
+            *pj = (*pj - m).exp();
+            z += *pj;
+        }
+        let inv = F::ONE / z;
+        p.iter_mut().take(i + 1).for_each(|pj| *pj *= inv);
+    }
+
+    fn forward<F: tapir_tensor::Float>(&self, q: &[F], k: &[F], v: &[F], y: &mut [F], base: usize, scale: F) {
+        let mut p = vec![F::ZERO; self.t];
+        for i in 0..self.t {
+            self.probs(q, k, base, i, scale, &mut p);
+            let yi = &mut y[base + i * self.c..base + i * self.c + self.d];
+            for (j, &pj) in p.iter().enumerate().take(i + 1) {
+                let vj = &v[base + j * self.c..base + j * self.c + self.d];
+                for (o, &x) in yi.iter_mut().zip(vj) {
+                    *o += pj * x;
+                }
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn backward<F: tapir_tensor::Float>(
+        &self,
+        [q, k, v, y, g]: [&[F]; 5],
+        [dq, dk, dv]: [&mut [F]; 3],
+        base: usize,
+        scale: F,
+    ) {
+        let (c, d) = (self.c, self.d);
+        let mut p = vec![F::ZERO; self.t];
+        for i in 0..self.t {
+            self.probs(q, k, base, i, scale, &mut p);
+            let (gi, yi) = (&g[base + i * c..base + i * c + d], &y[base + i * c..base + i * c + d]);
+            // sum_j p_ij dP_ij = g_i . y_i
+            let mut gy = F::ZERO;
+            for (a, b) in gi.iter().zip(yi) {
+                gy += *a * *b;
+            }
+            for (j, &pj) in p.iter().enumerate().take(i + 1) {
+                let (jb, ib) = (base + j * c, base + i * c);
+                let mut dp = F::ZERO;
+                for x in 0..d {
+                    dv[jb + x] += pj * gi[x];
+                    dp += gi[x] * v[jb + x];
+                }
+                let ds = pj * (dp - gy) * scale;
+                for x in 0..d {
+                    dq[ib + x] += ds * k[jb + x];
+                    dk[jb + x] += ds * q[ib + x];
+                }
+            }
+        }
+    }
+}
+
+impl CausalAttention {
+    fn check(&self, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Heads> {
+        let bad = |reason: String| Error::InvalidShape { op: "causal_attention", shape: q.shape().clone(), reason };
+        if q.rank() != 3 || k.shape() != q.shape() || v.shape() != q.shape() {
+            return Err(bad(format!(
+                "q, k, v must be equal [batch, time, channels]; k {}, v {}",
+                k.shape(),
+                v.shape()
+            )));
+        }
+        let (t, c) = (q.dims()[1], q.dims()[2]);
+        if self.heads == 0 || !c.is_multiple_of(self.heads) {
+            return Err(bad(format!("{c} channels do not split into {} heads", self.heads)));
+        }
+        if k.dtype() != q.dtype() || v.dtype() != q.dtype() {
+            return Err(Error::DTypeMismatch { op: "causal_attention", lhs: q.dtype(), rhs: k.dtype() });
+        }
+        Ok(Heads { t, c, d: c / self.heads })
+    }
+
+    /// `[B, T, C]` -> `[B, H, T, D]` (views).
+    fn split<T: Diff>(&self, x: &T) -> Result<T> {
+        let s = x.shape();
+        let (b, t, c) = (s.dims()[0], s.dims()[1], s.dims()[2]);
+        x.reshape([b, t, self.heads, c / self.heads])?.permute(&[0, 2, 1, 3])
+    }
+
+    /// `[B, H, T, D]` -> `[B, T, C]`.
+    fn merge<T: Diff>(&self, x: &T) -> Result<T> {
+        let s = x.shape();
+        let (b, h, t, d) = (s.dims()[0], s.dims()[1], s.dims()[2], s.dims()[3]);
+        x.permute(&[0, 2, 1, 3])?.reshape([b, t, h * d])
+    }
+
+    /// The probabilities `[B, H, T, T]`, in differentiable ops.
+    fn probs<T: Diff>(&self, qh: &T, kh: &T) -> Result<T> {
+        causal_softmax(&qh.matmul(&kh.t()?)?, self.scale)
+    }
+
+    /// The same function composed from matmul and [`CausalSoftmax`].
+    pub fn composed<T: Diff>(&self, q: &T, k: &T, v: &T) -> Result<T> {
+        let (qh, kh, vh) = (self.split(q)?, self.split(k)?, self.split(v)?);
+        self.merge(&self.probs(&qh, &kh)?.matmul(&vh)?)
+    }
+
+    fn vjp_kernel(&self, xs: [&Tensor; 3], y: &Tensor, g: &Tensor) -> Result<Option<[Tensor; 3]>> {
+        let hs = self.check(xs[0], xs[1], xs[2])?;
+        let [q, k, v] = xs.map(|t| t.contiguous());
+        let (y, g) = (y.contiguous(), g.contiguous());
+        let b = q.dims()[0];
+        macro_rules! run {
+            ($F:ty) => {{
+                fn sl(t: &Tensor) -> &[$F] {
+                    t.as_slice::<$F>().expect("internal: contiguous dtype")
+                }
+                let ins = [sl(&q), sl(&k), sl(&v), sl(&y), sl(&g)];
+                let n = q.numel();
+                let (mut dq, mut dk, mut dv) = (vec![0.0 as $F; n], vec![0.0 as $F; n], vec![0.0 as $F; n]);
+                for bi in 0..b {
+                    for h in 0..self.heads {
+                        let base = bi * hs.t * hs.c + h * hs.d;
+                        hs.backward(ins, [&mut dq, &mut dk, &mut dv], base, self.scale as $F);
+                    }
+                }
+                let shape = q.shape().clone();
+                Ok(Some([
+                    Tensor::from_vec(dq, shape.clone())?,
+                    Tensor::from_vec(dk, shape.clone())?,
+                    Tensor::from_vec(dv, shape)?,
+                ]))
+            }};
+        }
+        if g.dtype() != q.dtype() {
+            return Ok(None);
+        }
+        match q.dtype() {
+            DType::F32 => run!(f32),
+            DType::F64 => run!(f64),
+            _ => Ok(None),
+        }
+    }
+}
+
+impl Op for CausalAttention {
+    fn name(&self) -> &'static str {
+        "causal_attention"
+    }
+    fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
+        let hs = self.check(xs[0], xs[1], xs[2])?;
+        let (q, k, v) = (xs[0].contiguous(), xs[1].contiguous(), xs[2].contiguous());
+        let b = q.dims()[0];
+        macro_rules! run {
+            ($F:ty) => {{
+                fn sl(t: &Tensor) -> &[$F] {
+                    t.as_slice::<$F>().expect("internal: contiguous dtype")
+                }
+                let (qs, ks, vs) = (sl(&q), sl(&k), sl(&v));
+                let mut y = vec![0.0 as $F; q.numel()];
+                for bi in 0..b {
+                    for h in 0..self.heads {
+                        hs.forward(qs, ks, vs, &mut y, bi * hs.t * hs.c + h * hs.d, self.scale as $F);
+                    }
+                }
+                Tensor::from_vec(y, q.shape().clone())
+            }};
+        }
+        match q.dtype() {
+            DType::F32 => run!(f32),
+            DType::F64 => run!(f64),
+            DType::F16 | DType::BF16 => {
+                let up = [&q, &k, &v].map(|t| t.cast(DType::F32));
+                let [a, b2, c] = up;
+                self.forward(&[&a?, &b2?, &c?])?.cast(q.dtype())
+            }
+            dtype => Err(Error::UnsupportedDType { op: "causal_attention", dtype, expected: "a float dtype" }),
+        }
+    }
+    fn vjp<T: Diff>(&self, xs: &[&T], y: &T, g: &T) -> Result<InputGrads<T>> {
+        if !g.is_recording() {
+            let ts = [xs[0].eval()?, xs[1].eval()?, xs[2].eval()?];
+            if let Some(d) = self.vjp_kernel([&ts[0], &ts[1], &ts[2]], &y.eval()?, &g.eval()?)? {
+                return Ok(d.into_iter().map(|t| Some(g.lift(t))).collect());
+            }
+        }
+        // The composed rule: P = softmax, dV = P^T dY, dS = scale P (dP - rowsum(P dP)).
+        let (qh, kh, vh, gh) = (self.split(xs[0])?, self.split(xs[1])?, self.split(xs[2])?, self.split(g)?);
+        let p = self.probs(&qh, &kh)?;
+        let dv = p.t()?.matmul(&gh)?;
+        let dp = gh.matmul(&vh.t()?)?;
+        let ds = p.mul(&dp.sub(&dp.mul(&p)?.sum(&[-1], true)?)?)?.mul_scalar(self.scale)?;
+        let (dq, dk) = (ds.matmul(&kh)?, ds.t()?.matmul(&qh)?);
+        [dq, dk, dv].iter().map(|t| self.merge(t).map(Some)).collect()
+    }
+    fn jvp<T: Diff>(&self, xs: &[&T], _: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
+        if ts.iter().all(|t| t.is_none()) {
+            return Ok(None);
+        }
+        let (qh, kh, vh) = (self.split(xs[0])?, self.split(xs[1])?, self.split(xs[2])?);
+        let p = self.probs(&qh, &kh)?;
+        let tq = ts[0].map(|t| self.split(t)?.matmul(&kh.t()?)).transpose()?;
+        let tk = ts[1].map(|t| qh.matmul(&self.split(t)?.t()?)).transpose()?;
+        let ty_p = match add_opt(tq, tk)? {
+            Some(tsc) => {
+                let tsc = tsc.mul_scalar(self.scale)?;
+                let tp = p.mul(&tsc.sub(&tsc.mul(&p)?.sum(&[-1], true)?)?)?;
+                Some(tp.matmul(&vh)?)
+            }
+            None => None,
+        };
+        let ty_v = ts[2].map(|t| p.matmul(&self.split(t)?)).transpose()?;
+        add_opt(ty_p, ty_v)?.map(|t| self.merge(&t)).transpose()
+    }
+}
+
+/// Applies [`CausalAttention`] to `q`, `k`, `v` `[B, T, C]`.
+pub fn causal_attention<T: Diff>(q: &T, k: &T, v: &T, heads: usize) -> Result<T> {
+    let c = q.shape().dims().last().copied().unwrap_or(0);
+    let scale = 1.0 / ((c / heads.max(1)).max(1) as f64).sqrt();
+    T::apply(CausalAttention { heads, scale }, &[q, k, v])
+}
+
 /// Multi-head self-attention where each position sees only itself and the
 /// positions before it (GPT-2's attention, with separate q, k, v
 /// projections so their gradients need no split and re-join).
@@ -189,12 +454,18 @@ impl CausalSelfAttention {
         }
         let (b, t, c) = (d[0], d[1], d[2]);
         let (h, hd) = (self.heads, c / self.heads);
-        // [B, T, C] -> [B, H, T, hd]: a reshape and a permute, both views.
-        let split = |l: &Linear| -> Result<Var<'g>> { l.forward(p, x)?.reshape([b, t, h, hd])?.permute(&[0, 2, 1, 3]) };
-        let (q, k, v) = (split(&self.q)?, split(&self.k)?, split(&self.v)?);
-        let att = causal_softmax(&q.matmul(&k.t()?)?, 1.0 / (hd as f64).sqrt())?;
-        let att = self.attn_drop.forward(att, rng)?;
-        let y = att.matmul(&v)?.permute(&[0, 2, 1, 3])?.reshape([b, t, c])?;
+        let (q, k, v) = (self.q.forward(p, x)?, self.k.forward(p, x)?, self.v.forward(p, x)?);
+        let y = match rng {
+            // Attention dropout needs the probabilities themselves: the
+            // composed path, [B, T, C] -> [B, H, T, hd] by views.
+            Some(rng) if self.attn_drop.p > 0.0 => {
+                let split = |v: Var<'g>| -> Result<Var<'g>> { v.reshape([b, t, h, hd])?.permute(&[0, 2, 1, 3]) };
+                let att = causal_softmax(&split(q)?.matmul(&split(k)?.t()?)?, 1.0 / (hd as f64).sqrt())?;
+                let att = self.attn_drop.forward(att, Some(rng))?;
+                att.matmul(&split(v)?)?.permute(&[0, 2, 1, 3])?.reshape([b, t, c])?
+            }
+            _ => causal_attention(&q, &k, &v, h)?,
+        };
         match residual {
             Some(r) => self.proj.forward_residual(p, y, r),
             None => self.proj.forward(p, y),

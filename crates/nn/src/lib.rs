@@ -1,6 +1,18 @@
 //! tapir-nn: parameters, layers, losses, optimizers and initialisers for
 //! training loops written natively in Rust.
 //!
+//! - [`ParamStore`]: named parameters, plain tensors; [`ParamStore::bind`]
+//!   brings them into a graph scope as leaves and [`Bound::grads`] returns
+//!   the gradients as values keyed by parameter.
+//! - Layers hold parameter ids and run on a [`Bound`]: [`Linear`], [`Mlp`],
+//!   [`Embedding`], [`LayerNorm`], [`RmsNorm`], [`Dropout`] (seeded),
+//!   [`CausalSelfAttention`], [`Block`] and [`Gpt`].
+//! - Three ops of their own, each a fused form of a composition with its
+//!   derivative rules beside it: [`Affine`] (linear + bias + residual),
+//!   [`NormOp`] and [`CausalSoftmax`] (the causal mask without a mask tensor).
+//! - Losses in [`loss`]; [`Sgd`] and [`Adam`] (AdamW) with [`Schedule`]s;
+//!   seeded [`init`]; safetensors [`checkpoint`]s, written atomically.
+//!
 //! ```
 //! use tapir_nn::{Activation, Adam, Mlp, Optimizer, ParamStore};
 //! use tapir_autograd::Graph;
@@ -39,7 +51,7 @@ mod optim;
 mod params;
 
 pub use affine::{affine, affine_with, Affine};
-pub use attention::{causal_softmax, CausalSelfAttention, CausalSoftmax};
+pub use attention::{causal_attention, causal_softmax, CausalAttention, CausalSelfAttention, CausalSoftmax};
 pub use checkpoint::{Checkpoint, CheckpointError, Mismatch};
 pub use gpt::{Block, Gpt, GptConfig};
 pub use jet::Jet;

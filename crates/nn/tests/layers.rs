@@ -4,8 +4,8 @@
 
 use tapir_autograd::{check_grads, CheckOptions, Graph, Var};
 use tapir_nn::{
-    affine, affine_with, causal_softmax, mse, Activation, Affine, Bound, CausalSelfAttention, Dropout, Embedding, Gpt,
-    GptConfig, LayerNorm, Linear, Mlp, ParamStore, RmsNorm,
+    affine, affine_with, causal_attention, causal_softmax, mse, Activation, Affine, Bound, CausalAttention,
+    CausalSelfAttention, Dropout, Embedding, Gpt, GptConfig, LayerNorm, Linear, Mlp, ParamStore, RmsNorm,
 };
 use tapir_tensor::prelude::*;
 
@@ -447,4 +447,32 @@ fn activation_backward_eager_matches_recorded() {
             close(&eager.to_vec_f64(), &recorded.to_vec_f64(), if dtype == DType::F64 { 1e-12 } else { 1e-5 });
         }
     }
+}
+
+/// The fused attention op against its composition (matmuls and the causal
+/// softmax): values, eager first-order gradients (its one-pass kernel) and
+/// the recorded rule, plus the gradient checker at orders 1 and 2.
+#[test]
+fn causal_attention_op_matches_its_composition() {
+    let (q, k, v) = (rnd(&[2, 4, 6], 50), rnd(&[2, 4, 6], 51), rnd(&[2, 4, 6], 52));
+    let op = CausalAttention { heads: 3, scale: 1.0 / 2f64.sqrt() };
+    let fused = causal_attention(&q, &k, &v, 3).unwrap();
+    close(&fused.to_vec_f64(), &op.composed(&q, &k, &v).unwrap().to_vec_f64(), 1e-14);
+    let r = rnd(&[2, 4, 6], 53);
+    let (eager, recorded, reference) = Graph::scope(|g| {
+        let xs = [g.leaf(q.clone()), g.leaf(k.clone()), g.leaf(v.clone())];
+        let s = causal_attention(&xs[0], &xs[1], &xs[2], 3)?.mul(&g.constant(r.clone()))?.sum_all()?;
+        let recorded: Vec<Tensor> = g.grad_graph(s, &xs)?.iter().map(|t| t.value()).collect::<Result<_>>()?;
+        let eager = g.grad(s, &xs)?;
+        let s2 = op.composed(&xs[0], &xs[1], &xs[2])?.mul(&g.constant(r.clone()))?.sum_all()?;
+        Ok::<_, Error>((eager, recorded, g.grad(s2, &xs)?))
+    })
+    .unwrap();
+    for ((a, b), c) in eager.iter().zip(&recorded).zip(&reference) {
+        close(&a.to_vec_f64(), &c.to_vec_f64(), 1e-13);
+        close(&b.to_vec_f64(), &c.to_vec_f64(), 1e-13);
+    }
+    check_grads(&|_g, x| causal_attention(&x[0], &x[1], &x[2], 2), &[q, k, v], &CheckOptions::default()).unwrap();
+    assert!(causal_attention(&rnd(&[2, 4, 6], 1), &rnd(&[2, 4, 6], 2), &rnd(&[2, 3, 6], 3), 3).is_err());
+    assert!(causal_attention(&rnd(&[2, 4, 6], 1), &rnd(&[2, 4, 6], 2), &rnd(&[2, 4, 6], 3), 4).is_err());
 }
