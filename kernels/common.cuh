@@ -1,0 +1,207 @@
+// Shared prelude of every kernel file. tapir prepends this text to each
+// kernels/*.cu before handing it to NVRTC, so a kernel file needs no
+// #include and NVRTC needs no CUDA headers on disk (the pip wheel of NVRTC
+// ships none).
+//
+// Conventions, the same in every file:
+// - element counts and offsets are 64-bit (`i64`), so tensors over 2^31
+//   elements index correctly;
+// - a strided operand is described by `dims` and `strides` (in elements,
+//   0 on a broadcast axis) plus a base offset; the output is contiguous;
+// - f16 and bf16 are storage types only: they are loaded into float,
+//   computed in float and rounded once on store (f32 accumulation);
+// - kernel names are `<op>_<dtype>` with dtype in f32, f64, f16, bf16.
+
+typedef long long i64;
+typedef unsigned long long u64;
+typedef unsigned short u16;
+
+#define TAPIR_MAX_DIMS 8
+#define WARP 32
+#define FULL_MASK 0xffffffffu
+
+// IEEE binary16 and bfloat16 as raw bits; conversions below.
+struct __align__(2) tapir_f16 { u16 x; };
+struct __align__(2) tapir_bf16 { u16 x; };
+
+// The type arithmetic runs in: double for f64, float for everything else.
+template <typename T> struct Acc { typedef float type; };
+template <> struct Acc<double> { typedef double type; };
+
+__device__ __forceinline__ float to_acc(float v) { return v; }
+__device__ __forceinline__ double to_acc(double v) { return v; }
+__device__ __forceinline__ float to_acc(tapir_f16 v) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v.x));
+    return f;
+}
+__device__ __forceinline__ float to_acc(tapir_bf16 v) {
+    return __uint_as_float(((unsigned)v.x) << 16);
+}
+
+template <typename T> __device__ __forceinline__ T from_acc(typename Acc<T>::type v);
+template <> __device__ __forceinline__ float from_acc<float>(float v) { return v; }
+template <> __device__ __forceinline__ double from_acc<double>(double v) { return v; }
+template <> __device__ __forceinline__ tapir_f16 from_acc<tapir_f16>(float v) {
+    tapir_f16 r;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r.x) : "f"(v));
+    return r;
+}
+// Round to nearest even, keeping NaN a (quiet) NaN, as torch and `half` do.
+template <> __device__ __forceinline__ tapir_bf16 from_acc<tapir_bf16>(float v) {
+    unsigned u = __float_as_uint(v);
+    tapir_bf16 r;
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+        r.x = (u16)((u >> 16) | 0x40u);
+    } else {
+        u += 0x7fffu + ((u >> 16) & 1u);
+        r.x = (u16)(u >> 16);
+    }
+    return r;
+}
+
+// Float constants and limits by accumulation type.
+template <typename A> __device__ __forceinline__ A neg_inf();
+template <> __device__ __forceinline__ float neg_inf<float>() { return __int_as_float(0xff800000); }
+template <> __device__ __forceinline__ double neg_inf<double>() { return __longlong_as_double(0xfff0000000000000ll); }
+template <typename A> __device__ __forceinline__ A pos_inf() { return -neg_inf<A>(); }
+template <typename A> __device__ __forceinline__ A quiet_nan();
+template <> __device__ __forceinline__ float quiet_nan<float>() { return __int_as_float(0x7fc00000); }
+template <> __device__ __forceinline__ double quiet_nan<double>() { return __longlong_as_double(0x7ff8000000000000ll); }
+
+// Overloads so templates can call one name for float and double.
+__device__ __forceinline__ float t_exp(float x) { return expf(x); }
+__device__ __forceinline__ double t_exp(double x) { return exp(x); }
+__device__ __forceinline__ float t_log(float x) { return logf(x); }
+__device__ __forceinline__ double t_log(double x) { return log(x); }
+__device__ __forceinline__ bool t_isnan(float x) { return x != x; }
+__device__ __forceinline__ bool t_isnan(double x) { return x != x; }
+
+// The flat index of a grid-stride loop, in 64 bits.
+__device__ __forceinline__ i64 global_id() { return (i64)blockIdx.x * blockDim.x + threadIdx.x; }
+__device__ __forceinline__ i64 global_stride() { return (i64)blockDim.x * gridDim.x; }
+
+// Offset of contiguous index `i` in an operand with these dims and strides.
+__device__ __forceinline__ i64 strided_offset(i64 i, int ndim, const i64* dims, const i64* strides) {
+    i64 off = 0;
+    for (int d = ndim - 1; d >= 0; --d) {
+        i64 n = dims[d];
+        off += (i % n) * strides[d];
+        i /= n;
+    }
+    return off;
+}
+
+// Warp and block reductions by shuffles. A block reduction needs blockDim.x
+// a multiple of 32 and at most 1024; every thread gets the result.
+template <typename A> __device__ __forceinline__ A warp_sum(A v) {
+    for (int o = WARP / 2; o > 0; o /= 2) v += __shfl_xor_sync(FULL_MASK, v, o);
+    return v;
+}
+// NaN-propagating max and min, as torch's reductions are.
+template <typename A> __device__ __forceinline__ A nan_max(A a, A b) { return (t_isnan(a) || a > b) ? a : b; }
+template <typename A> __device__ __forceinline__ A nan_min(A a, A b) { return (t_isnan(a) || a < b) ? a : b; }
+template <typename A> __device__ __forceinline__ A warp_max(A v) {
+    for (int o = WARP / 2; o > 0; o /= 2) v = nan_max(v, __shfl_xor_sync(FULL_MASK, v, o));
+    return v;
+}
+template <typename A> __device__ __forceinline__ A warp_min(A v) {
+    for (int o = WARP / 2; o > 0; o /= 2) v = nan_min(v, __shfl_xor_sync(FULL_MASK, v, o));
+    return v;
+}
+
+// 0 = sum, 1 = max, 2 = min.
+template <int K, typename A> __device__ __forceinline__ A combine(A a, A b) {
+    return K == 0 ? a + b : (K == 1 ? nan_max(a, b) : nan_min(a, b));
+}
+template <int K, typename A> __device__ __forceinline__ A warp_reduce(A v) {
+    for (int o = WARP / 2; o > 0; o /= 2) v = combine<K>(v, __shfl_xor_sync(FULL_MASK, v, o));
+    return v;
+}
+template <int K, typename A> __device__ A block_reduce(A v, A identity) {
+    __shared__ A partial[WARP];
+    __shared__ A result;
+    int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    v = warp_reduce<K>(v);
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        A w = lane < (int)(blockDim.x / WARP) ? partial[lane] : identity;
+        w = warp_reduce<K>(w);
+        if (lane == 0) result = w;
+    }
+    __syncthreads();
+    A r = result;
+    __syncthreads();  // `partial` and `result` may be reused right after
+    return r;
+}
+
+// Online log-sum-exp state: running max `m` and sum `s` of exp(x - m).
+template <typename A> struct Lse {
+    A m, s;
+};
+template <typename A> __device__ __forceinline__ Lse<A> lse_push(Lse<A> a, A x) {
+    if (x > a.m) {
+        a.s = (a.m == neg_inf<A>() ? A(0) : a.s * t_exp(a.m - x)) + A(1);
+        a.m = x;
+    } else if (x == neg_inf<A>()) {
+        // exp(-inf - m) = 0; skipping also keeps an all -inf row at s = 0.
+    } else {
+        a.s += t_exp(x - a.m);
+    }
+    return a;
+}
+template <typename A> __device__ __forceinline__ Lse<A> lse_merge(Lse<A> a, Lse<A> b) {
+    if (b.m == neg_inf<A>()) return a;
+    if (a.m == neg_inf<A>()) return b;
+    A m = a.m > b.m ? a.m : b.m;
+    Lse<A> r;
+    r.m = m;
+    r.s = a.s * t_exp(a.m - m) + b.s * t_exp(b.m - m);
+    return r;
+}
+template <typename A> __device__ __forceinline__ Lse<A> warp_lse(Lse<A> v) {
+    for (int o = WARP / 2; o > 0; o /= 2) {
+        Lse<A> other;
+        other.m = __shfl_xor_sync(FULL_MASK, v.m, o);
+        other.s = __shfl_xor_sync(FULL_MASK, v.s, o);
+        v = lse_merge(v, other);
+    }
+    return v;
+}
+template <typename A> __device__ Lse<A> block_lse(Lse<A> v) {
+    __shared__ A pm[WARP], ps[WARP];
+    __shared__ A rm, rs;
+    int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    v = warp_lse(v);
+    if (lane == 0) {
+        pm[warp] = v.m;
+        ps[warp] = v.s;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        Lse<A> w;
+        w.m = neg_inf<A>();
+        w.s = A(0);
+        if (lane < (int)(blockDim.x / WARP)) {
+            w.m = pm[lane];
+            w.s = ps[lane];
+        }
+        w = warp_lse(w);
+        if (lane == 0) {
+            rm = w.m;
+            rs = w.s;
+        }
+    }
+    __syncthreads();
+    Lse<A> r;
+    r.m = rm;
+    r.s = rs;
+    __syncthreads();
+    return r;
+}
+// log(sum exp) from the state; +-inf and NaN maxima pass through as on the CPU.
+template <typename A> __device__ __forceinline__ A lse_value(Lse<A> a) {
+    if (a.m == neg_inf<A>() || a.m == pos_inf<A>() || t_isnan(a.m)) return a.m;
+    return a.m + t_log(a.s);
+}

@@ -1,0 +1,109 @@
+// Sparse cross-entropy on a contiguous [rows, v] block of logits
+// (crates/tensor/src/ops/cross_entropy.rs): no one-hot, no softmax buffer.
+//
+// Forward, `ce_fwd_<dtype>(rows, v, x, labels, ignore_index, smoothing,
+// lse, loss, bad_row, valid)`: one block per row (grid-stride over rows),
+// blockDim a multiple of 32. One pass over the row keeps an online
+// (max, sum exp) per thread, and the row sum when label smoothing needs it;
+// warp shuffles then shared memory merge them. Per row it writes
+//   lse[r]  = log sum_j exp(x_j)                    (kept for the backward)
+//   loss[r] = lse - (1 - eps) x_y - eps * sum_j x_j / v,   0 if ignored.
+// A label that is neither ignore_index nor in 0..v is an error: the kernel
+// records the lowest such row in *bad_row (set to ~0 by the host before the
+// launch; atomicMin) and the host turns it into Error::LabelOutOfRange, the
+// error the CPU returns. *valid counts the non-ignored rows (for the mean),
+// when not null.
+//
+// Backward, `ce_bwd_<dtype>(rows, v, x, lse, labels, ignore_index,
+// smoothing, g, g_stride, scale)`: overwrites the logits x in place with
+//   w_r * (exp(x - lse_r) - eps / v),   minus w_r * (1 - eps) at the label,
+// where w_r = g[r * g_stride] * scale (g_stride 0 for a scalar upstream
+// gradient; scale 1 / valid for the mean, 1 otherwise). Ignored rows become
+// zero. Labels were checked by the forward.
+//
+// Offsets are 64-bit: rows * v may exceed 2^31 (N = 32768, V = 128256).
+// lse is kept in the accumulation type (float for f32/f16/bf16).
+
+template <typename T, typename L>
+__device__ __forceinline__ void ce_fwd(i64 rows, i64 v, const T* x, const L* labels, i64 ignore_index,
+                                       double smoothing, typename Acc<T>::type* lse_out, T* loss_out,
+                                       u64* bad_row, u64* valid) {
+    typedef typename Acc<T>::type A;
+    const bool smooth = smoothing > 0.0;
+    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const T* row = x + r * v;
+        Lse<A> st;
+        st.m = neg_inf<A>();
+        st.s = A(0);
+        A sx = A(0);
+        for (i64 c = threadIdx.x; c < v; c += blockDim.x) {
+            A e = to_acc(row[c]);
+            st = lse_push(st, e);
+            if (smooth) sx += e;
+        }
+        st = block_lse(st);
+        if (smooth) sx = block_reduce<0>(sx, A(0));
+        if (threadIdx.x == 0) {
+            A lse = lse_value(st);
+            lse_out[r] = lse;
+            i64 y = (i64)labels[r];
+            A loss = A(0);
+            if (y == ignore_index) {
+                // ignored: loss 0, not counted
+            } else if (y >= 0 && y < v) {
+                A eps = (A)smoothing;
+                loss = lse - (A(1) - eps) * to_acc(row[y]) - eps * sx / (A)v;
+                if (valid) atomicAdd(valid, 1ull);
+            } else {
+                atomicMin(bad_row, (u64)r);
+            }
+            loss_out[r] = from_acc<T>(loss);
+        }
+    }
+}
+
+template <typename T, typename L>
+__device__ __forceinline__ void ce_bwd(i64 rows, i64 v, T* x, const typename Acc<T>::type* lse, const L* labels,
+                                       i64 ignore_index, double smoothing, const T* g, i64 g_stride, double scale) {
+    typedef typename Acc<T>::type A;
+    const A eps_v = (A)(smoothing / (double)v);
+    const A on = (A)(1.0 - smoothing);
+    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        T* row = x + r * v;
+        i64 y = (i64)labels[r];
+        if (y == ignore_index || y < 0 || y >= v) {
+            for (i64 c = threadIdx.x; c < v; c += blockDim.x) row[c] = from_acc<T>(A(0));
+            continue;
+        }
+        A w = to_acc(g[r * g_stride]) * (A)scale;
+        A l = lse[r];
+        for (i64 c = threadIdx.x; c < v; c += blockDim.x) {
+            A d = w * (t_exp(to_acc(row[c]) - l) - eps_v);
+            if (c == y) d -= w * on;
+            row[c] = from_acc<T>(d);
+        }
+    }
+}
+
+#define CE_KERNELS(T, SUFFIX, L, LSUFFIX)                                                                       \
+    extern "C" __global__ void ce_fwd_##SUFFIX##_##LSUFFIX(i64 rows, i64 v, const T* x, const L* labels,        \
+                                                            i64 ignore_index, double smoothing,                 \
+                                                            Acc<T>::type* lse, T* loss, u64* bad_row,           \
+                                                            u64* valid) {                                       \
+        ce_fwd<T, L>(rows, v, x, labels, ignore_index, smoothing, lse, loss, bad_row, valid);                   \
+    }                                                                                                           \
+    extern "C" __global__ void ce_bwd_##SUFFIX##_##LSUFFIX(i64 rows, i64 v, T* x, const Acc<T>::type* lse,      \
+                                                            const L* labels, i64 ignore_index,                  \
+                                                            double smoothing, const T* g, i64 g_stride,         \
+                                                            double scale) {                                     \
+        ce_bwd<T, L>(rows, v, x, lse, labels, ignore_index, smoothing, g, g_stride, scale);                     \
+    }
+#define CE_ALL(L, LSUFFIX)                       \
+    CE_KERNELS(float, f32, L, LSUFFIX)           \
+    CE_KERNELS(double, f64, L, LSUFFIX)          \
+    CE_KERNELS(tapir_f16, f16, L, LSUFFIX)       \
+    CE_KERNELS(tapir_bf16, bf16, L, LSUFFIX)
+
+// Labels as i64 (torch's dtype) or i32.
+CE_ALL(i64, i64)
+CE_ALL(int, i32)

@@ -1,0 +1,226 @@
+// Elementwise ops over strided, broadcast operands (crates/tensor/src/ops/
+// unary.rs and binary.rs). The output is contiguous with `n` elements.
+//
+// Unary kernels: `<op>_<dtype>(n, ndim, info, x, x_offset, p0, p1, out)`;
+// `info` holds dims[ndim] then x_strides[ndim] (device memory), or is null
+// when x is contiguous from `x_offset`. `p0`/`p1` carry the scalar of
+// powf/add_scalar/mul_scalar and clamp's bounds; other ops ignore them.
+//
+// Binary kernels: `<op>_<dtype>(n, ndim, info, a, a_offset, b, b_offset, out)`;
+// `info` holds dims[ndim], a_strides[ndim], b_strides[ndim] (0 on broadcast
+// axes), or is null when both are contiguous with the output's shape.
+//
+// Derivative kernels `<op>_bwd_<dtype>(n, ndim, info, x, x_offset, g,
+// g_offset, out)` fuse the first-order derivative the CPU fuses (relu,
+// gelu, gelu_tanh take x; tanh and sigmoid take the output y).
+
+#define SQRT_2_OVER_PI 0.7978845608028654
+#define GELU_C 0.044715
+#define FRAC_1_SQRT_2 0.7071067811865476
+#define FRAC_1_SQRT_2PI 0.3989422804014327
+
+__device__ __forceinline__ float t_sqrt(float x) { return sqrtf(x); }
+__device__ __forceinline__ double t_sqrt(double x) { return sqrt(x); }
+__device__ __forceinline__ float t_tanh(float x) { return tanhf(x); }
+__device__ __forceinline__ double t_tanh(double x) { return tanh(x); }
+__device__ __forceinline__ float t_sin(float x) { return sinf(x); }
+__device__ __forceinline__ double t_sin(double x) { return sin(x); }
+__device__ __forceinline__ float t_cos(float x) { return cosf(x); }
+__device__ __forceinline__ double t_cos(double x) { return cos(x); }
+__device__ __forceinline__ float t_erf(float x) { return erff(x); }
+__device__ __forceinline__ double t_erf(double x) { return erf(x); }
+__device__ __forceinline__ float t_pow(float x, float y) { return powf(x, y); }
+__device__ __forceinline__ double t_pow(double x, double y) { return pow(x, y); }
+
+// d/dx gelu_tanh, as in unary.rs.
+template <typename A> __device__ __forceinline__ A gelu_tanh_grad(A x) {
+    A k = A(SQRT_2_OVER_PI), gc = A(GELU_C), k3 = A(3.0 * GELU_C * SQRT_2_OVER_PI), half = A(0.5);
+    A x2 = x * x;
+    A t = t_tanh(k * x * (A(1) + gc * x2));
+    return half * (A(1) + t) + half * x * (A(1) - t * t) * (k + k3 * x2);
+}
+
+// One functor per op: `A operator()(A x, A p0, A p1)`.
+#define UNARY_OP(NAME, EXPR)                                                        \
+    struct Op_##NAME {                                                              \
+        template <typename A> __device__ __forceinline__ A operator()(A x, A p0, A p1) const { \
+            (void)p0;                                                               \
+            (void)p1;                                                               \
+            return EXPR;                                                            \
+        }                                                                           \
+    };
+
+UNARY_OP(neg, -x)
+UNARY_OP(abs, x < A(0) ? -x : x)
+UNARY_OP(exp, t_exp(x))
+UNARY_OP(log, t_log(x))
+UNARY_OP(sqrt, t_sqrt(x))
+UNARY_OP(rsqrt, A(1) / t_sqrt(x))
+UNARY_OP(tanh, t_tanh(x))
+UNARY_OP(sigmoid, A(1) / (A(1) + t_exp(-x)))
+// `x < 0`, not `x > 0`, so NaN passes through as in torch and on the CPU.
+UNARY_OP(relu, x < A(0) ? A(0) : x)
+UNARY_OP(gelu_tanh, A(0.5) * x * (A(1) + t_tanh(A(SQRT_2_OVER_PI) * (x + A(GELU_C) * x * x * x))))
+UNARY_OP(gelu, A(0.5) * x * (A(1) + t_erf(x * A(FRAC_1_SQRT_2))))
+UNARY_OP(sin, t_sin(x))
+UNARY_OP(cos, t_cos(x))
+UNARY_OP(square, x * x)
+UNARY_OP(powf, t_pow(x, p0))
+UNARY_OP(recip, A(1) / x)
+UNARY_OP(add_scalar, x + p0)
+UNARY_OP(mul_scalar, x * p0)
+UNARY_OP(clamp, x < p0 ? p0 : (x > p1 ? p1 : x))
+UNARY_OP(erf, t_erf(x))
+UNARY_OP(sign, x > A(0) ? A(1) : (x < A(0) ? A(-1) : x))
+
+template <typename T, typename F>
+__device__ __forceinline__ void unary(i64 n, int ndim, const i64* info, const T* x, i64 x_off, double p0,
+                                      double p1, T* out) {
+    typedef typename Acc<T>::type A;
+    F f;
+    A q0 = (A)p0, q1 = (A)p1;
+    for (i64 i = global_id(); i < n; i += global_stride()) {
+        i64 xi = x_off + (info ? strided_offset(i, ndim, info, info + ndim) : i);
+        out[i] = from_acc<T>(f(to_acc(x[xi]), q0, q1));
+    }
+}
+
+#define UNARY_KERNEL(NAME, T, SUFFIX)                                                              \
+    extern "C" __global__ void NAME##_##SUFFIX(i64 n, int ndim, const i64* info, const T* x, i64 x_off, \
+                                               double p0, double p1, T* out) {                    \
+        unary<T, Op_##NAME>(n, ndim, info, x, x_off, p0, p1, out);                                 \
+    }
+#define UNARY_ALL(NAME)                   \
+    UNARY_KERNEL(NAME, float, f32)        \
+    UNARY_KERNEL(NAME, double, f64)       \
+    UNARY_KERNEL(NAME, tapir_f16, f16)    \
+    UNARY_KERNEL(NAME, tapir_bf16, bf16)
+
+UNARY_ALL(neg)
+UNARY_ALL(abs)
+UNARY_ALL(exp)
+UNARY_ALL(log)
+UNARY_ALL(sqrt)
+UNARY_ALL(rsqrt)
+UNARY_ALL(tanh)
+UNARY_ALL(sigmoid)
+UNARY_ALL(relu)
+UNARY_ALL(gelu_tanh)
+UNARY_ALL(gelu)
+UNARY_ALL(sin)
+UNARY_ALL(cos)
+UNARY_ALL(square)
+UNARY_ALL(powf)
+UNARY_ALL(recip)
+UNARY_ALL(add_scalar)
+UNARY_ALL(mul_scalar)
+UNARY_ALL(clamp)
+UNARY_ALL(erf)
+UNARY_ALL(sign)
+
+// Binary functors: `A operator()(A a, A b)`.
+#define BINARY_OP(NAME, EXPR)                                                              \
+    struct Op_##NAME {                                                                     \
+        template <typename A> __device__ __forceinline__ A operator()(A a, A b) const { return EXPR; } \
+    };
+
+BINARY_OP(add, a + b)
+BINARY_OP(sub, a - b)
+BINARY_OP(mul, a * b)
+BINARY_OP(div, a / b)
+BINARY_OP(pow, t_pow(a, b))
+BINARY_OP(maximum, nan_max(a, b))
+BINARY_OP(minimum, nan_min(a, b))
+// Fused first derivatives, `a` = x (or y), `b` = upstream gradient.
+BINARY_OP(relu_bwd, a > A(0) ? b : A(0))
+BINARY_OP(tanh_bwd, b * (A(1) - a * a))
+BINARY_OP(sigmoid_bwd, b * a * (A(1) - a))
+BINARY_OP(gelu_tanh_bwd, gelu_tanh_grad(a) * b)
+BINARY_OP(gelu_bwd, b * (A(0.5) * (A(1) + t_erf(a * A(FRAC_1_SQRT_2))) + a * A(FRAC_1_SQRT_2PI) * t_exp(A(-0.5) * a * a)))
+
+template <typename T, typename F>
+__device__ __forceinline__ void binary(i64 n, int ndim, const i64* info, const T* a, i64 a_off, const T* b,
+                                       i64 b_off, T* out) {
+    F f;
+    for (i64 i = global_id(); i < n; i += global_stride()) {
+        i64 ai = a_off + i, bi = b_off + i;
+        if (info) {
+            ai = a_off + strided_offset(i, ndim, info, info + ndim);
+            bi = b_off + strided_offset(i, ndim, info, info + 2 * ndim);
+        }
+        out[i] = from_acc<T>(f(to_acc(a[ai]), to_acc(b[bi])));
+    }
+}
+
+#define BINARY_KERNEL(NAME, T, SUFFIX)                                                                      \
+    extern "C" __global__ void NAME##_##SUFFIX(i64 n, int ndim, const i64* info, const T* a, i64 a_off,     \
+                                               const T* b, i64 b_off, T* out) {                           \
+        binary<T, Op_##NAME>(n, ndim, info, a, a_off, b, b_off, out);                                       \
+    }
+#define BINARY_ALL(NAME)                  \
+    BINARY_KERNEL(NAME, float, f32)       \
+    BINARY_KERNEL(NAME, double, f64)      \
+    BINARY_KERNEL(NAME, tapir_f16, f16)   \
+    BINARY_KERNEL(NAME, tapir_bf16, bf16)
+
+BINARY_ALL(add)
+BINARY_ALL(sub)
+BINARY_ALL(mul)
+BINARY_ALL(div)
+BINARY_ALL(pow)
+BINARY_ALL(maximum)
+BINARY_ALL(minimum)
+BINARY_ALL(relu_bwd)
+BINARY_ALL(tanh_bwd)
+BINARY_ALL(sigmoid_bwd)
+BINARY_ALL(gelu_tanh_bwd)
+BINARY_ALL(gelu_bwd)
+
+// Comparisons write 1 or 0 in the operands' dtype (as the CPU does), from
+// two tensors (`scalar` ignored, b given) or a tensor and `scalar` (b null).
+// `cmp`: 0 eq, 1 ne, 2 lt, 3 le, 4 gt, 5 ge.
+template <typename T>
+__device__ __forceinline__ void compare(i64 n, int ndim, const i64* info, int cmp, const T* a, i64 a_off,
+                                        const T* b, i64 b_off, double scalar, T* out) {
+    typedef typename Acc<T>::type A;
+    for (i64 i = global_id(); i < n; i += global_stride()) {
+        i64 ai = a_off + i, bi = b_off + i;
+        if (info) {
+            ai = a_off + strided_offset(i, ndim, info, info + ndim);
+            bi = b_off + strided_offset(i, ndim, info, info + 2 * ndim);
+        }
+        A x = to_acc(a[ai]);
+        A y = b ? to_acc(b[bi]) : (A)scalar;
+        bool r = cmp == 0 ? x == y : cmp == 1 ? x != y : cmp == 2 ? x < y : cmp == 3 ? x <= y : cmp == 4 ? x > y : x >= y;
+        out[i] = from_acc<T>(r ? A(1) : A(0));
+    }
+}
+
+#define COMPARE_KERNEL(T, SUFFIX)                                                                        \
+    extern "C" __global__ void compare_##SUFFIX(i64 n, int ndim, const i64* info, int cmp, const T* a,    \
+                                                i64 a_off, const T* b, i64 b_off, double scalar, T* out) { \
+        compare<T>(n, ndim, info, cmp, a, a_off, b, b_off, scalar, out);                                 \
+    }
+COMPARE_KERNEL(float, f32)
+COMPARE_KERNEL(double, f64)
+COMPARE_KERNEL(tapir_f16, f16)
+COMPARE_KERNEL(tapir_bf16, bf16)
+
+// Strided copy to a contiguous buffer (`contiguous()`, and the first step
+// of an op that needs dense rows). Same dtype in and out.
+template <typename T>
+__device__ __forceinline__ void copy_strided(i64 n, int ndim, const i64* info, const T* x, i64 x_off, T* out) {
+    for (i64 i = global_id(); i < n; i += global_stride()) {
+        out[i] = x[x_off + strided_offset(i, ndim, info, info + ndim)];
+    }
+}
+#define COPY_KERNEL(T, SUFFIX)                                                                            \
+    extern "C" __global__ void copy_strided_##SUFFIX(i64 n, int ndim, const i64* info, const T* x, i64 x_off, \
+                                                     T* out) {                                            \
+        copy_strided<T>(n, ndim, info, x, x_off, out);                                                    \
+    }
+COPY_KERNEL(float, f32)
+COPY_KERNEL(double, f64)
+COPY_KERNEL(u16, u16)
+COPY_KERNEL(int, i32)
+COPY_KERNEL(i64, i64)

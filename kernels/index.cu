@@ -1,0 +1,140 @@
+// Indexing (crates/tensor/src/ops/index.rs) on contiguous buffers, the
+// indexed tensor split around the axis into (outer, size, inner). Indices
+// are i64 or i32 (`_i64` / `_i32` suffix). A negative or too large index is
+// never read through: the kernel writes 0 there, records the lowest flat
+// position of such an index in *bad (set to ~0 by the host; atomicMin), and
+// the host returns Error::IndexOutOfRange as the CPU does.
+//
+// - index_select(outer, size, inner, n, x, idx, out, bad):
+//     out[o, k, i] = x[o, idx[k], i] for k < n (idx 1-D).
+// - embedding(rows, dim, n, table, ids, out, bad): out[k, :] = table[ids[k], :],
+//   one block per id (the index_select of axis 0, with coalesced rows).
+// - index_add(outer, size, inner, n, g, idx, out): out[o, idx[k], i] += g[o, k, i]
+//   (the transpose of index_select and embedding; atomicAdd).
+// - gather(outer, size, inner, n, x, idx, out, bad), idx shaped (outer, n, inner):
+//     out[o, k, i] = x[o, idx[o, k, i], i].
+// - scatter_add(outer, size, inner, n, src, idx, out), idx and src shaped
+//   (outer, n, inner): out[o, idx[o, k, i], i] += src[o, k, i] (atomicAdd;
+//   the host copies the base tensor into `out` first).
+// The host makes idx/src contiguous over the same (outer, n, inner) split
+// (index.rs allows idx smaller than the target on non-axis dims; the host
+// passes those through as their own outer/inner extents).
+
+// atomicAdd for every storage type. f16/bf16 by compare-and-swap on the
+// aligned 32-bit word holding the value, adding in float.
+__device__ __forceinline__ void atomic_add(float* p, float v) { atomicAdd(p, v); }
+__device__ __forceinline__ void atomic_add(double* p, double v) { atomicAdd(p, v); }
+template <typename H>
+__device__ __forceinline__ void atomic_add_16(H* p, float v) {
+    unsigned* word = (unsigned*)((size_t)p & ~(size_t)3);
+    const bool high = ((size_t)p & 2) != 0;
+    unsigned old = *word, assumed;
+    do {
+        assumed = old;
+        H h;
+        h.x = (u16)(high ? (assumed >> 16) : (assumed & 0xffffu));
+        H sum = from_acc<H>(to_acc(h) + v);
+        unsigned next = high ? ((assumed & 0xffffu) | ((unsigned)sum.x << 16)) : ((assumed & 0xffff0000u) | sum.x);
+        old = atomicCAS(word, assumed, next);
+    } while (old != assumed);
+}
+__device__ __forceinline__ void atomic_add(tapir_f16* p, float v) { atomic_add_16(p, v); }
+__device__ __forceinline__ void atomic_add(tapir_bf16* p, float v) { atomic_add_16(p, v); }
+
+// The index at flat position `pos`, or -1 (recorded in *bad) when outside 0..size.
+template <typename L>
+__device__ __forceinline__ i64 checked(const L* idx, i64 pos, i64 size, u64* bad) {
+    i64 j = (i64)idx[pos];
+    if (j < 0 || j >= size) {
+        if (bad) atomicMin(bad, (u64)pos);
+        return -1;
+    }
+    return j;
+}
+
+template <typename T, typename L>
+__device__ __forceinline__ void index_select(i64 outer, i64 size, i64 inner, i64 n, const T* x, const L* idx, T* out,
+                                             u64* bad) {
+    i64 total = outer * n * inner;
+    for (i64 t = global_id(); t < total; t += global_stride()) {
+        i64 i = t % inner, k = (t / inner) % n, o = t / (inner * n);
+        i64 j = checked(idx, k, size, bad);
+        out[t] = j < 0 ? from_acc<T>(0) : x[(o * size + j) * inner + i];
+    }
+}
+
+template <typename T, typename L>
+__device__ __forceinline__ void embedding(i64 rows, i64 dim, i64 n, const T* table, const L* ids, T* out, u64* bad) {
+    for (i64 k = blockIdx.x; k < n; k += gridDim.x) {
+        i64 j = checked(ids, k, rows, threadIdx.x == 0 ? bad : (u64*)0);
+        T* o = out + k * dim;
+        if (j < 0) {
+            for (i64 c = threadIdx.x; c < dim; c += blockDim.x) o[c] = from_acc<T>(0);
+        } else {
+            const T* src = table + j * dim;
+            for (i64 c = threadIdx.x; c < dim; c += blockDim.x) o[c] = src[c];
+        }
+    }
+}
+
+template <typename T, typename L>
+__device__ __forceinline__ void index_add(i64 outer, i64 size, i64 inner, i64 n, const T* g, const L* idx, T* out) {
+    i64 total = outer * n * inner;
+    for (i64 t = global_id(); t < total; t += global_stride()) {
+        i64 i = t % inner, k = (t / inner) % n, o = t / (inner * n);
+        i64 j = checked(idx, k, size, (u64*)0);
+        if (j >= 0) atomic_add(out + (o * size + j) * inner + i, to_acc(g[t]));
+    }
+}
+
+template <typename T, typename L>
+__device__ __forceinline__ void gather(i64 outer, i64 size, i64 inner, i64 n, const T* x, const L* idx, T* out,
+                                       u64* bad) {
+    i64 total = outer * n * inner;
+    for (i64 t = global_id(); t < total; t += global_stride()) {
+        i64 i = t % inner, o = t / (inner * n);
+        i64 j = checked(idx, t, size, bad);
+        out[t] = j < 0 ? from_acc<T>(0) : x[(o * size + j) * inner + i];
+    }
+}
+
+template <typename T, typename L>
+__device__ __forceinline__ void scatter_add(i64 outer, i64 size, i64 inner, i64 n, const T* src, const L* idx, T* out,
+                                            u64* bad) {
+    i64 total = outer * n * inner;
+    for (i64 t = global_id(); t < total; t += global_stride()) {
+        i64 i = t % inner, o = t / (inner * n);
+        i64 j = checked(idx, t, size, bad);
+        if (j >= 0) atomic_add(out + (o * size + j) * inner + i, to_acc(src[t]));
+    }
+}
+
+#define INDEX_KERNELS(T, S, L, LS)                                                                                  \
+    extern "C" __global__ void index_select_##S##_##LS(i64 outer, i64 size, i64 inner, i64 n, const T* x,          \
+                                                        const L* idx, T* out, u64* bad) {                           \
+        index_select<T, L>(outer, size, inner, n, x, idx, out, bad);                                                \
+    }                                                                                                               \
+    extern "C" __global__ void embedding_##S##_##LS(i64 rows, i64 dim, i64 n, const T* table, const L* ids, T* out, \
+                                                     u64* bad) {                                                    \
+        embedding<T, L>(rows, dim, n, table, ids, out, bad);                                                        \
+    }                                                                                                               \
+    extern "C" __global__ void index_add_##S##_##LS(i64 outer, i64 size, i64 inner, i64 n, const T* g, const L* idx, \
+                                                     T* out) {                                                      \
+        index_add<T, L>(outer, size, inner, n, g, idx, out);                                                        \
+    }                                                                                                               \
+    extern "C" __global__ void gather_##S##_##LS(i64 outer, i64 size, i64 inner, i64 n, const T* x, const L* idx,   \
+                                                  T* out, u64* bad) {                                               \
+        gather<T, L>(outer, size, inner, n, x, idx, out, bad);                                                      \
+    }                                                                                                               \
+    extern "C" __global__ void scatter_add_##S##_##LS(i64 outer, i64 size, i64 inner, i64 n, const T* src,         \
+                                                       const L* idx, T* out, u64* bad) {                            \
+        scatter_add<T, L>(outer, size, inner, n, src, idx, out, bad);                                               \
+    }
+#define INDEX_ALL(L, LS)                      \
+    INDEX_KERNELS(float, f32, L, LS)          \
+    INDEX_KERNELS(double, f64, L, LS)         \
+    INDEX_KERNELS(tapir_f16, f16, L, LS)      \
+    INDEX_KERNELS(tapir_bf16, bf16, L, LS)
+
+INDEX_ALL(i64, i64)
+INDEX_ALL(int, i32)
