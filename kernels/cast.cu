@@ -39,9 +39,9 @@ template <> __device__ __forceinline__ i64 from_f64<i64>(double v) {
 }
 
 template <typename I, typename O> __device__ __forceinline__ O convert(I v) { return from_f64<O>(to_f64(v)); }
-// Exact paths that must not go through double.
+// Exact paths that must not go through double (i64 -> i32 does, to
+// saturate as the CPU's `as` does).
 template <> __device__ __forceinline__ i64 convert<i64, i64>(i64 v) { return v; }
-template <> __device__ __forceinline__ int convert<i64, int>(i64 v) { return (int)v; }
 template <> __device__ __forceinline__ i64 convert<int, i64>(int v) { return (i64)v; }
 template <> __device__ __forceinline__ float convert<tapir_f16, float>(tapir_f16 v) { return to_acc(v); }
 template <> __device__ __forceinline__ float convert<tapir_bf16, float>(tapir_bf16 v) { return to_acc(v); }

@@ -178,7 +178,8 @@ BINARY_ALL(gelu_bwd)
 
 // Comparisons write 1 or 0 in the operands' dtype (as the CPU does), from
 // two tensors (`scalar` ignored, b given) or a tensor and `scalar` (b null).
-// `cmp`: 0 eq, 1 ne, 2 lt, 3 le, 4 gt, 5 ge.
+// `cmp`: 0 eq, 1 ne, 2 lt, 3 le, 4 gt, 5 ge. The host passes `scalar`
+// already rounded to the dtype, as the CPU's `Tensor::scalar_of` does.
 template <typename T>
 __device__ __forceinline__ void compare(i64 n, int ndim, const i64* info, int cmp, const T* a, i64 a_off,
                                         const T* b, i64 b_off, double scalar, T* out) {

@@ -11,14 +11,16 @@
 //   one block per id (the index_select of axis 0, with coalesced rows).
 // - index_add(outer, size, inner, n, g, idx, out): out[o, idx[k], i] += g[o, k, i]
 //   (the transpose of index_select and embedding; atomicAdd).
-// - gather(outer, size, inner, n, x, idx, out, bad), idx shaped (outer, n, inner):
-//     out[o, k, i] = x[o, idx[o, k, i], i].
-// - scatter_add(outer, size, inner, n, src, idx, out), idx and src shaped
-//   (outer, n, inner): out[o, idx[o, k, i], i] += src[o, k, i] (atomicAdd;
-//   the host copies the base tensor into `out` first).
-// The host makes idx/src contiguous over the same (outer, n, inner) split
-// (index.rs allows idx smaller than the target on non-axis dims; the host
-// passes those through as their own outer/inner extents).
+// - gather(n, ndim, axis, info, x, idx, out, bad): out and idx share a shape
+//   of `ndim` dims (n elements, contiguous); `info` holds those dims, then
+//   x's strides, then x's dims (device memory). Like torch, idx may be
+//   smaller than x on the other axes:
+//     out[p] = x[p with its `axis` coordinate replaced by idx[p]].
+// - scatter_add(n, ndim, axis, info, src, idx, out, bad): the transpose;
+//   src is contiguous over idx's shape, `info` holds idx's dims, then the
+//   strides and dims of `out` (which the host fills with the base tensor
+//   first):  out[p with its axis coordinate replaced by idx[p]] += src[p]
+//   (atomicAdd).
 
 // atomicAdd for every storage type. f16/bf16 by compare-and-swap on the
 // aligned 32-bit word holding the value, adding in float.
@@ -87,25 +89,39 @@ __device__ __forceinline__ void index_add(i64 outer, i64 size, i64 inner, i64 n,
     }
 }
 
+// The offset in a tensor of strides `strides` (and extents `dims` along
+// `axis`) of the element at contiguous position `p` of a tensor of dims
+// `idims`, with its `axis` coordinate replaced by the checked index taken
+// from idx[p]. Returns -1 for a bad index.
+template <typename L>
+__device__ __forceinline__ i64 axis_offset(i64 p, int ndim, int axis, const i64* idims, const i64* strides,
+                                           const i64* dims, const L* idx, u64* bad) {
+    i64 j = checked(idx, p, dims[axis], bad);
+    if (j < 0) return -1;
+    i64 off = 0, rest = p;
+    for (int d = ndim - 1; d >= 0; --d) {
+        i64 c = rest % idims[d];
+        rest /= idims[d];
+        off += (d == axis ? j : c) * strides[d];
+    }
+    return off;
+}
+
 template <typename T, typename L>
-__device__ __forceinline__ void gather(i64 outer, i64 size, i64 inner, i64 n, const T* x, const L* idx, T* out,
+__device__ __forceinline__ void gather(i64 n, int ndim, int axis, const i64* info, const T* x, const L* idx, T* out,
                                        u64* bad) {
-    i64 total = outer * n * inner;
-    for (i64 t = global_id(); t < total; t += global_stride()) {
-        i64 i = t % inner, o = t / (inner * n);
-        i64 j = checked(idx, t, size, bad);
-        out[t] = j < 0 ? from_acc<T>(0) : x[(o * size + j) * inner + i];
+    for (i64 p = global_id(); p < n; p += global_stride()) {
+        i64 off = axis_offset(p, ndim, axis, info, info + ndim, info + 2 * ndim, idx, bad);
+        out[p] = off < 0 ? from_acc<T>(0) : x[off];
     }
 }
 
 template <typename T, typename L>
-__device__ __forceinline__ void scatter_add(i64 outer, i64 size, i64 inner, i64 n, const T* src, const L* idx, T* out,
-                                            u64* bad) {
-    i64 total = outer * n * inner;
-    for (i64 t = global_id(); t < total; t += global_stride()) {
-        i64 i = t % inner, o = t / (inner * n);
-        i64 j = checked(idx, t, size, bad);
-        if (j >= 0) atomic_add(out + (o * size + j) * inner + i, to_acc(src[t]));
+__device__ __forceinline__ void scatter_add(i64 n, int ndim, int axis, const i64* info, const T* src, const L* idx,
+                                            T* out, u64* bad) {
+    for (i64 p = global_id(); p < n; p += global_stride()) {
+        i64 off = axis_offset(p, ndim, axis, info, info + ndim, info + 2 * ndim, idx, bad);
+        if (off >= 0) atomic_add(out + off, to_acc(src[p]));
     }
 }
 
@@ -122,13 +138,13 @@ __device__ __forceinline__ void scatter_add(i64 outer, i64 size, i64 inner, i64 
                                                      T* out) {                                                      \
         index_add<T, L>(outer, size, inner, n, g, idx, out);                                                        \
     }                                                                                                               \
-    extern "C" __global__ void gather_##S##_##LS(i64 outer, i64 size, i64 inner, i64 n, const T* x, const L* idx,   \
-                                                  T* out, u64* bad) {                                               \
-        gather<T, L>(outer, size, inner, n, x, idx, out, bad);                                                      \
+    extern "C" __global__ void gather_##S##_##LS(i64 n, int ndim, int axis, const i64* info, const T* x,           \
+                                                  const L* idx, T* out, u64* bad) {                                 \
+        gather<T, L>(n, ndim, axis, info, x, idx, out, bad);                                                        \
     }                                                                                                               \
-    extern "C" __global__ void scatter_add_##S##_##LS(i64 outer, i64 size, i64 inner, i64 n, const T* src,         \
+    extern "C" __global__ void scatter_add_##S##_##LS(i64 n, int ndim, int axis, const i64* info, const T* src,    \
                                                        const L* idx, T* out, u64* bad) {                            \
-        scatter_add<T, L>(outer, size, inner, n, src, idx, out, bad);                                               \
+        scatter_add<T, L>(n, ndim, axis, info, src, idx, out, bad);                                                 \
     }
 #define INDEX_ALL(L, LS)                      \
     INDEX_KERNELS(float, f32, L, LS)          \
