@@ -15,10 +15,15 @@ pub enum Device {
 impl Device {
     /// The CUDA device `ordinal`, or an error when no driver or device is
     /// present. Never panics.
+    ///
+    /// The CUDA backend is not built yet, so this is always
+    /// [`Error::DeviceUnavailable`]; its reason says which of "no CUDA
+    /// driver found", "no device", "no device `ordinal`" or "no backend yet"
+    /// holds on this machine.
     pub fn cuda(ordinal: usize) -> Result<Device> {
         Err(Error::DeviceUnavailable {
             device: Device::Cuda(ordinal),
-            reason: "this build of tapir has no CUDA backend yet; tensors run on the CPU".into(),
+            reason: crate::cuda::driver::unavailable_reason(ordinal),
         })
     }
 

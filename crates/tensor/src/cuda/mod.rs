@@ -6,8 +6,10 @@
 //! architecture. NVRTC is found at run time (DESIGN.md invariants 6 and 7):
 //! when the library is absent the functions return [`NvrtcError::NotFound`]
 //! rather than panic, so the crate builds and runs on a machine with no CUDA
-//! at all. The device backend (driver, allocator, launches) is not built yet.
+//! at all. The device backend (allocator, launches, cuBLAS) is not built yet;
+//! a probe of the driver lets `Device::cuda` say why no device is available.
 
+pub(crate) mod driver;
 mod nvrtc;
 
 pub use nvrtc::{compile_kernel, compile_source, nvrtc_library, NvrtcError, DEFAULT_ARCH};
