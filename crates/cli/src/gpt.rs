@@ -336,7 +336,7 @@ fn accuracy(model: &Gpt, store: &ParamStore, sums: &Sums) -> anyhow::Result<f64>
     Ok(right as f64 / sums.test.len() as f64)
 }
 
-/// `n` characters generated after `prompt`.
+/// `prompt` followed by `n` generated characters.
 fn generate(
     model: &Gpt,
     store: &ParamStore,
@@ -347,7 +347,9 @@ fn generate(
     rng: &mut Rng,
 ) -> anyhow::Result<String> {
     let mut ids = if prompt.is_empty() { vec![0] } else { vocab.encode(prompt)? };
-    let start = if prompt.is_empty() { 1 } else { ids.len() };
+    // The prompt is printed with its continuation; an empty prompt starts
+    // from the first character of the vocabulary, which is not printed.
+    let start = if prompt.is_empty() { 1 } else { 0 };
     for _ in 0..n {
         let ctx = &ids[ids.len().saturating_sub(model.cfg.block_size)..];
         let logits = last_logits(model, store, &Tensor::from_vec(ctx.to_vec(), [1, ctx.len()])?)?.to_vec_f64();

@@ -70,6 +70,7 @@ fn text_file_trains_and_samples() {
     let s = train(&Args { data: Some(path), sample: Some(12), prompt: "hel".into(), ..tiny(6) }).unwrap();
     assert!(s.memory_flat);
     assert_eq!(s.accuracy, None);
-    assert_eq!(s.samples[0].chars().count(), 12);
+    assert_eq!(s.samples[0].chars().count(), 3 + 12);
+    assert!(s.samples[0].starts_with("hel"));
     let _ = std::fs::remove_dir_all(&dir);
 }
