@@ -4,7 +4,9 @@
 //! library from PyPI and sets TAPIR_REQUIRE_NVRTC=1. Elsewhere, without the
 //! library, the test says it was skipped and passes.
 
-use tapir_tensor::cuda::{compile_kernel, compile_source, nvrtc_library, NvrtcError, DEFAULT_ARCH, KERNELS};
+use tapir_tensor::cuda::{
+    cached_ptx, compile_kernel, compile_source, nvrtc_library, NvrtcError, DEFAULT_ARCH, KERNELS,
+};
 
 /// Whether NVRTC can be used; panics when it cannot but is required.
 fn nvrtc_or_skip() -> bool {
@@ -89,6 +91,17 @@ fn the_kernels_the_backend_will_launch_are_entries() {
             assert!(ptx.contains(&format!(".entry {name}(")), "{file}: no entry {name}");
         }
     }
+}
+
+#[test]
+fn ptx_is_compiled_once_per_process() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let a = cached_ptx("softmax.cu", DEFAULT_ARCH).unwrap_or_else(|e| panic!("{e}"));
+    let b = cached_ptx("softmax.cu", DEFAULT_ARCH).unwrap_or_else(|e| panic!("{e}"));
+    assert!(std::sync::Arc::ptr_eq(&a, &b));
+    assert!(matches!(cached_ptx("nope.cu", DEFAULT_ARCH), Err(NvrtcError::Other { .. })));
 }
 
 #[test]

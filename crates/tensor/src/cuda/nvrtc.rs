@@ -7,8 +7,9 @@
 //! (`libnvrtc.so.12`) to the library already loaded. If nothing opens, every
 //! function here returns [`NvrtcError::NotFound`] and cudarc is never called.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions};
 
@@ -142,6 +143,23 @@ pub fn nvrtc_library() -> Result<&'static str, NvrtcError> {
         Ok(p) => Ok(p),
         Err(tried) => Err(NvrtcError::NotFound { tried: tried.clone() }),
     }
+}
+
+/// The PTX of the kernel file `name` for `arch`, compiled on first use and
+/// kept for the rest of the process (DESIGN.md invariant 7). A failed
+/// compilation is not cached, so its error is reported on every call.
+pub fn cached_ptx(name: &str, arch: &str) -> Result<Arc<str>, NvrtcError> {
+    type Cache = Mutex<HashMap<(String, String), Arc<str>>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    let cache = CACHE.get_or_init(Cache::default);
+    let key = (name.to_string(), arch.to_string());
+    if let Some(ptx) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+        return Ok(ptx.clone());
+    }
+    // Compiled outside the lock: two threads may both compile a kernel the
+    // first time, and the first to finish wins; nothing waits on NVRTC.
+    let ptx: Arc<str> = compile_kernel(name, arch)?.into();
+    Ok(cache.lock().unwrap_or_else(|p| p.into_inner()).entry(key).or_insert(ptx).clone())
 }
 
 /// Compiles the kernel file `name` of [`super::KERNELS`] to PTX for `arch`
