@@ -3,6 +3,10 @@
 //! NVRTC needs no GPU, so CI runs this everywhere: .ci/run installs the
 //! library from PyPI and sets TAPIR_REQUIRE_NVRTC=1. Elsewhere, without the
 //! library, the test says it was skipped and passes.
+//!
+//! NVRTC stops at PTX and does not read inline `asm`; with `TAPIR_PTXAS`
+//! naming a ptxas binary (the nvidia-cuda-nvcc-cu12 wheel has one) the PTX
+//! is also assembled for sm_80 and sm_90, which checks that too.
 
 use tapir_tensor::cuda::{
     cached_ptx, compile_kernel, compile_source, nvrtc_library, NvrtcError, DEFAULT_ARCH, KERNELS,
@@ -20,6 +24,25 @@ fn nvrtc_or_skip() -> bool {
             println!("skipped: NVRTC not found (set TAPIR_REQUIRE_NVRTC=1 to make this a failure)");
             false
         }
+    }
+}
+
+/// Assembles `ptx` with `$TAPIR_PTXAS` when it is set; Ok otherwise.
+fn assemble(name: &str, arch: &str, ptx: &str) -> Result<(), String> {
+    let Some(ptxas) = std::env::var_os("TAPIR_PTXAS") else { return Ok(()) };
+    let sm = arch.replace("compute_", "sm_");
+    let path = std::env::temp_dir().join(format!("tapir-{}-{name}-{arch}.ptx", std::process::id()));
+    std::fs::write(&path, ptx).map_err(|e| format!("{name}: writing {}: {e}", path.display()))?;
+    let out = std::process::Command::new(&ptxas)
+        .args([&format!("-arch={sm}"), path.to_str().expect("utf-8 temp path"), "-o", "/dev/null"])
+        .output()
+        .map_err(|e| format!("{name}: running {}: {e}", ptxas.to_string_lossy()))?;
+    let _ = std::fs::remove_file(&path);
+    if out.status.success() {
+        println!("{name} ({sm}): assembled by ptxas");
+        Ok(())
+    } else {
+        Err(format!("ptxas -arch={sm} rejected {name}:\n{}", String::from_utf8_lossy(&out.stderr)))
     }
 }
 
@@ -52,6 +75,9 @@ fn every_kernel_compiles_with_nvrtc() {
                     let declared = src.matches("extern \"C\" __global__").count();
                     println!("{name} ({arch}): {} bytes of PTX, {entries} entries", ptx.len());
                     assert!(entries >= declared.max(1), "{name}: {entries} PTX entries for {declared} kernels");
+                    if let Err(e) = assemble(name, arch, &ptx) {
+                        failures.push(e);
+                    }
                 }
                 Err(e) => failures.push(e.to_string()),
             }
