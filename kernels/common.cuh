@@ -140,8 +140,12 @@ template <int K, typename A> __device__ A block_reduce(A v, A identity) {
 template <typename A> struct Lse {
     A m, s;
 };
+// A NaN anywhere makes the max NaN for good, so the result is NaN as on the
+// CPU (which checks for NaN after its pass), whatever comes before or after.
 template <typename A> __device__ __forceinline__ Lse<A> lse_push(Lse<A> a, A x) {
-    if (x > a.m) {
+    if (t_isnan(x) || t_isnan(a.m)) {
+        a.m = t_isnan(a.m) ? a.m : x;
+    } else if (x > a.m) {
         a.s = (a.m == neg_inf<A>() ? A(0) : a.s * t_exp(a.m - x)) + A(1);
         a.m = x;
     } else if (x == neg_inf<A>()) {
@@ -152,6 +156,8 @@ template <typename A> __device__ __forceinline__ Lse<A> lse_push(Lse<A> a, A x) 
     return a;
 }
 template <typename A> __device__ __forceinline__ Lse<A> lse_merge(Lse<A> a, Lse<A> b) {
+    if (t_isnan(a.m)) return a;
+    if (t_isnan(b.m)) return b;
     if (b.m == neg_inf<A>()) return a;
     if (a.m == neg_inf<A>()) return b;
     A m = a.m > b.m ? a.m : b.m;
@@ -200,7 +206,7 @@ template <typename A> __device__ Lse<A> block_lse(Lse<A> v) {
     __syncthreads();
     return r;
 }
-// log(sum exp) from the state; +-inf and NaN maxima pass through as on the CPU.
+// log(sum exp) from the state; a NaN or +-inf max passes through as on the CPU.
 template <typename A> __device__ __forceinline__ A lse_value(Lse<A> a) {
     if (a.m == neg_inf<A>() || a.m == pos_inf<A>() || t_isnan(a.m)) return a.m;
     return a.m + t_log(a.s);
