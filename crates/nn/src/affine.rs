@@ -12,7 +12,7 @@
 //! Its rules are written in differentiable ops, so higher orders work.
 
 use tapir_tensor::ops::{add_opt, InputGrads, Op};
-use tapir_tensor::{BinaryOps, DType, Diff, Error, MatmulOps, ReduceOps, Result, ShapeOps, Tensor};
+use tapir_tensor::{BinaryOps, DType, Device, Diff, Error, MatmulOps, ReduceOps, Result, ShapeOps, Tensor};
 
 /// `y = x @ w^T + b`, plus `r` when `residual`, for `x` `[N, in]`, `w`
 /// `[out, in]`, `b` `[out]`, `r` `[N, out]`. Inputs: x, w, then b if
@@ -41,6 +41,9 @@ fn in_place<F: tapir_tensor::CpuElement>(y: &mut Tensor, r: &Tensor, f: impl Fn(
 
 /// `y += r` row by row (`r` is one row or all of them), in `y`'s buffer.
 fn add_in_place(y: &mut Tensor, r: &Tensor) -> Result<bool> {
+    if y.device() != Device::Cpu || r.device() != Device::Cpu {
+        return Ok(false);
+    }
     match (y.dtype(), r.dtype()) {
         (DType::F32, DType::F32) => in_place::<f32>(y, r, |a, b| a + b),
         (DType::F64, DType::F64) => in_place::<f64>(y, r, |a, b| a + b),

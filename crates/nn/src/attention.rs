@@ -17,7 +17,9 @@
 
 use tapir_autograd::Var;
 use tapir_tensor::ops::{add_opt, one, InputGrads, Op};
-use tapir_tensor::{BinaryOps, DType, Diff, Error, MatmulOps, ReduceOps, Result, Rng, ShapeOps, Tensor, UnaryOps};
+use tapir_tensor::{
+    BinaryOps, DType, Device, Diff, Error, MatmulOps, ReduceOps, Result, Rng, ShapeOps, SoftmaxOps, Tensor, UnaryOps,
+};
 
 use crate::layers::{Dropout, Linear};
 use crate::params::{Bound, ParamStore};
@@ -70,6 +72,13 @@ impl Op for CausalSoftmax {
             });
         }
         let (tq, tk) = (dims[dims.len() - 2], dims[dims.len() - 1]);
+        if x.device() != Device::Cpu {
+            // The kernel reads host memory; elsewhere, an additive mask.
+            let mask: Vec<f32> =
+                (0..tq * tk).map(|r| if r % tk <= r / tk + tk - tq { 0.0 } else { f32::NEG_INFINITY }).collect();
+            let mask = Tensor::from_vec(mask, [tq, tk])?.cast(x.dtype())?.to_device(x.device())?;
+            return x.mul_scalar(self.scale)?.add(&mask)?.softmax(-1);
+        }
         let x = x.contiguous();
         match x.dtype() {
             DType::F32 => {
@@ -255,6 +264,9 @@ impl CausalAttention {
 
     fn vjp_kernel(&self, xs: [&Tensor; 3], y: &Tensor, g: &Tensor) -> Result<Option<[Tensor; 3]>> {
         let hs = self.check(xs[0], xs[1], xs[2])?;
+        if xs.iter().chain([&y, &g]).any(|t| t.device() != Device::Cpu) {
+            return Ok(None);
+        }
         let [q, k, v] = xs.map(|t| t.contiguous());
         let (y, g) = (y.contiguous(), g.contiguous());
         let b = q.dims()[0];
@@ -297,6 +309,10 @@ impl Op for CausalAttention {
     }
     fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let hs = self.check(xs[0], xs[1], xs[2])?;
+        if xs.iter().any(|t| t.device() != Device::Cpu) {
+            // The kernel reads host memory; elsewhere, the composition.
+            return self.composed(xs[0], xs[1], xs[2]);
+        }
         let (q, k, v) = (xs[0].contiguous(), xs[1].contiguous(), xs[2].contiguous());
         let b = q.dims()[0];
         macro_rules! run {

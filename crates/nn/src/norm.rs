@@ -13,7 +13,7 @@
 
 use tapir_autograd::Var;
 use tapir_tensor::ops::{add_opt, InputGrads, Op};
-use tapir_tensor::{BinaryOps, DType, Diff, Error, Float, ReduceOps, Result, ShapeOps, Tensor, UnaryOps};
+use tapir_tensor::{BinaryOps, DType, Device, Diff, Error, Float, ReduceOps, Result, ShapeOps, Tensor, UnaryOps};
 
 use crate::params::{Bound, ParamId, ParamStore};
 
@@ -188,6 +188,9 @@ impl NormOp {
     /// The eager backward: one pass over f32 or f64 rows.
     fn vjp_kernel(&self, x: &Tensor, w: Option<&Tensor>, g: &Tensor) -> Result<Option<[Tensor; 3]>> {
         let d = *x.dims().last().expect("internal: rank checked");
+        if x.device() != Device::Cpu {
+            return Ok(None);
+        }
         let (x, g, w) = (x.contiguous(), g.contiguous(), w.map(|w| w.contiguous()));
         macro_rules! run {
             ($F:ty) => {{
@@ -243,6 +246,18 @@ impl Op for NormOp {
             if p.dtype() != x.dtype() {
                 return Err(Error::DTypeMismatch { op: self.name(), lhs: x.dtype(), rhs: p.dtype() });
             }
+        }
+        if xs.iter().any(|t| t.device() != Device::Cpu) {
+            // The kernel reads host memory; elsewhere, the composition.
+            let (h, _) = self.normalized(x)?;
+            let h = match w {
+                Some(w) => h.mul(w)?,
+                None => h,
+            };
+            return match b {
+                Some(b) => h.add(b),
+                None => Ok(h),
+            };
         }
         let (xc, wc, bc) = (x.contiguous(), w.map(|t| t.contiguous()), b.map(|t| t.contiguous()));
         macro_rules! run {

@@ -250,7 +250,8 @@ impl Unary {
     /// `create_graph` the differentiable line in `deriv` is used. `None`
     /// for the other functions, and for operands the loop does not cover.
     fn eager_vjp(self, x: &Tensor, y: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
-        if x.shape() != g.shape() || x.dtype() != g.dtype() {
+        let on_cpu = [x, y, g].iter().all(|t| t.device() == crate::Device::Cpu);
+        if !on_cpu || x.shape() != g.shape() || x.dtype() != g.dtype() {
             return Ok(None);
         }
         let shape = x.shape().clone();
