@@ -181,8 +181,12 @@ fn gradient_checker_first_and_second_order() {
     let x = Rng::new(9).randn([4, 5], DType::F64).unwrap();
     for red in [Reduction::None, Reduction::Sum, Reduction::Mean] {
         let opts = CrossEntropyOptions { label_smoothing: 0.1, reduction: red, ..Default::default() };
-        check_grads(&|_g, v| v[0].sparse_cross_entropy_with(&labels, opts), std::slice::from_ref(&x), &CheckOptions::default())
-            .unwrap_or_else(|e| panic!("{red:?}: {e}"));
+        check_grads(
+            &|_g, v| v[0].sparse_cross_entropy_with(&labels, opts),
+            std::slice::from_ref(&x),
+            &CheckOptions::default(),
+        )
+        .unwrap_or_else(|e| panic!("{red:?}: {e}"));
     }
 }
 
