@@ -51,7 +51,7 @@ pub struct Graph {
 /// use tapir_autograd::Graph;
 /// use tapir_tensor::Tensor;
 /// // A Var cannot escape its scope.
-/// let escaped = Graph::scope(|g| Ok(g.leaf(Tensor::scalar(1.0)))).unwrap();
+/// let escaped = Graph::scope(|g| Ok::<_, tapir_tensor::Error>(g.leaf(Tensor::scalar(1.0)))).unwrap();
 /// ```
 #[derive(Clone, Copy)]
 pub struct Var<'g> {
@@ -94,7 +94,7 @@ impl Graph {
     ///     let y = x.tanh()?.sum_all()?;
     ///     let dy = g.grad_graph(y, &[x])?[0];        // recorded: differentiable again
     ///     let d2 = g.grad(dy.sum_all()?, &[x])?;     // second derivative, as tensors
-    ///     Ok(d2[0].clone())
+    ///     Ok::<_, Error>(d2[0].clone())
     /// })?;
     /// let want: Vec<f64> = [0.5f64, -1.0].iter().map(|x| -2.0 * x.tanh() * (1.0 - x.tanh().powi(2))).collect();
     /// for (a, b) in d2.to_vec::<f64>()?.iter().zip(&want) { assert!((a - b).abs() < 1e-12); }
