@@ -37,7 +37,8 @@ pub struct Args {
     /// Adam steps.
     #[arg(long, default_value_t = 10_000)]
     pub steps: usize,
-    /// L-BFGS iterations after Adam (default: 0, or 500 for burgers).
+    /// L-BFGS iterations after Adam (default: 500 for poisson and burgers,
+    /// 300 for heat; PINN practice is Adam, then L-BFGS).
     #[arg(long)]
     pub lbfgs: Option<usize>,
     /// Initial Adam learning rate.
@@ -331,7 +332,10 @@ pub fn train(a: &Args) -> anyhow::Result<Outcome> {
     let initial_rel_l2 = grid.rel_l2(&grid.predict(&net, &store)?);
     let mut adam = Adam::new(a.lr);
     let schedule = Schedule::Exponential { total: a.steps, final_factor: a.lr_final / a.lr };
-    let lbfgs_iters = a.lbfgs.unwrap_or(if prob == Problem::Burgers { 500 } else { 0 });
+    let lbfgs_iters = a.lbfgs.unwrap_or(match prob {
+        Problem::Heat => 300,
+        Problem::Poisson | Problem::Burgers => 500,
+    });
     let bar = if a.quiet { ProgressBar::hidden() } else { ProgressBar::new((a.steps + lbfgs_iters) as u64) };
     bar.set_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} {elapsed_precise} {msg}").expect("valid template"),
