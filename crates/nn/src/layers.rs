@@ -158,10 +158,20 @@ impl Mlp {
         rng: &mut Rng,
         dtype: DType,
     ) -> Result<Self> {
+        Self::build(name, widths, activation, |n, i, o| Linear::new(store, &n, i, o, true, rng, dtype))
+    }
+
+    /// One layer per consecutive pair of widths, named `{name}.{k}`.
+    fn build(
+        name: &str,
+        widths: &[usize],
+        activation: Activation,
+        mut layer: impl FnMut(String, usize, usize) -> Result<Linear>,
+    ) -> Result<Self> {
         let layers = widths
             .windows(2)
             .enumerate()
-            .map(|(i, w)| Linear::new(store, &format!("{name}.{i}"), w[0], w[1], true, rng, dtype))
+            .map(|(k, w)| layer(format!("{name}.{k}"), w[0], w[1]))
             .collect::<Result<_>>()?;
         Ok(Mlp { layers, activation })
     }
@@ -175,12 +185,7 @@ impl Mlp {
         rng: &mut Rng,
         dtype: DType,
     ) -> Result<Self> {
-        let layers = widths
-            .windows(2)
-            .enumerate()
-            .map(|(i, w)| Linear::xavier(store, &format!("{name}.{i}"), w[0], w[1], rng, dtype))
-            .collect::<Result<_>>()?;
-        Ok(Mlp { layers, activation })
+        Self::build(name, widths, activation, |n, i, o| Linear::xavier(store, &n, i, o, rng, dtype))
     }
 
     /// Applies the network.
