@@ -58,15 +58,17 @@ fn kept_then_reduced(x: &Tensor, axes: &[usize]) -> Result<(Tensor, usize, usize
     Ok((x.permute_raw(&perm)?, rows, reduced))
 }
 
-/// Sums a contiguous slice with eight independent accumulators (vectorisable,
-/// and more accurate than one running sum).
+/// Sums a contiguous slice with 32 independent accumulators: vectorisable,
+/// more accurate than one running sum, and eight independent SSE add chains
+/// for f32 rather than two, so the adds are not what a core waits on.
 #[inline]
 pub(crate) fn sum_slice<T: Float>(s: &[T]) -> T {
-    let mut acc = [T::ZERO; 8];
-    let chunks = s.chunks_exact(8);
+    const LANES: usize = 32;
+    let mut acc = [T::ZERO; LANES];
+    let chunks = s.chunks_exact(LANES);
     let rest = chunks.remainder();
     for c in chunks {
-        for i in 0..8 {
+        for i in 0..LANES {
             acc[i] += c[i];
         }
     }
@@ -92,6 +94,16 @@ fn reduce_rows<T: CpuElement + Copy + Send + Sync, D: Send>(
     let data = &v.storage_slice::<T>()[v.layout.offset..v.layout.offset + v.numel()];
     if reduced == 0 {
         return Ok((0..rows).map(|_| row(&[])).collect());
+    }
+    if rows > 1 && rows * reduced >= PAR_MIN && rayon::current_num_threads() > 1 {
+        // Few long rows (a sum over the last axis of [4096, 4096]): split by
+        // the work, not by the number of outputs as fill_vec would.
+        let min_rows = (PAR_MIN / 4 / reduced).max(1);
+        return Ok((0..rows)
+            .into_par_iter()
+            .with_min_len(min_rows)
+            .map(|r| row(&data[r * reduced..(r + 1) * reduced]))
+            .collect());
     }
     Ok(fill_vec(rows, |start, out| {
         for (i, o) in out.iter_mut().enumerate() {
