@@ -435,14 +435,42 @@ fn unary_on_scalar_and_empty_tensors() -> R {
 
 #[test]
 fn unary_large_tensor_parallel_path_matches_reference() -> R {
-    // Above the parallel threshold, and strided, so chunked runs are exercised.
-    let n = 300 * 517;
-    let x = f32s(&(0..n).map(|i| ((i * 37) % 1001) as f64 / 100.0 - 5.0).collect::<Vec<_>>(), &[300, 517]);
+    // Above the parallel threshold (and the huge-page one: > 4 MiB), and
+    // strided, so chunked runs of a transposed input are exercised.
+    let (r, c) = (1100, 1013);
+    let n = r * c;
+    let x = f32s(&(0..n).map(|i| ((i * 37) % 1001) as f64 / 100.0 - 5.0).collect::<Vec<_>>(), &[r, c]);
     let xt = x.t()?;
     let got = xt.tanh()?.to_vec_f64();
     let src = xt.to_vec_f64();
     for (i, (&g, &v)) in got.iter().zip(&src).enumerate() {
         assert!((g - v.tanh()).abs() < 1e-6, "element {i}");
+    }
+    Ok(())
+}
+
+#[test]
+fn large_outputs_are_filled_completely() -> R {
+    // Outputs big enough to be split across threads on huge-page boundaries
+    // (> 4 MiB), of odd lengths so the first and last chunks are partial,
+    // for element sizes 2, 4 and 8: every element must be written once.
+    for (dtype, n) in [(DType::F32, (1 << 22) + 12_345), (DType::F64, (1 << 21) + 7), (DType::F16, (1 << 23) + 3)] {
+        let y = Tensor::zeros([n], dtype).add_scalar(1.0)?;
+        assert_eq!(y.dtype(), dtype);
+        assert_eq!(y.numel(), n);
+        let v = y.to_vec_f64();
+        if let Some(i) = v.iter().position(|&e| e != 1.0) {
+            panic!("{dtype}: element {i} of {n} is {}", v[i]);
+        }
+        if dtype == DType::F16 {
+            continue; // f16 cannot hold the positions below
+        }
+        // Element i really is f(x[i]): a position-dependent binary op.
+        let x = Tensor::arange(0.0, n as f64, 1.0, dtype)?;
+        let z = x.add(&x)?.to_vec_f64();
+        if let Some(i) = (0..n).find(|&i| z[i] != 2.0 * i as f64) {
+            panic!("{dtype}: element {i} of {n} is {}", z[i]);
+        }
     }
     Ok(())
 }
@@ -810,7 +838,7 @@ fn reductions_over_empty_axes() -> R {
 #[test]
 fn large_reductions_match_naive_sums() -> R {
     // Leading-axis fast path, last-axis rows, one big row: all above PAR_MIN.
-    let (r, c) = (300, 257);
+    let (r, c) = (700, 517);
     let data: Vec<f64> = (0..r * c).map(|i| ((i * 31) % 97) as f64).collect();
     let x = f64s(&data, &[r, c]);
     let (d0, w0) = naive_reduce(&data, &[r, c], &[0], false, 0.0, |a, b| a + b);
