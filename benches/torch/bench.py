@@ -163,7 +163,12 @@ def peak_child(name, kind):
         h, w, y = linear_ce_inputs(*LINEAR_SHAPES[name])
         base = rss()
         linear_ce_step(h, w, y)
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base)
+    # VmHWM, not ru_maxrss: Linux carries ru_maxrss across execve, so a
+    # child would report its parent's peak; the high-water mark belongs to
+    # this process's own address space.
+    with open("/proc/self/status") as f:
+        hwm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+    print(hwm - base)
 
 
 def peak(name, kind):
