@@ -71,41 +71,31 @@ fn check(store: &ParamStore, grads: &Grads, op: &'static str) -> Result<()> {
 }
 
 /// Runs `f(param, grad, state...)` over f32 or f64 slices of one parameter.
+/// The body is written once and expanded for each float type.
 macro_rules! for_each_param {
     ($store:expr, $grads:expr, $states:expr, |$p:ident, $g:ident, $s:ident| $body:block) => {{
         for (id, gt) in $grads.iter() {
             let states: &mut Vec<Tensor> = &mut $states[id.index()];
+            macro_rules! typed {
+                ($F:ty) => {{
+                    type F = $F;
+                    let gv = match gt.as_slice::<F>() {
+                        Some(s) => std::borrow::Cow::Borrowed(s),
+                        None => std::borrow::Cow::Owned(gt.to_vec::<F>()?),
+                    };
+                    let $g: &[F] = &gv;
+                    let mut sl: Vec<&mut [F]> = Vec::new();
+                    for st in states.iter_mut() {
+                        sl.push(st.make_mut::<F>()?);
+                    }
+                    let $s = sl;
+                    let $p = $store.get_mut(id).make_mut::<F>()?;
+                    $body
+                }};
+            }
             match gt.dtype() {
-                DType::F32 => {
-                    type F = f32;
-                    let gv = gt
-                        .as_slice::<F>()
-                        .map(std::borrow::Cow::Borrowed)
-                        .unwrap_or_else(|| gt.to_vec::<F>().unwrap().into());
-                    let $g: &[F] = &gv;
-                    let mut sl: Vec<&mut [F]> = Vec::new();
-                    for st in states.iter_mut() {
-                        sl.push(st.make_mut::<F>()?);
-                    }
-                    let $s = sl;
-                    let $p = $store.get_mut(id).make_mut::<F>()?;
-                    $body
-                }
-                DType::F64 => {
-                    type F = f64;
-                    let gv = gt
-                        .as_slice::<F>()
-                        .map(std::borrow::Cow::Borrowed)
-                        .unwrap_or_else(|| gt.to_vec::<F>().unwrap().into());
-                    let $g: &[F] = &gv;
-                    let mut sl: Vec<&mut [F]> = Vec::new();
-                    for st in states.iter_mut() {
-                        sl.push(st.make_mut::<F>()?);
-                    }
-                    let $s = sl;
-                    let $p = $store.get_mut(id).make_mut::<F>()?;
-                    $body
-                }
+                DType::F32 => typed!(f32),
+                DType::F64 => typed!(f64),
                 dtype => {
                     return Err(Error::UnsupportedDType {
                         op: "optimizer step",
