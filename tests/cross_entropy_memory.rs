@@ -5,6 +5,7 @@
 use std::sync::{Mutex, MutexGuard};
 
 use tapir::prelude::*;
+use tapir::tensor::max_memory_allocated;
 use tapir::tensor::ops::cross_entropy::CrossEntropyOptions;
 
 static LOCK: Mutex<()> = Mutex::new(());
@@ -53,6 +54,44 @@ fn sparse_cross_entropy_memory_bounds() {
         Ok::<_, Error>(())
     })
     .unwrap();
+}
+
+/// When the loss is the logits' last reader (logits made in the graph, not
+/// a leaf the user holds), backward writes the gradient over the logits'
+/// own buffer: forward plus backward then adds no N x V buffer besides the
+/// logits themselves, only the gradients of the matmul's inputs and O(N).
+/// The values equal those of a pass that keeps the logits (retain_graph).
+#[test]
+fn sparse_cross_entropy_gradient_reuses_the_logits() {
+    let _s = serial();
+    const D: usize = 8;
+    let mut rng = Rng::new(3);
+    let h0 = rng.randn([N, D], DType::F32).unwrap();
+    let w0 = rng.randn([V, D], DType::F32).unwrap();
+    let (_, labels) = inputs();
+    let run = |retain: bool| {
+        Graph::scope(|g| {
+            let (h, w) = (g.leaf(h0.clone()), g.leaf(w0.clone()));
+            let loss = h.matmul(&w.t()?)?.sparse_cross_entropy(&labels)?;
+            let forward = memory_allocated(Device::Cpu);
+            reset_peak_memory_stats(Device::Cpu);
+            let grads = g.grad_with(&[loss], &[h, w], GradOptions { grad_outputs: None, retain_graph: retain })?;
+            Ok::<_, Error>((grads, max_memory_allocated(Device::Cpu) - forward))
+        })
+        .unwrap()
+    };
+    let (reused, extra) = run(false);
+    let bound = (N * D + V * D) * 4 + 16 * N + SLACK;
+    assert!(
+        extra <= bound,
+        "backward added {extra} bytes above the forward, bound {bound} (the logits are {})",
+        N * V * 4
+    );
+    let (kept, extra_kept) = run(true);
+    assert!(extra_kept >= N * V * 4, "with the logits kept, the gradient needs its own buffer ({extra_kept})");
+    for (a, b) in reused.iter().zip(&kept) {
+        assert_eq!(a.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
+    }
 }
 
 /// The fused head never holds the N x V logits: its largest allocation in

@@ -2,12 +2,14 @@
 //! parameter, so the parameter <-> grad reference cycle of PyTorch has
 //! nowhere to form.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use smallvec::SmallVec;
-use tapir_tensor::{BinaryOps, Diff, Error, Result, Tensor, Traced};
+use tapir_tensor::{BinaryOps, Diff, Error, Result, Saved, ShapeOps, Tensor, Traced};
 
-use crate::graph::{from_raw, released, to_raw, Graph, NodeId, Var};
+use slotmap::SlotMap;
+
+use crate::graph::{from_raw, released, to_raw, Graph, Node, NodeId, Var};
 
 /// Options of a backward pass.
 #[derive(Debug, Clone, Default)]
@@ -114,39 +116,32 @@ impl Graph {
         for (&o, s) in out_ids.iter().zip(seeds) {
             accumulate(&mut grads, o, s)?;
         }
+        let mut saved = if opts.retain_graph { None } else { Some(SavedValues::new(self, &order, &out_ids, &in_ids)) };
         let mut results: HashMap<NodeId, Tensor> = HashMap::new();
         for &n in order.iter().rev() {
+            // A node no gradient reached keeps its values: another pass may
+            // still run its rule.
             let Some(gn) = grads.remove(&n) else { continue };
             if in_ids.contains(&n) {
                 results.insert(n, gn.clone());
             }
-            let (op, input_ids, xs, y) = {
-                let nodes = self.nodes.borrow();
-                let node = &nodes[n];
-                let Some(op) = node.op.clone() else { continue };
-                let xs = node
-                    .inputs
-                    .iter()
-                    .map(|&i| nodes[i].value.clone().ok_or_else(|| released(op.name())))
-                    .collect::<Result<SmallVec<[Tensor; 3]>>>()?;
-                let y = node.value.clone().ok_or_else(|| released(op.name()))?;
-                (op, node.inputs.clone(), xs, y)
+            let Some(op) = self.nodes.borrow()[n].op.clone() else { continue };
+            let input_ids = self.nodes.borrow()[n].inputs.clone();
+            let (xs, y) = match saved.as_mut() {
+                Some(s) => s.take_for(self, n, op.saves())?,
+                None => {
+                    let nodes = self.nodes.borrow();
+                    let value = |i: NodeId| nodes[i].value.clone().ok_or_else(|| released(op.name()));
+                    (input_ids.iter().map(|&i| value(i)).collect::<Result<_>>()?, value(n)?)
+                }
             };
-            let refs: SmallVec<[&Tensor; 3]> = xs.iter().collect();
-            let gin = op.vjp_eager(&refs, &y, &gn)?;
-            drop(refs);
-            drop((xs, y, gn));
+            let gin = op.vjp_eager(xs, y, gn)?;
             for (i, gi) in input_ids.iter().zip(gin) {
                 if let Some(gi) = gi {
                     if self.nodes.borrow()[*i].requires_grad {
                         accumulate(&mut grads, *i, gi)?;
                     }
                 }
-            }
-            if !opts.retain_graph {
-                // Release what only this pass needed: the node's own value.
-                // Leaves and constants are the user's and stay.
-                self.nodes.borrow_mut()[n].value = None;
             }
         }
         inputs
@@ -227,6 +222,90 @@ impl Graph {
             })
             .collect()
     }
+}
+
+/// The bookkeeping that lets a first-order backward free each value as soon
+/// as no rule that may still run reads it (what each rule reads is its op's
+/// [`Saved`]), the way torch frees saved tensors as their nodes run. Rules
+/// outside this pass count too (another loss's backward may still run
+/// them), so only values no rule will ever read again go. The outputs, the
+/// requested inputs, leaves and constants keep their values.
+struct SavedValues {
+    /// Reads still to come, per node, by the rules not yet spent.
+    readers: HashMap<NodeId, usize>,
+    /// Nodes whose values stay.
+    kept: HashSet<NodeId>,
+}
+
+impl SavedValues {
+    /// Counts the reads of every rule of the graph that may still run, and
+    /// frees at once the values on this pass's path that none of them needs.
+    fn new(g: &Graph, order: &[NodeId], outputs: &[NodeId], inputs: &[NodeId]) -> SavedValues {
+        let mut nodes = g.nodes.borrow_mut();
+        let mut readers: HashMap<NodeId, usize> = HashMap::with_capacity(order.len());
+        for (n, node) in nodes.iter() {
+            let Some(op) = &node.op else { continue };
+            if !node.requires_grad || node.rule_spent {
+                continue;
+            }
+            let saves = op.saves();
+            if saves.reads_output() {
+                *readers.entry(n).or_default() += 1;
+            }
+            for (k, &i) in node.inputs.iter().enumerate() {
+                if saves.reads_input(k) {
+                    *readers.entry(i).or_default() += 1;
+                }
+            }
+        }
+        let kept: HashSet<NodeId> = outputs.iter().chain(inputs).copied().collect();
+        let saved = SavedValues { readers, kept };
+        for &n in order {
+            saved.release_if_unread(&mut nodes, n);
+        }
+        saved
+    }
+
+    fn release_if_unread(&self, nodes: &mut SlotMap<NodeId, Node>, n: NodeId) {
+        let node = &mut nodes[n];
+        if node.op.is_some() && !self.kept.contains(&n) && self.readers.get(&n).copied().unwrap_or(0) == 0 {
+            node.value = None;
+        }
+    }
+
+    /// The values the rule of node `n` reads, its inputs' and its own;
+    /// what it does not read comes as a stand-in with the right shape and
+    /// dtype. A value read here for the last time is taken out of its node
+    /// (handed over, so the rule may reuse its buffer).
+    fn take_for(&mut self, g: &Graph, n: NodeId, saves: Saved) -> Result<(SmallVec<[Tensor; 3]>, Tensor)> {
+        let mut nodes = g.nodes.borrow_mut();
+        let name = nodes[n].op.as_ref().map_or("backward", |o| o.name());
+        let mut take = |nodes: &mut SlotMap<NodeId, Node>, i: NodeId| -> Result<Tensor> {
+            let left = self.readers.get_mut(&i).map(|r| {
+                *r = r.saturating_sub(1);
+                *r
+            });
+            let node = &mut nodes[i];
+            let last = left == Some(0) && node.op.is_some() && !self.kept.contains(&i);
+            let value = if last { node.value.take() } else { node.value.clone() };
+            value.ok_or_else(|| released(name))
+        };
+        let input_ids = nodes[n].inputs.clone();
+        let mut xs = SmallVec::new();
+        for (k, &i) in input_ids.iter().enumerate() {
+            xs.push(if saves.reads_input(k) { take(&mut nodes, i)? } else { stand_in(&nodes[i])? });
+        }
+        let y = if saves.reads_output() { take(&mut nodes, n)? } else { stand_in(&nodes[n])? };
+        nodes[n].rule_spent = true;
+        self.release_if_unread(&mut nodes, n);
+        Ok((xs, y))
+    }
+}
+
+/// A zero-sized tensor with `node`'s shape, dtype and device: what a rule
+/// gets for a value it declared it does not read.
+fn stand_in(node: &Node) -> Result<Tensor> {
+    Tensor::zeros([], node.dtype).to_device(node.device)?.broadcast_to(node.shape.clone())
 }
 
 fn accumulate(grads: &mut HashMap<NodeId, Tensor>, id: NodeId, g: Tensor) -> Result<()> {

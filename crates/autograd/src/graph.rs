@@ -28,6 +28,9 @@ pub(crate) struct Node {
     pub inputs: SmallVec<[NodeId; 3]>,
     /// True when a leaf, or made by a differentiable op from such a node.
     pub requires_grad: bool,
+    /// True once a first-order backward without `retain_graph` has run this
+    /// node's rule: it will read no value again.
+    pub rule_spent: bool,
 }
 
 /// A computation graph: an arena of nodes. The only way to get one is
@@ -123,6 +126,7 @@ impl Graph {
             op: None,
             inputs: SmallVec::new(),
             requires_grad,
+            rule_spent: false,
         })
     }
 
@@ -159,6 +163,7 @@ impl Graph {
             op: Some(op),
             inputs: inputs.iter().copied().collect(),
             requires_grad,
+            rule_spent: false,
         }))
     }
 

@@ -11,7 +11,7 @@
 //! It can also add a residual branch in the same buffer.
 //! Its rules are written in differentiable ops, so higher orders work.
 
-use tapir_tensor::ops::{add_opt, InputGrads, Op};
+use tapir_tensor::ops::{add_opt, InputGrads, Op, Saved};
 use tapir_tensor::{BinaryOps, DType, Device, Diff, Error, MatmulOps, ReduceOps, Result, ShapeOps, Tensor};
 
 /// `y = x @ w^T + b`, plus `r` when `residual`, for `x` `[N, in]`, `w`
@@ -63,6 +63,11 @@ impl Affine {
 impl Op for Affine {
     fn name(&self) -> &'static str {
         "affine"
+    }
+
+    fn saves(&self) -> Saved {
+        // x and the weight; never the bias, the residual or the output.
+        Saved::input(0).and_input(1)
     }
     fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
         self.check(xs.len())?;

@@ -16,7 +16,7 @@
 //! derivative order works.
 
 use tapir_autograd::Var;
-use tapir_tensor::ops::{add_opt, one, InputGrads, Op};
+use tapir_tensor::ops::{add_opt, one, InputGrads, Op, Saved};
 use tapir_tensor::{
     BinaryOps, DType, Device, Diff, Error, MatmulOps, ReduceOps, Result, Rng, ShapeOps, SoftmaxOps, Tensor, UnaryOps,
 };
@@ -60,6 +60,10 @@ fn causal_rows<T: tapir_tensor::Float + tapir_tensor::CpuElement>(
 impl Op for CausalSoftmax {
     fn name(&self) -> &'static str {
         "causal_softmax"
+    }
+
+    fn saves(&self) -> Saved {
+        Saved::OUTPUT
     }
     fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let x = xs[0];

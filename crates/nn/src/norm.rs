@@ -12,7 +12,7 @@
 //! reference the op is tested against.
 
 use tapir_autograd::Var;
-use tapir_tensor::ops::{add_opt, InputGrads, Op};
+use tapir_tensor::ops::{add_opt, InputGrads, Op, Saved};
 use tapir_tensor::{BinaryOps, DType, Device, Diff, Error, Float, ReduceOps, Result, ShapeOps, Tensor, UnaryOps};
 
 use crate::params::{Bound, ParamId, ParamStore};
@@ -224,6 +224,15 @@ impl Op for NormOp {
             "rms_norm"
         } else {
             "layer_norm"
+        }
+    }
+
+    fn saves(&self) -> Saved {
+        // x and the weight (when there is one); never the bias or the output.
+        if self.has_weight {
+            Saved::input(0).and_input(1)
+        } else {
+            Saved::input(0)
         }
     }
     fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {

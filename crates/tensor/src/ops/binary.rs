@@ -8,7 +8,7 @@ use crate::iter::{map2, map3, Nd};
 use crate::ops::reduce::ReduceOps;
 use crate::ops::shape::ShapeOps;
 use crate::ops::unary::{float_map, UnaryOps};
-use crate::ops::{add_opt, Diff, InputGrads, Op};
+use crate::ops::{add_opt, Diff, InputGrads, Op, Saved};
 use crate::storage::CpuElement;
 use crate::{with_dtype, with_float, DType, Element, Error, Float, Result, Shape, Tensor};
 
@@ -75,6 +75,15 @@ impl Op for Binary {
             Binary::Pow => "pow",
             Binary::Maximum => "maximum",
             Binary::Minimum => "minimum",
+        }
+    }
+
+    fn saves(&self) -> Saved {
+        match self {
+            Binary::Add | Binary::Sub => Saved::NOTHING,
+            Binary::Mul | Binary::Maximum | Binary::Minimum => Saved::INPUTS,
+            Binary::Div => Saved::input(1).and_output(),
+            Binary::Pow => Saved::ALL,
         }
     }
 
@@ -199,6 +208,10 @@ impl Op for Compare {
     fn name(&self) -> &'static str {
         self.cmp.name()
     }
+
+    fn saves(&self) -> Saved {
+        Saved::NOTHING
+    }
     fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let a = xs[0];
         let cmp = self.cmp;
@@ -242,6 +255,10 @@ pub struct Where {
 impl Op for Where {
     fn name(&self) -> &'static str {
         "where"
+    }
+
+    fn saves(&self) -> Saved {
+        Saved::NOTHING
     }
     fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let (a, b) = (xs[0], xs[1]);

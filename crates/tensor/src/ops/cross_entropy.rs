@@ -21,9 +21,10 @@ use crate::ops::reduce::ReduceOps;
 use crate::ops::shape::ShapeOps;
 use crate::ops::softmax::SoftmaxOps;
 use crate::ops::unary::UnaryOps;
-use crate::ops::{Diff, InputGrads, Op};
+use crate::ops::{one, Diff, InputGrads, Op, Saved};
 use crate::storage::CpuElement;
 use crate::{DType, Error, Float, Result, Shape, Tensor};
+use smallvec::SmallVec;
 
 /// How per-row losses are combined.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -310,6 +311,43 @@ pub struct SparseCrossEntropy {
 }
 
 impl SparseCrossEntropy {
+    /// The fused backward: `g * (softmax - onehot)` (with the smoothing
+    /// terms) from the logits and the saved lse, written over the logits'
+    /// own buffer when `logits` is the last handle on it (a graph hands the
+    /// value over when this loss was its last reader), else over a private
+    /// copy: the only N x V buffer of the backward either way.
+    fn fused_grad(&self, logits: Tensor, g: &Tensor) -> Result<Tensor> {
+        let (_, v) = self.split(logits.shape())?;
+        let labels = check_labels(self.name(), &self.labels, self.options.ignore_index, v)?;
+        let (dtype, cd) = (logits.dtype(), compute_dtype(self.name(), &logits)?);
+        let lse = match self.lse.get() {
+            Some(l) => l.clone(),
+            None => {
+                self.forward(&[&logits])?;
+                self.lse.get().expect("internal: forward saves lse").clone()
+            }
+        };
+        let w = row_weights(g, &labels, self.options.reduction)?;
+        let mut grad = logits.cast_raw(cd).contiguous();
+        drop(logits);
+        macro_rules! run {
+            ($T:ty) => {{
+                let l = lse.as_slice::<$T>().expect("internal: lse contiguous").to_vec();
+                let w: Vec<$T> = w.iter().map(|&v| v as $T).collect();
+                let buf = grad.make_mut::<$T>()?;
+                if v > 0 {
+                    grad_rows_in_place::<$T>(buf, v, &l, &labels, &w, self.options.label_smoothing);
+                }
+            }};
+        }
+        if cd == DType::F64 {
+            run!(f64)
+        } else {
+            run!(f32)
+        }
+        Ok(grad.cast_raw(dtype))
+    }
+
     fn split(&self, x_shape: &Shape) -> Result<(Shape, usize)> {
         let d = x_shape.dims();
         let v = *d.last().ok_or_else(|| Error::InvalidShape {
@@ -340,6 +378,10 @@ fn compute_dtype(op: &'static str, x: &Tensor) -> Result<DType> {
 impl Op for SparseCrossEntropy {
     fn name(&self) -> &'static str {
         "sparse_cross_entropy"
+    }
+
+    fn saves(&self) -> Saved {
+        Saved::input(0)
     }
 
     fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
@@ -380,38 +422,12 @@ impl Op for SparseCrossEntropy {
                 self.options.label_smoothing
             )?)]);
         }
-        // Fused: the gradient is written over a private copy of the logits
-        // (the only N x V buffer of the backward), from the saved lse.
-        let xt = x.eval()?;
-        let cd = compute_dtype(self.name(), &xt)?;
-        let lse = match self.lse.get() {
-            Some(l) => l.clone(),
-            None => {
-                self.forward(&[&xt])?;
-                self.lse.get().expect("internal: forward saves lse").clone()
-            }
-        };
-        let w = row_weights(&g.eval()?, &labels, self.options.reduction)?;
-        let mut grad = xt.cast_raw(cd).contiguous();
-        if grad.same_storage(&xt) {
-            grad = Tensor::from_buffer(grad.storage.buffer().clone(), grad.shape().clone())?;
-        }
-        macro_rules! run {
-            ($T:ty) => {{
-                let l = lse.as_slice::<$T>().expect("internal: lse contiguous").to_vec();
-                let w: Vec<$T> = w.iter().map(|&v| v as $T).collect();
-                let buf = grad.make_mut::<$T>()?;
-                if v > 0 {
-                    grad_rows_in_place::<$T>(buf, v, &l, &labels, &w, self.options.label_smoothing);
-                }
-            }};
-        }
-        if cd == DType::F64 {
-            run!(f64)
-        } else {
-            run!(f32)
-        }
-        Ok(smallvec::smallvec![Some(x.lift(grad.cast_raw(xt.dtype())))])
+        Ok(one(x.lift(self.fused_grad(x.eval()?, &g.eval()?)?)))
+    }
+
+    fn vjp_owned(&self, xs: SmallVec<[Tensor; 3]>, _: Tensor, g: Tensor) -> Result<InputGrads<Tensor>> {
+        let x = xs.into_iter().next().ok_or_else(|| Error::invalid_arg(self.name(), "no logits"))?;
+        Ok(one(self.fused_grad(x, &g)?))
     }
 
     fn jvp<T: Diff>(&self, xs: &[&T], _: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
@@ -614,6 +630,10 @@ impl LinearCrossEntropy {
 impl Op for LinearCrossEntropy {
     fn name(&self) -> &'static str {
         "linear_cross_entropy"
+    }
+
+    fn saves(&self) -> Saved {
+        Saved::INPUTS
     }
 
     fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {

@@ -2,7 +2,7 @@
 //! transposes. Index tensors are constants of the op (i32 or i64), checked
 //! once: a bad index is an error naming it, never an out-of-bounds read.
 
-use crate::ops::{one, Diff, InputGrads, Op};
+use crate::ops::{one, Diff, InputGrads, Op, Saved};
 use crate::storage::CpuElement;
 use crate::{resolve_axis, with_dtype, DType, Element, Error, Result, Shape, Tensor};
 
@@ -43,6 +43,10 @@ pub struct IndexSelect {
 impl Op for IndexSelect {
     fn name(&self) -> &'static str {
         "index_select"
+    }
+
+    fn saves(&self) -> Saved {
+        Saved::NOTHING
     }
     fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let x = xs[0].contiguous();
@@ -87,6 +91,10 @@ pub struct IndexAdd {
 impl Op for IndexAdd {
     fn name(&self) -> &'static str {
         "index_add"
+    }
+
+    fn saves(&self) -> Saved {
+        Saved::NOTHING
     }
     fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let g = xs[0].contiguous();
@@ -169,6 +177,10 @@ impl Op for Gather {
     fn name(&self) -> &'static str {
         "gather"
     }
+
+    fn saves(&self) -> Saved {
+        Saved::NOTHING
+    }
     fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let x = xs[0].contiguous();
         let offs = scatter_offsets("gather", x.shape(), self.axis, &self.idx)?;
@@ -200,6 +212,10 @@ pub struct ScatterAdd {
 impl Op for ScatterAdd {
     fn name(&self) -> &'static str {
         "scatter_add"
+    }
+
+    fn saves(&self) -> Saved {
+        Saved::NOTHING
     }
     fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let (base, src) = (xs[0], xs[1].contiguous());

@@ -8,7 +8,7 @@ use crate::ops::binary::BinaryOps;
 use crate::ops::reduce::ReduceOps;
 use crate::ops::shape::ShapeOps;
 use crate::ops::unary::float_map;
-use crate::ops::{add_opt, Diff, InputGrads, Op};
+use crate::ops::{add_opt, Diff, InputGrads, Op, Saved};
 use crate::storage::CpuElement;
 use crate::{with_float, Error, Float, Result, Shape, Tensor};
 
@@ -112,6 +112,10 @@ fn kernel<T: Float + CpuElement>(a: &Tensor, b: &Tensor, p: &Plan) -> Vec<T> {
 impl Op for Matmul {
     fn name(&self) -> &'static str {
         "matmul"
+    }
+
+    fn saves(&self) -> Saved {
+        Saved::INPUTS
     }
     fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let (a, b) = (xs[0], xs[1]);

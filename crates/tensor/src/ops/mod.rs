@@ -80,6 +80,51 @@ pub const DIFFERENTIABLE_OPS: &[&str] = &[
 /// (a constant operand, or an input the op is not differentiable in).
 pub type InputGrads<T> = SmallVec<[Option<T>; 3]>;
 
+/// Which values an op's reverse rule reads: some of its inputs, its output,
+/// both or neither. A first-order backward frees every value no rule still
+/// to run reads (torch's saved tensors), so a step's peak holds only what
+/// backward needs. A rule still learns the shape and dtype of a value it
+/// does not read, from a zero-sized stand-in: declaring too little is a
+/// wrong gradient, which the gradient-check table test catches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Saved {
+    inputs: u64,
+    output: bool,
+}
+
+impl Saved {
+    /// Every input and the output (the safe default).
+    pub const ALL: Saved = Saved { inputs: u64::MAX, output: true };
+    /// No value at all: the rule needs only shapes (add, reshape, sum...).
+    pub const NOTHING: Saved = Saved { inputs: 0, output: false };
+    /// The output only (exp, tanh, softmax...).
+    pub const OUTPUT: Saved = Saved { inputs: 0, output: true };
+    /// Every input, not the output (matmul...).
+    pub const INPUTS: Saved = Saved { inputs: u64::MAX, output: false };
+
+    /// Input `i` only.
+    pub const fn input(i: usize) -> Saved {
+        Saved { inputs: 1 << i, output: false }
+    }
+    /// This set and input `i`.
+    pub const fn and_input(self, i: usize) -> Saved {
+        Saved { inputs: self.inputs | 1 << i, output: self.output }
+    }
+    /// This set and the output.
+    pub const fn and_output(self) -> Saved {
+        Saved { inputs: self.inputs, output: true }
+    }
+    /// Whether the rule reads input `i` (inputs past the 64th always count
+    /// as read).
+    pub fn reads_input(self, i: usize) -> bool {
+        i >= 64 || self.inputs >> i & 1 == 1
+    }
+    /// Whether the rule reads the output.
+    pub fn reads_output(self) -> bool {
+        self.output
+    }
+}
+
 /// A differentiable operation.
 pub trait Op: Debug + Send + Sync + 'static {
     /// The op's name, as used in errors and graph diagnostics.
@@ -93,6 +138,20 @@ pub trait Op: Debug + Send + Sync + 'static {
     /// Forward mode: given the inputs, the output and each input's tangent
     /// (`None` for zero), the output's tangent (`None` for zero).
     fn jvp<T: Diff>(&self, xs: &[&T], y: &T, ts: &[Option<&T>]) -> Result<Option<T>>;
+    /// The values `vjp` reads; see [`Saved`]. The default, everything, is
+    /// always correct; an op that declares less lets backward free more.
+    fn saves(&self) -> Saved {
+        Saved::ALL
+    }
+    /// [`Op::vjp`] on plain tensors the caller hands over. A value whose
+    /// last reader this rule is arrives here as the only handle on its
+    /// buffer, so an op may write its gradient over it instead of
+    /// allocating (the sparse cross-entropy does, over the logits). The
+    /// default borrows and calls `vjp`.
+    fn vjp_owned(&self, xs: SmallVec<[Tensor; 3]>, y: Tensor, g: Tensor) -> Result<InputGrads<Tensor>> {
+        let refs: SmallVec<[&Tensor; 3]> = xs.iter().collect();
+        self.vjp(&refs, &y, &g)
+    }
     /// False for ops with no derivative (comparisons, argmax, casts to ints):
     /// the graph then never calls their rules.
     fn is_differentiable(&self) -> bool {
@@ -107,8 +166,8 @@ pub trait DynOp: Debug + Send + Sync + 'static {
     fn name(&self) -> &'static str;
     /// See [`Op::forward`].
     fn forward(&self, inputs: &[&Tensor]) -> Result<Tensor>;
-    /// [`Op::vjp`] on plain tensors.
-    fn vjp_eager(&self, xs: &[&Tensor], y: &Tensor, g: &Tensor) -> Result<InputGrads<Tensor>>;
+    /// [`Op::vjp_owned`]: reverse mode on plain tensors handed over.
+    fn vjp_eager(&self, xs: SmallVec<[Tensor; 3]>, y: Tensor, g: Tensor) -> Result<InputGrads<Tensor>>;
     /// [`Op::vjp`] recorded on a tape.
     fn vjp_traced<'t>(&self, xs: &[&Traced<'t>], y: &Traced<'t>, g: &Traced<'t>) -> Result<InputGrads<Traced<'t>>>;
     /// [`Op::jvp`] on plain tensors.
@@ -122,6 +181,8 @@ pub trait DynOp: Debug + Send + Sync + 'static {
     ) -> Result<Option<Traced<'t>>>;
     /// See [`Op::is_differentiable`].
     fn is_differentiable(&self) -> bool;
+    /// See [`Op::saves`].
+    fn saves(&self) -> Saved;
 }
 
 impl<O: Op> DynOp for O {
@@ -131,8 +192,8 @@ impl<O: Op> DynOp for O {
     fn forward(&self, inputs: &[&Tensor]) -> Result<Tensor> {
         Op::forward(self, inputs)
     }
-    fn vjp_eager(&self, xs: &[&Tensor], y: &Tensor, g: &Tensor) -> Result<InputGrads<Tensor>> {
-        self.vjp(xs, y, g)
+    fn vjp_eager(&self, xs: SmallVec<[Tensor; 3]>, y: Tensor, g: Tensor) -> Result<InputGrads<Tensor>> {
+        self.vjp_owned(xs, y, g)
     }
     fn vjp_traced<'t>(&self, xs: &[&Traced<'t>], y: &Traced<'t>, g: &Traced<'t>) -> Result<InputGrads<Traced<'t>>> {
         self.vjp(xs, y, g)
@@ -150,6 +211,9 @@ impl<O: Op> DynOp for O {
     }
     fn is_differentiable(&self) -> bool {
         Op::is_differentiable(self)
+    }
+    fn saves(&self) -> Saved {
+        Op::saves(self)
     }
 }
 

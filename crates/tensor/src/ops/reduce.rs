@@ -8,7 +8,7 @@ use crate::iter::{fill_vec, PAR_MIN};
 use crate::ops::binary::BinaryOps;
 use crate::ops::shape::ShapeOps;
 use crate::ops::unary::{float_map, UnaryOps};
-use crate::ops::{one, Diff, InputGrads, Op};
+use crate::ops::{one, Diff, InputGrads, Op, Saved};
 use crate::storage::CpuElement;
 use crate::{resolve_axis, with_float, DType, Error, Float, Result, Shape, Tensor};
 
@@ -244,6 +244,13 @@ impl Op for Reduce {
         }
     }
 
+    fn saves(&self) -> Saved {
+        match self.kind {
+            ReduceKind::Sum => Saved::NOTHING,
+            ReduceKind::Max | ReduceKind::Min | ReduceKind::LogSumExp => Saved::ALL,
+        }
+    }
+
     fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let x = xs[0];
         if matches!(self.kind, ReduceKind::Max | ReduceKind::Min) {
@@ -306,6 +313,10 @@ impl Op for ArgReduce {
             "argmax"
         }
     }
+
+    fn saves(&self) -> Saved {
+        Saved::NOTHING
+    }
     fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let x = xs[0];
         if x.dims()[self.axis] == 0 {
@@ -346,6 +357,10 @@ pub struct SumTo {
 impl Op for SumTo {
     fn name(&self) -> &'static str {
         "sum_to"
+    }
+
+    fn saves(&self) -> Saved {
+        Saved::NOTHING
     }
     fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let x = xs[0];

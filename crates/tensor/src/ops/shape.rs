@@ -5,7 +5,7 @@ use smallvec::SmallVec;
 
 use crate::iter::Nd;
 use crate::ops::reduce::ReduceOps;
-use crate::ops::{one, Diff, InputGrads, Op};
+use crate::ops::{one, Diff, InputGrads, Op, Saved};
 use crate::storage::{CpuBuffer, CpuElement};
 use crate::{resolve_axis, with_dtype, DType, Element, Error, Result, Shape, Tensor};
 
@@ -30,6 +30,10 @@ impl Op for Reshape {
     fn name(&self) -> &'static str {
         "reshape"
     }
+
+    fn saves(&self) -> Saved {
+        Saved::NOTHING
+    }
     fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
         xs[0].reshape_raw(self.0.clone())
     }
@@ -48,6 +52,10 @@ pub struct Permute(pub SmallVec<[usize; 6]>);
 impl Op for Permute {
     fn name(&self) -> &'static str {
         "permute"
+    }
+
+    fn saves(&self) -> Saved {
+        Saved::NOTHING
     }
     fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
         xs[0].permute_raw(&self.0)
@@ -79,6 +87,10 @@ impl Op for Narrow {
     fn name(&self) -> &'static str {
         "narrow"
     }
+
+    fn saves(&self) -> Saved {
+        Saved::NOTHING
+    }
     fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
         xs[0].narrow_raw(self.axis, self.start, self.len)
     }
@@ -106,6 +118,10 @@ pub struct Pad {
 impl Op for Pad {
     fn name(&self) -> &'static str {
         "pad"
+    }
+
+    fn saves(&self) -> Saved {
+        Saved::NOTHING
     }
     fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let x = xs[0];
@@ -142,6 +158,10 @@ impl Op for BroadcastTo {
     fn name(&self) -> &'static str {
         "broadcast_to"
     }
+
+    fn saves(&self) -> Saved {
+        Saved::NOTHING
+    }
     fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
         xs[0].broadcast_raw(&self.0)
     }
@@ -160,6 +180,10 @@ pub struct Contiguous;
 impl Op for Contiguous {
     fn name(&self) -> &'static str {
         "contiguous"
+    }
+
+    fn saves(&self) -> Saved {
+        Saved::NOTHING
     }
     fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
         Ok(xs[0].contiguous())
@@ -182,6 +206,10 @@ pub struct Concat {
 impl Op for Concat {
     fn name(&self) -> &'static str {
         "concat"
+    }
+
+    fn saves(&self) -> Saved {
+        Saved::NOTHING
     }
     fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let first = xs[0];
@@ -240,6 +268,10 @@ pub struct Cast(pub DType);
 impl Op for Cast {
     fn name(&self) -> &'static str {
         "cast"
+    }
+
+    fn saves(&self) -> Saved {
+        Saved::NOTHING
     }
     fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
         Ok(xs[0].cast_raw(self.0))

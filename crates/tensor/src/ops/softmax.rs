@@ -4,7 +4,7 @@
 use crate::ops::binary::BinaryOps;
 use crate::ops::reduce::ReduceOps;
 use crate::ops::unary::{float_map, UnaryOps};
-use crate::ops::{one, Diff, InputGrads, Op};
+use crate::ops::{one, Diff, InputGrads, Op, Saved};
 use crate::storage::CpuElement;
 use crate::{resolve_axis, with_float, Float, Result, Tensor};
 
@@ -58,6 +58,10 @@ impl Op for Softmax {
         } else {
             "softmax"
         }
+    }
+
+    fn saves(&self) -> Saved {
+        Saved::OUTPUT
     }
     fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let log = self.log;

@@ -5,7 +5,7 @@
 //! JVP `t * dy/dx`, so both modes share the line.
 
 use crate::iter::{map1, map2};
-use crate::ops::{one, Diff, InputGrads, Op};
+use crate::ops::{one, Diff, InputGrads, Op, Saved};
 use crate::storage::CpuElement;
 use crate::{with_float, DType, Error, Float, Result, Tensor};
 
@@ -108,7 +108,7 @@ impl Unary {
             Unary::Rsqrt => Tensor(y.powf(3.0)?.mul_scalar(-0.5)?),
             Unary::Tanh => Tensor(y.square()?.neg()?.add_scalar(1.0)?),
             Unary::Sigmoid => Tensor(y.mul(&y.neg()?.add_scalar(1.0)?)?),
-            Unary::Relu => Tensor(x.gt_scalar(0.0)?),
+            Unary::Relu => Tensor(y.gt_scalar(0.0)?), // y > 0 exactly where x > 0
             Unary::GeluTanh => {
                 // d/dx 0.5 x (1 + tanh u), u = k (x + c x^3)
                 let x2 = x.square()?;
@@ -208,6 +208,25 @@ impl Op for Unary {
         Unary::name(*self)
     }
 
+    fn saves(&self) -> Saved {
+        match self {
+            Unary::Neg | Unary::AddScalar(_) | Unary::MulScalar(_) | Unary::Sign => Saved::NOTHING,
+            Unary::Exp | Unary::Sqrt | Unary::Rsqrt | Unary::Tanh | Unary::Sigmoid | Unary::Relu | Unary::Recip => {
+                Saved::OUTPUT
+            }
+            Unary::Abs
+            | Unary::Log
+            | Unary::GeluTanh
+            | Unary::GeluErf
+            | Unary::Sin
+            | Unary::Cos
+            | Unary::Square
+            | Unary::Powf(_)
+            | Unary::Clamp(..)
+            | Unary::Erf => Saved::input(0),
+        }
+    }
+
     fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
         float_map(
             self.name(),
@@ -260,7 +279,7 @@ impl Unary {
             let (xs, ys, gs) = (x.storage_slice::<T>(), y.storage_slice::<T>(), g.storage_slice::<T>());
             let (nx, ny) = (nd2(x, g, &shape), nd2(y, g, &shape));
             let out: Vec<T> = match self {
-                Unary::Relu => map2(xs, gs, &nx, |x: T, g: T| if x > T::ZERO { g } else { T::ZERO }),
+                Unary::Relu => map2(ys, gs, &ny, |y: T, g: T| if y > T::ZERO { g } else { T::ZERO }),
                 Unary::Tanh => map2(ys, gs, &ny, |y: T, g: T| g * (T::ONE - y * y)),
                 Unary::Sigmoid => map2(ys, gs, &ny, |y: T, g: T| g * y * (T::ONE - y)),
                 Unary::GeluTanh => {
