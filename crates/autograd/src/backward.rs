@@ -238,14 +238,18 @@ struct SavedValues {
 }
 
 impl SavedValues {
-    /// Counts the reads of every rule of the graph that may still run, and
+    /// Counts the reads of every rule of the graph that may still run (this
+    /// pass's, and those no pass has spent), and
     /// frees at once the values on this pass's path that none of them needs.
     fn new(g: &Graph, order: &[NodeId], outputs: &[NodeId], inputs: &[NodeId]) -> SavedValues {
         let mut nodes = g.nodes.borrow_mut();
         let mut readers: HashMap<NodeId, usize> = HashMap::with_capacity(order.len());
+        let on_path: HashSet<NodeId> = order.iter().copied().collect();
         for (n, node) in nodes.iter() {
             let Some(op) = &node.op else { continue };
-            if !node.requires_grad || node.rule_spent {
+            // A rule spent by an earlier pass runs again if it is on this
+            // pass's path (and finds its values if they were kept).
+            if !node.requires_grad || (node.rule_spent && !on_path.contains(&n)) {
                 continue;
             }
             let saves = op.saves();

@@ -252,3 +252,39 @@ fn backward_frees_values_no_rule_reads() {
     .unwrap();
     assert_eq!(live(), base);
 }
+
+/// Two losses on one trunk, each with its own backward: the first pass
+/// frees only what no rule of the graph will read again, so the second
+/// head's rules still find the trunk's values they need.
+#[test]
+fn two_backward_passes_over_a_shared_trunk() {
+    let _s = serial();
+    let x0 = Rng::new(10).randn([16, 8], DType::F64).unwrap();
+    let w0 = Rng::new(11).randn([8, 8], DType::F64).unwrap();
+    Graph::scope(|g| {
+        let (x, w) = (g.leaf(x0.clone()), g.leaf(w0.clone()));
+        let trunk = x.matmul(&w)?.tanh()?;
+        let head1 = trunk.exp()?.sum_all()?;
+        let head2 = trunk.matmul(&w)?.square()?.sum_all()?;
+        let g1 = g.grad(head1, &[w])?;
+        let g2 = g.grad(head2, &[w])?;
+        // The same gradients from passes that keep everything.
+        let k1 = g.grad_with(&[head1], &[w], GradOptions { grad_outputs: None, retain_graph: true });
+        assert!(k1.is_err(), "the first head's own values are gone after its pass");
+        Ok::<_, Error>((g1, g2))
+    })
+    .map(|(g1, g2)| {
+        let (k1, k2) = Graph::scope(|g| {
+            let (x, w) = (g.leaf(x0.clone()), g.leaf(w0.clone()));
+            let trunk = x.matmul(&w)?.tanh()?;
+            let head1 = trunk.exp()?.sum_all()?;
+            let head2 = trunk.matmul(&w)?.square()?.sum_all()?;
+            let keep = GradOptions { grad_outputs: None, retain_graph: true };
+            Ok::<_, Error>((g.grad_with(&[head1], &[w], keep.clone())?, g.grad_with(&[head2], &[w], keep)?))
+        })
+        .unwrap();
+        assert_eq!(g1[0].to_vec::<f64>().unwrap(), k1[0].to_vec::<f64>().unwrap());
+        assert_eq!(g2[0].to_vec::<f64>().unwrap(), k2[0].to_vec::<f64>().unwrap());
+    })
+    .unwrap();
+}
