@@ -22,6 +22,9 @@ pub struct Lbfgs {
     pub tolerance_grad: f64,
     s: VecDeque<Vec<f64>>,
     y: VecDeque<Vec<f64>>,
+    /// The point the last step accepted, with its loss and gradient: the
+    /// next step starts there without evaluating it again.
+    last: Option<(Vec<f64>, f64, Vec<f64>)>,
 }
 
 /// What one L-BFGS iteration did.
@@ -74,25 +77,44 @@ impl Lbfgs {
             tolerance_grad: 1e-9,
             s: VecDeque::new(),
             y: VecDeque::new(),
+            last: None,
         }
+    }
+
+    /// Forgets the curvature history and the last point, for when the
+    /// objective changes (new collocation points, a new batch): the history
+    /// and the reused last evaluation both assume the same `f` every step.
+    pub fn reset(&mut self) {
+        self.s.clear();
+        self.y.clear();
+        self.last = None;
     }
 
     /// One iteration: a quasi-Newton direction from the history, then a
     /// backtracking line search along it. `f` evaluates the loss and its
-    /// gradients at the store's current parameters.
+    /// gradients at the store's current parameters; it must be the same
+    /// function every step (see [`Lbfgs::reset`]). When the parameters are
+    /// where the previous step left them, its last evaluation is reused, so
+    /// a step whose first trial is accepted costs one evaluation.
     pub fn step(
         &mut self,
         store: &mut ParamStore,
         mut f: impl FnMut(&ParamStore) -> Result<(f64, Grads)>,
     ) -> Result<LbfgsStep> {
         let x0 = flatten(store.ids().map(|id| store.get(id).clone()));
-        let (f0, g0) = f(store)?;
-        let g0 = flatten(g0.iter().map(|(_, g)| g.clone()));
+        let (f0, g0, mut evals) = match self.last.take() {
+            // The parameters are where the last step left them: reuse.
+            Some((x, f0, g0)) if x == x0 => (f0, g0, 0),
+            _ => {
+                let (f0, g0) = f(store)?;
+                (f0, flatten(g0.iter().map(|(_, g)| g.clone())), 1)
+            }
+        };
         if !f0.is_finite() {
             return Err(Error::NonFinite { op: "Lbfgs::step", value: f0, position: 0 });
         }
         if g0.iter().fold(0.0f64, |m, g| m.max(g.abs())) <= self.tolerance_grad {
-            return Ok(LbfgsStep { loss_before: f0, loss: f0, evals: 1, converged: true });
+            return Ok(LbfgsStep { loss_before: f0, loss: f0, evals, converged: true });
         }
         // Two-loop recursion: d = -H g.
         let mut q = g0.clone();
@@ -125,7 +147,6 @@ impl Lbfgs {
         // Backtracking line search with the Armijo condition.
         // Without history the direction is already scaled (torch's first step).
         let mut t = if self.s.is_empty() { 1.0 } else { self.lr };
-        let mut evals = 1;
         loop {
             let x: Vec<f64> = x0.iter().zip(&dir).map(|(a, d)| a + t * d).collect();
             unflatten(store, &x)?;
@@ -143,6 +164,9 @@ impl Lbfgs {
                         self.y.pop_front();
                     }
                 }
+                // As stored (f32 parameters round `x`).
+                let stored = flatten(store.ids().map(|id| store.get(id).clone()));
+                self.last = Some((stored, ft, g1));
                 return Ok(LbfgsStep { loss_before: f0, loss: ft, evals, converged: false });
             }
             if evals >= self.max_evals {

@@ -70,7 +70,9 @@ fn lbfgs_solves_rosenbrock() {
     let mut store = ParamStore::new();
     let id = store.add("xy", Tensor::from_vec(vec![-1.2f64, 1.0], [2]).unwrap()).unwrap();
     let mut opt = Lbfgs::new(10);
+    let calls = std::cell::Cell::new(0usize);
     let rosenbrock = |s: &ParamStore| -> Result<(f64, Grads)> {
+        calls.set(calls.get() + 1);
         Graph::scope(|g| {
             let p = s.bind(g);
             let v = p.var(id);
@@ -81,9 +83,15 @@ fn lbfgs_solves_rosenbrock() {
     };
     let mut iters = 0;
     let mut last = f64::INFINITY;
+    let mut reported = 0;
     for _ in 0..200 {
         iters += 1;
         let st = opt.step(&mut store, rosenbrock).unwrap();
+        reported += st.evals;
+        assert_eq!(reported, calls.get(), "evals counts every call of f");
+        if iters > 1 {
+            assert!(st.evals >= 1, "each step evaluates at least its trial point");
+        }
         assert!(st.loss <= st.loss_before, "a step never increases the loss");
         last = st.loss;
         if st.converged || st.loss < 1e-20 {
@@ -93,4 +101,6 @@ fn lbfgs_solves_rosenbrock() {
     let xy = store.get(id).to_vec::<f64>().unwrap();
     assert!((xy[0] - 1.0).abs() < 1e-6 && (xy[1] - 1.0).abs() < 1e-6, "{xy:?} after {iters} iterations, loss {last}");
     assert!(iters < 100, "{iters} iterations");
+    // Each step starts where the last one ended and reuses that evaluation.
+    assert!(calls.get() < 2 * iters, "{} evaluations for {iters} iterations", calls.get());
 }
