@@ -1432,3 +1432,54 @@ fn devices_are_cpu_without_cuda() -> R {
     let _ = Device::best();
     Ok(())
 }
+
+/// Row reductions over the last axis (the vectorised row kernels) against
+/// an f64 reference: a long row, a single row long enough to be split
+/// across threads, and lengths that are no multiple of any vector width or
+/// lane count (so every remainder path runs).
+#[test]
+fn last_axis_reductions_match_f64_reference() -> R {
+    let cases: &[(usize, usize)] =
+        &[(3, 1_000_003), (1, 600_001), (7, 1), (5, 3), (4, 17), (3, 127), (2, 129), (3, 255), (2, 8193), (65, 4099)];
+    for &(rows, n) in cases {
+        let mut rng = Rng::new(n as u64);
+        let x = rng.uniform([rows, n], -1.0, 2.0, DType::F32)?;
+        let data = x.to_vec::<f32>()?;
+        let sum = x.sum(&[-1], false)?.to_vec::<f32>()?;
+        let mean = x.mean(&[-1], false)?.to_vec::<f32>()?;
+        let max = x.max(&[-1], false)?.to_vec::<f32>()?;
+        let min = x.min(&[-1], false)?.to_vec::<f32>()?;
+        let lse = x.logsumexp(&[-1], false)?.to_vec::<f32>()?;
+        for r in 0..rows {
+            let row = &data[r * n..(r + 1) * n];
+            let want: f64 = row.iter().map(|&v| v as f64).sum();
+            // One running f32 sum of a million elements is off by ~1e-3
+            // relative; the lane kernels stay near 1e-6.
+            let tol = 2e-6 * row.iter().map(|&v| v.abs() as f64).sum::<f64>() + 1e-6;
+            assert!((sum[r] as f64 - want).abs() <= tol, "sum [{rows}, {n}] row {r}: {} vs {want}", sum[r]);
+            assert!((mean[r] as f64 - want / n as f64).abs() <= tol / n as f64 + 1e-7, "mean [{rows}, {n}]");
+            let mx = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mn = row.iter().copied().fold(f32::INFINITY, f32::min);
+            assert_eq!(max[r], mx, "max [{rows}, {n}] row {r}");
+            assert_eq!(min[r], mn, "min [{rows}, {n}] row {r}");
+            let l = mx as f64 + row.iter().map(|&v| (v as f64 - mx as f64).exp()).sum::<f64>().ln();
+            assert!((lse[r] as f64 - l).abs() <= 1e-5 * l.abs().max(1.0), "logsumexp [{rows}, {n}]: {} vs {l}", lse[r]);
+        }
+    }
+    // f64 rows keep f64 accuracy.
+    let x = Rng::new(3).uniform([2, 100_003], -1.0, 1.0, DType::F64)?;
+    let data = x.to_vec::<f64>()?;
+    let got = x.sum(&[1], false)?.to_vec::<f64>()?;
+    for (r, g) in got.iter().enumerate() {
+        let want: f64 = data[r * 100_003..(r + 1) * 100_003].iter().sum();
+        assert!((g - want).abs() <= 1e-10, "{g} vs {want}");
+    }
+    // A NaN anywhere in a row makes its max and min NaN, as in torch.
+    let mut v = vec![0.5f32; 3 * 301];
+    v[301 + 299] = f32::NAN;
+    let t = Tensor::from_vec(v, [3, 301])?;
+    let m = t.max(&[1], false)?.to_vec::<f32>()?;
+    assert!(m[0] == 0.5 && m[1].is_nan() && m[2] == 0.5, "{m:?}");
+    assert!(t.min(&[1], false)?.to_vec::<f32>()?[1].is_nan());
+    Ok(())
+}
