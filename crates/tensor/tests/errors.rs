@@ -320,11 +320,21 @@ fn index_out_of_range_names_value_and_position() {
         x.index_select(0, &Tensor::from_vec(vec![-1i32], [1]).expect("idx")),
         Error::IndexOutOfRange { index: -1, position: 0, size: 2, .. }
     );
-    // embedding reports the id and where it sits in the flattened ids.
+    // embedding names itself (not the index_select it runs on), the id and
+    // where it sits in the flattened ids.
     let table = Tensor::zeros([5, 2], DType::F32);
-    assert_err!(
+    let e = assert_err!(
         table.embedding(&i64s(&[0, 4, 1, 5], &[2, 2])),
-        Error::IndexOutOfRange { index: 5, position: 3, size: 5, .. }
+        Error::IndexOutOfRange { op: "embedding", index: 5, position: 3, size: 5 }
+    );
+    assert!(e.to_string().starts_with("embedding"), "{e}");
+    assert_err!(
+        table.embedding(&i64s(&[-2, 0], &[2])),
+        Error::IndexOutOfRange { op: "embedding", index: -2, position: 0, size: 5 }
+    );
+    assert_err!(
+        table.embedding(&f32s(&[0.0], &[1])),
+        Error::UnsupportedDType { op: "embedding", dtype: DType::F32, .. }
     );
     // gather and scatter_add.
     assert_err!(

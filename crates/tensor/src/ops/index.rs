@@ -263,7 +263,17 @@ pub trait IndexOps: Diff {
             });
         }
         let flat = ids.reshape_raw(Shape::from([ids.numel()]))?;
-        let rows = self.index_select(0, &flat)?;
+        // The lookup is an index_select, but a bad id is reported as the
+        // embedding's, at its flat position in `ids`.
+        let rows = self.index_select(0, &flat).map_err(|e| match e {
+            Error::IndexOutOfRange { index, position, size, .. } => {
+                Error::IndexOutOfRange { op: "embedding", index, position, size }
+            }
+            Error::UnsupportedDType { dtype, expected, .. } => {
+                Error::UnsupportedDType { op: "embedding", dtype, expected }
+            }
+            e => e,
+        })?;
         let mut shape = ids.shape().clone();
         shape.0.push(self.shape().dims()[1]);
         crate::ops::shape::ShapeOps::reshape(&rows, shape)
