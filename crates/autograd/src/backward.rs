@@ -69,7 +69,7 @@ fn check_inputs(g: &Graph, vars: &[Var<'_>]) -> Result<()> {
 
 fn seeds(outputs: &[Var<'_>], grad_outputs: Option<&Vec<Tensor>>) -> Result<Vec<Tensor>> {
     match grad_outputs {
-        None => outputs.iter().map(|o| Ok(Tensor::ones(o.shape(), o.dtype()))).collect(),
+        None => outputs.iter().map(|o| Tensor::ones(o.shape(), o.dtype())).collect(),
         Some(s) => {
             if s.len() != outputs.len() {
                 return Err(Error::invalid_arg(
@@ -153,7 +153,7 @@ impl Graph {
             .iter()
             .map(|v| match results.remove(&v.id) {
                 Some(g) => Ok(g),
-                None => Ok(Tensor::zeros(v.shape(), v.dtype())),
+                None => Tensor::zeros(v.shape(), v.dtype()),
             })
             .collect::<Result<Vec<_>>>()
             .map(|mut v| {
@@ -191,7 +191,7 @@ impl Graph {
                     }
                     s.traced()
                 }
-                None => o.traced().lift(Tensor::ones(o.shape(), o.dtype())),
+                None => o.traced().lift(Tensor::ones(o.shape(), o.dtype())?),
             };
             accumulate_traced(&mut grads, o.id, seed)?;
         }
@@ -223,7 +223,7 @@ impl Graph {
             .iter()
             .map(|v| match results.get(&v.id) {
                 Some(t) => Ok(self.var(from_raw(t.id))),
-                None => Ok(self.constant(Tensor::zeros(v.shape(), v.dtype()))),
+                None => Ok(self.constant(Tensor::zeros(v.shape(), v.dtype())?)),
             })
             .collect()
     }

@@ -9,7 +9,7 @@ use crate::ops::binary::BinaryOps;
 use crate::ops::shape::ShapeOps;
 use crate::ops::unary::{float_map, UnaryOps};
 use crate::ops::{one, Diff, InputGrads, Op};
-use crate::storage::CpuElement;
+use crate::storage::{try_filled, CpuElement};
 use crate::{resolve_axis, with_float, DType, Error, Result, Shape, Tensor};
 
 mod rows;
@@ -69,7 +69,7 @@ fn reduce_rows<T: CpuElement + Copy + Send + Sync, D: Send>(
     row: impl Fn(&[T]) -> D + Sync,
 ) -> Result<Vec<D>> {
     let (v, rows, reduced) = kept_then_reduced(x, axes)?;
-    let v = v.contiguous();
+    let v = v.contiguous()?;
     let data = &v.storage_slice::<T>()[v.layout.offset..v.layout.offset + v.numel()];
     if reduced == 0 {
         return Ok((0..rows).map(|_| row(&[])).collect());
@@ -84,12 +84,12 @@ fn reduce_rows<T: CpuElement + Copy + Send + Sync, D: Send>(
             .map(|r| row(&data[r * reduced..(r + 1) * reduced]))
             .collect());
     }
-    Ok(fill_vec(rows, |start, out| {
+    fill_vec(rows, |start, out| {
         for (i, o) in out.iter_mut().enumerate() {
             let r = start + i;
             o.write(row(&data[r * reduced..(r + 1) * reduced]));
         }
-    }))
+    })
 }
 
 /// Sum over `axes`, with a fast path for a contiguous input reduced over its
@@ -111,7 +111,7 @@ pub(crate) fn sum_raw<T: RowKernels + CpuElement>(x: &Tensor, axes: &[usize]) ->
                 }
             }
         };
-        let mut out = vec![T::ZERO; inner];
+        let mut out = try_filled(inner, T::ZERO)?;
         if x.numel() >= PAR_MIN && inner >= 64 {
             let chunk = inner.div_ceil(rayon::current_num_threads() * 2).max(16);
             out.par_chunks_mut(chunk).enumerate().for_each(|(i, c)| sum_cols(i * chunk, c));
@@ -139,7 +139,7 @@ pub(crate) fn sum_raw<T: RowKernels + CpuElement>(x: &Tensor, axes: &[usize]) ->
     let kept = reduced_shape(x.shape(), axes, true);
     let ks = kept.contiguous_strides();
     let out_strides: SmallVec<[usize; 6]> = (0..x.rank()).map(|i| if axes.contains(&i) { 0 } else { ks[i] }).collect();
-    let mut out = vec![T::ZERO; kept.numel()];
+    let mut out = try_filled(kept.numel(), T::ZERO)?;
     let data = x.storage_slice::<T>();
     let nd = crate::iter::Nd::new(x.dims(), [&x.layout.strides, &out_strides], [x.layout.offset, 0]);
     nd.runs(0, nd.numel(), |_, [ox, oo], len, [sx, so]| match (sx, so) {
@@ -280,7 +280,7 @@ impl Op for ArgReduce {
         if x.dims()[self.axis] == 0 {
             return Err(Error::InvalidShape { op: self.name(), shape: x.shape().clone(), reason: "empty axis".into() });
         }
-        let x = if x.dtype().is_float() { x.cast_raw(x.dtype().compute()) } else { x.cast_raw(DType::F64) };
+        let x = if x.dtype().is_float() { x.cast_raw(x.dtype().compute())? } else { x.cast_raw(DType::F64)? };
         let min = self.min;
         let out: Vec<i64> = with_float!(x.dtype(), T => reduce_rows(&x, &[self.axis], |r: &[T]| {
             // First occurrence wins; NaN counts as the extreme, like torch.
