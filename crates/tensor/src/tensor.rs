@@ -129,7 +129,8 @@ impl Tensor {
 
     fn full_named(op: &'static str, shape: Shape, value: f64, dtype: DType) -> Result<Self> {
         let n = shape.check(op, dtype)?;
-        if value == 0.0 {
+        // +0.0 only: zero bytes are +0.0, and full(.., -0.0) must keep its sign.
+        if value.to_bits() == 0 {
             return Self::from_buffer(CpuBuffer::zeros(dtype, n)?, shape);
         }
         let buf = with_dtype!(dtype, T => T::wrap(try_filled(n, T::from_f64(value))?));

@@ -1496,3 +1496,12 @@ fn last_axis_reductions_match_f64_reference() -> R {
     assert!(t.min(&[1], false)?.to_vec::<f32>()?[1].is_nan());
     Ok(())
 }
+
+#[test]
+fn full_keeps_the_sign_of_zero() -> R {
+    let t = Tensor::full([3], -0.0, DType::F32)?.to_vec::<f32>()?;
+    assert!(t.iter().all(|v| *v == 0.0 && v.is_sign_negative()), "{t:?}");
+    let z = Tensor::full([3], 0.0, DType::F64)?.to_vec::<f64>()?;
+    assert!(z.iter().all(|v| *v == 0.0 && v.is_sign_positive()), "{z:?}");
+    Ok(())
+}
