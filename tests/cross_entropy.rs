@@ -48,7 +48,7 @@ fn run(x: &Tensor, labels: &Tensor, opts: CrossEntropyOptions) -> (Tensor, Tenso
         let xv = g.leaf(x.clone());
         let loss = xv.sparse_cross_entropy_with(labels, opts)?;
         let value = loss.value()?;
-        let seed = Tensor::ones(value.shape().clone(), value.dtype());
+        let seed = Tensor::ones(value.shape().clone(), value.dtype()).expect("alloc");
         let grad = g.grad_with(&[loss], &[xv], GradOptions { grad_outputs: Some(vec![seed]), retain_graph: false })?;
         Ok::<_, Error>((value, grad[0].clone()))
     })
@@ -127,7 +127,7 @@ fn negative_infinity_logits() {
 
 #[test]
 fn all_rows_ignored() {
-    let x = Tensor::ones([3, 4], DType::F32);
+    let x = Tensor::ones([3, 4], DType::F32).expect("alloc");
     let labels = Tensor::from_vec(vec![IGNORE; 3], [3]).unwrap();
     let (mean, grad) = run(&x, &labels, CrossEntropyOptions::default());
     assert!(mean.item().unwrap().is_nan(), "a mean over zero rows is NaN, as in torch");
@@ -149,7 +149,7 @@ fn leading_dims_and_i32_labels() {
 
 #[test]
 fn bad_labels_are_reported_with_their_row_and_leak_nothing() {
-    let x = Tensor::zeros([4, 10], DType::F32);
+    let x = Tensor::zeros([4, 10], DType::F32).expect("alloc");
     for (bad, row) in [(10i64, 2usize), (-1, 1)] {
         let mut l = vec![0i64, 1, 2, 3];
         l[row] = bad;
@@ -164,11 +164,11 @@ fn bad_labels_are_reported_with_their_row_and_leak_nothing() {
     }
     let bad_shape = Tensor::from_vec(vec![0i64; 3], [3]).unwrap();
     assert!(matches!(x.sparse_cross_entropy(&bad_shape), Err(Error::ShapeMismatch { .. })));
-    let float_labels = Tensor::zeros([4], DType::F32);
+    let float_labels = Tensor::zeros([4], DType::F32).expect("alloc");
     assert!(matches!(x.sparse_cross_entropy(&float_labels), Err(Error::UnsupportedDType { .. })));
     let smoothing = CrossEntropyOptions { label_smoothing: 1.5, ..Default::default() };
     assert!(matches!(
-        x.sparse_cross_entropy_with(&Tensor::zeros([4], DType::I64), smoothing),
+        x.sparse_cross_entropy_with(&Tensor::zeros([4], DType::I64).expect("alloc"), smoothing),
         Err(Error::InvalidArgument { .. })
     ));
 }

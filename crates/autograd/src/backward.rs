@@ -71,7 +71,7 @@ fn check_inputs(g: &Graph, vars: &[Var<'_>]) -> Result<()> {
 
 fn seeds(outputs: &[Var<'_>], grad_outputs: Option<&Vec<Tensor>>) -> Result<Vec<Tensor>> {
     match grad_outputs {
-        None => outputs.iter().map(|o| Ok(Tensor::ones(o.shape(), o.dtype()))).collect(),
+        None => outputs.iter().map(|o| Tensor::ones(o.shape(), o.dtype())).collect(),
         Some(s) => {
             if s.len() != outputs.len() {
                 return Err(Error::invalid_arg(
@@ -148,7 +148,7 @@ impl Graph {
             .iter()
             .map(|v| match results.remove(&v.id) {
                 Some(g) => Ok(g),
-                None => Ok(Tensor::zeros(v.shape(), v.dtype())),
+                None => Tensor::zeros(v.shape(), v.dtype()),
             })
             .collect::<Result<Vec<_>>>()
             .map(|mut v| {
@@ -186,7 +186,7 @@ impl Graph {
                     }
                     s.traced()
                 }
-                None => o.traced().lift(Tensor::ones(o.shape(), o.dtype())),
+                None => o.traced().lift(Tensor::ones(o.shape(), o.dtype())?),
             };
             accumulate_traced(&mut grads, o.id, seed)?;
         }
@@ -218,7 +218,7 @@ impl Graph {
             .iter()
             .map(|v| match results.get(&v.id) {
                 Some(t) => Ok(self.var(from_raw(t.id))),
-                None => Ok(self.constant(Tensor::zeros(v.shape(), v.dtype()))),
+                None => Ok(self.constant(Tensor::zeros(v.shape(), v.dtype())?)),
             })
             .collect()
     }
@@ -309,7 +309,7 @@ impl SavedValues {
 /// A zero-sized tensor with `node`'s shape, dtype and device: what a rule
 /// gets for a value it declared it does not read.
 fn stand_in(node: &Node) -> Result<Tensor> {
-    Tensor::zeros([], node.dtype).to_device(node.device)?.broadcast_to(node.shape.clone())
+    Tensor::zeros([], node.dtype)?.to_device(node.device)?.broadcast_to(node.shape.clone())
 }
 
 fn accumulate(grads: &mut HashMap<NodeId, Tensor>, id: NodeId, g: Tensor) -> Result<()> {

@@ -98,7 +98,7 @@ impl Graph {
         }
         outputs
             .iter()
-            .map(|o| Ok(tans.get(&o.id).cloned().unwrap_or_else(|| Tensor::zeros(o.shape(), o.dtype()))))
+            .map(|o| tans.get(&o.id).cloned().map_or_else(|| Tensor::zeros(o.shape(), o.dtype()), Ok))
             .collect()
     }
 
@@ -149,7 +149,7 @@ impl Graph {
             .iter()
             .map(|o| match tans.get(&o.id) {
                 Some(t) => Ok(self.var(from_raw(t.id))),
-                None => Ok(self.constant(Tensor::zeros(o.shape(), o.dtype()))),
+                None => Ok(self.constant(Tensor::zeros(o.shape(), o.dtype())?)),
             })
             .collect()
     }

@@ -85,9 +85,9 @@ fn eager_graph_growth() {
     let mut rng = Rng::new(1);
     let mut params = vec![
         rng.normal_tensor([16, 4], 0.0, 0.5, DType::F32).unwrap(),
-        Tensor::zeros([16], DType::F32),
+        Tensor::zeros([16], DType::F32).expect("alloc"),
         rng.normal_tensor([1, 16], 0.0, 0.5, DType::F32).unwrap(),
-        Tensor::zeros([1], DType::F32),
+        Tensor::zeros([1], DType::F32).expect("alloc"),
     ];
     let batch = |rng: &mut Rng| {
         let x = rng.uniform([32, 4], -1.0, 1.0, DType::F32).unwrap();
@@ -117,7 +117,7 @@ fn accumulated_loss() {
     let x = Rng::new(6).randn([8, 64], DType::F32).unwrap();
     let base = live();
     let mut total = 0.0f64;
-    let mut total_t = Tensor::zeros([], DType::F32);
+    let mut total_t = Tensor::zeros([], DType::F32).expect("alloc");
     for _ in 0..200 {
         // The loss keeps its value through the backward pass (outputs
         // always do), and may be read before or after it.
@@ -149,12 +149,12 @@ fn accumulated_loss() {
 #[test]
 fn error_inside_scope_frees_everything() {
     let _s = serial();
-    let a0 = Tensor::ones([256, 128], DType::F32);
+    let a0 = Tensor::ones([256, 128], DType::F32).expect("alloc");
     let base = live();
     let r = Graph::scope(|g| {
         let a = g.leaf(a0.clone());
         let h = a.tanh()?.exp()?; // 256 KiB of intermediates
-        let bad = g.constant(Tensor::ones([3, 5], DType::F32));
+        let bad = g.constant(Tensor::ones([3, 5], DType::F32).expect("alloc"));
         h.matmul(&bad).map(|_| ()) // shape mismatch
     });
     let err = r.unwrap_err();
@@ -168,7 +168,7 @@ fn error_inside_scope_frees_everything() {
 #[test]
 fn backward_releases_saved_values() {
     let _s = serial();
-    let x0 = Tensor::ones([1024], DType::F32);
+    let x0 = Tensor::ones([1024], DType::F32).expect("alloc");
     Graph::scope(|g| {
         let x = g.leaf(x0.clone());
         let y = x.exp()?.tanh()?.sin()?.sum_all()?;
@@ -202,7 +202,7 @@ fn scope_end_frees_all_nodes() {
     let _s = serial();
     let base = live();
     let (nodes, held) = Graph::scope(|g| {
-        let x = g.leaf(Tensor::ones([100], DType::F32));
+        let x = g.leaf(Tensor::ones([100], DType::F32).expect("alloc"));
         let mut y = x;
         for _ in 0..10 {
             y = y.tanh()?;

@@ -142,18 +142,21 @@ fn third_order_derivative() {
 #[test]
 fn grad_errors_are_structured() {
     Graph::scope(|g| {
-        let x = g.leaf(Tensor::ones([3], DType::F64));
+        let x = g.leaf(Tensor::ones([3], DType::F64).expect("alloc"));
         let y = x.square()?;
         let bad = g.grad_with(
             &[y],
             &[x],
-            GradOptions { grad_outputs: Some(vec![Tensor::ones([2], DType::F64)]), retain_graph: false },
+            GradOptions {
+                grad_outputs: Some(vec![Tensor::ones([2], DType::F64).expect("alloc")]),
+                retain_graph: false,
+            },
         );
         assert!(matches!(bad, Err(Error::ShapeMismatch { op: "grad", .. })));
-        let unused = g.leaf(Tensor::ones([2], DType::F64));
+        let unused = g.leaf(Tensor::ones([2], DType::F64).expect("alloc"));
         let gs = g.grad(y.sum_all()?, &[x, unused])?;
         assert_eq!(gs[1].to_vec::<f64>()?, vec![0.0, 0.0], "an unused input gets zeros");
-        let pts = g.leaf(Tensor::ones([3], DType::F64));
+        let pts = g.leaf(Tensor::ones([3], DType::F64).expect("alloc"));
         assert!(matches!(g.laplacian(y, pts), Err(Error::InvalidShape { .. })));
         Ok::<_, Error>(())
     })

@@ -23,7 +23,7 @@ fn poisson_and_heat_residuals_vanish_at_the_exact_solutions() {
     let u: Vec<f64> = pts.iter().map(|(x, y)| (PI * x).sin() * (PI * y).sin()).collect();
     let lap = col(u.iter().map(|u| -2.0 * PI * PI * u).collect());
     let f = col(u.iter().map(|u| 2.0 * PI * PI * u).collect());
-    let grad = Tensor::zeros([50, 2], DType::F64); // unused by Poisson
+    let grad = Tensor::zeros([50, 2], DType::F64).expect("alloc"); // unused by Poisson
     let r = residual(Problem::Poisson, &col(u.clone()), &grad, &lap, &f).unwrap();
     assert!(max_abs(&r) < 1e-12);
     // Heat: u = sin(pi x) exp(-alpha pi^2 t), alpha = 0.1.

@@ -29,7 +29,7 @@ pub struct Affine {
 }
 
 fn in_place<F: tapir_tensor::CpuElement>(y: &mut Tensor, r: &Tensor, f: impl Fn(F, F) -> F) -> Result<bool> {
-    let r = r.contiguous();
+    let r = r.contiguous()?;
     let Some(rv) = r.as_slice::<F>() else { return Ok(false) };
     let n = rv.len();
     if n == 0 || !y.numel().is_multiple_of(n) {

@@ -83,7 +83,7 @@ impl Op for CausalSoftmax {
             let mask = Tensor::from_vec(mask, [tq, tk])?.cast(x.dtype())?.to_device(x.device())?;
             return x.mul_scalar(self.scale)?.add(&mask)?.softmax(-1);
         }
-        let x = x.contiguous();
+        let x = x.contiguous()?;
         match x.dtype() {
             DType::F32 => {
                 let src = x.as_slice::<f32>().expect("internal: contiguous");
@@ -271,8 +271,8 @@ impl CausalAttention {
         if xs.iter().chain([&y, &g]).any(|t| t.device() != Device::Cpu) {
             return Ok(None);
         }
-        let [q, k, v] = xs.map(|t| t.contiguous());
-        let (y, g) = (y.contiguous(), g.contiguous());
+        let [q, k, v] = [xs[0].contiguous()?, xs[1].contiguous()?, xs[2].contiguous()?];
+        let (y, g) = (y.contiguous()?, g.contiguous()?);
         let b = q.dims()[0];
         macro_rules! run {
             ($F:ty) => {{
@@ -317,7 +317,7 @@ impl Op for CausalAttention {
             // The kernel reads host memory; elsewhere, the composition.
             return self.composed(xs[0], xs[1], xs[2]);
         }
-        let (q, k, v) = (xs[0].contiguous(), xs[1].contiguous(), xs[2].contiguous());
+        let (q, k, v) = (xs[0].contiguous()?, xs[1].contiguous()?, xs[2].contiguous()?);
         let b = q.dims()[0];
         macro_rules! run {
             ($F:ty) => {{

@@ -122,7 +122,7 @@ impl Mlp {
         let out = h.shape().dims()[1];
         let laplacian = match lap {
             Some(l) => l,
-            None => p.graph().constant(Tensor::zeros([n, out], x.dtype())),
+            None => p.graph().constant(Tensor::zeros([n, out], x.dtype())?),
         };
         Ok(Jet { value: h, jacobian, laplacian })
     }

@@ -53,7 +53,7 @@ impl Linear {
         dtype: DType,
     ) -> Result<Self> {
         let weight = store.add(format!("{name}.weight"), init::normal(rng, [output, input], std, dtype)?)?;
-        let bias = Some(store.add_to_group(format!("{name}.bias"), "no_decay", Tensor::zeros([output], dtype))?);
+        let bias = Some(store.add_to_group(format!("{name}.bias"), "no_decay", Tensor::zeros([output], dtype)?)?);
         Ok(Linear { weight, bias })
     }
 
@@ -70,7 +70,7 @@ impl Linear {
         let bias = Some(store.add_to_group(
             format!("{name}.bias"),
             "no_decay",
-            tapir_tensor::Tensor::zeros([output], dtype),
+            tapir_tensor::Tensor::zeros([output], dtype)?,
         )?);
         Ok(Linear { weight, bias })
     }

@@ -33,9 +33,9 @@ impl LayerNorm {
     /// A LayerNorm of width `dim` with a scale and, if `bias`, a shift. Both
     /// go in the "no_decay" group.
     pub fn new(store: &mut ParamStore, name: &str, dim: usize, bias: bool, dtype: DType) -> Result<Self> {
-        let weight = Some(store.add_to_group(format!("{name}.weight"), "no_decay", Tensor::ones([dim], dtype))?);
+        let weight = Some(store.add_to_group(format!("{name}.weight"), "no_decay", Tensor::ones([dim], dtype)?)?);
         let bias = if bias {
-            Some(store.add_to_group(format!("{name}.bias"), "no_decay", Tensor::zeros([dim], dtype))?)
+            Some(store.add_to_group(format!("{name}.bias"), "no_decay", Tensor::zeros([dim], dtype)?)?)
         } else {
             None
         };
@@ -68,7 +68,7 @@ pub struct RmsNorm {
 impl RmsNorm {
     /// An RMSNorm of width `dim` with a scale in the "no_decay" group.
     pub fn new(store: &mut ParamStore, name: &str, dim: usize, dtype: DType) -> Result<Self> {
-        let weight = Some(store.add_to_group(format!("{name}.weight"), "no_decay", Tensor::ones([dim], dtype))?);
+        let weight = Some(store.add_to_group(format!("{name}.weight"), "no_decay", Tensor::ones([dim], dtype)?)?);
         Ok(RmsNorm { weight, eps: 1e-6 })
     }
 
@@ -191,7 +191,7 @@ impl NormOp {
         if x.device() != Device::Cpu {
             return Ok(None);
         }
-        let (x, g, w) = (x.contiguous(), g.contiguous(), w.map(|w| w.contiguous()));
+        let (x, g, w) = (x.contiguous()?, g.contiguous()?, w.map(|w| w.contiguous()).transpose()?);
         macro_rules! run {
             ($F:ty) => {{
                 let (Some(xv), Some(gv)) = (x.as_slice::<$F>(), g.as_slice::<$F>()) else { return Ok(None) };
@@ -268,7 +268,8 @@ impl Op for NormOp {
                 None => Ok(h),
             };
         }
-        let (xc, wc, bc) = (x.contiguous(), w.map(|t| t.contiguous()), b.map(|t| t.contiguous()));
+        let (xc, wc, bc) =
+            (x.contiguous()?, w.map(|t| t.contiguous()).transpose()?, b.map(|t| t.contiguous()).transpose()?);
         macro_rules! run {
             ($F:ty) => {{
                 fn s(t: &Option<Tensor>) -> Option<&[$F]> {

@@ -143,8 +143,8 @@ impl Optimizer for Sgd {
         if first {
             self.state = store
                 .ids()
-                .map(|id| if self.momentum != 0.0 { vec![store.get(id).zeros_like()] } else { vec![] })
-                .collect();
+                .map(|id| if self.momentum != 0.0 { Ok(vec![store.get(id).zeros_like()?]) } else { Ok(vec![]) })
+                .collect::<Result<_>>()?;
         }
         let (lr, mu, wd, nesterov) = (self.lr, self.momentum, self.weight_decay, self.nesterov);
         for_each_param!(store, grads, self.state, |p, g, s| {
@@ -240,7 +240,10 @@ impl Optimizer for Adam {
     fn step(&mut self, store: &mut ParamStore, grads: &Grads) -> Result<()> {
         check(store, grads, "Adam::step")?;
         if self.state.is_empty() {
-            self.state = store.ids().map(|id| vec![store.get(id).zeros_like(), store.get(id).zeros_like()]).collect();
+            self.state = store
+                .ids()
+                .map(|id| Ok(vec![store.get(id).zeros_like()?, store.get(id).zeros_like()?]))
+                .collect::<Result<_>>()?;
         }
         self.t += 1;
         let (b1, b2) = (self.beta1, self.beta2);

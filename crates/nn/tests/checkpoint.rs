@@ -195,14 +195,14 @@ fn mismatched_checkpoint_lists_every_mismatch_and_changes_nothing() {
 
     // Missing, unexpected, dtype and optimizer mismatches, all in one error.
     let mut other = ParamStore::new();
-    other.add("a", Tensor::zeros([2], DType::F32)).unwrap();
-    other.add("b", Tensor::zeros([3], DType::F64)).unwrap();
-    other.add("extra", Tensor::zeros([1], DType::F32)).unwrap();
+    other.add("a", Tensor::zeros([2], DType::F32).expect("alloc")).unwrap();
+    other.add("b", Tensor::zeros([3], DType::F64).expect("alloc")).unwrap();
+    other.add("extra", Tensor::zeros([1], DType::F32).expect("alloc")).unwrap();
     checkpoint::save(&path, &other, Some(&Sgd::new(0.1)), &BTreeMap::new()).unwrap();
     let mut mine = ParamStore::new();
-    mine.add("a", Tensor::zeros([2], DType::F32)).unwrap();
-    mine.add("b", Tensor::zeros([3], DType::F32)).unwrap();
-    mine.add("c", Tensor::zeros([3], DType::F32)).unwrap();
+    mine.add("a", Tensor::zeros([2], DType::F32).expect("alloc")).unwrap();
+    mine.add("b", Tensor::zeros([3], DType::F32).expect("alloc")).unwrap();
+    mine.add("c", Tensor::zeros([3], DType::F32).expect("alloc")).unwrap();
     let mut adam = Adam::new(0.1);
     let err = checkpoint::load(&path, &mut mine, Some(&mut adam)).unwrap_err();
     let CheckpointError::Mismatch { mismatches, .. } = &err else { panic!("{err}") };

@@ -246,7 +246,7 @@ fn norm_op_matches_its_composition() {
 fn dropout_is_seeded_scaled_and_identity_in_eval() {
     let d = Dropout::new(0.25).unwrap();
     assert!(Dropout::new(1.0).is_err() && Dropout::new(-0.1).is_err());
-    let x = Tensor::ones([4000], DType::F32);
+    let x = Tensor::ones([4000], DType::F32).expect("alloc");
     let run = |seed: Option<u64>| {
         Graph::scope(|g| {
             let mut rng = seed.map(Rng::new);
@@ -417,7 +417,10 @@ fn gpt_gradients() {
     let ids = Tensor::from_vec(vec![1i64, 4, 0, 2, 3, 3], [2, 3]).unwrap();
     let targets = Tensor::from_vec(vec![4i64, 0, 1, 3, -100, 2], [2, 3]).unwrap();
     check_layer(&store, None, &[1], &|p, _| gpt.loss(p, &ids, &targets, None));
-    assert!(Graph::scope(|g| gpt.logits(&store.bind(g), &Tensor::zeros([1, 5], DType::I64), None).map(|_| ())).is_err());
+    assert!(Graph::scope(|g| gpt
+        .logits(&store.bind(g), &Tensor::zeros([1, 5], DType::I64).expect("alloc"), None)
+        .map(|_| ()))
+    .is_err());
 }
 
 #[test]

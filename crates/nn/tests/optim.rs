@@ -129,7 +129,7 @@ fn adamw_decays_except_no_decay_group() {
 #[test]
 fn optimizers_reject_mismatched_gradients() {
     let (mut s, _) = store("default");
-    let bad = Grads::from_tensors(vec![Tensor::zeros([4], DType::F64)]);
+    let bad = Grads::from_tensors(vec![Tensor::zeros([4], DType::F64).expect("alloc")]);
     assert!(matches!(Adam::new(0.1).step(&mut s, &bad), Err(Error::ShapeMismatch { .. })));
     assert!(Sgd::new(0.1).step(&mut s, &Grads::from_tensors(vec![])).is_err());
 }

@@ -12,6 +12,9 @@ use std::mem::MaybeUninit;
 use rayon::prelude::*;
 use smallvec::SmallVec;
 
+use crate::storage::try_vec;
+use crate::Result;
+
 /// Below this many elements a kernel runs on the calling thread: a memory-
 /// bound pass over 256 Ki floats takes tens of microseconds, about what
 /// waking the pool costs on two busy cores.
@@ -135,8 +138,10 @@ fn advise_huge_pages(addr: usize, bytes: usize) -> bool {
 
 /// Fills a new vector of `n` elements by calling `fill(start, chunk)` over
 /// disjoint chunks (some possibly empty), in parallel when `n` is large.
-pub fn fill_vec<D: Send>(n: usize, fill: impl Fn(usize, &mut [MaybeUninit<D>]) + Sync) -> Vec<D> {
-    let mut v: Vec<D> = Vec::with_capacity(n);
+/// Fails with [`Error::OutOfMemory`](crate::Error::OutOfMemory), before
+/// calling `fill`, when the vector cannot be allocated.
+pub fn fill_vec<D: Send>(n: usize, fill: impl Fn(usize, &mut [MaybeUninit<D>]) + Sync) -> Result<Vec<D>> {
+    let mut v: Vec<D> = try_vec(n)?;
     {
         let spare = &mut v.spare_capacity_mut()[..n];
         let size = std::mem::size_of::<D>().max(1);
@@ -165,11 +170,12 @@ pub fn fill_vec<D: Send>(n: usize, fill: impl Fn(usize, &mut [MaybeUninit<D>]) +
     // SAFETY: `fill` is required to write every element of each chunk it is
     // given, and the chunks cover 0..n exactly.
     unsafe { v.set_len(n) };
-    v
+    Ok(v)
 }
 
-/// Maps one strided operand through `f` into a new contiguous vector.
-pub fn map1<S: Copy + Sync, D: Send>(src: &[S], nd: &Nd<1>, f: impl Fn(S) -> D + Sync) -> Vec<D> {
+/// Maps one strided operand through `f` into a new contiguous vector (or
+/// fails, as [`fill_vec`] does, when it cannot be allocated).
+pub fn map1<S: Copy + Sync, D: Send>(src: &[S], nd: &Nd<1>, f: impl Fn(S) -> D + Sync) -> Result<Vec<D>> {
     fill_vec(nd.numel(), |start, out| {
         nd.runs(start, start + out.len(), |pos, [o], len, [s]| {
             let out = &mut out[pos - start..pos - start + len];
@@ -192,7 +198,7 @@ pub fn map2<A: Copy + Sync, B: Copy + Sync, D: Send>(
     b: &[B],
     nd: &Nd<2>,
     f: impl Fn(A, B) -> D + Sync,
-) -> Vec<D> {
+) -> Result<Vec<D>> {
     fill_vec(nd.numel(), |start, out| {
         nd.runs(start, start + out.len(), |pos, [oa, ob], len, [sa, sb]| {
             let out = &mut out[pos - start..pos - start + len];
@@ -231,7 +237,7 @@ pub fn map3<A: Copy + Sync, B: Copy + Sync, C: Copy + Sync, D: Send>(
     c: &[C],
     nd: &Nd<3>,
     f: impl Fn(A, B, C) -> D + Sync,
-) -> Vec<D> {
+) -> Result<Vec<D>> {
     fill_vec(nd.numel(), |start, out| {
         nd.runs(start, start + out.len(), |pos, [oa, ob, oc], len, [sa, sb, sc]| {
             let out = &mut out[pos - start..pos - start + len];

@@ -2,7 +2,7 @@
 
 use smallvec::SmallVec;
 
-use crate::{Error, Result};
+use crate::{DType, Error, Result};
 
 /// Dimensions of a tensor; rank up to 6 stays on the stack.
 #[derive(Clone, PartialEq, Eq, Hash, Default)]
@@ -17,9 +17,30 @@ impl Shape {
     pub fn rank(&self) -> usize {
         self.0.len()
     }
-    /// Number of elements (1 for a scalar).
+    /// Number of elements (1 for a scalar). Saturates at `usize::MAX` for a
+    /// shape whose element count overflows (never a tensor's shape: see
+    /// [`Shape::check`]).
     pub fn numel(&self) -> usize {
-        self.0.iter().product()
+        self.0.iter().fold(1usize, |n, &d| n.saturating_mul(d))
+    }
+    /// Number of elements, or `None` when it, or the product of the dims
+    /// with empty dims counted as 1 (what the strides are computed from),
+    /// overflows `usize`.
+    pub fn checked_numel(&self) -> Option<usize> {
+        self.0.iter().try_fold(1usize, |n, &d| n.checked_mul(d.max(1)))?;
+        Some(self.numel())
+    }
+    /// Checks that a tensor of this shape and `dtype` can exist: its element
+    /// count, strides and byte count fit the address space (`isize::MAX`
+    /// bytes, Rust's limit for one allocation). Returns the element count;
+    /// otherwise an [`Error::InvalidShape`] naming `op`.
+    pub fn check(&self, op: &'static str, dtype: DType) -> Result<usize> {
+        let bad = |reason: String| Error::InvalidShape { op, shape: self.clone(), reason };
+        let n = self.checked_numel().ok_or_else(|| bad("its element count overflows usize".into()))?;
+        match n.checked_mul(dtype.size_in_bytes()) {
+            Some(b) if b <= isize::MAX as usize => Ok(n),
+            _ => Err(bad(format!("{n} elements of {dtype} exceed the address space"))),
+        }
     }
     /// Row-major (C order) strides.
     pub fn contiguous_strides(&self) -> SmallVec<[usize; 6]> {
@@ -48,7 +69,15 @@ impl Shape {
                 return Err(Error::ShapeMismatch { op, lhs: a.clone(), rhs: b.clone() });
             };
         }
-        Ok(Shape(out))
+        let out = Shape(out);
+        if out.checked_numel().is_none() {
+            return Err(Error::InvalidShape {
+                op,
+                reason: format!("broadcasting {a} with {b} overflows the element count"),
+                shape: out,
+            });
+        }
+        Ok(out)
     }
 }
 

@@ -11,7 +11,7 @@
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use crate::Device;
+use crate::{Device, Error};
 
 /// A snapshot of one device's allocator counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -94,6 +94,12 @@ pub(crate) fn track_free(device: Device, bytes: usize, to_system: bool) {
     if to_system {
         c.reserved.fetch_sub(bytes, Ordering::Relaxed);
     }
+}
+
+/// The error for an allocation of `requested` bytes on `device` that the
+/// system refused; nothing was counted for it.
+pub(crate) fn out_of_memory(device: Device, requested: usize) -> Error {
+    Error::OutOfMemory { device, requested, stats: memory_stats(device) }
 }
 
 /// The counters of `device` now.

@@ -1,7 +1,7 @@
 //! A small, explicit, seeded random generator, so every run is reproducible.
 
-use crate::ops::shape::buffer_from_f64;
-use crate::{DType, Result, Shape, Tensor};
+use crate::storage::{try_vec, CpuElement};
+use crate::{with_dtype, DType, Element, Result, Shape, Tensor};
 
 /// xoshiro256++ seeded through SplitMix64. Pass it explicitly: there is no
 /// hidden global generator in tapir.
@@ -62,11 +62,31 @@ impl Rng {
         r * th.cos()
     }
 
+    /// A tensor of `shape` whose elements, in row-major order, are `draw`'s
+    /// successive values converted to `dtype`. A shape whose size overflows
+    /// is an [`Error::InvalidShape`](crate::Error::InvalidShape) naming `op`,
+    /// one that cannot be allocated an
+    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory); no number is drawn
+    /// then.
+    fn generate(
+        &mut self,
+        op: &'static str,
+        shape: Shape,
+        dtype: DType,
+        mut draw: impl FnMut(&mut Rng) -> f64,
+    ) -> Result<Tensor> {
+        let n = shape.check(op, dtype)?;
+        let buf = with_dtype!(dtype, T => {
+            let mut v = try_vec(n)?;
+            v.extend((0..n).map(|_| T::from_f64(draw(self))));
+            T::wrap(v)
+        });
+        Tensor::from_buffer(buf, shape)
+    }
+
     /// A tensor uniform in `[lo, hi)`.
     pub fn uniform(&mut self, shape: impl Into<Shape>, lo: f64, hi: f64, dtype: DType) -> Result<Tensor> {
-        let shape = shape.into();
-        let v: Vec<f64> = (0..shape.numel()).map(|_| lo + (hi - lo) * self.next_f64()).collect();
-        Tensor::from_buffer(buffer_from_f64(dtype, &v), shape)
+        self.generate("uniform", shape.into(), dtype, |r| lo + (hi - lo) * r.next_f64())
     }
 
     /// A tensor uniform in `[0, 1)`.
@@ -81,15 +101,11 @@ impl Rng {
 
     /// A tensor of normals with `mean` and `std`.
     pub fn normal_tensor(&mut self, shape: impl Into<Shape>, mean: f64, std: f64, dtype: DType) -> Result<Tensor> {
-        let shape = shape.into();
-        let v: Vec<f64> = (0..shape.numel()).map(|_| mean + std * self.normal()).collect();
-        Tensor::from_buffer(buffer_from_f64(dtype, &v), shape)
+        self.generate("normal", shape.into(), dtype, |r| mean + std * r.normal())
     }
 
     /// A tensor of integers uniform in `0..n`, as `dtype` (i32/i64 labels).
     pub fn randint(&mut self, shape: impl Into<Shape>, n: u64, dtype: DType) -> Result<Tensor> {
-        let shape = shape.into();
-        let v: Vec<f64> = (0..shape.numel()).map(|_| self.below(n.max(1)) as f64).collect();
-        Tensor::from_buffer(buffer_from_f64(dtype, &v), shape)
+        self.generate("randint", shape.into(), dtype, |r| r.below(n.max(1)) as f64)
     }
 }

@@ -2,8 +2,49 @@
 
 use half::{bf16, f16};
 
-use crate::memory::{track_alloc, track_free};
-use crate::{DType, Device, Element};
+use crate::memory::{out_of_memory, track_alloc, track_free};
+use crate::{DType, Device, Element, Result};
+
+/// An empty vector with room for exactly `n` elements, or
+/// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the system refuses
+/// (never an abort). Every host buffer of a size chosen by a user is
+/// allocated through here or [`CpuBuffer::zeros`].
+pub(crate) fn try_vec<T>(n: usize) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| out_of_memory(Device::Cpu, n.saturating_mul(std::mem::size_of::<T>())))?;
+    Ok(v)
+}
+
+/// `n` copies of `value`, or an out-of-memory error.
+pub(crate) fn try_filled<T: Clone>(n: usize, value: T) -> Result<Vec<T>> {
+    let mut v = try_vec(n)?;
+    v.resize(n, value);
+    Ok(v)
+}
+
+/// `n` elements of all-zero bytes, from the allocator's zeroed memory (fresh
+/// pages from the system are zero already, so a large buffer is not written
+/// here at all, as with `vec![0.0; n]`).
+///
+/// # Safety
+///
+/// All-zero bytes must be a valid `T`.
+unsafe fn try_zeroed<T>(n: usize) -> Result<Vec<T>> {
+    if n == 0 || std::mem::size_of::<T>() == 0 {
+        return Ok(Vec::new());
+    }
+    let oom = || out_of_memory(Device::Cpu, n.saturating_mul(std::mem::size_of::<T>()));
+    let layout = std::alloc::Layout::array::<T>(n).map_err(|_| oom())?;
+    // SAFETY: the layout has a non-zero size (n > 0 and T is not zero-sized).
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<T>();
+    if ptr.is_null() {
+        return Err(oom());
+    }
+    // SAFETY: `ptr` comes from the global allocator with T's array layout for
+    // `n` elements (what Vec frees with), and its n zeroed elements are valid
+    // values by the caller's promise.
+    Ok(unsafe { Vec::from_raw_parts(ptr, n, n) })
+}
 
 /// A host buffer of one dtype.
 #[derive(Debug, Clone)]
@@ -49,15 +90,20 @@ impl CpuBuffer {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-    /// A zero-filled buffer.
-    pub fn zeros(dtype: DType, n: usize) -> Self {
-        match dtype {
-            DType::F32 => CpuBuffer::F32(vec![0.0; n]),
-            DType::F64 => CpuBuffer::F64(vec![0.0; n]),
-            DType::F16 => CpuBuffer::F16(vec![f16::ZERO; n]),
-            DType::BF16 => CpuBuffer::BF16(vec![bf16::ZERO; n]),
-            DType::I32 => CpuBuffer::I32(vec![0; n]),
-            DType::I64 => CpuBuffer::I64(vec![0; n]),
+    /// A zero-filled buffer of `n` elements, or
+    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the system
+    /// cannot provide it.
+    pub fn zeros(dtype: DType, n: usize) -> Result<Self> {
+        // SAFETY: zero bytes are 0 (or +0.0) in every one of these types.
+        unsafe {
+            Ok(match dtype {
+                DType::F32 => CpuBuffer::F32(try_zeroed(n)?),
+                DType::F64 => CpuBuffer::F64(try_zeroed(n)?),
+                DType::F16 => CpuBuffer::F16(try_zeroed::<f16>(n)?),
+                DType::BF16 => CpuBuffer::BF16(try_zeroed::<bf16>(n)?),
+                DType::I32 => CpuBuffer::I32(try_zeroed(n)?),
+                DType::I64 => CpuBuffer::I64(try_zeroed(n)?),
+            })
         }
     }
 }

@@ -6,7 +6,7 @@ use half::{bf16, f16};
 use smallvec::SmallVec;
 
 use crate::iter::{map1, Nd};
-use crate::storage::{CpuBuffer, CpuElement, Storage};
+use crate::storage::{try_filled, try_vec, CpuBuffer, CpuElement, Storage};
 use crate::{DType, Device, Element, Error, Layout, Result, Shape};
 
 /// An n-dimensional array: a cheap-to-clone handle on shared storage plus a
@@ -79,6 +79,7 @@ impl Tensor {
     /// Wraps a host buffer as a contiguous tensor of `shape`.
     pub fn from_buffer(buf: CpuBuffer, shape: impl Into<Shape>) -> Result<Self> {
         let shape = shape.into();
+        shape.check("from_vec", buf.dtype())?;
         if buf.len() != shape.numel() {
             return Err(Error::ElementCount { op: "from_vec", expected: shape.numel(), got: buf.len(), shape });
         }
@@ -102,48 +103,85 @@ impl Tensor {
 
     /// A 0-d tensor of `dtype` holding `v`.
     pub fn scalar_of(v: f64, dtype: DType) -> Self {
-        Self::full((), v, dtype)
+        let buf = with_dtype!(dtype, T => T::wrap(vec![T::from_f64(v)]));
+        Self::from_buffer(buf, ()).expect("internal: scalar shape")
     }
 
-    /// Zeros of `shape` and `dtype`.
-    pub fn zeros(shape: impl Into<Shape>, dtype: DType) -> Self {
+    /// Zeros of `shape` and `dtype`. Fails with [`Error::InvalidShape`] when
+    /// the shape's size overflows and [`Error::OutOfMemory`] when the system
+    /// cannot provide the bytes; nothing is counted then.
+    pub fn zeros(shape: impl Into<Shape>, dtype: DType) -> Result<Self> {
         let shape = shape.into();
-        let buf = CpuBuffer::zeros(dtype, shape.numel());
-        Tensor { storage: Arc::new(Storage::cpu(buf)), layout: Layout::contiguous(shape) }
+        let n = shape.check("zeros", dtype)?;
+        Self::from_buffer(CpuBuffer::zeros(dtype, n)?, shape)
     }
 
-    /// Ones of `shape` and `dtype`.
-    pub fn ones(shape: impl Into<Shape>, dtype: DType) -> Self {
-        Self::full(shape, 1.0, dtype)
+    /// Ones of `shape` and `dtype` (errors as [`Tensor::zeros`]).
+    pub fn ones(shape: impl Into<Shape>, dtype: DType) -> Result<Self> {
+        Self::full_named("ones", shape.into(), 1.0, dtype)
     }
 
-    /// `shape` filled with `value` (converted to `dtype`).
-    pub fn full(shape: impl Into<Shape>, value: f64, dtype: DType) -> Self {
-        let shape = shape.into();
-        let n = shape.numel();
-        let buf = with_dtype!(dtype, T => T::wrap(vec![T::from_f64(value); n]));
-        Tensor { storage: Arc::new(Storage::cpu(buf)), layout: Layout::contiguous(shape) }
+    /// `shape` filled with `value` (converted to `dtype`; errors as
+    /// [`Tensor::zeros`]).
+    pub fn full(shape: impl Into<Shape>, value: f64, dtype: DType) -> Result<Self> {
+        Self::full_named("full", shape.into(), value, dtype)
     }
 
-    /// Zeros shaped like `self`, same dtype and device.
-    pub fn zeros_like(&self) -> Self {
+    fn full_named(op: &'static str, shape: Shape, value: f64, dtype: DType) -> Result<Self> {
+        let n = shape.check(op, dtype)?;
+        // +0.0 only: zero bytes are +0.0, and full(.., -0.0) must keep its sign.
+        if value.to_bits() == 0 {
+            return Self::from_buffer(CpuBuffer::zeros(dtype, n)?, shape);
+        }
+        let buf = with_dtype!(dtype, T => T::wrap(try_filled(n, T::from_f64(value))?));
+        Self::from_buffer(buf, shape)
+    }
+
+    /// Zeros shaped like `self`, same dtype and device (fails only when the
+    /// memory cannot be allocated).
+    pub fn zeros_like(&self) -> Result<Self> {
         Self::zeros(self.shape().clone(), self.dtype())
     }
 
     /// `start, start + step, ...` below `end` (torch.arange), as `dtype`.
+    /// Non-finite or zero arguments are an [`Error::InvalidArgument`]; a
+    /// length that overflows is an [`Error::InvalidShape`].
     pub fn arange(start: f64, end: f64, step: f64, dtype: DType) -> Result<Self> {
         if step == 0.0 || !step.is_finite() || !start.is_finite() || !end.is_finite() {
             return Err(Error::invalid_arg("arange", format!("start {start}, end {end}, step {step}")));
         }
-        let n = ((end - start) / step).ceil().max(0.0) as usize;
-        let buf = with_dtype!(dtype, T => T::wrap((0..n).map(|i| T::from_f64(start + i as f64 * step)).collect()));
+        let len = ((end - start) / step).ceil().max(0.0);
+        // `as` saturates; a length at or past 2^64 must not become usize::MAX
+        // silently, so it is reported as the overflow it is.
+        if len >= usize::MAX as f64 {
+            return Err(Error::InvalidShape {
+                op: "arange",
+                shape: Shape::from([usize::MAX]),
+                reason: format!("start {start}, end {end}, step {step} give {len:e} elements"),
+            });
+        }
+        let n = len as usize;
+        Shape::from([n]).check("arange", dtype)?;
+        let buf = with_dtype!(dtype, T => {
+            let mut v = try_vec(n)?;
+            v.extend((0..n).map(|i| T::from_f64(start + i as f64 * step)));
+            T::wrap(v)
+        });
         Self::from_buffer(buf, [n])
     }
 
-    /// The `n x n` identity.
-    pub fn eye(n: usize, dtype: DType) -> Self {
-        let buf = with_dtype!(dtype, T => T::wrap((0..n * n).map(|i| T::from_f64(if i % (n + 1) == 0 { 1.0 } else { 0.0 })).collect()));
-        Self::from_buffer(buf, [n, n]).expect("internal: eye shape")
+    /// The `n x n` identity (errors as [`Tensor::zeros`]).
+    pub fn eye(n: usize, dtype: DType) -> Result<Self> {
+        let shape = Shape::from([n, n]);
+        shape.check("eye", dtype)?;
+        let mut t = Self::zeros(shape, dtype)?;
+        with_dtype!(dtype, T => {
+            let d = t.make_mut::<T>()?;
+            for i in 0..n {
+                d[i * (n + 1)] = T::from_f64(1.0);
+            }
+        });
+        Ok(t)
     }
 
     // ----- inspection ---------------------------------------------------
@@ -232,17 +270,30 @@ impl Tensor {
         if let Some(s) = self.as_slice::<T>() {
             return Ok(s.to_vec());
         }
-        Ok(map1(self.storage_slice::<T>(), &self.nd(), |x| x))
+        map1(self.storage_slice::<T>(), &self.nd(), |x| x)
     }
 
     /// The elements converted to f64, in row-major order.
+    ///
+    /// # Panics
+    ///
+    /// When the system cannot allocate the vector (use
+    /// [`Tensor::cast`](crate::ShapeOps::cast) and [`Tensor::to_vec`] for an
+    /// error instead).
     pub fn to_vec_f64(&self) -> Vec<f64> {
         with_dtype!(self.dtype(), T => map1(self.storage_slice::<T>(), &self.nd(), |x: T| x.to_f64()))
+            .unwrap_or_else(|e| panic!("to_vec_f64: {e}"))
     }
 
     /// The elements converted to f32, in row-major order.
+    ///
+    /// # Panics
+    ///
+    /// When the system cannot allocate the vector, as
+    /// [`Tensor::to_vec_f64`].
     pub fn to_vec_f32(&self) -> Vec<f32> {
         with_dtype!(self.dtype(), T => map1(self.storage_slice::<T>(), &self.nd(), |x: T| x.to_f64() as f32))
+            .unwrap_or_else(|e| panic!("to_vec_f32: {e}"))
     }
 
     /// The single element of a one-element tensor, as f64.
@@ -254,7 +305,8 @@ impl Tensor {
                 reason: "item needs exactly one element".into(),
             });
         }
-        Ok(self.to_vec_f64()[0])
+        let v = with_dtype!(self.dtype(), T => map1(self.storage_slice::<T>(), &self.nd(), |x: T| x.to_f64()))?;
+        Ok(v[0])
     }
 
     /// The single element of a one-element tensor, as f32.
@@ -264,14 +316,15 @@ impl Tensor {
 
     // ----- layout changes (no recording; Diff wraps these) --------------
 
-    /// A contiguous copy, or `self` when already contiguous at offset 0 or
-    /// of the whole storage.
-    pub fn contiguous(&self) -> Tensor {
+    /// A contiguous copy, or `self` when already contiguous. Fails with
+    /// [`Error::OutOfMemory`] when the copy cannot be allocated (a broadcast
+    /// view can be far larger than its storage).
+    pub fn contiguous(&self) -> Result<Tensor> {
         if self.is_contiguous() {
-            return self.clone();
+            return Ok(self.clone());
         }
-        let buf = with_dtype!(self.dtype(), T => T::wrap(map1(self.storage_slice::<T>(), &self.nd(), |x: T| x)));
-        Tensor::from_buffer(buf, self.shape().clone()).expect("internal: contiguous copy")
+        let buf = with_dtype!(self.dtype(), T => T::wrap(map1(self.storage_slice::<T>(), &self.nd(), |x: T| x)?));
+        Tensor::from_buffer(buf, self.shape().clone())
     }
 
     pub(crate) fn with_layout(&self, layout: Layout) -> Tensor {
@@ -283,10 +336,11 @@ impl Tensor {
         if shape.numel() != self.numel() {
             return Err(Error::ShapeMismatch { op: "reshape", lhs: self.shape().clone(), rhs: shape });
         }
+        shape.check("reshape", self.dtype())?;
         if let Some(strides) = self.layout.view_strides(&shape) {
             return Ok(self.with_layout(Layout { strides, shape, offset: self.layout.offset }));
         }
-        let base = self.contiguous();
+        let base = self.contiguous()?;
         Ok(Tensor {
             storage: base.storage,
             layout: Layout { strides: shape.contiguous_strides(), shape, offset: base.layout.offset },
@@ -318,6 +372,7 @@ impl Tensor {
     }
 
     pub(crate) fn broadcast_raw(&self, shape: &Shape) -> Result<Tensor> {
+        shape.check("broadcast_to", self.dtype())?;
         let b = Shape::broadcast("broadcast_to", self.shape(), shape)?;
         if &b != shape {
             return Err(Error::ShapeMismatch { op: "broadcast_to", lhs: self.shape().clone(), rhs: shape.clone() });
@@ -327,23 +382,23 @@ impl Tensor {
     }
 
     /// A copy converted to `dtype` (no copy when it already is).
-    pub(crate) fn cast_raw(&self, dtype: DType) -> Tensor {
+    pub(crate) fn cast_raw(&self, dtype: DType) -> Result<Tensor> {
         if dtype == self.dtype() {
-            return self.clone();
+            return Ok(self.clone());
         }
         let nd = self.nd();
         let buf = with_dtype!(self.dtype(), S => {
             let src = self.storage_slice::<S>();
             match dtype {
-                DType::F32 => CpuBuffer::F32(map1(src, &nd, |x: S| x.to_f64() as f32)),
-                DType::F64 => CpuBuffer::F64(map1(src, &nd, |x: S| x.to_f64())),
-                DType::F16 => CpuBuffer::F16(map1(src, &nd, |x: S| f16::from_f64(x.to_f64()))),
-                DType::BF16 => CpuBuffer::BF16(map1(src, &nd, |x: S| bf16::from_f64(x.to_f64()))),
-                DType::I32 => CpuBuffer::I32(map1(src, &nd, |x: S| x.to_f64() as i32)),
-                DType::I64 => CpuBuffer::I64(map1(src, &nd, |x: S| x.to_f64() as i64)),
+                DType::F32 => CpuBuffer::F32(map1(src, &nd, |x: S| x.to_f64() as f32)?),
+                DType::F64 => CpuBuffer::F64(map1(src, &nd, |x: S| x.to_f64())?),
+                DType::F16 => CpuBuffer::F16(map1(src, &nd, |x: S| f16::from_f64(x.to_f64()))?),
+                DType::BF16 => CpuBuffer::BF16(map1(src, &nd, |x: S| bf16::from_f64(x.to_f64()))?),
+                DType::I32 => CpuBuffer::I32(map1(src, &nd, |x: S| x.to_f64() as i32)?),
+                DType::I64 => CpuBuffer::I64(map1(src, &nd, |x: S| x.to_f64() as i64)?),
             }
         });
-        Tensor::from_buffer(buf, self.shape().clone()).expect("internal: cast shape")
+        Tensor::from_buffer(buf, self.shape().clone())
     }
 
     /// Moves to `device` (a no-op when already there).

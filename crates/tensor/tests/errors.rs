@@ -2,7 +2,18 @@
 //! naming the op and the offending values (DESIGN.md invariant 8). Nothing
 //! here may panic: a panic fails the test as surely as a wrong variant.
 
+use std::sync::{Mutex, MutexGuard};
+
 use tapir_tensor::prelude::*;
+
+/// The memory counters are process-wide, and some tests here assert that a
+/// failed call left them unchanged; every test takes this lock so no other
+/// test of this binary allocates meanwhile.
+static LOCK: Mutex<()> = Mutex::new(());
+
+fn lock() -> MutexGuard<'static, ()> {
+    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 /// Asserts that `$e` is an `Err` matching `$p` (with an optional guard), and
 /// returns the error for further checks.
@@ -43,6 +54,7 @@ fn i64s(v: &[i64], dims: &[usize]) -> Tensor {
 
 #[test]
 fn binary_shape_mismatch_names_op_and_shapes() {
+    let _g = lock();
     let a = m23();
     let b = f32s(&[1., 2., 3., 4.], &[4]);
     let ops: [(&str, BinaryFn); 7] = [
@@ -68,13 +80,17 @@ fn binary_shape_mismatch_names_op_and_shapes() {
     assert_err!(a.eq(&b), Error::ShapeMismatch { op: "eq", .. });
     let mask = f32s(&[1., 0.], &[2]);
     assert_err!(a.where_(&mask, &a), Error::ShapeMismatch { op: "where", .. });
-    assert_err!(a.where_(&Tensor::ones([2, 3], DType::F32), &b), Error::ShapeMismatch { op: "where", .. });
+    assert_err!(
+        a.where_(&Tensor::ones([2, 3], DType::F32).expect("alloc"), &b),
+        Error::ShapeMismatch { op: "where", .. }
+    );
 }
 
 #[test]
 fn matmul_inner_mismatch_names_user_shapes() {
+    let _g = lock();
     let a = m23();
-    let b = Tensor::zeros([4, 5], DType::F32);
+    let b = Tensor::zeros([4, 5], DType::F32).expect("alloc");
     let e = assert_err!(
         a.matmul(&b),
         Error::ShapeMismatch { op: "matmul", lhs, rhs }
@@ -83,13 +99,13 @@ fn matmul_inner_mismatch_names_user_shapes() {
     assert!(e.to_string().contains("matmul"));
     // Batch dims that do not broadcast.
     assert_err!(
-        Tensor::zeros([2, 2, 3], DType::F32).matmul(&Tensor::zeros([3, 3, 4], DType::F32)),
+        Tensor::zeros([2, 2, 3], DType::F32).expect("alloc").matmul(&Tensor::zeros([3, 3, 4], DType::F32).expect("alloc")),
         Error::ShapeMismatch { op: "matmul", lhs, rhs }
             if *lhs == shape(&[2, 2, 3]) && *rhs == shape(&[3, 3, 4])
     );
     // 1-D operands: the error names the shapes the user passed.
-    let v3 = Tensor::zeros([3], DType::F32);
-    let v4 = Tensor::zeros([4], DType::F32);
+    let v3 = Tensor::zeros([3], DType::F32).expect("alloc");
+    let v4 = Tensor::zeros([4], DType::F32).expect("alloc");
     assert_err!(
         v3.matmul(&v4),
         Error::ShapeMismatch { op: "matmul", lhs, rhs }
@@ -109,11 +125,15 @@ fn matmul_inner_mismatch_names_user_shapes() {
     assert_err!(Tensor::scalar(1.0).matmul(&a), Error::ShapeMismatch { op: "matmul", .. });
     assert_err!(a.matmul(&Tensor::scalar(1.0)), Error::ShapeMismatch { op: "matmul", .. });
     // linear with a weight of the wrong width.
-    assert_err!(a.linear(&Tensor::zeros([5, 4], DType::F32), None), Error::ShapeMismatch { op: "matmul", .. });
+    assert_err!(
+        a.linear(&Tensor::zeros([5, 4], DType::F32).expect("alloc"), None),
+        Error::ShapeMismatch { op: "matmul", .. }
+    );
 }
 
 #[test]
 fn view_shape_errors() {
+    let _g = lock();
     let a = m23();
     // reshape to the wrong number of elements.
     assert_err!(
@@ -135,37 +155,41 @@ fn view_shape_errors() {
     assert_err!(a.sum_to([4]), Error::ShapeMismatch { op: "sum_to", .. });
     assert_err!(a.sum_to([2, 2, 3]), Error::ShapeMismatch { op: "sum_to", .. });
     // concat and stack of incompatible shapes.
-    let b = Tensor::zeros([2, 2], DType::F32);
+    let b = Tensor::zeros([2, 2], DType::F32).expect("alloc");
     assert_err!(
         Tensor::concat(&[&a, &b], 0),
         Error::ShapeMismatch { op: "concat", lhs, rhs }
             if *lhs == shape(&[2, 3]) && *rhs == shape(&[2, 2])
     );
-    assert_err!(Tensor::concat(&[&a, &Tensor::zeros([6], DType::F32)], 0), Error::ShapeMismatch { op: "concat", .. });
+    assert_err!(
+        Tensor::concat(&[&a, &Tensor::zeros([6], DType::F32).expect("alloc")], 0),
+        Error::ShapeMismatch { op: "concat", .. }
+    );
     assert_err!(Tensor::stack(&[&a, &b], 0), Error::ShapeMismatch { op: "stack", .. });
     // squeeze of a dim that is not 1, t() of a vector.
     assert_err!(
         a.squeeze(0),
         Error::InvalidShape { op: "squeeze", shape: s, .. } if *s == shape(&[2, 3])
     );
-    assert_err!(Tensor::zeros([3], DType::F32).t(), Error::InvalidShape { op: "t", .. });
+    assert_err!(Tensor::zeros([3], DType::F32).expect("alloc").t(), Error::InvalidShape { op: "t", .. });
 }
 
 #[test]
 fn index_shape_errors() {
+    let _g = lock();
     let x = m23();
     // index_select wants 1-D indices.
     assert_err!(x.index_select(0, &i64s(&[0, 1], &[1, 2])), Error::InvalidShape { op: "index_select", .. });
     // embedding wants a [vocab, dim] table.
     assert_err!(
-        Tensor::zeros([4], DType::F32).embedding(&i64s(&[0], &[1])),
+        Tensor::zeros([4], DType::F32).expect("alloc").embedding(&i64s(&[0], &[1])),
         Error::InvalidShape { op: "embedding", .. }
     );
     // gather indices of another rank, or larger than the input off-axis.
     assert_err!(x.gather(1, &i64s(&[0, 1], &[2])), Error::ShapeMismatch { op: "gather", .. });
     assert_err!(x.gather(1, &i64s(&[0; 9], &[3, 3])), Error::ShapeMismatch { op: "gather", .. });
     // scatter_add: src and idx must have one shape.
-    let src = Tensor::ones([2, 2], DType::F32);
+    let src = Tensor::ones([2, 2], DType::F32).expect("alloc");
     assert_err!(x.scatter_add(1, &i64s(&[0, 1, 2], &[1, 3]), &src), Error::ShapeMismatch { op: "scatter_add", .. });
 }
 
@@ -173,8 +197,9 @@ fn index_shape_errors() {
 
 #[test]
 fn dtype_mismatch_names_both_dtypes() {
+    let _g = lock();
     let a = m23();
-    let b = Tensor::ones([2, 3], DType::F64);
+    let b = Tensor::ones([2, 3], DType::F64).expect("alloc");
     let e = assert_err!(a.add(&b), Error::DTypeMismatch { op: "add", lhs: DType::F32, rhs: DType::F64 });
     let msg = e.to_string();
     assert!(msg.contains("add") && msg.contains("F32") || msg.contains("F64"), "{msg}");
@@ -182,7 +207,7 @@ fn dtype_mismatch_names_both_dtypes() {
     assert_err!(a.gt(&b), Error::DTypeMismatch { op: "gt", .. });
     assert_err!(a.where_(&a, &b), Error::DTypeMismatch { op: "where", .. });
     assert_err!(
-        a.matmul(&Tensor::ones([3, 2], DType::F16)),
+        a.matmul(&Tensor::ones([3, 2], DType::F16).expect("alloc")),
         Error::DTypeMismatch { op: "matmul", lhs: DType::F32, rhs: DType::F16 }
     );
     assert_err!(Tensor::concat(&[&a, &b], 0), Error::DTypeMismatch { op: "concat", lhs: DType::F32, rhs: DType::F64 });
@@ -195,6 +220,7 @@ fn dtype_mismatch_names_both_dtypes() {
 
 #[test]
 fn float_ops_reject_integer_tensors() {
+    let _g = lock();
     let i = Tensor::from_vec(vec![1i32, 2, 3, 4], [2, 2]).expect("ints");
     let unary: [(&str, UnaryFn); 6] = [
         ("exp", |x| x.exp()),
@@ -220,6 +246,7 @@ fn float_ops_reject_integer_tensors() {
 
 #[test]
 fn indices_must_be_integers() {
+    let _g = lock();
     let x = m23();
     let fidx = f32s(&[0., 1.], &[2]);
     assert_err!(x.index_select(1, &fidx), Error::UnsupportedDType { op: "index_select", dtype: DType::F32, .. });
@@ -229,6 +256,7 @@ fn indices_must_be_integers() {
 
 #[test]
 fn missing_cuda_is_an_error_never_a_panic() {
+    let _g = lock();
     // No machine has 101 GPUs: always an error naming the device.
     assert_err!(Device::cuda(100), Error::DeviceUnavailable { device: Device::Cuda(100), .. });
     assert_err!(m23().to_device(Device::Cuda(100)), Error::DeviceUnavailable { .. });
@@ -251,6 +279,7 @@ fn missing_cuda_is_an_error_never_a_panic() {
 
 #[test]
 fn axis_out_of_range_names_axis_and_rank() {
+    let _g = lock();
     let x = m23();
     type AxisOp = (&'static str, isize, fn(&Tensor, isize) -> Result<Tensor>);
     let cases: [AxisOp; 16] = [
@@ -285,7 +314,7 @@ fn axis_out_of_range_names_axis_and_rank() {
     assert_err!(Tensor::stack(&[&x, &x], 3), Error::AxisOutOfRange { op: "stack", axis: 3, rank: 3 });
     assert_err!(x.dim(2), Error::AxisOutOfRange { op: "dim", axis: 2, rank: 2 });
     assert_err!(
-        x.scatter_add(3, &i64s(&[0], &[1, 1]), &Tensor::ones([1, 1], DType::F32)),
+        x.scatter_add(3, &i64s(&[0], &[1, 1]), &Tensor::ones([1, 1], DType::F32).expect("alloc")),
         Error::AxisOutOfRange { op: "scatter_add", axis: 3, rank: 2 }
     );
     // A scalar has no axes at all.
@@ -294,6 +323,7 @@ fn axis_out_of_range_names_axis_and_rank() {
 
 #[test]
 fn repeated_axes_and_bad_permutations_are_invalid_arguments() {
+    let _g = lock();
     let x = m23();
     assert_err!(x.sum(&[0, 0], false), Error::InvalidArgument { op: "sum", .. });
     assert_err!(x.sum(&[1, -1], false), Error::InvalidArgument { op: "sum", .. });
@@ -308,6 +338,7 @@ fn repeated_axes_and_bad_permutations_are_invalid_arguments() {
 
 #[test]
 fn index_out_of_range_names_value_and_position() {
+    let _g = lock();
     let x = m23();
     let e = assert_err!(
         x.index_select(1, &i64s(&[0, 2, 3, 1], &[4])),
@@ -320,11 +351,21 @@ fn index_out_of_range_names_value_and_position() {
         x.index_select(0, &Tensor::from_vec(vec![-1i32], [1]).expect("idx")),
         Error::IndexOutOfRange { index: -1, position: 0, size: 2, .. }
     );
-    // embedding reports the id and where it sits in the flattened ids.
-    let table = Tensor::zeros([5, 2], DType::F32);
-    assert_err!(
+    // embedding names itself (not the index_select it runs on), the id and
+    // where it sits in the flattened ids.
+    let table = Tensor::zeros([5, 2], DType::F32).expect("alloc");
+    let e = assert_err!(
         table.embedding(&i64s(&[0, 4, 1, 5], &[2, 2])),
-        Error::IndexOutOfRange { index: 5, position: 3, size: 5, .. }
+        Error::IndexOutOfRange { op: "embedding", index: 5, position: 3, size: 5 }
+    );
+    assert!(e.to_string().starts_with("embedding"), "{e}");
+    assert_err!(
+        table.embedding(&i64s(&[-2, 0], &[2])),
+        Error::IndexOutOfRange { op: "embedding", index: -2, position: 0, size: 5 }
+    );
+    assert_err!(
+        table.embedding(&f32s(&[0.0], &[1])),
+        Error::UnsupportedDType { op: "embedding", dtype: DType::F32, .. }
     );
     // gather and scatter_add.
     assert_err!(
@@ -336,7 +377,11 @@ fn index_out_of_range_names_value_and_position() {
         Error::IndexOutOfRange { op: "gather", index: 2, position: 2, size: 2 }
     );
     assert_err!(
-        Tensor::zeros([2, 3], DType::F32).scatter_add(1, &i64s(&[0, -5], &[1, 2]), &Tensor::ones([1, 2], DType::F32)),
+        Tensor::zeros([2, 3], DType::F32).expect("alloc").scatter_add(
+            1,
+            &i64s(&[0, -5], &[1, 2]),
+            &Tensor::ones([1, 2], DType::F32).expect("alloc")
+        ),
         Error::IndexOutOfRange { op: "scatter_add", index: -5, position: 1, size: 3 }
     );
     // narrow past the end.
@@ -349,6 +394,7 @@ fn index_out_of_range_names_value_and_position() {
 
 #[test]
 fn element_count_errors() {
+    let _g = lock();
     let e = assert_err!(
         Tensor::from_vec(vec![0.0f32; 5], [2, 3]),
         Error::ElementCount { shape: s, expected: 6, got: 5, .. } if *s == shape(&[2, 3])
@@ -360,6 +406,7 @@ fn element_count_errors() {
 
 #[test]
 fn invalid_arguments() {
+    let _g = lock();
     let x = m23();
     let e = assert_err!(x.clamp(1.0, 0.0), Error::InvalidArgument { op: "clamp", .. });
     assert!(e.to_string().contains("clamp"));
@@ -377,6 +424,7 @@ fn invalid_arguments() {
 
 #[test]
 fn invalid_shapes() {
+    let _g = lock();
     let x = m23();
     let e = assert_err!(
         x.item(),
@@ -384,9 +432,9 @@ fn invalid_shapes() {
     );
     assert!(e.to_string().contains("item"));
     assert_err!(x.item_f32(), Error::InvalidShape { op: "item", .. });
-    assert_err!(Tensor::zeros([0], DType::F32).item(), Error::InvalidShape { op: "item", .. });
+    assert_err!(Tensor::zeros([0], DType::F32).expect("alloc").item(), Error::InvalidShape { op: "item", .. });
     // max/min/argmax over an empty axis have no answer.
-    let e0 = Tensor::zeros([2, 0], DType::F32);
+    let e0 = Tensor::zeros([2, 0], DType::F32).expect("alloc");
     assert_err!(e0.max(&[1], false), Error::InvalidShape { op: "max", .. });
     assert_err!(e0.min(&[], false), Error::InvalidShape { op: "min", .. });
     assert_err!(e0.argmax(1, false), Error::InvalidShape { op: "argmax", .. });
@@ -395,12 +443,13 @@ fn invalid_shapes() {
 
 #[test]
 fn errors_display_the_op() {
+    let _g = lock();
     // Every variant's message starts with (or names) the op, so a log line is
     // enough to find the call.
     let x = m23();
     let errs = [
-        x.add(&Tensor::zeros([4], DType::F32)).unwrap_err(),
-        x.add(&Tensor::zeros([2, 3], DType::F64)).unwrap_err(),
+        x.add(&Tensor::zeros([4], DType::F32).expect("alloc")).unwrap_err(),
+        x.add(&Tensor::zeros([2, 3], DType::F64).expect("alloc")).unwrap_err(),
         x.sum(&[7], false).unwrap_err(),
         x.index_select(0, &i64s(&[9], &[1])).unwrap_err(),
         x.clamp(1.0, 0.0).unwrap_err(),
@@ -416,19 +465,20 @@ fn errors_display_the_op() {
 
 #[test]
 fn degenerate_inputs_do_not_panic() {
+    let _g = lock();
     // Empty tensors through every op family: results or errors, no panics.
-    let e = Tensor::zeros([0, 3], DType::F32);
+    let e = Tensor::zeros([0, 3], DType::F32).expect("alloc");
     let _ = e.exp().expect("exp of empty");
-    let _ = e.add(&Tensor::zeros([3], DType::F32)).expect("add of empty");
+    let _ = e.add(&Tensor::zeros([3], DType::F32).expect("alloc")).expect("add of empty");
     let _ = e.softmax(0).expect("softmax over an empty axis");
     let _ = e.softmax(1).expect("softmax of no rows");
     let _ = e.log_softmax(1).expect("log_softmax of no rows");
     let _ = e.t().and_then(|t| t.matmul(&e)).expect("[3, 0] @ [0, 3]");
-    let _ = e.matmul(&Tensor::zeros([3, 2], DType::F32)).expect("[0, 3] @ [3, 2]");
+    let _ = e.matmul(&Tensor::zeros([3, 2], DType::F32).expect("alloc")).expect("[0, 3] @ [3, 2]");
     let _ = e.sum(&[0], false).expect("sum over an empty axis");
     let _ = e.argmax(1, false).expect("argmax of no rows");
     let _ = e.index_select(1, &i64s(&[2, 0], &[2])).expect("select from no rows");
-    let _ = e.gather(0, &Tensor::zeros([0, 3], DType::I64)).expect("gather of nothing");
+    let _ = e.gather(0, &Tensor::zeros([0, 3], DType::I64).expect("alloc")).expect("gather of nothing");
     let _ = Tensor::concat(&[&e, &e], 0).expect("concat of empties");
     let _ = e.reshape([3, 0]).expect("reshape of empty");
     let _ = e.narrow(1, 1, 2).expect("narrow of empty");
@@ -443,4 +493,128 @@ fn degenerate_inputs_do_not_panic() {
     assert!(s.narrow(0, 0, 1).is_err());
     assert!(s.squeeze(0).is_err());
     let _ = s.unsqueeze(0).expect("unsqueeze a scalar");
+}
+
+// ----- absurd sizes ----------------------------------------------------------------
+
+/// Elements of f32 that no system can provide: 2^48 bytes, past the 47-bit
+/// user address space of x86-64 and aarch64, so the allocation fails under
+/// any overcommit policy. It fits usize and `isize::MAX` bytes, so it is an
+/// out-of-memory error, not an overflow.
+const HUGE: usize = 1 << 46;
+
+/// Asserts that `$e` fails with `$p` and that it left every memory counter
+/// (live, peak, reserved, allocation counts) as it found it.
+macro_rules! assert_err_untouched {
+    ($e:expr, $p:pat $(if $guard:expr)?) => {{
+        let before = memory_stats(Device::Cpu);
+        let err = assert_err!($e, $p $(if $guard)?);
+        assert_eq!(memory_stats(Device::Cpu), before, "{err}");
+        err
+    }};
+}
+
+#[test]
+fn overflowing_sizes_are_invalid_shapes() {
+    let _g = lock();
+    let over = [usize::MAX / 2, 3]; // the element count overflows usize
+    let bytes_over = [1usize << 62]; // the elements fit, the bytes do not
+    for dtype in [DType::F32, DType::F64, DType::F16, DType::I64] {
+        assert_err_untouched!(Tensor::zeros(over, dtype), Error::InvalidShape { op: "zeros", .. });
+        assert_err_untouched!(Tensor::ones(over, dtype), Error::InvalidShape { op: "ones", .. });
+        assert_err_untouched!(Tensor::full(over, 2.0, dtype), Error::InvalidShape { op: "full", .. });
+        assert_err_untouched!(Tensor::zeros(bytes_over, dtype), Error::InvalidShape { op: "zeros", .. });
+        assert_err_untouched!(Tensor::full(bytes_over, 2.0, dtype), Error::InvalidShape { op: "full", .. });
+        assert_err_untouched!(Tensor::eye(1 << 32, dtype), Error::InvalidShape { op: "eye", .. });
+        assert_err_untouched!(Tensor::eye(1 << 31, dtype), Error::InvalidShape { op: "eye", .. });
+        let mut rng = Rng::new(0);
+        assert_err_untouched!(rng.rand(over, dtype), Error::InvalidShape { op: "uniform", .. });
+        assert_err_untouched!(rng.randn(bytes_over, dtype), Error::InvalidShape { op: "normal", .. });
+        assert_err_untouched!(rng.randint(over, 10, dtype), Error::InvalidShape { op: "randint", .. });
+        // An overflowing shape, even with an empty dim, has no strides.
+        assert_err_untouched!(Tensor::zeros([0, usize::MAX / 2, 4], dtype), Error::InvalidShape { op: "zeros", .. });
+    }
+    // No number was drawn for the failed calls: the stream is where it was.
+    let mut a = Rng::new(7);
+    let _ = a.randn(over, DType::F32);
+    assert_eq!(a.next_u64(), Rng::new(7).next_u64());
+    // arange: 1e19 elements fit usize but not the address space; 1e30 do
+    // not fit usize (and must not saturate to usize::MAX silently).
+    assert_err_untouched!(Tensor::arange(0.0, 1e19, 1.0, DType::F32), Error::InvalidShape { op: "arange", .. });
+    assert_err_untouched!(Tensor::arange(0.0, 1e30, 1.0, DType::F64), Error::InvalidShape { op: "arange", .. });
+    assert_err_untouched!(Tensor::arange(1e30, 0.0, -1e-3, DType::I32), Error::InvalidShape { op: "arange", .. });
+    // from_vec with an overflowing shape.
+    assert_err_untouched!(Tensor::from_vec(Vec::<f32>::new(), [0, usize::MAX, 2]), Error::InvalidShape { .. });
+}
+
+#[test]
+fn shape_ops_reject_overflowing_shapes() {
+    let _g = lock();
+    let x = m23();
+    let empty = Tensor::zeros([0], DType::F32).expect("alloc");
+    let one = Tensor::ones([1], DType::F32).expect("alloc");
+    // reshape: a count that cannot match, and an empty tensor to a shape
+    // whose strides overflow.
+    assert_err_untouched!(x.reshape([usize::MAX, 2]), Error::ShapeMismatch { op: "reshape", .. });
+    assert_err_untouched!(x.reshape([1 << 40, 1 << 40]), Error::ShapeMismatch { op: "reshape", .. });
+    assert_err_untouched!(empty.reshape([0, 1 << 40, 1 << 40]), Error::InvalidShape { op: "reshape", .. });
+    // broadcast_to / expand: views, but of a size no tensor can have.
+    assert_err_untouched!(one.broadcast_to([1 << 40, 1 << 40]), Error::InvalidShape { op: "broadcast_to", .. });
+    assert_err_untouched!(one.expand([1 << 62]), Error::InvalidShape { op: "broadcast_to", .. });
+    assert_err_untouched!(x.expand([usize::MAX, 2, 3]), Error::InvalidShape { op: "broadcast_to", .. });
+    // Broadcasting two views whose joint shape overflows.
+    let col = one.expand([1 << 40, 1]).expect("a view");
+    let row = one.expand([1, 1 << 40]).expect("a view");
+    assert_err_untouched!(col.add(&row), Error::InvalidShape { op: "add", .. });
+    assert_err_untouched!(col.mul(&row), Error::InvalidShape { op: "mul", .. });
+    // matmul of two views whose product is too large.
+    let tall = one.reshape([1, 1]).and_then(|t| t.expand([1 << 32, 1])).expect("a view");
+    let wide = one.reshape([1, 1]).and_then(|t| t.expand([1, 1 << 32])).expect("a view");
+    assert_err_untouched!(tall.matmul(&wide), Error::InvalidShape { op: "matmul", .. });
+    // concat / stack whose joined size overflows.
+    let h = Tensor::ones([1], DType::F16).expect("alloc").expand([1usize << 61]).expect("a view");
+    assert_err_untouched!(Tensor::concat(&[&h, &h], 0), Error::InvalidShape { op: "concat", .. });
+    assert_err_untouched!(Tensor::stack(&[&h, &h], 0), Error::InvalidShape { op: "concat", .. });
+    let e = Tensor::zeros([0], DType::F32).expect("alloc").reshape([0, 1]).expect("reshape");
+    let wide0 = e.expand([0, usize::MAX / 2]).expect("an empty view");
+    assert_err_untouched!(Tensor::concat(&[&wide0, &wide0, &wide0], 1), Error::InvalidShape { op: "concat", .. });
+    // pad (the transpose of narrow): a start or size past usize.
+    use tapir_tensor::ops::shape::Pad;
+    assert_err_untouched!(
+        Tensor::apply(Pad { axis: 1, start: usize::MAX, size: 4 }, &[&x]),
+        Error::InvalidArgument { op: "pad", .. }
+    );
+    assert_err_untouched!(
+        Tensor::apply(Pad { axis: 1, start: 0, size: usize::MAX }, &[&x]),
+        Error::InvalidShape { op: "pad", .. }
+    );
+}
+
+#[test]
+fn unallocatable_sizes_are_out_of_memory_and_count_nothing() {
+    let _g = lock();
+    let oom = |e: &Error, bytes: usize| matches!(e, Error::OutOfMemory { device: Device::Cpu, requested, .. } if *requested == bytes);
+    let e = assert_err_untouched!(Tensor::zeros([HUGE], DType::F32), Error::OutOfMemory { .. });
+    assert!(oom(&e, HUGE * 4), "{e}");
+    assert!(e.to_string().contains(&(HUGE * 4).to_string()), "{e}");
+    let e = assert_err_untouched!(Tensor::ones([HUGE / 2, 2], DType::F64), Error::OutOfMemory { .. });
+    assert!(oom(&e, HUGE * 8), "{e}");
+    assert_err_untouched!(Tensor::full([HUGE], 3.0, DType::I32), Error::OutOfMemory { .. });
+    assert_err_untouched!(Tensor::zeros([HUGE * 2], DType::BF16), Error::OutOfMemory { .. });
+    assert_err_untouched!(Tensor::eye(1 << 23, DType::F32), Error::OutOfMemory { .. });
+    assert_err_untouched!(Tensor::arange(0.0, HUGE as f64, 1.0, DType::F32), Error::OutOfMemory { .. });
+    let mut rng = Rng::new(0);
+    assert_err_untouched!(rng.rand([HUGE], DType::F32), Error::OutOfMemory { .. });
+    assert_err_untouched!(rng.randn([HUGE], DType::F32), Error::OutOfMemory { .. });
+    // A broadcast view of that size is fine (it is a view) until an op has
+    // to materialise it.
+    let one = Tensor::ones([1], DType::F32).expect("alloc");
+    let v = one.expand([HUGE]).expect("a view");
+    assert_err_untouched!(v.contiguous(), Error::OutOfMemory { .. });
+    assert_err_untouched!(v.exp(), Error::OutOfMemory { .. });
+    assert_err_untouched!(v.add(&one), Error::OutOfMemory { .. });
+    assert_err_untouched!(v.cast(DType::F64), Error::OutOfMemory { .. });
+    assert_err_untouched!(v.softmax(0), Error::OutOfMemory { .. });
+    assert_err_untouched!(v.reshape([HUGE / 4, 4]).and_then(|r| r.max(&[1], false)), Error::OutOfMemory { .. });
+    assert_err_untouched!(v.zeros_like(), Error::OutOfMemory { .. });
 }

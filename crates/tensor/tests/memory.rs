@@ -35,10 +35,10 @@ fn each_dtype_counts_its_exact_bytes() -> R {
     let base = live();
     let cases = [(DType::F32, 4), (DType::F64, 8), (DType::F16, 2), (DType::BF16, 2), (DType::I32, 4), (DType::I64, 8)];
     for (dtype, size) in cases {
-        let t = Tensor::zeros([10, 10], dtype);
+        let t = Tensor::zeros([10, 10], dtype).expect("alloc");
         assert_eq!(live() - base, 100 * size, "{dtype}");
         assert_eq!(t.storage_bytes(), 100 * size);
-        let o = Tensor::ones([3, 7], dtype);
+        let o = Tensor::ones([3, 7], dtype).expect("alloc");
         assert_eq!(live() - base, 121 * size, "{dtype}");
         drop(t);
         assert_eq!(live() - base, 21 * size, "{dtype}");
@@ -52,14 +52,14 @@ fn each_dtype_counts_its_exact_bytes() -> R {
     assert_eq!(live() - base, 264 + 12);
     let c = Tensor::arange(0.0, 10.0, 1.0, DType::I64)?;
     assert_eq!(live() - base, 264 + 12 + 80);
-    let d = Tensor::eye(5, DType::F16);
+    let d = Tensor::eye(5, DType::F16).expect("alloc");
     assert_eq!(live() - base, 264 + 12 + 80 + 50);
-    let e = Tensor::full([2, 2], 1.5, DType::BF16);
+    let e = Tensor::full([2, 2], 1.5, DType::BF16).expect("alloc");
     let f = Tensor::scalar(1.0);
     let r = Rng::new(0).randn([25], DType::F32)?;
     assert_eq!(live() - base, 264 + 12 + 80 + 50 + 8 + 4 + 100);
     // Empty tensors take no bytes.
-    let z = Tensor::zeros([0, 1000], DType::F64);
+    let z = Tensor::zeros([0, 1000], DType::F64).expect("alloc");
     assert_eq!(live() - base, 264 + 12 + 80 + 50 + 8 + 4 + 100);
     drop((a, b, c, d, e, f, r, z));
     assert_eq!(live(), base);
@@ -70,7 +70,7 @@ fn each_dtype_counts_its_exact_bytes() -> R {
 fn views_add_zero_bytes() -> R {
     let _g = lock();
     let base = live();
-    let x = Tensor::zeros([64, 32], DType::F32);
+    let x = Tensor::zeros([64, 32], DType::F32).expect("alloc");
     let bytes = 64 * 32 * 4;
     assert_eq!(live() - base, bytes);
     let views = vec![
@@ -89,9 +89,9 @@ fn views_add_zero_bytes() -> R {
         x.t()?.unsqueeze(1)?,
         x.narrow(0, 0, 1)?.broadcast_to([8, 64, 32])?,
         x.expand([3, 64, 32])?,
-        x.contiguous(),
+        x.contiguous()?,
         x.contiguous_()?,
-        x.narrow(0, 4, 4)?.contiguous(),
+        x.narrow(0, 4, 4)?.contiguous()?,
         x.cast(DType::F32)?,
         x.sum_to([64, 32])?,
         x.broadcast_to([64, 32])?,
@@ -142,13 +142,13 @@ fn peak_semantics_match_torch() -> R {
     assert_eq!(max_memory_allocated(Device::Cpu), base, "reset sets peak to live");
     assert_eq!(stats().largest_allocation, 0, "reset clears the largest allocation");
 
-    let a = Tensor::zeros([1000], DType::F32); // 4000 B
-    let b = Tensor::zeros([1000], DType::F64); // 8000 B
+    let a = Tensor::zeros([1000], DType::F32).expect("alloc"); // 4000 B
+    let b = Tensor::zeros([1000], DType::F64).expect("alloc"); // 8000 B
     assert_eq!(max_memory_allocated(Device::Cpu), base + 12_000);
     drop(a);
     assert_eq!(live(), base + 8000);
     assert_eq!(max_memory_allocated(Device::Cpu), base + 12_000, "peak stays");
-    let c = Tensor::zeros([100], DType::F32); // 400 B
+    let c = Tensor::zeros([100], DType::F32).expect("alloc"); // 400 B
     assert_eq!(max_memory_allocated(Device::Cpu), base + 12_000);
     assert_eq!(stats().peak, max_memory_allocated(Device::Cpu));
     assert_eq!(stats().largest_allocation, 8000);
@@ -157,7 +157,7 @@ fn peak_semantics_match_torch() -> R {
     reset_peak_memory_stats(Device::Cpu);
     assert_eq!(max_memory_allocated(Device::Cpu), base + 8400);
     assert_eq!(stats().largest_allocation, 0);
-    let d = Tensor::zeros([250], DType::I32); // 1000 B
+    let d = Tensor::zeros([250], DType::I32).expect("alloc"); // 1000 B
     assert_eq!(max_memory_allocated(Device::Cpu), base + 9400);
     assert_eq!(stats().largest_allocation, 1000);
     drop((b, c, d));
@@ -172,7 +172,7 @@ fn peak_semantics_match_torch() -> R {
 fn stats_counters_and_reserved() -> R {
     let _g = lock();
     let s0 = stats();
-    let t = Tensor::zeros([7], DType::F64);
+    let t = Tensor::zeros([7], DType::F64).expect("alloc");
     let s1 = stats();
     assert_eq!(s1.allocated - s0.allocated, 56);
     assert_eq!(s1.allocations - s0.allocations, 1);
@@ -200,9 +200,9 @@ fn stats_counters_and_reserved() -> R {
 #[test]
 fn op_outputs_allocate_exactly_their_size() -> R {
     let _g = lock();
-    let a = Tensor::ones([64, 48], DType::F32);
-    let b = Tensor::ones([48, 32], DType::F32);
-    let row = Tensor::ones([48], DType::F32);
+    let a = Tensor::ones([64, 48], DType::F32).expect("alloc");
+    let b = Tensor::ones([48, 32], DType::F32).expect("alloc");
+    let row = Tensor::ones([48], DType::F32).expect("alloc");
     let base = live();
     reset_peak_memory_stats(Device::Cpu);
 
@@ -214,7 +214,7 @@ fn op_outputs_allocate_exactly_their_size() -> R {
 
     // matmul reads a transposed operand in place: only the output is allocated.
     reset_peak_memory_stats(Device::Cpu);
-    let bt = Tensor::ones([32, 48], DType::F32);
+    let bt = Tensor::ones([32, 48], DType::F32).expect("alloc");
     let base = live();
     let y = a.matmul(&bt.t()?)?;
     assert_eq!(y.dims(), &[64, 32]);
@@ -258,10 +258,10 @@ fn op_outputs_allocate_exactly_their_size() -> R {
 #[test]
 fn errors_leave_no_memory_behind() -> R {
     let _g = lock();
-    let x = Tensor::ones([16, 8], DType::F32);
-    let h = Tensor::ones([16, 8], DType::F16);
+    let x = Tensor::ones([16, 8], DType::F32).expect("alloc");
+    let h = Tensor::ones([16, 8], DType::F16).expect("alloc");
     let base = live();
-    assert!(x.add(&Tensor::ones([3], DType::F32)).is_err());
+    assert!(x.add(&Tensor::ones([3], DType::F32).expect("alloc")).is_err());
     assert!(h.t()?.matmul(&h.t()?).is_err());
     assert!(x.t()?.index_select(0, &Tensor::from_vec(vec![0i64, 99], [2])?).is_err());
     assert!(x.t()?.gather(1, &Tensor::from_vec(vec![-1i64], [1, 1])?).is_err());
@@ -281,7 +281,7 @@ fn errors_leave_no_memory_behind() -> R {
 fn copy_on_write_allocates_only_when_shared() -> R {
     let _g = lock();
     let base = live();
-    let mut a = Tensor::zeros([100], DType::F32);
+    let mut a = Tensor::zeros([100], DType::F32).expect("alloc");
     a.make_mut::<f32>()?[0] = 1.0;
     assert_eq!(live() - base, 400, "a unique tensor is written in place");
     let shared = a.clone();

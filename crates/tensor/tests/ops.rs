@@ -148,20 +148,20 @@ fn naive_matmul(a: &[f64], b: &[f64], m: usize, k: usize, n: usize) -> Vec<f64> 
 
 #[test]
 fn creation_zeros_ones_full() -> R {
-    let z = Tensor::zeros([2, 3], DType::F32);
+    let z = Tensor::zeros([2, 3], DType::F32).expect("alloc");
     check(&z, &[2, 3], &[0.0; 6], 0.0);
     assert_eq!(z.dtype(), DType::F32);
-    let o = Tensor::ones([4], DType::I64);
+    let o = Tensor::ones([4], DType::I64).expect("alloc");
     assert_eq!(o.to_vec::<i64>()?, vec![1, 1, 1, 1]);
-    let f = Tensor::full([2, 2], 2.5, DType::F64);
+    let f = Tensor::full([2, 2], 2.5, DType::F64).expect("alloc");
     assert_eq!(f.to_vec::<f64>()?, vec![2.5; 4]);
-    let s = Tensor::full((), -3.0, DType::I32);
+    let s = Tensor::full((), -3.0, DType::I32).expect("alloc");
     assert_eq!(s.dims(), &[] as &[usize]);
     assert_eq!(s.to_vec::<i32>()?, vec![-3]);
-    let e = Tensor::zeros([0, 3], DType::F32);
+    let e = Tensor::zeros([0, 3], DType::F32).expect("alloc");
     assert_eq!(e.numel(), 0);
     assert_eq!(e.to_vec::<f32>()?, Vec::<f32>::new());
-    let zl = f.zeros_like();
+    let zl = f.zeros_like()?;
     assert_eq!(zl.dims(), &[2, 2]);
     assert_eq!(zl.dtype(), DType::F64);
     assert_eq!(zl.to_vec::<f64>()?, vec![0.0; 4]);
@@ -183,9 +183,9 @@ fn creation_arange() -> R {
 
 #[test]
 fn creation_eye_and_scalars() -> R {
-    check(&Tensor::eye(3, DType::F32), &[3, 3], &[1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0], 0.0);
-    assert_eq!(Tensor::eye(0, DType::F32).dims(), &[0, 0]);
-    assert_eq!(Tensor::eye(2, DType::I32).to_vec::<i32>()?, vec![1, 0, 0, 1]);
+    check(&Tensor::eye(3, DType::F32).expect("alloc"), &[3, 3], &[1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0], 0.0);
+    assert_eq!(Tensor::eye(0, DType::F32).expect("alloc").dims(), &[0, 0]);
+    assert_eq!(Tensor::eye(2, DType::I32).expect("alloc").to_vec::<i32>()?, vec![1, 0, 0, 1]);
     let s = Tensor::scalar(1.5);
     assert_eq!(s.rank(), 0);
     assert_eq!(s.item()?, 1.5);
@@ -350,7 +350,7 @@ fn unary_on_strided_inputs_matches_contiguous() -> R {
             let got = op(v)?;
             let want: Vec<f64> = v.to_vec_f64().iter().map(|&x| reference(x)).collect();
             check(&got, v.dims(), &want, 1e-12);
-            same(&got, &op(&v.contiguous())?);
+            same(&got, &op(&v.contiguous()?)?);
         }
     }
     Ok(())
@@ -373,9 +373,9 @@ fn gelu_erf_and_gelu_tanh_match_torch() -> R {
     // On strided views too (a transpose and a broadcast).
     let m = f64s(&XS, &[2, 3]);
     for v in [m.t()?, m.narrow(0, 1, 1)?.broadcast_to([4, 3])?] {
-        same(&v.gelu()?, &v.contiguous().gelu()?);
-        same(&v.gelu_tanh()?, &v.contiguous().gelu_tanh()?);
-        same(&v.erf()?, &v.contiguous().erf()?);
+        same(&v.gelu()?, &v.contiguous()?.gelu()?);
+        same(&v.gelu_tanh()?, &v.contiguous()?.gelu_tanh()?);
+        same(&v.erf()?, &v.contiguous()?.erf()?);
     }
     Ok(())
 }
@@ -427,7 +427,7 @@ fn unary_special_values() -> R {
 #[test]
 fn unary_on_scalar_and_empty_tensors() -> R {
     check(&Tensor::scalar(2.0).square()?, &[], &[4.0], 0.0);
-    let e = Tensor::zeros([3, 0, 2], DType::F32).exp()?;
+    let e = Tensor::zeros([3, 0, 2], DType::F32).expect("alloc").exp()?;
     assert_eq!(e.dims(), &[3, 0, 2]);
     assert_eq!(e.numel(), 0);
     Ok(())
@@ -455,7 +455,7 @@ fn large_outputs_are_filled_completely() -> R {
     // (> 4 MiB), of odd lengths so the first and last chunks are partial,
     // for element sizes 2, 4 and 8: every element must be written once.
     for (dtype, n) in [(DType::F32, (1 << 22) + 12_345), (DType::F64, (1 << 21) + 7), (DType::F16, (1 << 23) + 3)] {
-        let y = Tensor::zeros([n], dtype).add_scalar(1.0)?;
+        let y = Tensor::zeros([n], dtype).expect("alloc").add_scalar(1.0)?;
         assert_eq!(y.dtype(), dtype);
         assert_eq!(y.numel(), n);
         let v = y.to_vec_f64();
@@ -541,7 +541,7 @@ fn binary_on_strided_operands_matches_contiguous() -> R {
         ];
         for (x, y) in &pairs {
             let got = op(x, y)?;
-            let want = op(&x.contiguous(), &y.contiguous())?;
+            let want = op(&x.contiguous()?, &y.contiguous()?)?;
             same(&got, &want);
             let (od, naive) = naive_binary(&x.to_vec_f64(), x.dims(), &y.to_vec_f64(), y.dims(), f);
             check(&got, &od, &naive, 1e-14);
@@ -589,7 +589,7 @@ fn maximum_minimum_propagate_nan() -> R {
 #[test]
 fn division_by_zero_follows_ieee() -> R {
     let a = f32s(&[1.0, -1.0, 0.0], &[3]);
-    let z = Tensor::zeros([3], DType::F32);
+    let z = Tensor::zeros([3], DType::F32).expect("alloc");
     check(&a.div(&z)?, &[3], &[f64::INFINITY, f64::NEG_INFINITY, f64::NAN], 0.0);
     Ok(())
 }
@@ -740,7 +740,7 @@ fn reductions_on_strided_inputs() -> R {
                 let (od, want) = naive_reduce(&data, &dims, &axes, true, init, fold);
                 let got = op(v, &ax, true)?;
                 check(&got, &od, &want, 1e-12);
-                same(&got, &op(&v.contiguous(), &ax, true)?);
+                same(&got, &op(&v.contiguous()?, &ax, true)?);
             }
         }
     }
@@ -819,12 +819,12 @@ fn sum_to_reverses_broadcasting() -> R {
 #[test]
 fn reductions_over_empty_axes() -> R {
     // torch.zeros(3, 0).sum(1) is zeros(3); .sum(0) is zeros(0).
-    let x = Tensor::zeros([3, 0], DType::F32);
+    let x = Tensor::zeros([3, 0], DType::F32).expect("alloc");
     check(&x.sum(&[1], false)?, &[3], &[0.0; 3], 0.0);
     check(&x.sum(&[1], true)?, &[3, 1], &[0.0; 3], 0.0);
     check(&x.sum(&[0], false)?, &[0], &[], 0.0);
     check(&x.sum(&[], false)?, &[], &[0.0], 0.0);
-    let y = Tensor::zeros([0, 4], DType::F64);
+    let y = Tensor::zeros([0, 4], DType::F64).expect("alloc");
     check(&y.sum(&[0], false)?, &[4], &[0.0; 4], 0.0);
     check(&y.sum_to([4])?, &[4], &[0.0; 4], 0.0);
     // logsumexp of nothing is -inf, mean of nothing is NaN (torch).
@@ -850,7 +850,7 @@ fn large_reductions_match_naive_sums() -> R {
     let (dm, wm) = naive_reduce(&data, &[r, c], &[1], false, f64::NEG_INFINITY, f64::max);
     check(&x.max(&[1], false)?, &dm, &wm, 0.0);
     // f32 sums with many accumulators stay accurate.
-    let ones = Tensor::ones([1 << 20], DType::F32);
+    let ones = Tensor::ones([1 << 20], DType::F32).expect("alloc");
     assert_eq!(ones.sum_all()?.item()?, (1u64 << 20) as f64);
     Ok(())
 }
@@ -870,8 +870,21 @@ fn matmul_2d_reference() -> R {
     let x = f32s(&[1.0, 2.0, 3.0, 4.0], &[2, 2]);
     check(&x.matmul(&x.t()?)?, &[2, 2], &[5.0, 11.0, 11.0, 25.0], 0.0);
     // k = 0 gives zeros; m = 0 or n = 0 give empty products.
-    check(&Tensor::zeros([2, 0], DType::F32).matmul(&Tensor::zeros([0, 3], DType::F32))?, &[2, 3], &[0.0; 6], 0.0);
-    assert_eq!(Tensor::zeros([0, 4], DType::F32).matmul(&Tensor::zeros([4, 3], DType::F32))?.dims(), &[0, 3]);
+    check(
+        &Tensor::zeros([2, 0], DType::F32)
+            .expect("alloc")
+            .matmul(&Tensor::zeros([0, 3], DType::F32).expect("alloc"))?,
+        &[2, 3],
+        &[0.0; 6],
+        0.0,
+    );
+    assert_eq!(
+        Tensor::zeros([0, 4], DType::F32)
+            .expect("alloc")
+            .matmul(&Tensor::zeros([4, 3], DType::F32).expect("alloc"))?
+            .dims(),
+        &[0, 3]
+    );
     Ok(())
 }
 
@@ -891,7 +904,7 @@ fn matmul_transposed_and_strided_views_read_in_place() -> R {
     // x @ x.t() gives the same as x @ contiguous(x.t()).
     let xt = a.t()?;
     assert!(xt.same_storage(&a), "t() is a view");
-    same(&a.matmul(&xt)?, &a.matmul(&xt.contiguous())?);
+    same(&a.matmul(&xt)?, &a.matmul(&xt.contiguous()?)?);
     // Narrowed rows and columns (row stride > number of columns).
     let big = f32s(&vals(50 * 40, 5), &[50, 40]);
     let an = big.narrow(0, 3, 20)?.narrow(1, 5, 30)?;
@@ -899,7 +912,7 @@ fn matmul_transposed_and_strided_views_read_in_place() -> R {
     let got = an.matmul(&bn)?;
     let naive = naive_matmul(&an.to_vec_f64(), &bn.to_vec_f64(), 20, 30, 11);
     check(&got, &[20, 11], &naive, 1e-5);
-    same(&got, &an.contiguous().matmul(&bn.contiguous())?);
+    same(&got, &an.contiguous()?.matmul(&bn.contiguous()?)?);
     // A broadcast operand (zero row stride).
     let row = f32s(&vals(30, 6), &[1, 30]).broadcast_to([4, 30])?;
     let g2 = row.matmul(&bn)?;
@@ -954,9 +967,9 @@ fn matmul_batched_with_broadcast_batch_dims() -> R {
     // Batched with transposed (permuted) operands.
     let ap = f64s(&a, &[6, m, k]);
     let bp = f64s(&vals(6 * n * k, 9), &[6, n, k]);
-    same(&ap.matmul(&bp.transpose(1, 2)?)?, &ap.matmul(&bp.transpose(1, 2)?.contiguous())?);
+    same(&ap.matmul(&bp.transpose(1, 2)?)?, &ap.matmul(&bp.transpose(1, 2)?.contiguous()?)?);
     let ap2 = f64s(&a, &[m, 6, k]).permute(&[1, 0, 2])?;
-    same(&ap2.matmul(&bp.transpose(1, 2)?)?, &ap2.contiguous().matmul(&bp.transpose(1, 2)?.contiguous())?);
+    same(&ap2.matmul(&bp.transpose(1, 2)?)?, &ap2.contiguous()?.matmul(&bp.transpose(1, 2)?.contiguous()?)?);
     // Many small matrices (the batch-parallel path).
     let many = f32s(&vals(512 * 16 * 16, 3), &[512, 16, 16]);
     let mm = many.matmul(&many)?;
@@ -1134,13 +1147,13 @@ fn gather_reference() -> R {
 
 #[test]
 fn scatter_add_reference() -> R {
-    let base = Tensor::zeros([2, 4], DType::F32);
+    let base = Tensor::zeros([2, 4], DType::F32).expect("alloc");
     let idx = Tensor::from_vec(vec![0i64, 3, 0, 1, 1, 1], [2, 3])?;
     let src = f32s(&[1., 2., 3., 4., 5., 6.], &[2, 3]);
     // Repeated indices accumulate.
     check(&base.scatter_add(1, &idx, &src)?, &[2, 4], &[4., 0., 0., 2., 0., 15., 0., 0.], 0.0);
     // Into a non-zero base along axis 0.
-    let base2 = Tensor::ones([3, 2], DType::F64);
+    let base2 = Tensor::ones([3, 2], DType::F64).expect("alloc");
     let idx2 = Tensor::from_vec(vec![2i64, 0, 2, 2], [2, 2])?;
     let src2 = f64s(&[1., 2., 3., 4.], &[2, 2]);
     check(&base2.scatter_add(0, &idx2, &src2)?, &[3, 2], &[1., 3., 1., 1., 5., 5.], 0.0);
@@ -1149,7 +1162,7 @@ fn scatter_add_reference() -> R {
     let gi = Tensor::from_vec(vec![1i64, 2, 0, 2, 2, 0], [3, 2])?;
     let y = f64s(&vals(6, 2), &[3, 2]);
     let lhs = x.gather(1, &gi)?.mul(&y)?.sum_all()?.item()?;
-    let rhs = x.mul(&Tensor::zeros([3, 4], DType::F64).scatter_add(1, &gi, &y)?)?.sum_all()?.item()?;
+    let rhs = x.mul(&Tensor::zeros([3, 4], DType::F64).expect("alloc").scatter_add(1, &gi, &y)?)?.sum_all()?.item()?;
     assert!((lhs - rhs).abs() < 1e-12);
     Ok(())
 }
@@ -1366,10 +1379,10 @@ fn squeeze_unsqueeze_are_views() -> R {
 #[test]
 fn contiguous_copies_only_when_needed() -> R {
     let x = iota(&[3, 4]);
-    assert!(x.contiguous().same_storage(&x));
+    assert!(x.contiguous()?.same_storage(&x));
     assert!(x.contiguous_()?.same_storage(&x));
     let t = x.t()?;
-    let c = t.contiguous();
+    let c = t.contiguous()?;
     assert!(!c.same_storage(&x));
     assert!(c.is_contiguous());
     assert_eq!(c.strides(), &[3, 1]);
@@ -1380,7 +1393,7 @@ fn contiguous_copies_only_when_needed() -> R {
     // A contiguous row range of a larger tensor needs no copy.
     let rows = x.narrow(0, 1, 2)?;
     assert!(rows.is_contiguous());
-    assert!(rows.contiguous().same_storage(&x));
+    assert!(rows.contiguous()?.same_storage(&x));
     assert_eq!(rows.as_slice::<f32>(), Some(&[4., 5., 6., 7., 8., 9., 10., 11.][..]));
     // A column range is not contiguous.
     assert!(!x.narrow(1, 1, 2)?.is_contiguous());
@@ -1430,5 +1443,65 @@ fn devices_are_cpu_without_cuda() -> R {
     assert!(x.to_device(Device::Cpu)?.same_storage(&x));
     // Device::best() never panics.
     let _ = Device::best();
+    Ok(())
+}
+
+/// Row reductions over the last axis (the vectorised row kernels) against
+/// an f64 reference: a long row, a single row long enough to be split
+/// across threads, and lengths that are no multiple of any vector width or
+/// lane count (so every remainder path runs).
+#[test]
+fn last_axis_reductions_match_f64_reference() -> R {
+    let cases: &[(usize, usize)] =
+        &[(3, 1_000_003), (1, 600_001), (7, 1), (5, 3), (4, 17), (3, 127), (2, 129), (3, 255), (2, 8193), (65, 4099)];
+    for &(rows, n) in cases {
+        let mut rng = Rng::new(n as u64);
+        let x = rng.uniform([rows, n], -1.0, 2.0, DType::F32)?;
+        let data = x.to_vec::<f32>()?;
+        let sum = x.sum(&[-1], false)?.to_vec::<f32>()?;
+        let mean = x.mean(&[-1], false)?.to_vec::<f32>()?;
+        let max = x.max(&[-1], false)?.to_vec::<f32>()?;
+        let min = x.min(&[-1], false)?.to_vec::<f32>()?;
+        let lse = x.logsumexp(&[-1], false)?.to_vec::<f32>()?;
+        for r in 0..rows {
+            let row = &data[r * n..(r + 1) * n];
+            let want: f64 = row.iter().map(|&v| v as f64).sum();
+            // One running f32 sum of a million elements is off by ~1e-3
+            // relative; the lane kernels stay near 1e-6.
+            let tol = 2e-6 * row.iter().map(|&v| v.abs() as f64).sum::<f64>() + 1e-6;
+            assert!((sum[r] as f64 - want).abs() <= tol, "sum [{rows}, {n}] row {r}: {} vs {want}", sum[r]);
+            assert!((mean[r] as f64 - want / n as f64).abs() <= tol / n as f64 + 1e-7, "mean [{rows}, {n}]");
+            let mx = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mn = row.iter().copied().fold(f32::INFINITY, f32::min);
+            assert_eq!(max[r], mx, "max [{rows}, {n}] row {r}");
+            assert_eq!(min[r], mn, "min [{rows}, {n}] row {r}");
+            let l = mx as f64 + row.iter().map(|&v| (v as f64 - mx as f64).exp()).sum::<f64>().ln();
+            assert!((lse[r] as f64 - l).abs() <= 1e-5 * l.abs().max(1.0), "logsumexp [{rows}, {n}]: {} vs {l}", lse[r]);
+        }
+    }
+    // f64 rows keep f64 accuracy.
+    let x = Rng::new(3).uniform([2, 100_003], -1.0, 1.0, DType::F64)?;
+    let data = x.to_vec::<f64>()?;
+    let got = x.sum(&[1], false)?.to_vec::<f64>()?;
+    for (r, g) in got.iter().enumerate() {
+        let want: f64 = data[r * 100_003..(r + 1) * 100_003].iter().sum();
+        assert!((g - want).abs() <= 1e-10, "{g} vs {want}");
+    }
+    // A NaN anywhere in a row makes its max and min NaN, as in torch.
+    let mut v = vec![0.5f32; 3 * 301];
+    v[301 + 299] = f32::NAN;
+    let t = Tensor::from_vec(v, [3, 301])?;
+    let m = t.max(&[1], false)?.to_vec::<f32>()?;
+    assert!(m[0] == 0.5 && m[1].is_nan() && m[2] == 0.5, "{m:?}");
+    assert!(t.min(&[1], false)?.to_vec::<f32>()?[1].is_nan());
+    Ok(())
+}
+
+#[test]
+fn full_keeps_the_sign_of_zero() -> R {
+    let t = Tensor::full([3], -0.0, DType::F32)?.to_vec::<f32>()?;
+    assert!(t.iter().all(|v| *v == 0.0 && v.is_sign_negative()), "{t:?}");
+    let z = Tensor::full([3], 0.0, DType::F64)?.to_vec::<f64>()?;
+    assert!(z.iter().all(|v| *v == 0.0 && v.is_sign_positive()), "{z:?}");
     Ok(())
 }

@@ -50,7 +50,7 @@ pub(crate) fn nd2(a: &Tensor, b: &Tensor, shape: &Shape) -> Nd<2> {
 }
 
 impl Binary {
-    fn kernel<T: Float + CpuElement>(self, a: &Tensor, b: &Tensor, shape: &Shape) -> Vec<T> {
+    fn kernel<T: Float + CpuElement>(self, a: &Tensor, b: &Tensor, shape: &Shape) -> Result<Vec<T>> {
         let (x, y) = (a.storage_slice::<T>(), b.storage_slice::<T>());
         let nd = nd2(a, b, shape);
         match self {
@@ -89,11 +89,11 @@ impl Op for Binary {
 
     fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let shape = check_pair(self.name(), xs[0], xs[1])?;
-        let b = xs[1].cast_raw(xs[0].dtype().compute());
+        let b = xs[1].cast_raw(xs[0].dtype().compute())?;
         float_map(
             self.name(),
             xs[0],
-            |a| with_float!(a.dtype(), T => Tensor::from_vec(self.kernel::<T>(a, &b, &shape), shape.clone()), _ => unreachable!()),
+            |a| with_float!(a.dtype(), T => Tensor::from_vec(self.kernel::<T>(a, &b, &shape)?, shape.clone()), _ => unreachable!()),
         )
     }
 
@@ -219,7 +219,7 @@ impl Op for Compare {
             // torch promotes an int tensor compared with a float scalar
             // (tensor([0]) < 0.5 is true); rounding the scalar to the int
             // dtype would not. f64 holds every i32 (and i64 below 2^53).
-            return Ok(self.forward(&[&a.cast_raw(DType::F64)])?.cast_raw(a.dtype()));
+            return self.forward(&[&a.cast_raw(DType::F64)?])?.cast_raw(a.dtype());
         }
         let (b, shape) = match self.scalar {
             Some(s) => (Tensor::scalar_of(s, a.dtype()), a.shape().clone()),
@@ -229,7 +229,7 @@ impl Op for Compare {
         let buf = with_dtype!(a.dtype(), T => {
             let (x, y) = (a.storage_slice::<T>(), b.storage_slice::<T>());
             let (one, zero) = (T::from_f64(1.0), T::from_f64(0.0));
-            T::wrap(map2(x, y, &nd, move |p: T, q: T| if cmp.test(p.to_f64(), q.to_f64()) { one } else { zero }))
+            T::wrap(map2(x, y, &nd, move |p: T, q: T| if cmp.test(p.to_f64(), q.to_f64()) { one } else { zero })?)
         });
         Tensor::from_buffer(buf, shape)
     }
@@ -264,7 +264,7 @@ impl Op for Where {
         let (a, b) = (xs[0], xs[1]);
         let ab = check_pair("where", a, b)?;
         let shape = Shape::broadcast("where", &ab, self.mask.shape())?;
-        let m = self.mask.cast_raw(DType::F64);
+        let m = self.mask.cast_raw(DType::F64)?;
         let (sa, sb, sm) = (
             a.layout.broadcast_strides(&shape),
             b.layout.broadcast_strides(&shape),
@@ -274,7 +274,7 @@ impl Op for Where {
         let buf = with_dtype!(a.dtype(), T => T::wrap(map3(
             a.storage_slice::<T>(), b.storage_slice::<T>(), m.storage_slice::<f64>(), &nd,
             |p: T, q: T, c: f64| if c != 0.0 { p } else { q },
-        )));
+        )?));
         Tensor::from_buffer(buf, shape)
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
@@ -287,8 +287,8 @@ impl Op for Where {
         if ts.iter().all(|t| t.is_none()) {
             return Ok(None);
         }
-        let ta = ts[0].cloned().unwrap_or_else(|| xs[0].zeros_like());
-        let tb = ts[1].cloned().unwrap_or_else(|| xs[1].zeros_like());
+        let ta = ts[0].cloned().map_or_else(|| xs[0].zeros_like(), Ok)?;
+        let tb = ts[1].cloned().map_or_else(|| xs[1].zeros_like(), Ok)?;
         let t = T::apply(self.clone(), &[&ta, &tb])?;
         let shape = y.shape();
         Ok(Some(if t.shape() == shape { t } else { t.broadcast_to(shape)? }))
@@ -327,11 +327,11 @@ pub trait BinaryOps: Diff {
     }
     /// Elementwise maximum with a scalar.
     fn maximum_scalar(&self, c: f64) -> Result<Self> {
-        self.maximum(&self.full_like_shape((), c))
+        self.maximum(&self.full_like_shape((), c)?)
     }
     /// Elementwise minimum with a scalar.
     fn minimum_scalar(&self, c: f64) -> Result<Self> {
-        self.minimum(&self.full_like_shape((), c))
+        self.minimum(&self.full_like_shape((), c)?)
     }
     /// c - x.
     fn rsub_scalar(&self, c: f64) -> Result<Self> {

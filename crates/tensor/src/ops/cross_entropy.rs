@@ -328,7 +328,7 @@ impl SparseCrossEntropy {
             }
         };
         let w = row_weights(g, &labels, self.options.reduction)?;
-        let mut grad = logits.cast_raw(cd).contiguous();
+        let mut grad = logits.cast_raw(cd)?.contiguous()?;
         drop(logits);
         macro_rules! run {
             ($T:ty) => {{
@@ -345,7 +345,7 @@ impl SparseCrossEntropy {
         } else {
             run!(f32)
         }
-        Ok(grad.cast_raw(dtype))
+        grad.cast_raw(dtype)
     }
 
     fn split(&self, x_shape: &Shape) -> Result<(Shape, usize)> {
@@ -390,7 +390,7 @@ impl Op for SparseCrossEntropy {
         check_options(self.name(), &self.options)?;
         let labels = check_labels(self.name(), &self.labels, self.options.ignore_index, v)?;
         let cd = compute_dtype(self.name(), x)?;
-        let xc = x.cast_raw(cd).contiguous();
+        let xc = x.cast_raw(cd)?.contiguous()?;
         macro_rules! run {
             ($T:ty) => {{
                 let data = xc.as_slice::<$T>().expect("internal: contiguous");
@@ -404,7 +404,7 @@ impl Op for SparseCrossEntropy {
             }};
         }
         let out = if cd == DType::F64 { run!(f64) } else { run!(f32) };
-        Ok(out.cast_raw(x.dtype()))
+        out.cast_raw(x.dtype())
     }
 
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
@@ -530,7 +530,7 @@ impl LinearCrossEntropy {
         let b = xs.get(2).map(|b| b.as_slice::<T>().expect("contiguous"));
         let mut lse = Vec::with_capacity(n);
         let mut loss = Vec::with_capacity(n);
-        let mut buf = Tensor::zeros([chunk, v], T::DTYPE);
+        let mut buf = Tensor::zeros([chunk, v], T::DTYPE)?;
         let buf = buf.make_mut::<T>()?;
         let mut r0 = 0;
         while r0 < n {
@@ -567,10 +567,10 @@ impl LinearCrossEntropy {
         };
         let lse = lse_t.as_slice::<T>().expect("contiguous");
         let wts: Vec<T> = weights.iter().map(|&x| T::from_f64(x)).collect();
-        let mut dh = Tensor::zeros([n, d], T::DTYPE);
-        let mut dw = Tensor::zeros([v, d], T::DTYPE);
-        let mut db = b.map(|_| Tensor::zeros([v], T::DTYPE));
-        let mut buf_t = Tensor::zeros([chunk, v], T::DTYPE);
+        let mut dh = Tensor::zeros([n, d], T::DTYPE)?;
+        let mut dw = Tensor::zeros([v, d], T::DTYPE)?;
+        let mut db = b.map(|_| Tensor::zeros([v], T::DTYPE)).transpose()?;
+        let mut buf_t = Tensor::zeros([chunk, v], T::DTYPE)?;
         {
             let (dhs, dws) = (dh.make_mut::<T>()?, dw.make_mut::<T>()?);
             let mut dbs = match db.as_mut() {
@@ -639,13 +639,13 @@ impl Op for LinearCrossEntropy {
     fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let (n, d, v, labels) = self.check(xs)?;
         let cd = compute_dtype(self.name(), xs[0])?;
-        let ins: Vec<Tensor> = xs.iter().map(|t| t.cast_raw(cd).contiguous()).collect();
+        let ins: Vec<Tensor> = xs.iter().map(|t| t.cast_raw(cd)?.contiguous()).collect::<Result<_>>()?;
         let out = if cd == DType::F64 {
             self.run_forward::<f64>(&ins, n, d, v, &labels)?
         } else {
             self.run_forward::<f32>(&ins, n, d, v, &labels)?
         };
-        Ok(out.cast_raw(xs[0].dtype()))
+        out.cast_raw(xs[0].dtype())
     }
 
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
@@ -668,7 +668,7 @@ impl Op for LinearCrossEntropy {
         let refs: Vec<&Tensor> = vals.iter().collect();
         let (n, d, v, labels) = self.check(&refs)?;
         let cd = compute_dtype(self.name(), &vals[0])?;
-        let ins: Vec<Tensor> = vals.iter().map(|t| t.cast_raw(cd).contiguous()).collect();
+        let ins: Vec<Tensor> = vals.iter().map(|t| t.cast_raw(cd)?.contiguous()).collect::<Result<_>>()?;
         let weights = row_weights(&g.eval()?, &labels, self.options.reduction)?;
         let grads = if cd == DType::F64 {
             self.run_backward::<f64>(&ins, n, d, v, &labels, &weights)?
@@ -676,7 +676,7 @@ impl Op for LinearCrossEntropy {
             self.run_backward::<f32>(&ins, n, d, v, &labels, &weights)?
         };
         let dt = vals[0].dtype();
-        Ok(grads.into_iter().map(|t| Some(h.lift(t.cast_raw(dt)))).collect())
+        grads.into_iter().map(|t| Ok(Some(h.lift(t.cast_raw(dt)?)))).collect()
     }
 
     fn jvp<T: Diff>(&self, xs: &[&T], _: &T, ts: &[Option<&T>]) -> Result<Option<T>> {

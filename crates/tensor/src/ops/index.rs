@@ -3,7 +3,7 @@
 //! once: a bad index is an error naming it, never an out-of-bounds read.
 
 use crate::ops::{one, Diff, InputGrads, Op, Saved};
-use crate::storage::CpuElement;
+use crate::storage::{try_filled, try_vec, CpuElement};
 use crate::{resolve_axis, with_dtype, DType, Element, Error, Result, Shape, Tensor};
 
 /// The indices of `idx` as usize, each checked against `size`.
@@ -49,14 +49,14 @@ impl Op for IndexSelect {
         Saved::NOTHING
     }
     fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        let x = xs[0].contiguous();
+        let x = xs[0].contiguous()?;
         let (outer, size, inner) = split(x.shape(), self.axis);
         let ids = checked_indices("index_select", &self.idx, size)?;
         let mut shape = x.shape().clone();
         shape.0[self.axis] = ids.len();
         let buf = with_dtype!(x.dtype(), T => {
             let src = x.as_slice::<T>().expect("internal: contiguous");
-            let mut out = Vec::with_capacity(outer * ids.len() * inner);
+            let mut out = try_vec(shape.check("index_select", x.dtype())?)?;
             for o in 0..outer {
                 for &i in &ids {
                     let at = (o * size + i) * inner;
@@ -97,7 +97,7 @@ impl Op for IndexAdd {
         Saved::NOTHING
     }
     fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        let g = xs[0].contiguous();
+        let g = xs[0].contiguous()?;
         let ids = checked_indices("index_add", &self.idx, self.size)?;
         let (outer, n, inner) = split(g.shape(), self.axis);
         if n != ids.len() {
@@ -109,9 +109,10 @@ impl Op for IndexAdd {
         }
         let mut shape = g.shape().clone();
         shape.0[self.axis] = self.size;
+        let n = shape.check("index_add", g.dtype())?;
         let buf = with_dtype!(g.dtype(), T => {
             let src = g.as_slice::<T>().expect("internal: contiguous");
-            let mut out = vec![T::from_f64(0.0); outer * self.size * inner];
+            let mut out = try_filled(n, T::from_f64(0.0))?;
             for o in 0..outer {
                 for (j, &i) in ids.iter().enumerate() {
                     let (d, s) = ((o * self.size + i) * inner, (o * n + j) * inner);
@@ -182,7 +183,7 @@ impl Op for Gather {
         Saved::NOTHING
     }
     fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        let x = xs[0].contiguous();
+        let x = xs[0].contiguous()?;
         let offs = scatter_offsets("gather", x.shape(), self.axis, &self.idx)?;
         let buf = with_dtype!(x.dtype(), T => {
             let src = x.as_slice::<T>().expect("internal: contiguous");
@@ -191,7 +192,7 @@ impl Op for Gather {
         Tensor::from_buffer(buf, self.idx.shape().clone())
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
-        let zeros = g.lift(Tensor::zeros(xs[0].shape(), g.dtype()));
+        let zeros = g.lift(Tensor::zeros(xs[0].shape(), g.dtype())?);
         Ok(one(T::apply(ScatterAdd { axis: self.axis, idx: self.idx.clone() }, &[&zeros, g])?))
     }
     fn jvp<T: Diff>(&self, _: &[&T], _: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
@@ -218,7 +219,7 @@ impl Op for ScatterAdd {
         Saved::NOTHING
     }
     fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        let (base, src) = (xs[0], xs[1].contiguous());
+        let (base, src) = (xs[0], xs[1].contiguous()?);
         if base.dtype() != src.dtype() {
             return Err(Error::DTypeMismatch { op: "scatter_add", lhs: base.dtype(), rhs: src.dtype() });
         }
@@ -248,8 +249,8 @@ impl Op for ScatterAdd {
         if ts.iter().all(|t| t.is_none()) {
             return Ok(None);
         }
-        let tb = ts[0].cloned().unwrap_or_else(|| xs[0].zeros_like());
-        let tsrc = ts[1].cloned().unwrap_or_else(|| xs[1].zeros_like());
+        let tb = ts[0].cloned().map_or_else(|| xs[0].zeros_like(), Ok)?;
+        let tsrc = ts[1].cloned().map_or_else(|| xs[1].zeros_like(), Ok)?;
         T::apply(self.clone(), &[&tb, &tsrc]).map(Some)
     }
 }
@@ -279,7 +280,17 @@ pub trait IndexOps: Diff {
             });
         }
         let flat = ids.reshape_raw(Shape::from([ids.numel()]))?;
-        let rows = self.index_select(0, &flat)?;
+        // The lookup is an index_select, but a bad id is reported as the
+        // embedding's, at its flat position in `ids`.
+        let rows = self.index_select(0, &flat).map_err(|e| match e {
+            Error::IndexOutOfRange { index, position, size, .. } => {
+                Error::IndexOutOfRange { op: "embedding", index, position, size }
+            }
+            Error::UnsupportedDType { dtype, expected, .. } => {
+                Error::UnsupportedDType { op: "embedding", dtype, expected }
+            }
+            e => e,
+        })?;
         let mut shape = ids.shape().clone();
         shape.0.push(self.shape().dims()[1]);
         crate::ops::shape::ShapeOps::reshape(&rows, shape)

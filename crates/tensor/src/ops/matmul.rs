@@ -55,16 +55,17 @@ fn batch_offsets(t: &Tensor, batch: &Shape) -> Vec<usize> {
     out
 }
 
-fn kernel<T: Float + CpuElement>(a: &Tensor, b: &Tensor, p: &Plan) -> Vec<T> {
+fn kernel<T: Float + CpuElement>(a: &Tensor, b: &Tensor, p: &Plan) -> Result<Vec<T>> {
     let (m, k, n) = (p.m, p.k, p.n);
     let (ra, rb) = (a.rank(), b.rank());
     let (a_rs, a_cs) = (a.strides()[ra - 2] as isize, a.strides()[ra - 1] as isize);
     let (b_rs, b_cs) = (b.strides()[rb - 2] as isize, b.strides()[rb - 1] as isize);
     let (ao, bo) = (batch_offsets(a, &p.batch), batch_offsets(b, &p.batch));
     let (ad, bd) = (a.storage_slice::<T>(), b.storage_slice::<T>());
-    let mut out = vec![T::ZERO; p.batch.numel() * m * n];
+    // The caller checked the output shape, so this product cannot overflow.
+    let mut out = crate::storage::try_filled(p.batch.numel() * m * n, T::ZERO)?;
     if m * n == 0 {
-        return out;
+        return Ok(out);
     }
     let one_gemm = |dst: &mut [T], i: usize, par: gemm::Parallelism| {
         if k == 0 {
@@ -106,7 +107,7 @@ fn kernel<T: Float + CpuElement>(a: &Tensor, b: &Tensor, p: &Plan) -> Vec<T> {
             one_gemm(d, i, par);
         }
     }
-    out
+    Ok(out)
 }
 
 impl Op for Matmul {
@@ -129,11 +130,12 @@ impl Op for Matmul {
         let mut shape = p.batch.clone();
         shape.0.push(p.m);
         shape.0.push(p.n);
-        let b = b.cast_raw(a.dtype().compute());
+        shape.check("matmul", a.dtype())?;
+        let b = b.cast_raw(a.dtype().compute())?;
         float_map(
             "matmul",
             a,
-            |a| with_float!(a.dtype(), T => Tensor::from_vec(kernel::<T>(a, &b, &p), shape.clone()), _ => unreachable!()),
+            |a| with_float!(a.dtype(), T => Tensor::from_vec(kernel::<T>(a, &b, &p)?, shape.clone()), _ => unreachable!()),
         )
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {

@@ -328,16 +328,18 @@ pub trait Diff: Clone + Sized {
     fn numel(&self) -> usize {
         self.shape().numel()
     }
-    /// A constant of this value's dtype and device, shaped `shape`, filled with `v`.
-    fn full_like_shape(&self, shape: impl Into<Shape>, v: f64) -> Self {
-        self.lift(Tensor::full(shape, v, self.dtype()))
+    /// A constant of this value's dtype and device, shaped `shape`, filled
+    /// with `v` (errors as [`Tensor::full`]).
+    fn full_like_shape(&self, shape: impl Into<Shape>, v: f64) -> Result<Self> {
+        Ok(self.lift(Tensor::full(shape, v, self.dtype())?))
     }
-    /// A zero constant shaped like `self`.
-    fn zeros_like(&self) -> Self {
+    /// A zero constant shaped like `self` (fails only when out of memory).
+    fn zeros_like(&self) -> Result<Self> {
         self.full_like_shape(self.shape(), 0.0)
     }
-    /// A constant shaped like `self` filled with ones.
-    fn ones_like(&self) -> Self {
+    /// A constant shaped like `self` filled with ones (fails only when out
+    /// of memory).
+    fn ones_like(&self) -> Result<Self> {
         self.full_like_shape(self.shape(), 1.0)
     }
 }

@@ -9,8 +9,11 @@ use crate::ops::binary::BinaryOps;
 use crate::ops::shape::ShapeOps;
 use crate::ops::unary::{float_map, UnaryOps};
 use crate::ops::{one, Diff, InputGrads, Op, Saved};
-use crate::storage::CpuElement;
-use crate::{resolve_axis, with_float, DType, Error, Float, Result, Shape, Tensor};
+use crate::storage::{try_filled, CpuElement};
+use crate::{resolve_axis, with_float, DType, Error, Result, Shape, Tensor};
+
+mod rows;
+use rows::RowKernels;
 
 /// Axes to reduce: sorted, unique, non-negative.
 pub type Axes = SmallVec<[usize; 6]>;
@@ -58,30 +61,6 @@ fn kept_then_reduced(x: &Tensor, axes: &[usize]) -> Result<(Tensor, usize, usize
     Ok((x.permute_raw(&perm)?, rows, reduced))
 }
 
-/// Sums a contiguous slice with 32 independent accumulators: vectorisable,
-/// more accurate than one running sum, and eight independent SSE add chains
-/// for f32 rather than two, so the adds are not what a core waits on.
-#[inline]
-pub(crate) fn sum_slice<T: Float>(s: &[T]) -> T {
-    const LANES: usize = 32;
-    let mut acc = [T::ZERO; LANES];
-    let chunks = s.chunks_exact(LANES);
-    let rest = chunks.remainder();
-    for c in chunks {
-        for i in 0..LANES {
-            acc[i] += c[i];
-        }
-    }
-    let mut total = T::ZERO;
-    for a in acc {
-        total += a;
-    }
-    for &r in rest {
-        total += r;
-    }
-    total
-}
-
 /// Reduces each row of `reduced` elements with `row`, over a view whose
 /// reduced axes are last. Rows are contiguous slices after at most one copy.
 fn reduce_rows<T: CpuElement + Copy + Send + Sync, D: Send>(
@@ -90,7 +69,7 @@ fn reduce_rows<T: CpuElement + Copy + Send + Sync, D: Send>(
     row: impl Fn(&[T]) -> D + Sync,
 ) -> Result<Vec<D>> {
     let (v, rows, reduced) = kept_then_reduced(x, axes)?;
-    let v = v.contiguous();
+    let v = v.contiguous()?;
     let data = &v.storage_slice::<T>()[v.layout.offset..v.layout.offset + v.numel()];
     if reduced == 0 {
         return Ok((0..rows).map(|_| row(&[])).collect());
@@ -105,17 +84,17 @@ fn reduce_rows<T: CpuElement + Copy + Send + Sync, D: Send>(
             .map(|r| row(&data[r * reduced..(r + 1) * reduced]))
             .collect());
     }
-    Ok(fill_vec(rows, |start, out| {
+    fill_vec(rows, |start, out| {
         for (i, o) in out.iter_mut().enumerate() {
             let r = start + i;
             o.write(row(&data[r * reduced..(r + 1) * reduced]));
         }
-    }))
+    })
 }
 
 /// Sum over `axes`, with a fast path for a contiguous input reduced over its
 /// leading axes (bias gradients: accumulate whole rows, no transposed copy).
-pub(crate) fn sum_raw<T: Float + CpuElement>(x: &Tensor, axes: &[usize]) -> Result<Vec<T>> {
+pub(crate) fn sum_raw<T: RowKernels + CpuElement>(x: &Tensor, axes: &[usize]) -> Result<Vec<T>> {
     let leading = axes.iter().enumerate().all(|(i, &a)| i == a);
     if leading && x.is_contiguous() && !axes.is_empty() && axes.len() < x.rank() {
         let outer: usize = axes.iter().map(|&a| x.dims()[a]).product();
@@ -132,7 +111,7 @@ pub(crate) fn sum_raw<T: Float + CpuElement>(x: &Tensor, axes: &[usize]) -> Resu
                 }
             }
         };
-        let mut out = vec![T::ZERO; inner];
+        let mut out = try_filled(inner, T::ZERO)?;
         if x.numel() >= PAR_MIN && inner >= 64 {
             let chunk = inner.div_ceil(rayon::current_num_threads() * 2).max(16);
             out.par_chunks_mut(chunk).enumerate().for_each(|(i, c)| sum_cols(i * chunk, c));
@@ -145,13 +124,13 @@ pub(crate) fn sum_raw<T: Float + CpuElement>(x: &Tensor, axes: &[usize]) -> Resu
     if rows == 1 && reduced >= PAR_MIN && x.is_contiguous() {
         // One big row: split it across threads.
         let data = &x.storage_slice::<T>()[x.layout.offset..x.layout.offset + x.numel()];
-        let total = data.par_chunks(PAR_MIN / 2).map(sum_slice).reduce(|| T::ZERO, |a, b| a + b);
+        let total = data.par_chunks(PAR_MIN / 2).map(T::row_sum).reduce(|| T::ZERO, |a, b| a + b);
         return Ok(vec![total]);
     }
     let trailing = axes.iter().rev().enumerate().all(|(i, &a)| a == x.rank() - 1 - i);
     if trailing {
         // Rows are contiguous after the (identity) permutation.
-        return reduce_rows(x, axes, sum_slice::<T>);
+        return reduce_rows(x, axes, T::row_sum);
     }
     // Any other axis set: walk the input in its own order and accumulate
     // into the output through strides that are zero on reduced axes. No
@@ -160,12 +139,12 @@ pub(crate) fn sum_raw<T: Float + CpuElement>(x: &Tensor, axes: &[usize]) -> Resu
     let kept = reduced_shape(x.shape(), axes, true);
     let ks = kept.contiguous_strides();
     let out_strides: SmallVec<[usize; 6]> = (0..x.rank()).map(|i| if axes.contains(&i) { 0 } else { ks[i] }).collect();
-    let mut out = vec![T::ZERO; kept.numel()];
+    let mut out = try_filled(kept.numel(), T::ZERO)?;
     let data = x.storage_slice::<T>();
     let nd = crate::iter::Nd::new(x.dims(), [&x.layout.strides, &out_strides], [x.layout.offset, 0]);
     nd.runs(0, nd.numel(), |_, [ox, oo], len, [sx, so]| match (sx, so) {
         (1, 1) => out[oo..oo + len].iter_mut().zip(&data[ox..ox + len]).for_each(|(o, &v)| *o += v),
-        (1, 0) => out[oo] += sum_slice(&data[ox..ox + len]),
+        (1, 0) => out[oo] += T::row_sum(&data[ox..ox + len]),
         _ => (0..len).for_each(|i| out[oo + i * so] += data[ox + i * sx]),
     });
     Ok(out)
@@ -196,12 +175,12 @@ pub struct Reduce {
 }
 
 impl Reduce {
-    fn kernel<T: Float + CpuElement>(&self, x: &Tensor) -> Result<Vec<T>> {
+    fn kernel<T: RowKernels + CpuElement>(&self, x: &Tensor) -> Result<Vec<T>> {
         match self.kind {
             ReduceKind::Sum => sum_raw::<T>(x, &self.axes),
-            ReduceKind::Max => reduce_rows(x, &self.axes, |r: &[T]| r.iter().fold(T::NEG_INF, |a, &b| a.max(b))),
-            ReduceKind::Min => reduce_rows(x, &self.axes, |r: &[T]| r.iter().fold(T::INF, |a, &b| a.min(b))),
-            ReduceKind::LogSumExp => reduce_rows(x, &self.axes, |r: &[T]| logsumexp_slice(r)),
+            ReduceKind::Max => reduce_rows(x, &self.axes, T::row_max),
+            ReduceKind::Min => reduce_rows(x, &self.axes, T::row_min),
+            ReduceKind::LogSumExp => reduce_rows(x, &self.axes, T::row_lse),
         }
     }
 
@@ -222,16 +201,6 @@ impl Reduce {
         let count = mask.sum(&self.axes.iter().map(|&a| a as isize).collect::<Vec<_>>(), true)?;
         mask.div(&count)
     }
-}
-
-/// log-sum-exp of a slice: max-shifted, -inf for an empty or all -inf row.
-pub(crate) fn logsumexp_slice<T: Float>(r: &[T]) -> T {
-    let m = r.iter().fold(T::NEG_INF, |a, &b| a.max(b));
-    if m == T::NEG_INF || m == T::INF || m.is_nan() {
-        return m;
-    }
-    let s: T = r.iter().map(|&v| (v - m).exp()).sum();
-    m + s.ln()
 }
 
 impl Op for Reduce {
@@ -322,7 +291,7 @@ impl Op for ArgReduce {
         if x.dims()[self.axis] == 0 {
             return Err(Error::InvalidShape { op: self.name(), shape: x.shape().clone(), reason: "empty axis".into() });
         }
-        let x = if x.dtype().is_float() { x.cast_raw(x.dtype().compute()) } else { x.cast_raw(DType::F64) };
+        let x = if x.dtype().is_float() { x.cast_raw(x.dtype().compute())? } else { x.cast_raw(DType::F64)? };
         let min = self.min;
         let out: Vec<i64> = with_float!(x.dtype(), T => reduce_rows(&x, &[self.axis], |r: &[T]| {
             // First occurrence wins; NaN counts as the extreme, like torch.

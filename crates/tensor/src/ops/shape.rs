@@ -6,7 +6,7 @@ use smallvec::SmallVec;
 use crate::iter::Nd;
 use crate::ops::reduce::ReduceOps;
 use crate::ops::{one, Diff, InputGrads, Op, Saved};
-use crate::storage::{CpuBuffer, CpuElement};
+use crate::storage::{try_filled, CpuBuffer, CpuElement};
 use crate::{resolve_axis, with_dtype, DType, Element, Error, Result, Shape, Tensor};
 
 /// Copies `src` into the contiguous buffer `dst` (of shape `dst_shape`) at
@@ -126,16 +126,18 @@ impl Op for Pad {
     fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let x = xs[0];
         let mut shape = x.shape().clone();
-        if self.axis >= x.rank() || self.start + x.dims()[self.axis] > self.size {
+        let fits = self.axis < x.rank() && self.start.checked_add(x.dims()[self.axis]).is_some_and(|e| e <= self.size);
+        if !fits {
             return Err(Error::invalid_arg(
                 "pad",
                 format!("cannot place {} at {} in {}", x.shape(), self.start, self.size),
             ));
         }
         shape.0[self.axis] = self.size;
+        let n = shape.check("pad", x.dtype())?;
         let offset = self.start * shape.contiguous_strides()[self.axis];
         let buf = with_dtype!(x.dtype(), T => {
-            let mut out = vec![T::from_f64(0.0); shape.numel()];
+            let mut out = try_filled(n, T::from_f64(0.0))?;
             copy_into(&mut out, &shape, offset, x);
             T::wrap(out)
         });
@@ -186,7 +188,7 @@ impl Op for Contiguous {
         Saved::NOTHING
     }
     fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        Ok(xs[0].contiguous())
+        xs[0].contiguous()
     }
     fn vjp<T: Diff>(&self, _: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         Ok(one(g.clone()))
@@ -214,7 +216,7 @@ impl Op for Concat {
     fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let first = xs[0];
         let mut shape = first.shape().clone();
-        let mut total = 0;
+        let mut total = 0usize;
         for x in xs {
             let compatible = x.rank() == first.rank()
                 && x.dims().iter().zip(first.dims()).enumerate().all(|(i, (a, b))| i == self.axis || a == b);
@@ -224,12 +226,22 @@ impl Op for Concat {
             if x.dtype() != first.dtype() {
                 return Err(Error::DTypeMismatch { op: "concat", lhs: first.dtype(), rhs: x.dtype() });
             }
-            total += x.dims()[self.axis];
+            total = match total.checked_add(x.dims()[self.axis]) {
+                Some(t) => t,
+                None => {
+                    return Err(Error::InvalidShape {
+                        op: "concat",
+                        shape: x.shape().clone(),
+                        reason: format!("the sizes along axis {} overflow usize", self.axis),
+                    })
+                }
+            };
         }
         shape.0[self.axis] = total;
+        let n = shape.check("concat", first.dtype())?;
         let stride = shape.contiguous_strides()[self.axis];
         let buf = with_dtype!(first.dtype(), T => {
-            let mut out = vec![T::from_f64(0.0); shape.numel()];
+            let mut out = try_filled(n, T::from_f64(0.0))?;
             let mut at = 0;
             for x in xs {
                 copy_into(&mut out, &shape, at * stride, x);
@@ -254,7 +266,8 @@ impl Op for Concat {
         if ts.iter().all(|t| t.is_none()) {
             return Ok(None);
         }
-        let full: Vec<T> = xs.iter().zip(ts).map(|(x, t)| t.cloned().unwrap_or_else(|| x.zeros_like())).collect();
+        let full: Vec<T> =
+            xs.iter().zip(ts).map(|(x, t)| t.cloned().map_or_else(|| x.zeros_like(), Ok)).collect::<Result<_>>()?;
         let refs: Vec<&T> = full.iter().collect();
         T::apply(self.clone(), &refs).map(Some)
     }
@@ -274,7 +287,7 @@ impl Op for Cast {
         Saved::NOTHING
     }
     fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        Ok(xs[0].cast_raw(self.0))
+        xs[0].cast_raw(self.0)
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         let from = xs[0].dtype();

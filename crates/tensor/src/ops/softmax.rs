@@ -27,13 +27,13 @@ pub(crate) fn rowwise<T: Float + CpuElement>(
     let last = x.rank() - 1;
     let mut perm: Vec<usize> = (0..x.rank()).collect();
     perm.swap(axis, last);
-    let xt = if axis == last { x.contiguous() } else { x.permute_raw(&perm)?.contiguous() };
+    let xt = if axis == last { x.contiguous()? } else { x.permute_raw(&perm)?.contiguous()? };
     let v = xt.dims()[last];
     let data = &xt.storage_slice::<T>()[xt.layout.offset..xt.layout.offset + xt.numel()];
     let out = match xt.numel().checked_div(v) {
         None => Vec::new(),
         Some(rows) => {
-            let mut out = vec![T::ZERO; rows * v];
+            let mut out = crate::storage::try_filled(rows * v, T::ZERO)?;
             use rayon::prelude::*;
             if rows * v >= crate::iter::PAR_MIN {
                 out.par_chunks_mut(v).zip(data.par_chunks(v)).for_each(|(o, i)| row(i, o));
@@ -47,7 +47,7 @@ pub(crate) fn rowwise<T: Float + CpuElement>(
     if axis == last {
         Ok(y)
     } else {
-        Ok(y.permute_raw(&perm)?.contiguous())
+        y.permute_raw(&perm)?.contiguous()
     }
 }
 

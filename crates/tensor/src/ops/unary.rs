@@ -138,7 +138,7 @@ impl Unary {
         })
     }
 
-    fn kernel<T: Float + CpuElement>(self, x: &Tensor) -> Vec<T> {
+    fn kernel<T: Float + CpuElement>(self, x: &Tensor) -> Result<Vec<T>> {
         let src = x.storage_slice::<T>();
         let nd = x.nd();
         let c = |v: f64| T::from_f64(v);
@@ -231,7 +231,7 @@ impl Op for Unary {
         float_map(
             self.name(),
             xs[0],
-            |x| with_float!(x.dtype(), T => Tensor::from_vec(self.kernel::<T>(x), x.shape().clone()), _ => unreachable!()),
+            |x| with_float!(x.dtype(), T => Tensor::from_vec(self.kernel::<T>(x)?, x.shape().clone()), _ => unreachable!()),
         )
     }
 
@@ -278,7 +278,7 @@ impl Unary {
             let c = |v: f64| <T as crate::Element>::from_f64(v);
             let (xs, ys, gs) = (x.storage_slice::<T>(), y.storage_slice::<T>(), g.storage_slice::<T>());
             let (nx, ny) = (nd2(x, g, &shape), nd2(y, g, &shape));
-            let out: Vec<T> = match self {
+            let out: Result<Vec<T>> = match self {
                 Unary::Relu => map2(ys, gs, &ny, |y: T, g: T| if y > T::ZERO { g } else { T::ZERO }),
                 Unary::Tanh => map2(ys, gs, &ny, |y: T, g: T| g * (T::ONE - y * y)),
                 Unary::Sigmoid => map2(ys, gs, &ny, |y: T, g: T| g * y * (T::ONE - y)),
@@ -298,7 +298,7 @@ impl Unary {
                 }
                 _ => return Ok(None),
             };
-            Tensor::from_vec(out, shape).map(Some)
+            Tensor::from_vec(out?, shape).map(Some)
         }, _ => Ok(None))
     }
 }
@@ -308,7 +308,7 @@ impl Unary {
 pub(crate) fn float_map(op: &'static str, x: &Tensor, f: impl FnOnce(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
     match x.dtype() {
         DType::F32 | DType::F64 => f(x),
-        DType::F16 | DType::BF16 => Ok(f(&x.cast_raw(DType::F32))?.cast_raw(x.dtype())),
+        DType::F16 | DType::BF16 => f(&x.cast_raw(DType::F32)?)?.cast_raw(x.dtype()),
         dtype => Err(Error::UnsupportedDType { op, dtype, expected: "a float dtype" }),
     }
 }
