@@ -4,8 +4,9 @@
 
 use std::f64::consts::PI;
 
+use tapir::nn::{Activation, Mlp, ParamStore};
 use tapir::prelude::*;
-use tapir_cli::pinn::{burgers_cole_hopf, residual, train, Args, GaussHermite, Problem};
+use tapir_cli::pinn::{burgers_cole_hopf, residual, solution, train, values, Args, GaussHermite, Problem};
 
 fn col(v: Vec<f64>) -> Tensor {
     let n = v.len();
@@ -97,6 +98,7 @@ fn a_short_poisson_run_lowers_the_error_with_flat_memory() {
         plot: dir.join("p.png"),
         curves: dir.join("c.png"),
         quiet: true,
+        plain: false,
     };
     let o = train(&a).unwrap();
     assert!(o.rel_l2 < 0.5 * o.initial_rel_l2, "error {} -> {}", o.initial_rel_l2, o.rel_l2);
@@ -104,4 +106,35 @@ fn a_short_poisson_run_lowers_the_error_with_flat_memory() {
     assert!(o.live.windows(2).skip(1).all(|w| w[0] == w[1]), "live memory moved between steps");
     assert!(std::fs::read(dir.join("p.png")).unwrap().starts_with(b"\x89PNG"));
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The odd network `(N(x, t) - N(-x, t)) / 2` that burgers trains: its value,
+/// gradient and u_xx from one jet over the points and their mirror images
+/// equal nested autodiff of the same expression, and it is odd in x.
+#[test]
+fn odd_network_derivatives_match_nested_autodiff() {
+    let mut store = ParamStore::new();
+    let net = Mlp::xavier(&mut store, "u", &[2, 8, 8, 1], Activation::Tanh, &mut Rng::new(3), DType::F64).unwrap();
+    let pts = Rng::new(4).uniform([5, 2], -1.0, 1.0, DType::F64).unwrap();
+    let mirror = Tensor::from_vec(vec![-1.0f64, 1.0], [1, 2]).unwrap();
+    Graph::scope(|g| {
+        let p = store.bind(g);
+        let [u, grad, second] = solution(&net, &p, &pts, &[0], Some(&mirror))?;
+        let x = g.leaf(pts.clone());
+        let m = g.constant(mirror.clone());
+        let nested = net.forward(&p, x)?.sub(&net.forward(&p, x.mul(&m)?)?)?.mul_scalar(0.5)?;
+        let close = |a: &Var<'_>, b: &Var<'_>, what: &str| -> Result<()> {
+            for (a, b) in a.value()?.to_vec::<f64>()?.iter().zip(b.value()?.to_vec::<f64>()?) {
+                assert!((a - b).abs() < 1e-10, "{what}: {a} vs {b}");
+            }
+            Ok(())
+        };
+        close(&u, &nested, "value")?;
+        close(&grad, &g.point_gradient(nested, x)?, "gradient")?;
+        close(&second, &g.second_partials(nested, x, &[0])?, "u_xx")?;
+        let at_mirror = values(&net, &p, &pts.mul(&mirror)?, Some(&mirror))?;
+        close(&at_mirror.neg()?, &values(&net, &p, &pts, Some(&mirror))?, "odd in x")?;
+        Ok::<_, Error>(())
+    })
+    .unwrap();
 }
