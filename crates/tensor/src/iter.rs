@@ -136,7 +136,7 @@ fn advise_huge_pages(addr: usize, bytes: usize) -> bool {
 /// Fills a new vector of `n` elements by calling `fill(start, chunk)` over
 /// disjoint chunks (some possibly empty), in parallel when `n` is large.
 pub fn fill_vec<D: Send>(n: usize, fill: impl Fn(usize, &mut [MaybeUninit<D>]) + Sync) -> Vec<D> {
-    let mut v: Vec<D> = Vec::with_capacity(n);
+    let mut v: Vec<D> = crate::cache::take(n);
     {
         let spare = &mut v.spare_capacity_mut()[..n];
         let size = std::mem::size_of::<D>().max(1);

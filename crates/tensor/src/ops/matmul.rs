@@ -74,7 +74,7 @@ fn kernel<T: Float + CpuElement>(a: &Tensor, b: &Tensor, p: &Plan) -> Vec<T> {
     }
     // The output is not zeroed first: gemm is told not to read it
     // (`read_dst = false`) and writes every element of each block.
-    let mut out: Vec<T> = Vec::with_capacity(total);
+    let mut out: Vec<T> = crate::cache::take(total);
     let one_gemm = |dst: &mut [std::mem::MaybeUninit<T>], i: usize, par: gemm::Parallelism| {
         // SAFETY: the offsets and strides come from valid layouts of `a` and
         // `b` (every addressed element lies inside their storage), and `dst`
@@ -196,7 +196,7 @@ fn eager_matmul_sum(terms: &[(Tensor, Tensor)]) -> Result<Option<Tensor>> {
         return Ok(None);
     }
     with_float!(dtype, F => {
-        let mut out: Vec<F> = Vec::with_capacity(m * n);
+        let mut out: Vec<F> = crate::cache::take(m * n);
         let dst = out.spare_capacity_mut().as_mut_ptr() as *mut F;
         let mut written = false;
         for (a, b) in terms {
