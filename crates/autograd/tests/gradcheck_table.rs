@@ -61,6 +61,8 @@ case!(log, |_g, v| v[0].log(), [pos(&[3, 4], 4)]);
 case!(sqrt, |_g, v| v[0].sqrt(), [pos(&[5], 5)]);
 case!(rsqrt, |_g, v| v[0].rsqrt(), [pos(&[5], 6)]);
 case!(tanh, |_g, v| v[0].tanh(), [rnd(&[2, 3], 7)]);
+case!(tanh_backward, |_g, v| v[0].tanh()?.tanh_backward(&v[1]), [rnd(&[2, 3], 71), rnd(&[2, 3], 72)]);
+case!(tanh_backward_broadcast, |_g, v| v[0].tanh_backward(&v[1]), [rnd(&[2, 3], 73), rnd(&[3], 74)]);
 case!(sigmoid, |_g, v| v[0].sigmoid(), [rnd(&[2, 3], 8)]);
 case!(relu, |_g, v| v[0].relu()?.mul(&v[0]), [rnd(&[2, 3], 9)]);
 case!(gelu, |_g, v| v[0].gelu(), [rnd(&[2, 3], 10)]);
@@ -147,6 +149,8 @@ fn every_op_has_a_gradient_test() {
         sqrt,
         rsqrt,
         tanh,
+        tanh_backward,
+        tanh_backward_broadcast,
         sigmoid,
         relu,
         gelu,

@@ -11,6 +11,7 @@
 //! It can also add a residual branch in the same buffer.
 //! Its rules are written in differentiable ops, so higher orders work.
 
+use tapir_tensor::ops::matmul::matmul_sum;
 use tapir_tensor::ops::{add_opt, InputGrads, Op, Saved};
 use tapir_tensor::{BinaryOps, DType, Device, Diff, Error, MatmulOps, ReduceOps, Result, ShapeOps, Tensor};
 
@@ -112,10 +113,33 @@ impl Op for Affine {
     }
     fn jvp<T: Diff>(&self, xs: &[&T], y: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
         let (x, w) = (xs[0], xs[1]);
-        let tx = ts[0].map(|t| t.matmul(&w.t()?)).transpose()?;
-        let tw = ts[1].map(|t| x.matmul(&t.t()?)).transpose()?;
-        let tb = if self.bias { ts[2].map(|t| t.broadcast_to(y.shape())).transpose()? } else { None };
-        let tz = add_opt(add_opt(tx, tw)?, tb)?;
+        // tx @ w^T + x @ tw^T, as one product sum (one buffer when eager).
+        let wt = ts[0].map(|_| w.t()).transpose()?;
+        let twt = ts[1].map(|t| t.t()).transpose()?;
+        let mut terms: Vec<(&T, &T)> = Vec::with_capacity(2);
+        if let (Some(t), Some(wt)) = (ts[0], wt.as_ref()) {
+            terms.push((t, wt));
+        }
+        if let Some(twt) = twt.as_ref() {
+            terms.push((x, twt));
+        }
+        let mut tz = matmul_sum(&terms)?;
+        let tb = if self.bias { ts[2] } else { None };
+        if let Some(tb) = tb {
+            tz = Some(match tz {
+                Some(z) if !z.is_recording() => {
+                    let mut zt = z.eval()?;
+                    drop(z);
+                    if add_in_place(&mut zt, &tb.eval()?)? {
+                        tb.lift(zt)
+                    } else {
+                        tb.lift(zt.add(&tb.eval()?)?)
+                    }
+                }
+                Some(z) => z.add(tb)?,
+                None => tb.broadcast_to(y.shape())?,
+            });
+        }
         if self.residual {
             return add_opt(tz, ts[ts.len() - 1].cloned());
         }

@@ -8,7 +8,10 @@
 //! products (each a forward and two backward passes) for nested autodiff.
 
 use tapir_autograd::Var;
-use tapir_tensor::{BinaryOps, Diff, Error, MatmulOps, ReduceOps, Result, ShapeOps, Tensor, UnaryOps};
+use tapir_tensor::ops::{one, InputGrads, Op, Saved};
+use tapir_tensor::{
+    with_float, BinaryOps, DType, Device, Diff, Error, MatmulOps, ReduceOps, Result, ShapeOps, Tensor, UnaryOps,
+};
 
 use crate::layers::{Activation, Mlp};
 use crate::params::Bound;
@@ -30,8 +33,9 @@ impl Activation {
     fn derivatives<'g>(self, z: &Var<'g>, a: &Var<'g>) -> Result<(Var<'g>, Var<'g>)> {
         match self {
             Activation::Tanh => {
-                let d1 = a.square()?.rsub_scalar(1.0)?;
-                let d2 = a.mul(&d1)?.mul_scalar(-2.0)?;
+                // 1 - a^2 and -2 a (1 - a^2), one fused op each.
+                let d1 = a.tanh_backward(&a.full_like_shape((), 1.0)?)?;
+                let d2 = a.tanh_backward(&a.mul_scalar(-2.0)?)?;
                 Ok((d1, d2))
             }
             Activation::Sin => Ok((z.cos()?, a.neg()?)),
@@ -66,11 +70,10 @@ impl Mlp {
         let sel = p.graph().constant(Tensor::from_vec(sel, [1, d, 1])?.cast(x.dtype())?);
         // sum over the selected dims of J^2: [N, d, w] -> [N, w].
         let sum_sq = |j: &Var<'g>| -> Result<Var<'g>> {
-            let sq = j.square()?;
             if all {
-                sq.sum(&[1], false)
+                sum_squares_mid(j)
             } else {
-                sq.mul(&sel)?.sum(&[1], false)
+                j.square()?.mul(&sel)?.sum(&[1], false)
             }
         };
 
@@ -125,5 +128,90 @@ impl Mlp {
             None => p.graph().constant(Tensor::zeros([n, out], x.dtype())?),
         };
         Ok(Jet { value: h, jacobian, laplacian })
+    }
+}
+
+/// `sum_i x[n, i, j]^2` for `x` `[N, d, w]`: the Jacobian's squares summed
+/// over the input dims, `[N, w]`, the one quantity the Laplacian needs of
+/// them. As one op it is one pass over the `[N, d, w]` Jacobian, the
+/// largest tensor of the propagation, where `square` then `sum` is two and
+/// keeps a second tensor of that size alive in the graph.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SumSquaresMid;
+
+/// [`SumSquaresMid`] applied to `x`.
+pub fn sum_squares_mid<T: Diff>(x: &T) -> Result<T> {
+    T::apply(SumSquaresMid, &[x])
+}
+
+fn sum_squares_kernel<F: tapir_tensor::Float + tapir_tensor::CpuElement>(
+    x: &[F],
+    n: usize,
+    d: usize,
+    w: usize,
+) -> Vec<F> {
+    let mut out = vec![F::ZERO; n * w];
+    for (row, block) in out.chunks_mut(w.max(1)).zip(x.chunks(d * w.max(1))) {
+        for v in block.chunks(w.max(1)) {
+            for (o, &e) in row.iter_mut().zip(v) {
+                *o += e * e;
+            }
+        }
+    }
+    out
+}
+
+impl Op for SumSquaresMid {
+    fn name(&self) -> &'static str {
+        "sum_squares_mid"
+    }
+    fn saves(&self) -> Saved {
+        Saved::input(0)
+    }
+    fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
+        let x = xs[0];
+        let &[n, d, w] = x.dims() else {
+            return Err(Error::InvalidShape {
+                op: "sum_squares_mid",
+                shape: x.shape().clone(),
+                reason: "needs [N, d, w]".into(),
+            });
+        };
+        if x.device() != Device::Cpu || !matches!(x.dtype(), DType::F32 | DType::F64) {
+            return x.square()?.sum(&[1], false);
+        }
+        let x = x.contiguous()?;
+        with_float!(x.dtype(), F => {
+            let v = x.as_slice::<F>().expect("internal: contiguous");
+            Tensor::from_vec(sum_squares_kernel::<F>(v, n, d, w), [n, w])
+        }, _ => unreachable!())
+    }
+    fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
+        Ok(one(xs[0].mul(&g.unsqueeze(1)?)?.mul_scalar(2.0)?))
+    }
+    fn jvp<T: Diff>(&self, xs: &[&T], _: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
+        let Some(t) = ts[0] else { return Ok(None) };
+        Ok(Some(xs[0].mul(t)?.sum(&[1], false)?.mul_scalar(2.0)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tapir_autograd::{check_grads, CheckOptions};
+    use tapir_tensor::Rng;
+
+    #[test]
+    fn sum_squares_mid_matches_square_sum_and_its_gradients_check() {
+        let x = Rng::new(3).uniform([3, 4, 5], -1.0, 1.0, DType::F64).unwrap();
+        let a = sum_squares_mid(&x).unwrap().to_vec::<f64>().unwrap();
+        let b = x.square().unwrap().sum(&[1], false).unwrap().to_vec::<f64>().unwrap();
+        assert!(a.iter().zip(&b).all(|(p, q)| (p - q).abs() < 1e-12));
+        // A strided (permuted) input takes the same path through a copy.
+        let xt = x.permute(&[1, 0, 2]).unwrap();
+        let c = sum_squares_mid(&xt).unwrap().to_vec::<f64>().unwrap();
+        let e = xt.square().unwrap().sum(&[1], false).unwrap().to_vec::<f64>().unwrap();
+        assert!(c.iter().zip(&e).all(|(p, q)| (p - q).abs() < 1e-12));
+        check_grads(&|_g, v| sum_squares_mid(&v[0])?.tanh(), &[x], &CheckOptions::default()).unwrap();
     }
 }

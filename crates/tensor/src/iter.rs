@@ -12,7 +12,6 @@ use std::mem::MaybeUninit;
 use rayon::prelude::*;
 use smallvec::SmallVec;
 
-use crate::storage::try_vec;
 use crate::Result;
 
 /// Below this many elements a kernel runs on the calling thread: a memory-
@@ -141,7 +140,7 @@ fn advise_huge_pages(addr: usize, bytes: usize) -> bool {
 /// Fails with [`Error::OutOfMemory`](crate::Error::OutOfMemory), before
 /// calling `fill`, when the vector cannot be allocated.
 pub fn fill_vec<D: Send>(n: usize, fill: impl Fn(usize, &mut [MaybeUninit<D>]) + Sync) -> Result<Vec<D>> {
-    let mut v: Vec<D> = try_vec(n)?;
+    let mut v: Vec<D> = crate::cache::take(n)?;
     {
         let spare = &mut v.spare_capacity_mut()[..n];
         let size = std::mem::size_of::<D>().max(1);

@@ -17,6 +17,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod cache;
 pub mod cuda;
 mod device;
 mod dtype;

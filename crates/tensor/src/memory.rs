@@ -115,6 +115,23 @@ pub fn memory_stats(device: Device) -> MemoryStats {
     }
 }
 
+/// A cached buffer leaves the cache to be filled: it is no longer reserved
+/// by the cache (the storage that adopts it reserves it again).
+pub(crate) fn track_reuse(device: Device, bytes: usize) {
+    counters(device).reserved.fetch_sub(bytes, Ordering::Relaxed);
+}
+
+/// The allocation just counted by `track_alloc` reused a cached buffer:
+/// it was no system allocation.
+pub(crate) fn track_adopted(device: Device) {
+    counters(device).system_allocations.fetch_sub(1, Ordering::Relaxed);
+}
+
+/// A cached buffer goes back to the system.
+pub(crate) fn track_release(device: Device, bytes: usize) {
+    counters(device).reserved.fetch_sub(bytes, Ordering::Relaxed);
+}
+
 /// Live bytes on `device` (`torch.cuda.memory_allocated`).
 pub fn memory_allocated(device: Device) -> usize {
     counters(device).allocated.load(Ordering::Relaxed)

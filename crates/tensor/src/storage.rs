@@ -86,6 +86,21 @@ impl CpuBuffer {
             CpuBuffer::I64(v) => v.len(),
         }
     }
+    /// Address of the first element (0 when empty), an identity for the
+    /// allocation.
+    pub(crate) fn addr(&self) -> usize {
+        if self.is_empty() {
+            return 0;
+        }
+        match self {
+            CpuBuffer::F32(v) => v.as_ptr() as usize,
+            CpuBuffer::F64(v) => v.as_ptr() as usize,
+            CpuBuffer::F16(v) => v.as_ptr() as usize,
+            CpuBuffer::BF16(v) => v.as_ptr() as usize,
+            CpuBuffer::I32(v) => v.as_ptr() as usize,
+            CpuBuffer::I64(v) => v.as_ptr() as usize,
+        }
+    }
     /// True when empty.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
@@ -159,7 +174,13 @@ impl Storage {
     /// Takes ownership of a host buffer and counts it.
     pub fn cpu(buf: CpuBuffer) -> Self {
         let bytes = buf.len() * buf.dtype().size_in_bytes();
+        // A buffer from the cache is reserved again, but is no system
+        // allocation.
+        let reused = crate::cache::adopt(buf.addr());
         track_alloc(Device::Cpu, bytes, true);
+        if reused {
+            crate::memory::track_adopted(Device::Cpu);
+        }
         Storage { buf, device: Device::Cpu, bytes }
     }
     /// The host buffer.
@@ -192,6 +213,19 @@ impl Clone for Storage {
 
 impl Drop for Storage {
     fn drop(&mut self) {
-        track_free(self.device, self.bytes, true);
+        let buf = std::mem::replace(&mut self.buf, CpuBuffer::F32(Vec::new()));
+        // (`buffer_mut` could have resized it: then it is simply freed.)
+        let exact = buf.len() * buf.dtype().size_in_bytes() == self.bytes;
+        let cached = exact
+            && match buf {
+                CpuBuffer::F32(v) => crate::cache::give(v),
+                CpuBuffer::F64(v) => crate::cache::give(v),
+                CpuBuffer::F16(v) => crate::cache::give(v),
+                CpuBuffer::BF16(v) => crate::cache::give(v),
+                CpuBuffer::I32(v) => crate::cache::give(v),
+                CpuBuffer::I64(v) => crate::cache::give(v),
+            };
+        // A cached buffer stays reserved.
+        track_free(self.device, self.bytes, !cached);
     }
 }

@@ -171,13 +171,15 @@ fn peak_semantics_match_torch() -> R {
 #[test]
 fn stats_counters_and_reserved() -> R {
     let _g = lock();
+    // Large buffers freed by earlier tests may sit in the CPU cache.
+    tapir_tensor::cache::empty_cache();
     let s0 = stats();
     let t = Tensor::zeros([7], DType::F64).expect("alloc");
     let s1 = stats();
     assert_eq!(s1.allocated - s0.allocated, 56);
     assert_eq!(s1.allocations - s0.allocations, 1);
     assert_eq!(s1.system_allocations - s0.system_allocations, 1);
-    // On the CPU freed bytes go back to the system: reserved tracks allocated.
+    // Small CPU buffers go back to the system: reserved tracks allocated.
     assert_eq!(s1.reserved - s0.reserved, 56);
     assert_eq!(s1.reserved, s1.allocated);
     let v = t.t().ok(); // rank 1: an error, no allocation
@@ -292,5 +294,37 @@ fn copy_on_write_allocates_only_when_shared() -> R {
     assert_eq!(live() - base, 400);
     drop(a);
     assert_eq!(live(), base);
+    Ok(())
+}
+
+#[test]
+fn freed_large_buffers_are_cached_reserved_and_reused() -> R {
+    let _g = lock();
+    tapir_tensor::cache::empty_cache();
+    let s0 = stats();
+    assert_eq!(s0.reserved, s0.allocated);
+    let x = Tensor::ones([64, 1024], DType::F32)?; // 256 KiB, not from the cache
+    let y = x.tanh()?; // a kernel output: the cache is asked first
+    let bytes = 64 * 1024 * 4;
+    drop(y);
+    let s1 = stats();
+    // Freed, so not allocated, but kept: still reserved.
+    assert_eq!(s1.allocated, s0.allocated + bytes);
+    assert_eq!(s1.reserved, s1.allocated + bytes);
+    assert_eq!(tapir_tensor::cache::cached_bytes(), bytes);
+    // The next output of that size reuses it: no system allocation, and
+    // reserved does not grow.
+    let z = x.exp()?;
+    let s2 = stats();
+    assert_eq!(s2.allocated, s0.allocated + 2 * bytes);
+    assert_eq!(s2.reserved, s2.allocated);
+    assert_eq!(s2.system_allocations, s1.system_allocations);
+    assert_eq!(s2.allocations, s1.allocations + 1);
+    assert!(z.to_vec::<f32>()?.iter().all(|&v| (v - 1f32.exp()).abs() < 1e-6));
+    drop((x, z));
+    tapir_tensor::cache::empty_cache();
+    let s3 = stats();
+    assert_eq!(s3.allocated, s0.allocated);
+    assert_eq!(s3.reserved, s0.reserved);
     Ok(())
 }

@@ -12,8 +12,14 @@ use crate::ops::{add_opt, Diff, InputGrads, Op, Saved};
 use crate::storage::CpuElement;
 use crate::{with_float, Error, Float, Result, Shape, Tensor};
 
-/// Below this many multiply-adds one gemm runs on the calling thread.
-const GEMM_PAR_MIN: usize = 1 << 18;
+/// Below this many multiply-adds one gemm runs on the calling thread. A
+/// 1024 x 64 x 64 product (4 Mi multiply-adds) takes about 80 us on one
+/// core; splitting it costs a wake-up and a join, and when another process
+/// holds the second core the half-finished product waits for it, which
+/// measured slower than one thread. Products this size (a PINN's layers, a
+/// Hessian-vector product's) are therefore left on one thread; 16 Mi
+/// multiply-adds (a few hundred microseconds) is where a split pays.
+const GEMM_PAR_MIN: usize = 1 << 24;
 
 /// `a @ b` for rank >= 2 operands: `[..., m, k] @ [..., k, n]`.
 #[derive(Debug, Clone, Copy)]
@@ -62,24 +68,23 @@ fn kernel<T: Float + CpuElement>(a: &Tensor, b: &Tensor, p: &Plan) -> Result<Vec
     let (b_rs, b_cs) = (b.strides()[rb - 2] as isize, b.strides()[rb - 1] as isize);
     let (ao, bo) = (batch_offsets(a, &p.batch), batch_offsets(b, &p.batch));
     let (ad, bd) = (a.storage_slice::<T>(), b.storage_slice::<T>());
-    // The caller checked the output shape, so this product cannot overflow.
-    let mut out = crate::storage::try_filled(p.batch.numel() * m * n, T::ZERO)?;
-    if m * n == 0 {
-        return Ok(out);
+    let total = p.batch.numel() * m * n;
+    if total == 0 || k == 0 {
+        return crate::storage::try_filled(total, T::ZERO);
     }
-    let one_gemm = |dst: &mut [T], i: usize, par: gemm::Parallelism| {
-        if k == 0 {
-            return;
-        }
+    // The output is not zeroed first: gemm is told not to read it
+    // (`read_dst = false`) and writes every element of each block.
+    let mut out: Vec<T> = crate::cache::take(total)?;
+    let one_gemm = |dst: &mut [std::mem::MaybeUninit<T>], i: usize, par: gemm::Parallelism| {
         // SAFETY: the offsets and strides come from valid layouts of `a` and
         // `b` (every addressed element lies inside their storage), and `dst`
-        // is an m x n row-major block we own.
+        // is an m x n row-major block we own, written and never read.
         unsafe {
             gemm::gemm(
                 m,
                 n,
                 k,
-                dst.as_mut_ptr(),
+                dst.as_mut_ptr() as *mut T,
                 1,
                 n as isize,
                 false,
@@ -99,14 +104,18 @@ fn kernel<T: Float + CpuElement>(a: &Tensor, b: &Tensor, p: &Plan) -> Result<Vec
         }
     };
     let flops = m * n * k;
-    if p.batch.numel() > 1 && flops < GEMM_PAR_MIN * 4 && p.batch.numel() * flops >= GEMM_PAR_MIN {
-        out.par_chunks_mut(m * n).enumerate().for_each(|(i, d)| one_gemm(d, i, gemm::Parallelism::None));
+    let spare = &mut out.spare_capacity_mut()[..total];
+    if p.batch.numel() > 1 && flops < GEMM_PAR_MIN && p.batch.numel() * flops >= GEMM_PAR_MIN {
+        spare.par_chunks_mut(m * n).enumerate().for_each(|(i, d)| one_gemm(d, i, gemm::Parallelism::None));
     } else {
         let par = if flops >= GEMM_PAR_MIN { gemm::Parallelism::Rayon(0) } else { gemm::Parallelism::None };
-        for (i, d) in out.chunks_mut(m * n).enumerate() {
+        for (i, d) in spare.chunks_mut(m * n).enumerate() {
             one_gemm(d, i, par);
         }
     }
+    // SAFETY: k > 0, so each of the batch's m x n blocks, which tile
+    // 0..total, was written by its gemm above.
+    unsafe { out.set_len(total) };
     Ok(out)
 }
 
@@ -146,8 +155,97 @@ impl Op for Matmul {
     }
     fn jvp<T: Diff>(&self, xs: &[&T], _: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
         let (a, b) = (xs[0], xs[1]);
-        add_opt(ts[0].map(|t| t.matmul(b)).transpose()?, ts[1].map(|t| a.matmul(t)).transpose()?)
+        let mut terms: SmallVec<[(&T, &T); 2]> = SmallVec::new();
+        if let Some(t) = ts[0] {
+            terms.push((t, b));
+        }
+        if let Some(t) = ts[1] {
+            terms.push((a, t));
+        }
+        matmul_sum(&terms)
     }
+}
+
+/// `a_1 @ b_1 + a_2 @ b_2 + ...` (`None` for no terms): the form of every
+/// product rule's tangent. When nothing is recorded and every operand is a
+/// 2-D CPU f32/f64 matrix, the products go into one buffer, the first
+/// written and the others accumulated by gemm, so there is no temporary
+/// product and no addition pass. Otherwise (recording, batched or other
+/// dtypes) it is `matmul` and `add`, differentiable as usual.
+pub fn matmul_sum<T: Diff>(terms: &[(&T, &T)]) -> Result<Option<T>> {
+    let Some(&(first, _)) = terms.first() else { return Ok(None) };
+    if !first.is_recording() && terms.len() > 1 {
+        let vals = terms.iter().map(|(a, b)| Ok((a.eval()?, b.eval()?))).collect::<Result<Vec<_>>>()?;
+        if let Some(out) = eager_matmul_sum(&vals)? {
+            return Ok(Some(first.lift(out)));
+        }
+    }
+    let mut acc: Option<T> = None;
+    for (a, b) in terms {
+        acc = add_opt(acc, Some(a.matmul(b)?))?;
+    }
+    Ok(acc)
+}
+
+fn eager_matmul_sum(terms: &[(Tensor, Tensor)]) -> Result<Option<Tensor>> {
+    let (a0, b0) = &terms[0];
+    let dtype = a0.dtype();
+    let (m, n) = (a0.dims().first().copied().unwrap_or(0), b0.dims().get(1).copied().unwrap_or(0));
+    let fits = terms.iter().all(|(a, b)| {
+        [a, b].iter().all(|t| t.rank() == 2 && t.dtype() == dtype && t.device() == crate::Device::Cpu)
+            && a.dims()[0] == m
+            && b.dims()[1] == n
+            && a.dims()[1] == b.dims()[0]
+    });
+    if !fits || !matches!(dtype, crate::DType::F32 | crate::DType::F64) {
+        return Ok(None);
+    }
+    with_float!(dtype, F => {
+        let mut out: Vec<F> = crate::cache::take(m * n)?;
+        let dst = out.spare_capacity_mut().as_mut_ptr() as *mut F;
+        let mut written = false;
+        for (a, b) in terms {
+            let k = a.dims()[1];
+            if m * n == 0 || k == 0 {
+                continue;
+            }
+            let (ad, bd) = (a.storage_slice::<F>(), b.storage_slice::<F>());
+            let par = if m * n * k >= GEMM_PAR_MIN { gemm::Parallelism::Rayon(0) } else { gemm::Parallelism::None };
+            // SAFETY: offsets and strides come from valid 2-D layouts of `a`
+            // and `b`; `dst` has room for m x n elements, and is read
+            // (`read_dst`) only after an earlier term wrote all of them.
+            unsafe {
+                gemm::gemm(
+                    m,
+                    n,
+                    k,
+                    dst,
+                    1,
+                    n as isize,
+                    written,
+                    ad.as_ptr().add(a.layout.offset),
+                    a.strides()[1] as isize,
+                    a.strides()[0] as isize,
+                    bd.as_ptr().add(b.layout.offset),
+                    b.strides()[1] as isize,
+                    b.strides()[0] as isize,
+                    F::ONE,
+                    F::ONE,
+                    false,
+                    false,
+                    false,
+                    par,
+                )
+            };
+            written = true;
+        }
+        if !written {
+            return Ok(Some(Tensor::zeros([m, n], dtype)?));
+        }
+        // SAFETY: the first product with k > 0 wrote all m x n elements.
+        unsafe { out.set_len(m * n) };
+        Tensor::from_vec(out, [m, n]).map(Some)
+    }, _ => Ok(None))
 }
 
 /// Matrix products, on tensors and graph handles alike.

@@ -33,6 +33,7 @@ pub const DIFFERENTIABLE_OPS: &[&str] = &[
     "sqrt",
     "rsqrt",
     "tanh",
+    "tanh_backward",
     "sigmoid",
     "relu",
     "gelu",

@@ -10,6 +10,8 @@ use crate::storage::CpuElement;
 use crate::{with_float, DType, Error, Float, Result, Tensor};
 
 use super::binary::{nd2, BinaryOps};
+use super::reduce::ReduceOps;
+use super::shape::ShapeOps;
 
 /// Which elementwise function.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -241,6 +243,10 @@ impl Op for Unary {
                 return Ok(one(g.lift(d)));
             }
         }
+        if *self == Unary::Tanh {
+            // One recorded node instead of the four of `deriv`'s line.
+            return Ok(one(y.tanh_backward(g)?));
+        }
         Ok(one(match self.deriv(xs[0], y)? {
             Deriv::One => g.clone(),
             Deriv::Const(c) => g.mul_scalar(c)?,
@@ -250,6 +256,9 @@ impl Op for Unary {
 
     fn jvp<T: Diff>(&self, xs: &[&T], y: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
         let Some(t) = ts[0] else { return Ok(None) };
+        if *self == Unary::Tanh {
+            return Ok(Some(y.tanh_backward(t)?));
+        }
         Ok(Some(match self.deriv(xs[0], y)? {
             Deriv::One => t.clone(),
             Deriv::Const(c) => t.mul_scalar(c)?,
@@ -303,6 +312,108 @@ impl Unary {
     }
 }
 
+/// `g * (1 - y^2)`: tanh's derivative, given its output `y = tanh x`,
+/// applied to a gradient or tangent `g` (inputs `y`, `g`, broadcasting).
+///
+/// As one op this is one pass and one recorded node where the composed line
+/// (`square`, `neg`, `add_scalar`, `mul`) is four of each: tanh's VJP and
+/// JVP use it, so a gradient recorded under `create_graph` (a Hessian-vector
+/// product, a PDE residual's second derivative) holds one node per tanh.
+/// Its own rules are written in differentiable ops (itself among them), so
+/// any order works:
+///
+/// - `d/dg`: `gbar * (1 - y^2)`, this op again;
+/// - `d/dy`: `-2 y g gbar`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TanhBackward;
+
+impl Op for TanhBackward {
+    fn name(&self) -> &'static str {
+        "tanh_backward"
+    }
+
+    fn saves(&self) -> Saved {
+        Saved::INPUTS
+    }
+
+    fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
+        let shape = super::binary::check_pair("tanh_backward", xs[0], xs[1])?;
+        float_map("tanh_backward", xs[0], |y| {
+            let g = xs[1].cast_raw(y.dtype())?;
+            with_float!(y.dtype(), T => {
+                let nd = nd2(y, &g, &shape);
+                let out = map2(y.storage_slice::<T>(), g.storage_slice::<T>(), &nd, |y: T, g: T| g * (T::ONE - y * y))?;
+                Tensor::from_vec(out, shape.clone())
+            }, _ => unreachable!())
+        })
+    }
+
+    fn vjp<T: Diff>(&self, xs: &[&T], _: &T, gbar: &T) -> Result<InputGrads<T>> {
+        let (y, g) = (xs[0], xs[1]);
+        let gg = y.tanh_backward(gbar)?.sum_to(g.shape())?;
+        let gy = match fused_tanh_second(y, g, gbar, None)? {
+            Some(d) => d,
+            None => y.mul(g)?.mul(gbar)?.mul_scalar(-2.0)?,
+        };
+        Ok(smallvec::smallvec![Some(gy.sum_to(y.shape())?), Some(gg)])
+    }
+
+    fn jvp<T: Diff>(&self, xs: &[&T], out: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
+        let (y, g) = (xs[0], xs[1]);
+        let t = match (ts[0], ts[1]) {
+            (None, None) => return Ok(None),
+            (None, Some(tg)) => y.tanh_backward(tg)?,
+            (Some(ty), tg) => match fused_tanh_second(y, g, ty, tg)? {
+                Some(d) => d,
+                None => {
+                    let dy = y.mul(g)?.mul(ty)?.mul_scalar(-2.0)?;
+                    match tg {
+                        Some(tg) => y.tanh_backward(tg)?.add(&dy)?,
+                        None => dy,
+                    }
+                }
+            },
+        };
+        let shape = out.shape();
+        Ok(Some(if t.shape() == shape { t } else { t.broadcast_to(shape)? }))
+    }
+}
+
+/// `-2 y g s + tg (1 - y^2)` (the last term only with `tg`) in one pass,
+/// for [`TanhBackward`]'s rules when nothing is recorded and every operand
+/// is a contiguous CPU f32/f64 tensor of one shape; `None` otherwise, and
+/// the rule composes it from differentiable ops.
+fn fused_tanh_second<T: Diff>(y: &T, g: &T, s: &T, tg: Option<&T>) -> Result<Option<T>> {
+    if y.is_recording() {
+        return Ok(None);
+    }
+    let (yv, gv, sv) = (y.eval()?, g.eval()?, s.eval()?);
+    let tv = tg.map(|t| t.eval()).transpose()?;
+    let all: Vec<&Tensor> = [&yv, &gv, &sv].into_iter().chain(tv.as_ref()).collect();
+    let same = all.iter().all(|t| {
+        t.device() == crate::Device::Cpu && t.dtype() == yv.dtype() && t.shape() == yv.shape() && t.is_contiguous()
+    });
+    if !same {
+        return Ok(None);
+    }
+    let shape = yv.shape().clone();
+    with_float!(yv.dtype(), F => {
+        fn sl<F: CpuElement>(t: &Tensor) -> &[F] {
+            t.as_slice::<F>().expect("internal: contiguous of this dtype")
+        }
+        let (ys, gs, ss) = (sl::<F>(&yv), sl::<F>(&gv), sl::<F>(&sv));
+        let two = <F as crate::Element>::from_f64(2.0);
+        let out: Vec<F> = match tv.as_ref() {
+            Some(t) => {
+                let ts = sl::<F>(t);
+                (0..ys.len()).map(|i| ts[i] * (F::ONE - ys[i] * ys[i]) - two * ys[i] * gs[i] * ss[i]).collect()
+            }
+            None => (0..ys.len()).map(|i| -two * ys[i] * gs[i] * ss[i]).collect(),
+        };
+        Tensor::from_vec(out, shape).map(|t| Some(y.lift(t)))
+    }, _ => Ok(None))
+}
+
 /// Runs a float kernel on `x`: f32 and f64 directly, f16 and bf16 through
 /// f32 (the result is cast back), integers rejected.
 pub(crate) fn float_map(op: &'static str, x: &Tensor, f: impl FnOnce(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
@@ -342,6 +453,11 @@ pub trait UnaryOps: Diff {
     /// Hyperbolic tangent.
     fn tanh(&self) -> Result<Self> {
         Self::apply(Unary::Tanh, &[self])
+    }
+    /// `g * (1 - self^2)`: for `self = tanh(x)`, the gradient (or tangent)
+    /// `g` of `self` carried back to `x`, as one [`TanhBackward`] op.
+    fn tanh_backward(&self, g: &Self) -> Result<Self> {
+        Self::apply(TanhBackward, &[self, g])
     }
     /// Logistic sigmoid.
     fn sigmoid(&self) -> Result<Self> {
