@@ -126,6 +126,29 @@ fn negative_infinity_logits() {
 }
 
 #[test]
+fn nan_rows_and_a_leading_block_of_negative_infinity() {
+    // Rows longer than the kernel's 512-element blocks: a NaN anywhere in a
+    // row makes its loss NaN and leaves the other rows alone; with label
+    // smoothing, -inf logits make the loss +inf (the smoothed target puts
+    // mass on them) even when only a leading block is -inf.
+    let v = 1100;
+    let mut x = vec![0.25f32; 3 * v];
+    x[700] = f32::NAN;
+    x[v..v + 512].iter_mut().for_each(|e| *e = f32::NEG_INFINITY);
+    let x = Tensor::from_vec(x, [3, v]).unwrap();
+    let labels = Tensor::from_vec(vec![3i64, (v - 1) as i64, 5], [3]).unwrap();
+    let none = CrossEntropyOptions { reduction: Reduction::None, ..Default::default() };
+    let l = run(&x, &labels, none).0.to_vec::<f32>().unwrap();
+    assert!(l[0].is_nan(), "{l:?}");
+    assert!((l[1] as f64 - ((v - 512) as f64).ln()).abs() < 1e-5, "{l:?}");
+    assert!((l[2] as f64 - (v as f64).ln()).abs() < 1e-5, "{l:?}");
+    let smoothed = CrossEntropyOptions { label_smoothing: 0.1, ..none };
+    let l = run(&x, &labels, smoothed).0.to_vec::<f32>().unwrap();
+    assert_eq!(l[1], f32::INFINITY, "{l:?}");
+    assert!((l[2] as f64 - (v as f64).ln()).abs() < 1e-5, "{l:?}");
+}
+
+#[test]
 fn all_rows_ignored() {
     let x = Tensor::ones([3, 4], DType::F32);
     let labels = Tensor::from_vec(vec![IGNORE; 3], [3]).unwrap();

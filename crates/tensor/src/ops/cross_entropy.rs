@@ -158,33 +158,90 @@ fn grad_row<T: CeFloat>(xr: &mut [T], k: GradRow<T>) {
     }
 }
 
+/// Independent accumulators per reduction. A float sum or max folded one
+/// element at a time is a chain of dependent operations the compiler may not
+/// reorder (it would change the rounding), so it runs at one element per
+/// add latency; this many separate lanes let it vectorise and overlap.
+const LANES: usize = 16;
+
+/// The max of a slice, NaN if it holds one (the lane update keeps a NaN once
+/// it has one, so no separate pass looks for them).
+#[inline(always)]
+fn lane_max<T: CeFloat>(b: &[T]) -> T {
+    #[inline(always)]
+    fn step<T: CeFloat>(a: T, v: T) -> T {
+        #[allow(clippy::eq_op)] // v != v: NaN, in a form that vectorises
+        let nan = v != v;
+        if v > a || nan {
+            v
+        } else {
+            a
+        }
+    }
+    let mut acc = [T::NEG_INF; LANES];
+    let mut it = b.chunks_exact(LANES);
+    for c in &mut it {
+        for i in 0..LANES {
+            acc[i] = step(acc[i], c[i]);
+        }
+    }
+    let m = it.remainder().iter().fold(T::NEG_INF, |a, &v| step(a, v));
+    acc.iter().fold(m, |a, &v| step(a, v))
+}
+
+/// `sum(exp(b - m))`, and `sum(b)` when `want_sum`.
+#[inline(always)]
+fn lane_sums<T: CeFloat>(b: &[T], m: T, want_sum: bool) -> (T, T) {
+    let mut se = [T::ZERO; LANES];
+    let mut sx = [T::ZERO; LANES];
+    let mut it = b.chunks_exact(LANES);
+    for c in &mut it {
+        for i in 0..LANES {
+            se[i] += (c[i] - m).fexp();
+        }
+        if want_sum {
+            for i in 0..LANES {
+                sx[i] += c[i];
+            }
+        }
+    }
+    for (i, &v) in it.remainder().iter().enumerate() {
+        se[i] += (v - m).fexp();
+        sx[i] += v;
+    }
+    let sx = if want_sum { sx.iter().copied().sum() } else { T::ZERO };
+    (se.iter().copied().sum(), sx)
+}
+
 /// One pass over a row: an online max and sum of exponentials, block by
 /// block (each block's max, then its exponentials, vectorised), and the sum
-/// of the row when label smoothing needs it. Returns (lse, sum of row).
+/// of the row when label smoothing needs it. Returns (lse, sum of row); a
+/// row holding a NaN has a NaN lse.
 #[inline(always)]
 fn row_lse<T: CeFloat>(x: &[T], want_sum: bool) -> (T, T) {
     const BLOCK: usize = 512;
     let (mut m, mut s, mut sx) = (T::NEG_INF, T::ZERO, T::ZERO);
     for b in x.chunks(BLOCK) {
-        let bm = b.iter().fold(T::NEG_INF, |a, &v| if v > a { v } else { a });
+        let bm = lane_max(b);
+        if bm.is_nan() {
+            let nan = T::from_f64(f64::NAN);
+            return (nan, nan);
+        }
         if bm > m {
             s = if m == T::NEG_INF { T::ZERO } else { s * (m - bm).fexp() };
             m = bm;
         }
         if m == T::NEG_INF {
+            // Every element so far is -inf: no exponential to add, but the
+            // row's sum (for smoothing) still sees them.
+            if want_sum {
+                sx += b.iter().copied().sum::<T>();
+            }
             continue;
         }
-        let mut acc = T::ZERO;
-        for &v in b {
-            acc += (v - m).fexp();
-        }
-        s += acc;
-        if want_sum {
-            sx += b.iter().copied().sum::<T>();
-        }
-    }
-    if x.iter().any(|v| v.is_nan()) {
-        return (T::from_f64(f64::NAN), sx);
+        let (e, bx) = lane_sums(b, m, want_sum);
+        s += e;
+        sx += bx;
     }
     (if m == T::NEG_INF || m == T::INF { m } else { m + s.ln() }, sx)
 }
