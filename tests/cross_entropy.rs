@@ -126,6 +126,29 @@ fn negative_infinity_logits() {
 }
 
 #[test]
+fn nan_rows_and_a_leading_block_of_negative_infinity() {
+    // Rows longer than the kernel's 512-element blocks: a NaN anywhere in a
+    // row makes its loss NaN and leaves the other rows alone; with label
+    // smoothing, -inf logits make the loss +inf (the smoothed target puts
+    // mass on them) even when only a leading block is -inf.
+    let v = 1100;
+    let mut x = vec![0.25f32; 3 * v];
+    x[700] = f32::NAN;
+    x[v..v + 512].iter_mut().for_each(|e| *e = f32::NEG_INFINITY);
+    let x = Tensor::from_vec(x, [3, v]).unwrap();
+    let labels = Tensor::from_vec(vec![3i64, (v - 1) as i64, 5], [3]).unwrap();
+    let none = CrossEntropyOptions { reduction: Reduction::None, ..Default::default() };
+    let l = run(&x, &labels, none).0.to_vec::<f32>().unwrap();
+    assert!(l[0].is_nan(), "{l:?}");
+    assert!((l[1] as f64 - ((v - 512) as f64).ln()).abs() < 1e-5, "{l:?}");
+    assert!((l[2] as f64 - (v as f64).ln()).abs() < 1e-5, "{l:?}");
+    let smoothed = CrossEntropyOptions { label_smoothing: 0.1, ..none };
+    let l = run(&x, &labels, smoothed).0.to_vec::<f32>().unwrap();
+    assert_eq!(l[1], f32::INFINITY, "{l:?}");
+    assert!((l[2] as f64 - (v as f64).ln()).abs() < 1e-5, "{l:?}");
+}
+
+#[test]
 fn all_rows_ignored() {
     let x = Tensor::ones([3, 4], DType::F32).expect("alloc");
     let labels = Tensor::from_vec(vec![IGNORE; 3], [3]).unwrap();
@@ -222,4 +245,96 @@ fn linear_cross_entropy_matches_linear_then_cross_entropy() {
         &CheckOptions::default(),
     )
     .unwrap();
+}
+
+/// Gradients of `hidden`, `weight` and `bias` through `linear` followed by
+/// `sparse_cross_entropy`, times `k`: the unfused reference.
+fn unfused_linear_grads(
+    h: &Tensor,
+    w: &Tensor,
+    b: &Tensor,
+    labels: &Tensor,
+    opts: CrossEntropyOptions,
+    k: f64,
+) -> Vec<Tensor> {
+    Graph::scope(|g| {
+        let (hv, wv, bv) = (g.leaf(h.clone()), g.leaf(w.clone()), g.leaf(b.clone()));
+        let loss = hv.linear(&wv, Some(&bv))?.sparse_cross_entropy_with(labels, opts)?;
+        let loss = if opts.reduction == Reduction::None { loss.sum_all()? } else { loss };
+        g.grad(loss.mul_scalar(k)?, &[hv, wv, bv])
+    })
+    .unwrap()
+}
+
+/// On a graph with a sum or mean, the forward precomputes the gradients and
+/// the first backward only scales them by the upstream scalar (3 here); a
+/// second backward (retain_graph) finds them taken and recomputes the
+/// logits chunk by chunk. Both agree with linear + cross-entropy, including
+/// a mean over ignored rows, smoothing, reduction none (always recomputed)
+/// and a batch whose rows are all ignored.
+#[test]
+fn linear_cross_entropy_precomputed_gradients_match_recompute() {
+    let mut rng = Rng::new(11);
+    let (n, d, v) = (12, 7, 19);
+    let h = rng.randn([n, d], DType::F64).unwrap();
+    let w = rng.randn([v, d], DType::F64).unwrap();
+    let b = rng.randn([v], DType::F64).unwrap();
+    let some_ignored = Tensor::from_vec(vec![3i64, IGNORE, 0, 18, 5, 5, IGNORE, 1, 9, 2, 17, 4], [n]).unwrap();
+    let all_ignored = Tensor::from_vec(vec![IGNORE; n], [n]).unwrap();
+    for labels in [&some_ignored, &all_ignored] {
+        for reduction in [Reduction::Sum, Reduction::Mean, Reduction::None] {
+            for (label_smoothing, chunk) in [(0.0, Some(5)), (0.1, None), (0.1, Some(1))] {
+                let opts = CrossEntropyOptions { label_smoothing, reduction, ..Default::default() };
+                let what = format!("{reduction:?}, smoothing {label_smoothing}, chunk {chunk:?}");
+                let (first, second) = Graph::scope(|g| {
+                    let (hv, wv, bv) = (g.leaf(h.clone()), g.leaf(w.clone()), g.leaf(b.clone()));
+                    let loss = hv.linear_cross_entropy(&wv, Some(&bv), labels, opts, chunk)?;
+                    let loss = if reduction == Reduction::None { loss.sum_all()? } else { loss };
+                    let scaled = loss.mul_scalar(3.0)?;
+                    let keep = GradOptions { retain_graph: true, ..Default::default() };
+                    let first = g.grad_with(&[scaled], &[hv, wv, bv], keep)?;
+                    let second = g.grad(scaled, &[hv, wv, bv])?;
+                    Ok::<_, Error>((first, second))
+                })
+                .unwrap();
+                let want = unfused_linear_grads(&h, &w, &b, labels, opts, 3.0);
+                for ((a, s), r) in first.iter().zip(&second).zip(&want) {
+                    close(&a.to_vec_f64(), &r.to_vec_f64(), 1e-10, &format!("first backward, {what}"));
+                    close(&s.to_vec_f64(), &r.to_vec_f64(), 1e-10, &format!("second backward, {what}"));
+                    close(&a.to_vec_f64(), &s.to_vec_f64(), 1e-12, &format!("precomputed vs recomputed, {what}"));
+                }
+                if labels.to_vec::<i64>().unwrap().iter().all(|&l| l == IGNORE) && reduction != Reduction::None {
+                    assert!(first.iter().all(|t| t.to_vec_f64().iter().all(|&e| e == 0.0)), "{what}");
+                }
+            }
+        }
+    }
+}
+
+/// The precomputed path in f32 (the benchmark's dtype, AVX2 row kernels)
+/// against the unfused head, without a bias, and the eager call's value.
+#[test]
+fn linear_cross_entropy_precomputed_f32() {
+    let mut rng = Rng::new(12);
+    let (n, d, v) = (40, 16, 1003);
+    let h = rng.randn([n, d], DType::F32).unwrap();
+    let w = rng.normal_tensor([v, d], 0.0, 0.3, DType::F32).unwrap();
+    let mut l = rng.randint([n], v as u64, DType::I64).unwrap().to_vec::<i64>().unwrap();
+    l[3] = IGNORE;
+    let labels = Tensor::from_vec(l, [n]).unwrap();
+    let opts = CrossEntropyOptions { label_smoothing: 0.05, ..Default::default() };
+    let (value, fused, unfused) = Graph::scope(|g| {
+        let (hv, wv) = (g.leaf(h.clone()), g.leaf(w.clone()));
+        let a = hv.linear_cross_entropy(&wv, None, &labels, opts, Some(16))?;
+        let value = a.value()?;
+        let fused = g.grad(a, &[hv, wv])?;
+        let b = hv.linear(&wv, None)?.sparse_cross_entropy_with(&labels, opts)?;
+        Ok::<_, Error>((value, fused, g.grad(b, &[hv, wv])?))
+    })
+    .unwrap();
+    let eager = h.linear_cross_entropy(&w, None, &labels, opts, Some(16)).unwrap();
+    close(&value.to_vec_f64(), &eager.to_vec_f64(), 1e-6, "graph vs eager value");
+    for (a, b) in fused.iter().zip(&unfused) {
+        close(&a.to_vec_f64(), &b.to_vec_f64(), 1e-4, "f32 gradient");
+    }
 }

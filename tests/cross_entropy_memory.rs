@@ -95,8 +95,11 @@ fn sparse_cross_entropy_gradient_reuses_the_logits() {
 }
 
 /// The fused head never holds the N x V logits: its largest allocation in
-/// forward is one chunk of logits, and its peak follows chunk x V plus the
-/// gradients of its inputs plus O(N).
+/// forward is one chunk of logits (here larger than `weight`'s gradient),
+/// and its peak follows chunk x V plus the gradients of its inputs plus
+/// O(N). On a graph with a mean, the forward already makes those gradients
+/// (they count as the gradients of its inputs), so the forward reaches the
+/// bound and the backward adds nothing.
 #[test]
 fn linear_cross_entropy_memory_bounds() {
     let _s = serial();
@@ -114,15 +117,79 @@ fn linear_cross_entropy_memory_bounds() {
         let loss = hv.linear_cross_entropy(&wv, None, &labels, CrossEntropyOptions::default(), Some(CHUNK))?;
         let s = memory_stats(Device::Cpu);
         assert!(s.largest_allocation <= chunk_bytes, "largest forward allocation {}", s.largest_allocation);
-        assert!(s.peak - base <= chunk_bytes + 16 * N + SLACK, "forward added {}", s.peak - base);
+        let grads = (N * D + V * D) * 4;
+        assert!(s.peak - base <= chunk_bytes + grads + 16 * N + SLACK, "forward added {}", s.peak - base);
         g.grad(loss, &[hv, wv])?;
         let s = memory_stats(Device::Cpu);
-        let grads = (N * D + V * D) * 4;
         assert!(s.peak - base <= chunk_bytes + grads + 16 * N + SLACK, "forward+backward added {}", s.peak - base);
         assert!(s.peak - base < N * V * 4 / 4, "far below the full logits");
         Ok::<_, Error>(())
     })
     .unwrap();
+}
+
+/// Recorded on constants only (an evaluation inside a training scope), the
+/// fused head makes no gradients in its forward: no backward can ask for
+/// them, so the forward holds one chunk of logits and O(N), nothing more.
+#[test]
+fn linear_cross_entropy_on_constants_makes_no_gradients() {
+    let _s = serial();
+    const D: usize = 64;
+    const CHUNK: usize = 256;
+    let mut rng = Rng::new(4);
+    let h = rng.randn([N, D], DType::F32).unwrap();
+    let w = rng.normal_tensor([V, D], 0.0, 0.1, DType::F32).unwrap();
+    let labels = rng.randint([N], V as u64, DType::I64).unwrap();
+    let eager = h.linear_cross_entropy(&w, None, &labels, CrossEntropyOptions::default(), Some(CHUNK)).unwrap();
+    Graph::scope(|g| {
+        let (hv, wv) = (g.constant(h.clone()), g.constant(w.clone()));
+        reset_peak_memory_stats(Device::Cpu);
+        let base = memory_allocated(Device::Cpu);
+        let loss = hv.linear_cross_entropy(&wv, None, &labels, CrossEntropyOptions::default(), Some(CHUNK))?;
+        let added = max_memory_allocated(Device::Cpu) - base;
+        assert!(added <= CHUNK * V * 4 + 16 * N + SLACK, "forward added {added}, gradients are {}", (N + V) * D * 4);
+        assert_eq!(loss.item()?, eager.item()?);
+        Ok::<_, Error>(())
+    })
+    .unwrap();
+}
+
+/// A backward without retain_graph takes the precomputed gradients out of
+/// the op: once the returned gradients are dropped, only the saved
+/// log-sum-exp (4 bytes a row) is left until the scope ends, and nothing
+/// after it. An upstream gradient other than 1 scales them in place, so the
+/// backward still adds nothing to the forward's peak.
+#[test]
+fn linear_cross_entropy_backward_releases_precomputed_gradients() {
+    let _s = serial();
+    const D: usize = 64;
+    const CHUNK: usize = 256;
+    let mut rng = Rng::new(2);
+    let h = rng.randn([N, D], DType::F32).unwrap();
+    let w = rng.normal_tensor([V, D], 0.0, 0.1, DType::F32).unwrap();
+    let labels = rng.randint([N], V as u64, DType::I64).unwrap();
+    let chunk_bytes = CHUNK * V * 4;
+    let grads = (N * D + V * D) * 4;
+    let outside = memory_allocated(Device::Cpu);
+    Graph::scope(|g| {
+        let (hv, wv) = (g.leaf(h.clone()), g.leaf(w.clone()));
+        reset_peak_memory_stats(Device::Cpu);
+        let base = memory_allocated(Device::Cpu);
+        let loss = hv.linear_cross_entropy(&wv, None, &labels, CrossEntropyOptions::default(), Some(CHUNK))?;
+        let loss = loss.mul_scalar(3.0)?;
+        let after_forward = memory_allocated(Device::Cpu) - base;
+        assert!(after_forward >= grads, "the forward holds the gradients ({after_forward} bytes live)");
+        let got = g.grad(loss, &[hv, wv])?;
+        let s = memory_stats(Device::Cpu);
+        assert!(s.peak - base <= chunk_bytes + grads + 16 * N + SLACK, "forward+backward added {}", s.peak - base);
+        assert_eq!(got[1].shape().dims(), &[V, D]);
+        drop(got);
+        let left = memory_allocated(Device::Cpu) - base;
+        assert!(left <= 4 * N + SLACK, "{left} bytes left after the backward");
+        Ok::<_, Error>(())
+    })
+    .unwrap();
+    assert_eq!(memory_allocated(Device::Cpu), outside);
 }
 
 /// A bad label fails before anything large is allocated, and frees what it made.

@@ -317,4 +317,7 @@ impl Diff for Var<'_> {
     fn is_recording(&self) -> bool {
         true
     }
+    fn requires_grad(&self) -> bool {
+        Var::requires_grad(self)
+    }
 }

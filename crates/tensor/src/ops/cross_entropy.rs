@@ -9,7 +9,7 @@
 //! switch to a differentiable formulation, so second derivatives through
 //! the loss (Hessian-vector products of a classifier) work.
 
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 use rayon::prelude::*;
 
@@ -159,33 +159,90 @@ fn grad_row<T: CeFloat>(xr: &mut [T], k: GradRow<T>) {
     }
 }
 
+/// Independent accumulators per reduction. A float sum or max folded one
+/// element at a time is a chain of dependent operations the compiler may not
+/// reorder (it would change the rounding), so it runs at one element per
+/// add latency; this many separate lanes let it vectorise and overlap.
+const LANES: usize = 16;
+
+/// The max of a slice, NaN if it holds one (the lane update keeps a NaN once
+/// it has one, so no separate pass looks for them).
+#[inline(always)]
+fn lane_max<T: CeFloat>(b: &[T]) -> T {
+    #[inline(always)]
+    fn step<T: CeFloat>(a: T, v: T) -> T {
+        #[allow(clippy::eq_op)] // v != v: NaN, in a form that vectorises
+        let nan = v != v;
+        if v > a || nan {
+            v
+        } else {
+            a
+        }
+    }
+    let mut acc = [T::NEG_INF; LANES];
+    let mut it = b.chunks_exact(LANES);
+    for c in &mut it {
+        for i in 0..LANES {
+            acc[i] = step(acc[i], c[i]);
+        }
+    }
+    let m = it.remainder().iter().fold(T::NEG_INF, |a, &v| step(a, v));
+    acc.iter().fold(m, |a, &v| step(a, v))
+}
+
+/// `sum(exp(b - m))`, and `sum(b)` when `want_sum`.
+#[inline(always)]
+fn lane_sums<T: CeFloat>(b: &[T], m: T, want_sum: bool) -> (T, T) {
+    let mut se = [T::ZERO; LANES];
+    let mut sx = [T::ZERO; LANES];
+    let mut it = b.chunks_exact(LANES);
+    for c in &mut it {
+        for i in 0..LANES {
+            se[i] += (c[i] - m).fexp();
+        }
+        if want_sum {
+            for i in 0..LANES {
+                sx[i] += c[i];
+            }
+        }
+    }
+    for (i, &v) in it.remainder().iter().enumerate() {
+        se[i] += (v - m).fexp();
+        sx[i] += v;
+    }
+    let sx = if want_sum { sx.iter().copied().sum() } else { T::ZERO };
+    (se.iter().copied().sum(), sx)
+}
+
 /// One pass over a row: an online max and sum of exponentials, block by
 /// block (each block's max, then its exponentials, vectorised), and the sum
-/// of the row when label smoothing needs it. Returns (lse, sum of row).
+/// of the row when label smoothing needs it. Returns (lse, sum of row); a
+/// row holding a NaN has a NaN lse.
 #[inline(always)]
 fn row_lse<T: CeFloat>(x: &[T], want_sum: bool) -> (T, T) {
     const BLOCK: usize = 512;
     let (mut m, mut s, mut sx) = (T::NEG_INF, T::ZERO, T::ZERO);
     for b in x.chunks(BLOCK) {
-        let bm = b.iter().fold(T::NEG_INF, |a, &v| if v > a { v } else { a });
+        let bm = lane_max(b);
+        if bm.is_nan() {
+            let nan = T::from_f64(f64::NAN);
+            return (nan, nan);
+        }
         if bm > m {
             s = if m == T::NEG_INF { T::ZERO } else { s * (m - bm).fexp() };
             m = bm;
         }
         if m == T::NEG_INF {
+            // Every element so far is -inf: no exponential to add, but the
+            // row's sum (for smoothing) still sees them.
+            if want_sum {
+                sx += b.iter().copied().sum::<T>();
+            }
             continue;
         }
-        let mut acc = T::ZERO;
-        for &v in b {
-            acc += (v - m).fexp();
-        }
-        s += acc;
-        if want_sum {
-            sx += b.iter().copied().sum::<T>();
-        }
-    }
-    if x.iter().any(|v| v.is_nan()) {
-        return (T::from_f64(f64::NAN), sx);
+        let (e, bx) = lane_sums(b, m, want_sum);
+        s += e;
+        sx += bx;
     }
     (if m == T::NEG_INF || m == T::INF { m } else { m + s.ln() }, sx)
 }
@@ -221,6 +278,37 @@ fn grad_rows_in_place<T: CeFloat>(x: &mut [T], v: usize, lse: &[T], labels: &[Op
         x.par_chunks_mut(v).enumerate().for_each(row);
     } else {
         x.chunks_mut(v).enumerate().for_each(row);
+    }
+}
+
+/// Per row of a contiguous `[rows, v]` block: its (lse, loss), then the row
+/// overwritten by `w * (softmax - target)` while it is still in cache (one
+/// row of logits is at most a few hundred KiB, so the second pass over it
+/// reads the core's own cache, not memory). Ignored rows become zero.
+fn forward_grad_rows<T: CeFloat>(
+    x: &mut [T],
+    v: usize,
+    labels: &[Option<usize>],
+    w: T,
+    smoothing: f64,
+) -> (Vec<T>, Vec<T>) {
+    let eps = T::from_f64(smoothing);
+    let inv_v = T::from_f64(1.0 / v as f64);
+    let eps_v = T::from_f64(smoothing / v as f64);
+    let on = T::from_f64(1.0 - smoothing);
+    let row = |(r, xr): (usize, &mut [T])| {
+        let (lse, sx) = T::lse_row(xr, smoothing > 0.0);
+        let loss = match labels[r] {
+            None => T::ZERO,
+            Some(y) => lse - (T::ONE - eps) * xr[y] - eps * sx * inv_v,
+        };
+        T::grad_row(xr, GradRow { lse, weight: w, eps_v, on, label: labels[r] });
+        (lse, loss)
+    };
+    if x.len() >= crate::iter::PAR_MIN {
+        x.par_chunks_mut(v).enumerate().map(row).unzip()
+    } else {
+        x.chunks_mut(v).enumerate().map(row).unzip()
     }
 }
 
@@ -441,6 +529,40 @@ impl Op for SparseCrossEntropy {
 
 /// The fused classifier head `cross_entropy(hidden @ weight^T + bias)`,
 /// processed in chunks of rows so the `[N, V]` logits never exist at once.
+///
+/// The forward computes one chunk of logits at a time and keeps only the
+/// per-row log-sum-exp (N floats). The first-order gradient is made in one
+/// of two ways:
+///
+/// - **In the forward**, when the op is recorded on a graph and the
+///   reduction is sum or mean (so the upstream gradient is one scalar):
+///   each row of a chunk is turned into its gradient `softmax - target`
+///   (smoothing terms included, ignored rows zero) right after its
+///   log-sum-exp, while it is still in cache, and the chunk is pushed into
+///   `d_hidden`, `d_weight` and `d_bias` for a unit upstream gradient. The
+///   op keeps these; a backward takes them out and only scales them by the
+///   upstream scalar. That is three `N x V x D` products in all, as many as
+///   `linear` followed by a cross-entropy and its backward. Because the
+///   backward takes them, a pass without `retain_graph` leaves nothing
+///   behind in the op but the log-sum-exp; a second pass recomputes.
+/// - **In the backward**, otherwise (reduction none, eager calls on plain
+///   tensors, a second backward): each chunk's logits are recomputed from
+///   the inputs, turned into the gradient in place from the saved
+///   log-sum-exp, and accumulated: four products.
+///
+/// Under `create_graph` the rule is a differentiable formulation (`linear`
+/// and the cross-entropy's gradient in differentiable ops), which records
+/// the `[N, V]` logits on the graph; the precomputed gradients, which could
+/// not be differentiated again, are dropped then.
+///
+/// **Memory.** Above its inputs and output, the op's peak is at most one
+/// chunk of logits (`chunk x V` elements) plus the gradients of its inputs
+/// (`N x D + V x D`, `+ V` with a bias) plus `O(N)` (the log-sum-exp and
+/// per-row losses), all in the compute dtype (f32 for f16/bf16 inputs,
+/// whose f32 copies are also made). Precomputed gradients are the
+/// gradients of the inputs, made earlier: a recorded forward with a sum or
+/// mean reaches that whole bound by itself, and the backward adds nothing
+/// when the upstream gradient is a plain scalar.
 #[derive(Debug)]
 pub struct LinearCrossEntropy {
     /// Class indices (i32 or i64), one per row of `hidden`.
@@ -449,7 +571,12 @@ pub struct LinearCrossEntropy {
     pub options: CrossEntropyOptions,
     /// Rows per chunk; `None` picks one automatically.
     pub chunk: Option<usize>,
+    /// Whether the forward also makes the gradients (see above).
+    precompute: bool,
     lse: OnceLock<Tensor>,
+    /// `[d_hidden, d_weight, d_bias?]` for a unit upstream gradient, in the
+    /// compute dtype, from the forward until a backward takes them.
+    grads: Mutex<Option<Vec<Tensor>>>,
 }
 
 /// The automatic chunk: rows whose logits take about 32 MiB, or as many
@@ -457,6 +584,71 @@ pub struct LinearCrossEntropy {
 pub fn auto_chunk(n: usize, d: usize, v: usize) -> usize {
     let budget = (32usize << 20).max(n * d * 4);
     (budget / (v.max(1) * 4)).clamp(1, n.max(1))
+}
+
+/// `d_hidden`, `d_weight` and `d_bias`, filled chunk by chunk.
+struct HeadGrads {
+    dh: Tensor,
+    dw: Tensor,
+    db: Option<Tensor>,
+}
+
+impl HeadGrads {
+    fn zeros(n: usize, d: usize, v: usize, bias: bool, dtype: DType) -> Result<Self> {
+        Ok(HeadGrads {
+            dh: Tensor::zeros([n, d], dtype)?,
+            dw: Tensor::zeros([v, d], dtype)?,
+            db: bias.then(|| Tensor::zeros([v], dtype)).transpose()?,
+        })
+    }
+
+    /// The three buffers, writable at once.
+    #[allow(clippy::type_complexity)]
+    fn slices<T: CeFloat>(&mut self) -> Result<(&mut [T], &mut [T], Option<&mut [T]>)> {
+        let db = match self.db.as_mut() {
+            Some(t) => Some(t.make_mut::<T>()?),
+            None => None,
+        };
+        Ok((self.dh.make_mut::<T>()?, self.dw.make_mut::<T>()?, db))
+    }
+
+    fn into_vec(self) -> Vec<Tensor> {
+        let mut out = vec![self.dh, self.dw];
+        out.extend(self.db);
+        out
+    }
+}
+
+/// The logits' gradient of each row for a unit upstream gradient of a sum
+/// or mean: 1, or one over the number of kept rows (0 when none is kept).
+fn unit_weight(labels: &[Option<usize>], reduction: Reduction) -> f64 {
+    let valid = labels.iter().filter(|l| l.is_some()).count();
+    match reduction {
+        Reduction::Mean if valid == 0 => 0.0,
+        Reduction::Mean => 1.0 / valid as f64,
+        Reduction::None | Reduction::Sum => 1.0,
+    }
+}
+
+/// Multiplies a gradient by the upstream scalar, in place (the tensor was
+/// taken from the op, so nothing else shares it).
+fn scale_in_place(mut t: Tensor, s: f64) -> Result<Tensor> {
+    fn run<T: CeFloat>(t: &mut Tensor, s: T) -> Result<()> {
+        let x = t.make_mut::<T>()?;
+        if x.len() >= crate::iter::PAR_MIN {
+            x.par_chunks_mut(1 << 14).for_each(|c| c.iter_mut().for_each(|e| *e *= s));
+        } else {
+            x.iter_mut().for_each(|e| *e *= s);
+        }
+        Ok(())
+    }
+    if s != 1.0 {
+        match t.dtype() {
+            DType::F64 => run::<f64>(&mut t, s)?,
+            _ => run::<f32>(&mut t, s as f32)?,
+        }
+    }
+    Ok(t)
 }
 
 impl LinearCrossEntropy {
@@ -485,6 +677,16 @@ impl LinearCrossEntropy {
         }
         check_options(op, &self.options)?;
         Ok((n, d, v, check_labels(op, &self.labels, self.options.ignore_index, v)?))
+    }
+
+    fn chunk_rows(&self, n: usize, d: usize, v: usize) -> usize {
+        self.chunk.unwrap_or_else(|| auto_chunk(n, d, v)).min(n.max(1))
+    }
+
+    /// Takes the precomputed gradients out of the op (`None` when the
+    /// forward made none or a backward already took them).
+    fn take_grads(&self) -> Option<Vec<Tensor>> {
+        self.grads.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 
     /// Logits of rows `r0..r0+c` into `buf` (`c x v`), bias included.
@@ -517,6 +719,54 @@ impl LinearCrossEntropy {
         }
     }
 
+    /// Pushes the logits' gradient `g` (`c x v`) of rows `r0..r0+c` into
+    /// those rows of `d_hidden` (`g @ w`), into `d_weight` (`+= g^T @ h`)
+    /// and into `d_bias` (`+=` column sums of `g`).
+    #[allow(clippy::too_many_arguments)]
+    fn backprop_chunk<T: CeFloat>(
+        g: &[T],
+        h: &[T],
+        w: &[T],
+        r0: usize,
+        c: usize,
+        d: usize,
+        v: usize,
+        (dh, dw, db): (&mut [T], &mut [T], Option<&mut [T]>),
+    ) {
+        gemm_into(
+            &mut dh[r0 * d..(r0 + c) * d],
+            c,
+            d,
+            v,
+            MatRef { data: g, rs: v, cs: 1 },
+            MatRef { data: w, rs: d, cs: 1 },
+            false,
+        );
+        gemm_into(
+            dw,
+            v,
+            d,
+            c,
+            MatRef { data: g, rs: 1, cs: v },
+            MatRef { data: &h[r0 * d..(r0 + c) * d], rs: d, cs: 1 },
+            true,
+        );
+        if let Some(db) = db {
+            // Column blocks in parallel, each summing down the chunk's rows.
+            const COLS: usize = 2048;
+            db.par_chunks_mut(COLS).enumerate().for_each(|(j, acc)| {
+                for row in g.chunks(v) {
+                    for (a, &e) in acc.iter_mut().zip(&row[j * COLS..]) {
+                        *a += e;
+                    }
+                }
+            });
+        }
+    }
+
+    /// The chunked forward. With `precompute`, each chunk's gradient is
+    /// made too and the op keeps `[d_hidden, d_weight, d_bias?]`.
+    #[allow(clippy::too_many_arguments)]
     fn run_forward<T: CeFloat>(
         &self,
         xs: &[Tensor],
@@ -524,27 +774,52 @@ impl LinearCrossEntropy {
         d: usize,
         v: usize,
         labels: &[Option<usize>],
+        precompute: bool,
     ) -> Result<Tensor> {
-        let chunk = self.chunk.unwrap_or_else(|| auto_chunk(n, d, v)).min(n.max(1));
+        let chunk = self.chunk_rows(n, d, v);
+        let smoothing = self.options.label_smoothing;
         let (h, w) = (xs[0].as_slice::<T>().expect("contiguous"), xs[1].as_slice::<T>().expect("contiguous"));
         let b = xs.get(2).map(|b| b.as_slice::<T>().expect("contiguous"));
         let mut lse = Vec::with_capacity(n);
         let mut loss = Vec::with_capacity(n);
-        let mut buf = Tensor::zeros([chunk, v], T::DTYPE)?;
-        let buf = buf.make_mut::<T>()?;
-        let mut r0 = 0;
-        while r0 < n {
-            let c = chunk.min(n - r0);
-            Self::chunk_logits(buf, h, w, b, r0, c, d, v);
-            let (l, s) = forward_rows::<T>(&buf[..c * v], v, &labels[r0..r0 + c], self.options.label_smoothing);
-            lse.extend(l);
-            loss.extend(s);
-            r0 += c;
+        let mut grads = precompute.then(|| HeadGrads::zeros(n, d, v, b.is_some(), T::DTYPE)).transpose()?;
+        let unit = T::from_f64(unit_weight(labels, self.options.reduction));
+        let mut buf_t = Tensor::zeros([chunk, v], T::DTYPE)?;
+        {
+            let buf = buf_t.make_mut::<T>()?;
+            let mut acc = match grads.as_mut() {
+                Some(g) => Some(g.slices::<T>()?),
+                None => None,
+            };
+            let mut r0 = 0;
+            while r0 < n {
+                let c = chunk.min(n - r0);
+                let rows = &labels[r0..r0 + c];
+                Self::chunk_logits(buf, h, w, b, r0, c, d, v);
+                let g = &mut buf[..c * v];
+                let (l, s) = match acc.as_mut() {
+                    None => forward_rows::<T>(g, v, rows, smoothing),
+                    Some((dh, dw, db)) => {
+                        let ls = forward_grad_rows::<T>(g, v, rows, unit, smoothing);
+                        Self::backprop_chunk(g, h, w, r0, c, d, v, (dh, dw, db.as_deref_mut()));
+                        ls
+                    }
+                };
+                lse.extend(l);
+                loss.extend(s);
+                r0 += c;
+            }
         }
+        drop(buf_t);
         let _ = self.lse.set(Tensor::from_vec(lse, [n])?);
+        if let Some(g) = grads {
+            *self.grads.lock().unwrap_or_else(|p| p.into_inner()) = Some(g.into_vec());
+        }
         reduce_losses::<T>(loss, labels, self.options.reduction, Shape::from([n]))
     }
 
+    /// The recomputing backward: each chunk's logits again, turned into the
+    /// gradient in place with the per-row weights, then accumulated.
     #[allow(clippy::too_many_arguments)]
     fn run_backward<T: CeFloat>(
         &self,
@@ -555,28 +830,22 @@ impl LinearCrossEntropy {
         labels: &[Option<usize>],
         weights: &[f64],
     ) -> Result<Vec<Tensor>> {
-        let chunk = self.chunk.unwrap_or_else(|| auto_chunk(n, d, v)).min(n.max(1));
+        let chunk = self.chunk_rows(n, d, v);
         let (h, w) = (xs[0].as_slice::<T>().expect("contiguous"), xs[1].as_slice::<T>().expect("contiguous"));
         let b = xs.get(2).map(|b| b.as_slice::<T>().expect("contiguous"));
         let lse_t = match self.lse.get() {
             Some(l) => l.clone(),
             None => {
-                self.run_forward::<T>(xs, n, d, v, labels)?;
+                self.run_forward::<T>(xs, n, d, v, labels, false)?;
                 self.lse.get().expect("internal: forward saves lse").clone()
             }
         };
         let lse = lse_t.as_slice::<T>().expect("contiguous");
         let wts: Vec<T> = weights.iter().map(|&x| T::from_f64(x)).collect();
-        let mut dh = Tensor::zeros([n, d], T::DTYPE)?;
-        let mut dw = Tensor::zeros([v, d], T::DTYPE)?;
-        let mut db = b.map(|_| Tensor::zeros([v], T::DTYPE)).transpose()?;
+        let mut grads = HeadGrads::zeros(n, d, v, b.is_some(), T::DTYPE)?;
         let mut buf_t = Tensor::zeros([chunk, v], T::DTYPE)?;
         {
-            let (dhs, dws) = (dh.make_mut::<T>()?, dw.make_mut::<T>()?);
-            let mut dbs = match db.as_mut() {
-                Some(t) => Some(t.make_mut::<T>()?),
-                None => None,
-            };
+            let (dh, dw, mut db) = grads.slices::<T>()?;
             let buf = buf_t.make_mut::<T>()?;
             let mut r0 = 0;
             while r0 < n {
@@ -591,39 +860,12 @@ impl LinearCrossEntropy {
                     &wts[r0..r0 + c],
                     self.options.label_smoothing,
                 );
-                // d_hidden rows = G @ W ; d_weight += G^T @ h_chunk ; d_bias += column sums of G.
-                gemm_into(
-                    &mut dhs[r0 * d..(r0 + c) * d],
-                    c,
-                    d,
-                    v,
-                    MatRef { data: g, rs: v, cs: 1 },
-                    MatRef { data: w, rs: d, cs: 1 },
-                    false,
-                );
-                gemm_into(
-                    dws,
-                    v,
-                    d,
-                    c,
-                    MatRef { data: g, rs: 1, cs: v },
-                    MatRef { data: &h[r0 * d..(r0 + c) * d], rs: d, cs: 1 },
-                    true,
-                );
-                if let Some(dbs) = dbs.as_mut() {
-                    for row in g.chunks(v) {
-                        for (a, &e) in dbs.iter_mut().zip(row) {
-                            *a += e;
-                        }
-                    }
-                }
+                Self::backprop_chunk(g, h, w, r0, c, d, v, (&mut *dh, &mut *dw, db.as_deref_mut()));
                 r0 += c;
             }
         }
         drop(buf_t);
-        let mut out = vec![dh, dw];
-        out.extend(db);
-        Ok(out)
+        Ok(grads.into_vec())
     }
 }
 
@@ -640,10 +882,11 @@ impl Op for LinearCrossEntropy {
         let (n, d, v, labels) = self.check(xs)?;
         let cd = compute_dtype(self.name(), xs[0])?;
         let ins: Vec<Tensor> = xs.iter().map(|t| t.cast_raw(cd)?.contiguous()).collect::<Result<_>>()?;
+        let pre = self.precompute && self.options.reduction != Reduction::None;
         let out = if cd == DType::F64 {
-            self.run_forward::<f64>(&ins, n, d, v, &labels)?
+            self.run_forward::<f64>(&ins, n, d, v, &labels, pre)?
         } else {
-            self.run_forward::<f32>(&ins, n, d, v, &labels)?
+            self.run_forward::<f32>(&ins, n, d, v, &labels, pre)?
         };
         out.cast_raw(xs[0].dtype())
     }
@@ -651,6 +894,9 @@ impl Op for LinearCrossEntropy {
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         let (h, w) = (xs[0], xs[1]);
         if g.is_recording() {
+            // The precomputed gradients are constants to a recorded rule;
+            // free them rather than hold them to the end of the scope.
+            drop(self.take_grads());
             let n = h.shape().dims()[0];
             let v = w.shape().dims()[0];
             let labels = check_labels(self.name(), &self.labels, self.options.ignore_index, v)?;
@@ -664,6 +910,13 @@ impl Op for LinearCrossEntropy {
             }
             return Ok(out);
         }
+        let dt = h.dtype();
+        if let Some(grads) = self.take_grads() {
+            // Made by the forward for a unit upstream gradient of a sum or
+            // mean; `g` is that scalar.
+            let s = g.eval()?.item()?;
+            return grads.into_iter().map(|t| Ok(Some(h.lift(scale_in_place(t, s)?.cast_raw(dt)?)))).collect();
+        }
         let vals: Vec<Tensor> = xs.iter().map(|t| t.eval()).collect::<Result<_>>()?;
         let refs: Vec<&Tensor> = vals.iter().collect();
         let (n, d, v, labels) = self.check(&refs)?;
@@ -675,7 +928,6 @@ impl Op for LinearCrossEntropy {
         } else {
             self.run_backward::<f32>(&ins, n, d, v, &labels, &weights)?
         };
-        let dt = vals[0].dtype();
         grads.into_iter().map(|t| Ok(Some(h.lift(t.cast_raw(dt)?)))).collect()
     }
 
@@ -726,6 +978,11 @@ pub trait CrossEntropyOps: Diff {
     /// `weight` `[V, D]`) against `labels` `[N]`, computed in chunks of rows
     /// so the `[N, V]` logits never exist. `chunk` overrides the automatic
     /// rows-per-chunk.
+    ///
+    /// On graph handles with a sum or mean, the forward also makes the
+    /// gradients of `self`, `weight` and `bias` (while each chunk of logits
+    /// is in cache) and the backward only scales them: see
+    /// [`LinearCrossEntropy`] for the two paths and the memory bound.
     fn linear_cross_entropy(
         &self,
         weight: &Self,
@@ -734,7 +991,18 @@ pub trait CrossEntropyOps: Diff {
         options: CrossEntropyOptions,
         chunk: Option<usize>,
     ) -> Result<Self> {
-        let op = LinearCrossEntropy { labels: labels.clone(), options, chunk, lse: OnceLock::new() };
+        let op = LinearCrossEntropy {
+            labels: labels.clone(),
+            options,
+            chunk,
+            // Recorded with a scalar output and an input gradients flow to:
+            // a backward will most likely follow, and it then needs no
+            // second pass over the logits.
+            precompute: (self.requires_grad() || weight.requires_grad() || bias.is_some_and(|b| b.requires_grad()))
+                && options.reduction != Reduction::None,
+            lse: OnceLock::new(),
+            grads: Mutex::new(None),
+        };
         match bias {
             Some(b) => Self::apply(op, &[self, weight, b]),
             None => Self::apply(op, &[self, weight]),

@@ -320,6 +320,12 @@ pub trait Diff: Clone + Sized {
     fn is_recording(&self) -> bool {
         false
     }
+    /// True when gradients can flow to this value (a recorded value made
+    /// from some leaf); false for constants and plain tensors. Fused ops
+    /// use it to skip work only a backward pass would need.
+    fn requires_grad(&self) -> bool {
+        self.is_recording()
+    }
 
     /// Number of dims.
     fn rank(&self) -> usize {
