@@ -136,6 +136,10 @@ impl Graph {
                 }
             };
             let gin = op.vjp_eager(xs, y, gn)?;
+            if saved.is_some() {
+                // The rule is spent: what the op saved beyond values goes too.
+                op.release();
+            }
             for (i, gi) in input_ids.iter().zip(gin) {
                 if let Some(gi) = gi {
                     if self.nodes.borrow()[*i].requires_grad {
@@ -235,6 +239,8 @@ struct SavedValues {
     readers: HashMap<NodeId, usize>,
     /// Nodes whose values stay.
     kept: HashSet<NodeId>,
+    /// One zero scalar per dtype and device, which every stand-in views.
+    zeros: Vec<Tensor>,
 }
 
 impl SavedValues {
@@ -263,7 +269,7 @@ impl SavedValues {
             }
         }
         let kept: HashSet<NodeId> = outputs.iter().chain(inputs).copied().collect();
-        let saved = SavedValues { readers, kept };
+        let saved = SavedValues { readers, kept, zeros: Vec::new() };
         for &n in order {
             saved.release_if_unread(&mut nodes, n);
         }
@@ -297,19 +303,29 @@ impl SavedValues {
         let input_ids = nodes[n].inputs.clone();
         let mut xs = SmallVec::new();
         for (k, &i) in input_ids.iter().enumerate() {
-            xs.push(if saves.reads_input(k) { take(&mut nodes, i)? } else { stand_in(&nodes[i])? });
+            xs.push(if saves.reads_input(k) { take(&mut nodes, i)? } else { stand_in(&mut self.zeros, &nodes[i])? });
         }
-        let y = if saves.reads_output() { take(&mut nodes, n)? } else { stand_in(&nodes[n])? };
+        let y = if saves.reads_output() { take(&mut nodes, n)? } else { stand_in(&mut self.zeros, &nodes[n])? };
         nodes[n].rule_spent = true;
         self.release_if_unread(&mut nodes, n);
         Ok((xs, y))
     }
 }
 
-/// A zero-sized tensor with `node`'s shape, dtype and device: what a rule
-/// gets for a value it declared it does not read.
-fn stand_in(node: &Node) -> Result<Tensor> {
-    Tensor::zeros([], node.dtype)?.to_device(node.device)?.broadcast_to(node.shape.clone())
+/// A tensor with `node`'s shape, dtype and device that holds no data of
+/// its own (a broadcast view of one shared zero): what a rule gets for
+/// a value it declared it does not read. `zeros` holds one zero scalar per
+/// dtype and device, made on first need.
+fn stand_in(zeros: &mut Vec<Tensor>, node: &Node) -> Result<Tensor> {
+    let zero = match zeros.iter().find(|z| z.dtype() == node.dtype && z.device() == node.device) {
+        Some(z) => z.clone(),
+        None => {
+            let z = Tensor::zeros([], node.dtype)?.to_device(node.device)?;
+            zeros.push(z.clone());
+            z
+        }
+    };
+    zero.broadcast_to(node.shape.clone())
 }
 
 fn accumulate(grads: &mut HashMap<NodeId, Tensor>, id: NodeId, g: Tensor) -> Result<()> {

@@ -8,6 +8,15 @@ use tapir::nn::{Activation, Mlp, ParamStore};
 use tapir::prelude::*;
 use tapir_cli::pinn::{burgers_cole_hopf, residual, solution, train, values, Args, GaussHermite, Problem};
 
+/// The memory counters are process-wide and tests run in parallel: every
+/// test here that makes tensors holds this lock, so the flat-memory check
+/// sees only its own run.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn col(v: Vec<f64>) -> Tensor {
     let n = v.len();
     Tensor::from_vec(v, [n, 1]).unwrap()
@@ -19,6 +28,7 @@ fn max_abs(t: &Tensor) -> f64 {
 
 #[test]
 fn poisson_and_heat_residuals_vanish_at_the_exact_solutions() {
+    let _s = serial();
     let pts: Vec<(f64, f64)> = (0..50).map(|i| (0.02 * i as f64 + 0.01, (0.37 * i as f64).fract())).collect();
     // Poisson: u = sin(pi x) sin(pi y), Laplacian = -2 pi^2 u, f = 2 pi^2 u.
     let u: Vec<f64> = pts.iter().map(|(x, y)| (PI * x).sin() * (PI * y).sin()).collect();
@@ -43,6 +53,7 @@ fn poisson_and_heat_residuals_vanish_at_the_exact_solutions() {
 
 #[test]
 fn burgers_reference_satisfies_the_pde_and_matches_a_second_quadrature() {
+    let _s = serial();
     let gh = GaussHermite::new(200);
     let nu = 0.01 / PI;
     // An independent quadrature: the trapezoid rule on a wide, fine grid.
@@ -81,6 +92,7 @@ fn burgers_reference_satisfies_the_pde_and_matches_a_second_quadrature() {
 
 #[test]
 fn a_short_poisson_run_lowers_the_error_with_flat_memory() {
+    let _s = serial();
     let dir = std::env::temp_dir().join(format!("tapir-pinn-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let a = Args {
@@ -113,6 +125,7 @@ fn a_short_poisson_run_lowers_the_error_with_flat_memory() {
 /// equal nested autodiff of the same expression, and it is odd in x.
 #[test]
 fn odd_network_derivatives_match_nested_autodiff() {
+    let _s = serial();
     let mut store = ParamStore::new();
     let net = Mlp::xavier(&mut store, "u", &[2, 8, 8, 1], Activation::Tanh, &mut Rng::new(3), DType::F64).unwrap();
     let pts = Rng::new(4).uniform([5, 2], -1.0, 1.0, DType::F64).unwrap();

@@ -9,7 +9,7 @@
 //! switch to a differentiable formulation, so second derivatives through
 //! the loss (Hessian-vector products of a classifier) work.
 
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 
 use rayon::prelude::*;
 
@@ -25,6 +25,16 @@ use crate::ops::{one, Diff, InputGrads, Op, Saved};
 use crate::storage::CpuElement;
 use crate::{DType, Error, Float, Result, Shape, Tensor};
 use smallvec::SmallVec;
+
+/// A value an op saves for its backward, behind a lock (ops are shared).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The saved tensor, if the forward made it and no spent backward freed it.
+fn saved(m: &Mutex<Option<Tensor>>) -> Option<Tensor> {
+    lock(m).clone()
+}
 
 /// How per-row losses are combined.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -395,7 +405,7 @@ pub struct SparseCrossEntropy {
     /// Options.
     pub options: CrossEntropyOptions,
     /// The per-row log-sum-exp, saved by the forward (N floats).
-    lse: OnceLock<Tensor>,
+    lse: Mutex<Option<Tensor>>,
 }
 
 impl SparseCrossEntropy {
@@ -408,11 +418,11 @@ impl SparseCrossEntropy {
         let (_, v) = self.split(logits.shape())?;
         let labels = check_labels(self.name(), &self.labels, self.options.ignore_index, v)?;
         let (dtype, cd) = (logits.dtype(), compute_dtype(self.name(), &logits)?);
-        let lse = match self.lse.get() {
-            Some(l) => l.clone(),
+        let lse = match saved(&self.lse) {
+            Some(l) => l,
             None => {
                 self.forward(&[&logits])?;
-                self.lse.get().expect("internal: forward saves lse").clone()
+                saved(&self.lse).expect("internal: forward saves lse")
             }
         };
         let w = row_weights(g, &labels, self.options.reduction)?;
@@ -472,6 +482,10 @@ impl Op for SparseCrossEntropy {
         Saved::input(0)
     }
 
+    fn release(&self) {
+        *lock(&self.lse) = None;
+    }
+
     fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let x = xs[0];
         let (lead, v) = self.split(x.shape())?;
@@ -487,7 +501,7 @@ impl Op for SparseCrossEntropy {
                 } else {
                     forward_rows::<$T>(data, v, &labels, self.options.label_smoothing)
                 };
-                let _ = self.lse.set(Tensor::from_vec(lse, lead.clone())?);
+                *lock(&self.lse) = Some(Tensor::from_vec(lse, lead.clone())?);
                 reduce_losses::<$T>(loss, &labels, self.options.reduction, lead.clone())?
             }};
         }
@@ -573,7 +587,7 @@ pub struct LinearCrossEntropy {
     pub chunk: Option<usize>,
     /// Whether the forward also makes the gradients (see above).
     precompute: bool,
-    lse: OnceLock<Tensor>,
+    lse: Mutex<Option<Tensor>>,
     /// `[d_hidden, d_weight, d_bias?]` for a unit upstream gradient, in the
     /// compute dtype, from the forward until a backward takes them.
     grads: Mutex<Option<Vec<Tensor>>>,
@@ -686,7 +700,7 @@ impl LinearCrossEntropy {
     /// Takes the precomputed gradients out of the op (`None` when the
     /// forward made none or a backward already took them).
     fn take_grads(&self) -> Option<Vec<Tensor>> {
-        self.grads.lock().unwrap_or_else(|p| p.into_inner()).take()
+        lock(&self.grads).take()
     }
 
     /// Logits of rows `r0..r0+c` into `buf` (`c x v`), bias included.
@@ -811,9 +825,9 @@ impl LinearCrossEntropy {
             }
         }
         drop(buf_t);
-        let _ = self.lse.set(Tensor::from_vec(lse, [n])?);
+        *lock(&self.lse) = Some(Tensor::from_vec(lse, [n])?);
         if let Some(g) = grads {
-            *self.grads.lock().unwrap_or_else(|p| p.into_inner()) = Some(g.into_vec());
+            *lock(&self.grads) = Some(g.into_vec());
         }
         reduce_losses::<T>(loss, labels, self.options.reduction, Shape::from([n]))
     }
@@ -833,11 +847,11 @@ impl LinearCrossEntropy {
         let chunk = self.chunk_rows(n, d, v);
         let (h, w) = (xs[0].as_slice::<T>().expect("contiguous"), xs[1].as_slice::<T>().expect("contiguous"));
         let b = xs.get(2).map(|b| b.as_slice::<T>().expect("contiguous"));
-        let lse_t = match self.lse.get() {
-            Some(l) => l.clone(),
+        let lse_t = match saved(&self.lse) {
+            Some(l) => l,
             None => {
                 self.run_forward::<T>(xs, n, d, v, labels, false)?;
-                self.lse.get().expect("internal: forward saves lse").clone()
+                saved(&self.lse).expect("internal: forward saves lse")
             }
         };
         let lse = lse_t.as_slice::<T>().expect("contiguous");
@@ -876,6 +890,11 @@ impl Op for LinearCrossEntropy {
 
     fn saves(&self) -> Saved {
         Saved::INPUTS
+    }
+
+    fn release(&self) {
+        *lock(&self.lse) = None;
+        *lock(&self.grads) = None;
     }
 
     fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
@@ -972,7 +991,7 @@ pub trait CrossEntropyOps: Diff {
     }
     /// [`CrossEntropyOps::sparse_cross_entropy`] with options.
     fn sparse_cross_entropy_with(&self, labels: &Tensor, options: CrossEntropyOptions) -> Result<Self> {
-        Self::apply(SparseCrossEntropy { labels: labels.clone(), options, lse: OnceLock::new() }, &[self])
+        Self::apply(SparseCrossEntropy { labels: labels.clone(), options, lse: Mutex::new(None) }, &[self])
     }
     /// Cross-entropy of `self @ weight^T + bias` (`self` is `[N, D]`,
     /// `weight` `[V, D]`) against `labels` `[N]`, computed in chunks of rows
@@ -1000,7 +1019,7 @@ pub trait CrossEntropyOps: Diff {
             // second pass over the logits.
             precompute: (self.requires_grad() || weight.requires_grad() || bias.is_some_and(|b| b.requires_grad()))
                 && options.reduction != Reduction::None,
-            lse: OnceLock::new(),
+            lse: Mutex::new(None),
             grads: Mutex::new(None),
         };
         match bias {

@@ -153,6 +153,11 @@ pub trait Op: Debug + Send + Sync + 'static {
         let refs: SmallVec<[&Tensor; 3]> = xs.iter().collect();
         self.vjp(&refs, &y, &g)
     }
+    /// Frees what the op saved for its reverse rule beyond its inputs and
+    /// output (a cross-entropy's per-row log-sum-exp, precomputed
+    /// gradients), once a backward without `retain_graph` has run the rule
+    /// and will not run it again. The default saves nothing.
+    fn release(&self) {}
     /// False for ops with no derivative (comparisons, argmax, casts to ints):
     /// the graph then never calls their rules.
     fn is_differentiable(&self) -> bool {
@@ -184,6 +189,8 @@ pub trait DynOp: Debug + Send + Sync + 'static {
     fn is_differentiable(&self) -> bool;
     /// See [`Op::saves`].
     fn saves(&self) -> Saved;
+    /// See [`Op::release`].
+    fn release(&self);
 }
 
 impl<O: Op> DynOp for O {
@@ -215,6 +222,9 @@ impl<O: Op> DynOp for O {
     }
     fn saves(&self) -> Saved {
         Op::saves(self)
+    }
+    fn release(&self) {
+        Op::release(self)
     }
 }
 
