@@ -91,9 +91,10 @@ fn seeds(outputs: &[Var<'_>], grad_outputs: Option<&Vec<Tensor>>) -> Result<Vec<
 
 impl Graph {
     /// Gradients of the scalar `output` with respect to `inputs`, as plain
-    /// tensors. Nothing is recorded, and intermediate values are released
-    /// as soon as the pass no longer needs them. An input the output does
-    /// not depend on gets zeros.
+    /// tensors. Nothing is recorded, and each intermediate value is freed as
+    /// soon as no rule that may still run reads it (see [`Saved`]); the
+    /// output and the inputs keep their values, so `output.item()` still
+    /// works afterwards. An input the output does not depend on gets zeros.
     pub fn grad(&self, output: Var<'_>, inputs: &[Var<'_>]) -> Result<Vec<Tensor>> {
         self.grad_with(&[output], inputs, GradOptions::default())
     }
