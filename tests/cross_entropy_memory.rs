@@ -94,6 +94,20 @@ fn sparse_cross_entropy_gradient_reuses_the_logits() {
     }
 }
 
+/// Width and chunk of the fused-head tests.
+const D: usize = 64;
+const CHUNK: usize = 256;
+
+/// Hidden states [N, D], a classifier weight [V, D] and labels for the
+/// fused-head tests.
+fn head_inputs(seed: u64) -> (Tensor, Tensor, Tensor) {
+    let mut rng = Rng::new(seed);
+    let h = rng.randn([N, D], DType::F32).unwrap();
+    let w = rng.normal_tensor([V, D], 0.0, 0.1, DType::F32).unwrap();
+    let labels = rng.randint([N], V as u64, DType::I64).unwrap();
+    (h, w, labels)
+}
+
 /// The fused head never holds the N x V logits: its largest allocation in
 /// forward is one chunk of logits (here larger than `weight`'s gradient),
 /// and its peak follows chunk x V plus the gradients of its inputs plus
@@ -103,12 +117,7 @@ fn sparse_cross_entropy_gradient_reuses_the_logits() {
 #[test]
 fn linear_cross_entropy_memory_bounds() {
     let _s = serial();
-    const D: usize = 64;
-    const CHUNK: usize = 256;
-    let mut rng = Rng::new(1);
-    let h = rng.randn([N, D], DType::F32).unwrap();
-    let w = rng.normal_tensor([V, D], 0.0, 0.1, DType::F32).unwrap();
-    let labels = rng.randint([N], V as u64, DType::I64).unwrap();
+    let (h, w, labels) = head_inputs(1);
     let chunk_bytes = CHUNK * V * 4;
     Graph::scope(|g| {
         let (hv, wv) = (g.leaf(h.clone()), g.leaf(w.clone()));
@@ -134,12 +143,7 @@ fn linear_cross_entropy_memory_bounds() {
 #[test]
 fn linear_cross_entropy_on_constants_makes_no_gradients() {
     let _s = serial();
-    const D: usize = 64;
-    const CHUNK: usize = 256;
-    let mut rng = Rng::new(4);
-    let h = rng.randn([N, D], DType::F32).unwrap();
-    let w = rng.normal_tensor([V, D], 0.0, 0.1, DType::F32).unwrap();
-    let labels = rng.randint([N], V as u64, DType::I64).unwrap();
+    let (h, w, labels) = head_inputs(4);
     let eager = h.linear_cross_entropy(&w, None, &labels, CrossEntropyOptions::default(), Some(CHUNK)).unwrap();
     Graph::scope(|g| {
         let (hv, wv) = (g.constant(h.clone()), g.constant(w.clone()));
@@ -162,12 +166,7 @@ fn linear_cross_entropy_on_constants_makes_no_gradients() {
 #[test]
 fn linear_cross_entropy_backward_releases_precomputed_gradients() {
     let _s = serial();
-    const D: usize = 64;
-    const CHUNK: usize = 256;
-    let mut rng = Rng::new(2);
-    let h = rng.randn([N, D], DType::F32).unwrap();
-    let w = rng.normal_tensor([V, D], 0.0, 0.1, DType::F32).unwrap();
-    let labels = rng.randint([N], V as u64, DType::I64).unwrap();
+    let (h, w, labels) = head_inputs(2);
     let chunk_bytes = CHUNK * V * 4;
     let grads = (N * D + V * D) * 4;
     let outside = memory_allocated(Device::Cpu);

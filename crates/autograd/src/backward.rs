@@ -126,10 +126,13 @@ impl Graph {
             if in_ids.contains(&n) {
                 results.insert(n, gn.clone());
             }
-            let Some(op) = self.nodes.borrow()[n].op.clone() else { continue };
-            let input_ids = self.nodes.borrow()[n].inputs.clone();
+            let (op, input_ids) = {
+                let nodes = self.nodes.borrow();
+                let Some(op) = nodes[n].op.clone() else { continue };
+                (op, nodes[n].inputs.clone())
+            };
             let (xs, y) = match saved.as_mut() {
-                Some(s) => s.take_for(self, n, op.saves())?,
+                Some(s) => s.take_for(self, n, &input_ids, op.saves())?,
                 None => {
                     let nodes = self.nodes.borrow();
                     let value = |i: NodeId| nodes[i].value.clone().ok_or_else(|| released(op.name()));
@@ -246,8 +249,8 @@ struct SavedValues {
 
 impl SavedValues {
     /// Counts the reads of every rule of the graph that may still run (this
-    /// pass's, and those no pass has spent), and
-    /// frees at once the values on this pass's path that none of them needs.
+    /// pass's, and those no pass has spent), and frees at once the values on
+    /// this pass's path that none of them needs.
     fn new(g: &Graph, order: &[NodeId], outputs: &[NodeId], inputs: &[NodeId]) -> SavedValues {
         let mut nodes = g.nodes.borrow_mut();
         let mut readers: HashMap<NodeId, usize> = HashMap::with_capacity(order.len());
@@ -288,7 +291,13 @@ impl SavedValues {
     /// what it does not read comes as a stand-in with the right shape and
     /// dtype. A value read here for the last time is taken out of its node
     /// (handed over, so the rule may reuse its buffer).
-    fn take_for(&mut self, g: &Graph, n: NodeId, saves: Saved) -> Result<(SmallVec<[Tensor; 3]>, Tensor)> {
+    fn take_for(
+        &mut self,
+        g: &Graph,
+        n: NodeId,
+        input_ids: &[NodeId],
+        saves: Saved,
+    ) -> Result<(SmallVec<[Tensor; 3]>, Tensor)> {
         let mut nodes = g.nodes.borrow_mut();
         let name = nodes[n].op.as_ref().map_or("backward", |o| o.name());
         let mut take = |nodes: &mut SlotMap<NodeId, Node>, i: NodeId| -> Result<Tensor> {
@@ -301,7 +310,6 @@ impl SavedValues {
             let value = if last { node.value.take() } else { node.value.clone() };
             value.ok_or_else(|| released(name))
         };
-        let input_ids = nodes[n].inputs.clone();
         let mut xs = SmallVec::new();
         for (k, &i) in input_ids.iter().enumerate() {
             xs.push(if saves.reads_input(k) { take(&mut nodes, i)? } else { stand_in(&mut self.zeros, &nodes[i])? });
