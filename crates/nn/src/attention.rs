@@ -87,13 +87,13 @@ impl Op for CausalSoftmax {
         match x.dtype() {
             DType::F32 => {
                 let src = x.as_slice::<f32>().expect("internal: contiguous");
-                let mut out = vec![0.0f32; src.len()];
+                let mut out = tapir_tensor::cache::filled(src.len(), 0.0f32)?;
                 causal_rows(src, &mut out, tq, tk, self.scale as f32);
                 Tensor::from_vec(out, x.shape().clone())
             }
             DType::F64 => {
                 let src = x.as_slice::<f64>().expect("internal: contiguous");
-                let mut out = vec![0.0f64; src.len()];
+                let mut out = tapir_tensor::cache::filled(src.len(), 0.0f64)?;
                 causal_rows(src, &mut out, tq, tk, self.scale);
                 Tensor::from_vec(out, x.shape().clone())
             }
@@ -281,7 +281,8 @@ impl CausalAttention {
                 }
                 let ins = [sl(&q), sl(&k), sl(&v), sl(&y), sl(&g)];
                 let n = q.numel();
-                let (mut dq, mut dk, mut dv) = (vec![0.0 as $F; n], vec![0.0 as $F; n], vec![0.0 as $F; n]);
+                let filled = || tapir_tensor::cache::filled(n, 0.0 as $F);
+                let (mut dq, mut dk, mut dv) = (filled()?, filled()?, filled()?);
                 for bi in 0..b {
                     for h in 0..self.heads {
                         let base = bi * hs.t * hs.c + h * hs.d;
@@ -325,7 +326,7 @@ impl Op for CausalAttention {
                     t.as_slice::<$F>().expect("internal: contiguous dtype")
                 }
                 let (qs, ks, vs) = (sl(&q), sl(&k), sl(&v));
-                let mut y = vec![0.0 as $F; q.numel()];
+                let mut y = tapir_tensor::cache::filled(q.numel(), 0.0 as $F)?;
                 for bi in 0..b {
                     for h in 0..self.heads {
                         hs.forward(qs, ks, vs, &mut y, bi * hs.t * hs.c + h * hs.d, self.scale as $F);

@@ -149,8 +149,8 @@ fn sum_squares_kernel<F: tapir_tensor::Float + tapir_tensor::CpuElement>(
     n: usize,
     d: usize,
     w: usize,
-) -> Vec<F> {
-    let mut out = vec![F::ZERO; n * w];
+) -> Result<Vec<F>> {
+    let mut out = tapir_tensor::cache::filled(n * w, F::ZERO)?;
     for (row, block) in out.chunks_mut(w.max(1)).zip(x.chunks(d * w.max(1))) {
         for v in block.chunks(w.max(1)) {
             for (o, &e) in row.iter_mut().zip(v) {
@@ -158,7 +158,7 @@ fn sum_squares_kernel<F: tapir_tensor::Float + tapir_tensor::CpuElement>(
             }
         }
     }
-    out
+    Ok(out)
 }
 
 impl Op for SumSquaresMid {
@@ -183,7 +183,7 @@ impl Op for SumSquaresMid {
         let x = x.contiguous()?;
         with_float!(x.dtype(), F => {
             let v = x.as_slice::<F>().expect("internal: contiguous");
-            Tensor::from_vec(sum_squares_kernel::<F>(v, n, d, w), [n, w])
+            Tensor::from_vec(sum_squares_kernel::<F>(v, n, d, w)?, [n, w])
         }, _ => unreachable!())
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {

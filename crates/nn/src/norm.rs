@@ -130,8 +130,8 @@ fn row_stats<F: Float>(r: &[F], eps: F, rms: bool) -> (F, F) {
 }
 
 /// The forward kernel on contiguous rows of width `d`.
-fn forward_rows<F: Float>(x: &[F], w: Option<&[F]>, b: Option<&[F]>, d: usize, eps: F, rms: bool) -> Vec<F> {
-    let mut out = vec![F::ZERO; x.len()];
+fn forward_rows<F: Float>(x: &[F], w: Option<&[F]>, b: Option<&[F]>, d: usize, eps: F, rms: bool) -> Result<Vec<F>> {
+    let mut out = tapir_tensor::cache::filled(x.len(), F::ZERO)?;
     for (r, o) in x.chunks(d).zip(out.chunks_mut(d)) {
         let (mean, rstd) = row_stats(r, eps, rms);
         for i in 0..d {
@@ -139,12 +139,12 @@ fn forward_rows<F: Float>(x: &[F], w: Option<&[F]>, b: Option<&[F]>, d: usize, e
             o[i] = h * w.map_or(F::ONE, |w| w[i]) + b.map_or(F::ZERO, |b| b[i]);
         }
     }
-    out
+    Ok(out)
 }
 
 /// The backward kernel: (dx, dw, db) from x, w and g in one pass per row.
-fn backward_rows<F: Float>(x: &[F], w: Option<&[F]>, g: &[F], d: usize, eps: F, rms: bool) -> [Vec<F>; 3] {
-    let (mut dx, mut dw, mut db) = (vec![F::ZERO; x.len()], vec![F::ZERO; d], vec![F::ZERO; d]);
+fn backward_rows<F: Float>(x: &[F], w: Option<&[F]>, g: &[F], d: usize, eps: F, rms: bool) -> Result<[Vec<F>; 3]> {
+    let (mut dx, mut dw, mut db) = (tapir_tensor::cache::filled(x.len(), F::ZERO)?, vec![F::ZERO; d], vec![F::ZERO; d]);
     let inv_d = F::ONE / F::from_f64(d as f64);
     let mut h = vec![F::ZERO; d];
     for ((r, gr), o) in x.chunks(d).zip(g.chunks(d)).zip(dx.chunks_mut(d)) {
@@ -164,7 +164,7 @@ fn backward_rows<F: Float>(x: &[F], w: Option<&[F]>, g: &[F], d: usize, eps: F, 
             o[i] = rstd * (gh - m1 - h[i] * m2);
         }
     }
-    [dx, dw, db]
+    Ok([dx, dw, db])
 }
 
 impl NormOp {
@@ -202,7 +202,7 @@ impl NormOp {
                     },
                     None => None,
                 };
-                let [dx, dw, db] = backward_rows(xv, wv, gv, d, self.eps as $F, self.rms);
+                let [dx, dw, db] = backward_rows(xv, wv, gv, d, self.eps as $F, self.rms)?;
                 Ok(Some([
                     Tensor::from_vec(dx, x.shape().clone())?,
                     Tensor::from_vec(dw, [d])?,
@@ -282,7 +282,7 @@ impl Op for NormOp {
                     d,
                     self.eps as $F,
                     self.rms,
-                );
+                )?;
                 Tensor::from_vec(out, x.shape().clone())
             }};
         }

@@ -78,6 +78,19 @@ pub(crate) fn take<T>(n: usize) -> crate::Result<Vec<T>> {
     })
 }
 
+/// A vector of `n` copies of `value`, in a cached buffer when one of that
+/// size is free: the way for kernels outside this crate to get an output
+/// buffer that becomes a tensor. Every element is written here, so pages
+/// of a fresh buffer are faulted in once, for writing (a zeroed `vec!`
+/// maps the shared zero page on the first read and copies it on the first
+/// write, and on a multi-threaded process each such copy flushes the other
+/// cores' TLBs).
+pub fn filled<T: Copy>(n: usize, value: T) -> crate::Result<Vec<T>> {
+    let mut v = take(n)?;
+    v.resize(n, value);
+    Ok(v)
+}
+
 /// True when `ptr` is the buffer `take` last reused on this thread (and
 /// forgets it): the storage adopting it is not a system allocation.
 pub(crate) fn adopt(ptr: usize) -> bool {

@@ -4,19 +4,20 @@
 //! innermost run it is handed the operands' element offsets and their inner
 //! strides, so the hot loop is a plain strided (usually unit-stride) loop.
 //! Dims are coalesced first, so a contiguous tensor is a single run.
-//! Large outputs are split across rayon's pool; small ones (a PDE solver's
-//! few thousand elements) stay on the calling thread.
+//! Outputs of [`SPLIT_MIN`] elements and more are split over
+//! [`crate::pool`]'s threads; small ones (a PDE solver's few thousand
+//! elements) stay on the calling thread.
 
 use std::mem::MaybeUninit;
 
-use rayon::prelude::*;
 use smallvec::SmallVec;
 
 use crate::Result;
 
-/// Below this many elements a kernel runs on the calling thread: a memory-
-/// bound pass over 256 Ki floats takes tens of microseconds, about what
-/// waking the pool costs on two busy cores.
+/// Below this many elements the kernels that still split through rayon
+/// (reductions, softmax rows) run on the calling thread: a memory-bound pass
+/// over 256 Ki floats takes tens of microseconds, about what waking rayon's
+/// sleeping workers costs on two busy cores.
 pub const PAR_MIN: usize = 1 << 18;
 
 /// A coalesced iteration space: dims and, per operand, strides.
@@ -135,33 +136,50 @@ fn advise_huge_pages(addr: usize, bytes: usize) -> bool {
     }
 }
 
+/// From this many elements on, [`fill_vec`] splits its output over the
+/// threads of [`crate::pool`] (torch's grain size for elementwise loops).
+pub const SPLIT_MIN: usize = 1 << 15;
+
 /// Fills a new vector of `n` elements by calling `fill(start, chunk)` over
-/// disjoint chunks (some possibly empty), in parallel when `n` is large.
-/// Fails with [`Error::OutOfMemory`](crate::Error::OutOfMemory), before
-/// calling `fill`, when the vector cannot be allocated.
+/// disjoint chunks (some possibly empty), split over the pool's threads when
+/// `n` is large. Fails with [`Error::OutOfMemory`](crate::Error::OutOfMemory),
+/// before calling `fill`, when the vector cannot be allocated.
+///
+/// The split gives the calling thread the first part and the helpers the
+/// following ones, in order, as a large matrix product splits its rows:
+/// an elementwise op after a product finds each part in the cache of the
+/// core that wrote it.
 pub fn fill_vec<D: Send>(n: usize, fill: impl Fn(usize, &mut [MaybeUninit<D>]) + Sync) -> Result<Vec<D>> {
     let mut v: Vec<D> = crate::cache::take(n)?;
     {
         let spare = &mut v.spare_capacity_mut()[..n];
         let size = std::mem::size_of::<D>().max(1);
         let huge = advise_huge_pages(spare.as_mut_ptr() as usize, n * size);
-        if n >= PAR_MIN && rayon::current_num_threads() > 1 {
-            let mut chunk = (n / (rayon::current_num_threads() * 4)).max(PAR_MIN / 4);
-            // On huge pages, start every chunk but the first on a page
-            // boundary: two threads faulting in one 2 MiB page wait for each
-            // other (this halves the time to fill a fresh 64 MiB output).
-            let per_page = HUGE_PAGE / size;
-            let head = if huge && chunk >= per_page {
-                chunk -= chunk % per_page;
-                ((HUGE_PAGE - spare.as_ptr() as usize % HUGE_PAGE) % HUGE_PAGE / size).min(n)
-            } else {
-                0
+        let parts = if n >= SPLIT_MIN { crate::pool::width() } else { 1 };
+        if parts > 1 {
+            // Part boundaries on cache lines, or on huge pages when the
+            // buffer has them (two threads faulting in one 2 MiB page wait
+            // for each other).
+            let base = spare.as_ptr() as usize;
+            let align = if huge { HUGE_PAGE } else { 64 };
+            let bound = |i: usize| -> usize {
+                if i == 0 {
+                    return 0;
+                }
+                if i >= parts {
+                    return n;
+                }
+                let at = (base + i * n.div_ceil(parts) * size).next_multiple_of(align);
+                ((at - base) / size).min(n)
             };
-            let (first, rest) = spare.split_at_mut(head);
-            rayon::join(
-                || fill(0, first),
-                || rest.par_chunks_mut(chunk).enumerate().for_each(|(i, c)| fill(head + i * chunk, c)),
-            );
+            let out = SendSlice(spare.as_mut_ptr());
+            crate::pool::split(parts, &|i| {
+                let (start, end) = (bound(i), bound(i + 1));
+                // SAFETY: the bounds increase with `i`, so the parts are
+                // disjoint ranges of `spare`, each handed to one thread.
+                let chunk = unsafe { std::slice::from_raw_parts_mut(out.get().add(start), end.max(start) - start) };
+                fill(start, chunk);
+            });
         } else {
             fill(0, spare);
         }
@@ -172,6 +190,18 @@ pub fn fill_vec<D: Send>(n: usize, fill: impl Fn(usize, &mut [MaybeUninit<D>]) +
     Ok(v)
 }
 
+/// The output of [`fill_vec`], shared by its parts (each writes its own range).
+struct SendSlice<D>(*mut MaybeUninit<D>);
+// SAFETY: see above; the ranges are disjoint.
+unsafe impl<D: Send> Send for SendSlice<D> {}
+unsafe impl<D: Send> Sync for SendSlice<D> {}
+
+impl<D> SendSlice<D> {
+    fn get(&self) -> *mut MaybeUninit<D> {
+        self.0
+    }
+}
+
 /// Maps one strided operand through `f` into a new contiguous vector (or
 /// fails, as [`fill_vec`] does, when it cannot be allocated).
 pub fn map1<S: Copy + Sync, D: Send>(src: &[S], nd: &Nd<1>, f: impl Fn(S) -> D + Sync) -> Result<Vec<D>> {
@@ -179,9 +209,15 @@ pub fn map1<S: Copy + Sync, D: Send>(src: &[S], nd: &Nd<1>, f: impl Fn(S) -> D +
         nd.runs(start, start + out.len(), |pos, [o], len, [s]| {
             let out = &mut out[pos - start..pos - start + len];
             if s == 1 {
-                for (d, &x) in out.iter_mut().zip(&src[o..o + len]) {
-                    d.write(f(x));
-                }
+                let src = &src[o..o + len];
+                crate::simd::run(
+                    #[inline(always)]
+                    || {
+                        for (d, &x) in out.iter_mut().zip(src) {
+                            d.write(f(x));
+                        }
+                    },
+                );
             } else {
                 for (i, d) in out.iter_mut().enumerate() {
                     d.write(f(src[o + i * s]));
@@ -203,21 +239,37 @@ pub fn map2<A: Copy + Sync, B: Copy + Sync, D: Send>(
             let out = &mut out[pos - start..pos - start + len];
             match (sa, sb) {
                 (1, 1) => {
-                    for ((d, &x), &y) in out.iter_mut().zip(&a[oa..oa + len]).zip(&b[ob..ob + len]) {
-                        d.write(f(x, y));
-                    }
+                    let (a, b) = (&a[oa..oa + len], &b[ob..ob + len]);
+                    crate::simd::run(
+                        #[inline(always)]
+                        || {
+                            for ((d, &x), &y) in out.iter_mut().zip(a).zip(b) {
+                                d.write(f(x, y));
+                            }
+                        },
+                    );
                 }
                 (1, 0) => {
-                    let y = b[ob];
-                    for (d, &x) in out.iter_mut().zip(&a[oa..oa + len]) {
-                        d.write(f(x, y));
-                    }
+                    let (a, y) = (&a[oa..oa + len], b[ob]);
+                    crate::simd::run(
+                        #[inline(always)]
+                        || {
+                            for (d, &x) in out.iter_mut().zip(a) {
+                                d.write(f(x, y));
+                            }
+                        },
+                    );
                 }
                 (0, 1) => {
-                    let x = a[oa];
-                    for (d, &y) in out.iter_mut().zip(&b[ob..ob + len]) {
-                        d.write(f(x, y));
-                    }
+                    let (x, b) = (a[oa], &b[ob..ob + len]);
+                    crate::simd::run(
+                        #[inline(always)]
+                        || {
+                            for (d, &y) in out.iter_mut().zip(b) {
+                                d.write(f(x, y));
+                            }
+                        },
+                    );
                 }
                 _ => {
                     for (i, d) in out.iter_mut().enumerate() {
@@ -240,8 +292,20 @@ pub fn map3<A: Copy + Sync, B: Copy + Sync, C: Copy + Sync, D: Send>(
     fill_vec(nd.numel(), |start, out| {
         nd.runs(start, start + out.len(), |pos, [oa, ob, oc], len, [sa, sb, sc]| {
             let out = &mut out[pos - start..pos - start + len];
-            for (i, d) in out.iter_mut().enumerate() {
-                d.write(f(a[oa + i * sa], b[ob + i * sb], c[oc + i * sc]));
+            if (sa, sb, sc) == (1, 1, 1) {
+                let (a, b, c) = (&a[oa..oa + len], &b[ob..ob + len], &c[oc..oc + len]);
+                crate::simd::run(
+                    #[inline(always)]
+                    || {
+                        for (((d, &x), &y), &z) in out.iter_mut().zip(a).zip(b).zip(c) {
+                            d.write(f(x, y, z));
+                        }
+                    },
+                );
+            } else {
+                for (i, d) in out.iter_mut().enumerate() {
+                    d.write(f(a[oa + i * sa], b[ob + i * sb], c[oc + i * sc]));
+                }
             }
         })
     })

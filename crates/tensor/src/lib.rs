@@ -27,7 +27,9 @@ mod layout;
 pub mod math;
 mod memory;
 pub mod ops;
+pub mod pool;
 mod rng;
+pub mod simd;
 mod storage;
 mod tensor;
 

@@ -16,15 +16,19 @@ pub(crate) fn try_vec<T>(n: usize) -> Result<Vec<T>> {
 }
 
 /// `n` copies of `value`, or an out-of-memory error.
-pub(crate) fn try_filled<T: Clone>(n: usize, value: T) -> Result<Vec<T>> {
-    let mut v = try_vec(n)?;
-    v.resize(n, value);
-    Ok(v)
+pub(crate) fn try_filled<T: Copy>(n: usize, value: T) -> Result<Vec<T>> {
+    crate::cache::filled(n, value)
 }
 
-/// `n` elements of all-zero bytes, from the allocator's zeroed memory (fresh
+/// From this size on, zeros come from the allocator's zeroed memory: fresh
 /// pages from the system are zero already, so a large buffer is not written
-/// here at all, as with `vec![0.0; n]`).
+/// at all (as with `vec![0.0; n]`), and a buffer that is only partly
+/// touched (a sparse gradient) never costs its untouched pages.
+const LAZY_ZEROS_MIN_BYTES: usize = 32 << 20;
+
+/// `n` elements of all-zero bytes: written into a (possibly cached) buffer
+/// below [`LAZY_ZEROS_MIN_BYTES`], lazily zeroed pages from the allocator
+/// from there on.
 ///
 /// # Safety
 ///
@@ -33,7 +37,19 @@ unsafe fn try_zeroed<T>(n: usize) -> Result<Vec<T>> {
     if n == 0 || std::mem::size_of::<T>() == 0 {
         return Ok(Vec::new());
     }
-    let oom = || out_of_memory(Device::Cpu, n.saturating_mul(std::mem::size_of::<T>()));
+    let bytes = n.saturating_mul(std::mem::size_of::<T>());
+    if bytes < LAZY_ZEROS_MIN_BYTES {
+        // Written now, in a cached buffer when there is one: see `cache::filled`.
+        let mut v = crate::cache::take::<T>(n)?;
+        // SAFETY: the vector has capacity for `n` elements, all of which are
+        // set to zero bytes, a valid `T` by the caller's promise.
+        unsafe {
+            std::ptr::write_bytes(v.as_mut_ptr(), 0, n);
+            v.set_len(n);
+        }
+        return Ok(v);
+    }
+    let oom = || out_of_memory(Device::Cpu, bytes);
     let layout = std::alloc::Layout::array::<T>(n).map_err(|_| oom())?;
     // SAFETY: the layout has a non-zero size (n > 0 and T is not zero-sized).
     let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<T>();

@@ -1,7 +1,6 @@
 //! Matrix products through the gemm crate, on strided views (a transposed
 //! operand is read in place, never copied), with broadcast batch dims.
 
-use rayon::prelude::*;
 use smallvec::SmallVec;
 
 use crate::ops::binary::BinaryOps;
@@ -12,14 +11,128 @@ use crate::ops::{add_opt, Diff, InputGrads, Op, Saved};
 use crate::storage::CpuElement;
 use crate::{with_float, Error, Float, Result, Shape, Tensor};
 
-/// Below this many multiply-adds one gemm runs on the calling thread. A
-/// 1024 x 64 x 64 product (4 Mi multiply-adds) takes about 80 us on one
-/// core; splitting it costs a wake-up and a join, and when another process
-/// holds the second core the half-finished product waits for it, which
-/// measured slower than one thread. Products this size (a PINN's layers, a
-/// Hessian-vector product's) are therefore left on one thread; 16 Mi
-/// multiply-adds (a few hundred microseconds) is where a split pays.
-const GEMM_PAR_MIN: usize = 1 << 24;
+/// From this many multiply-adds on, one product is split over the spinning
+/// helpers of [`crate::pool`] (about 20 us of work on one core). Splitting
+/// through rayon measured slower than one thread up to 16 Mi multiply-adds:
+/// its workers fall asleep between a step's products and each wake-up costs
+/// more than half a 1024 x 64 x 64 product on these virtual machines.
+const SPLIT_MIN: usize = 1 << 20;
+
+/// One strided product `dst = a @ b` (`dst += a @ b` when `accumulate`),
+/// `dst` row-major with row stride `dst_rs`.
+#[derive(Clone, Copy)]
+struct Gemm<T> {
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: *mut T,
+    dst_rs: usize,
+    a: *const T,
+    a_rs: isize,
+    a_cs: isize,
+    b: *const T,
+    b_rs: isize,
+    b_cs: isize,
+    accumulate: bool,
+}
+
+// SAFETY: a `Gemm` is a description of disjoint output blocks and shared
+// read-only operands; `run` hands each part's block to one thread only.
+unsafe impl<T> Send for Gemm<T> {}
+unsafe impl<T> Sync for Gemm<T> {}
+
+/// A raw output pointer shared by the parts of a batched product, each of
+/// which writes its own blocks.
+struct SendPtr<T>(*mut T);
+// SAFETY: see above; the parts' blocks are disjoint.
+unsafe impl<T> Send for SendPtr<T> {}
+unsafe impl<T> Sync for SendPtr<T> {}
+
+impl<T> SendPtr<T> {
+    fn get(&self) -> *mut T {
+        self.0
+    }
+}
+
+impl<T: Float> Gemm<T> {
+    /// Runs the product, split by output rows (or columns, for short wide
+    /// outputs) over the pool when it is large enough.
+    ///
+    /// # Safety
+    /// Every element the description addresses lies inside a live buffer;
+    /// the `m x n` block at `dst` is not read or written by anyone else
+    /// meanwhile, and is only read when `accumulate`.
+    unsafe fn run(self) {
+        if self.m == 0 || self.n == 0 {
+            return;
+        }
+        // One part per thread: the caller takes rows 0.., the helper the
+        // rows after, the split [`crate::iter::fill_vec`] makes of an
+        // elementwise output of that size, so the next op finds each half in
+        // the cache of the core that wrote it.
+        let parts = if self.m * self.n * self.k >= SPLIT_MIN { crate::pool::width() } else { 1 };
+        // The microkernels cover 16 rows or 4 columns at a time.
+        let rows = self.m.div_ceil(parts).next_multiple_of(16);
+        let cols = self.n.div_ceil(parts).next_multiple_of(4);
+        if parts > 1 && rows < self.m && crate::pool::width() > 1 {
+            // SAFETY: the parts' row ranges are disjoint blocks of `dst`.
+            crate::pool::split(self.m.div_ceil(rows), &|i| unsafe { self.rows(i * rows, rows).call() });
+        } else if parts > 1 && cols < self.n && crate::pool::width() > 1 {
+            // SAFETY: the parts' column ranges are disjoint blocks of `dst`.
+            crate::pool::split(self.n.div_ceil(cols), &|i| unsafe { self.cols(i * cols, cols).call() });
+        } else {
+            self.call()
+        }
+    }
+
+    /// Rows `r0..r0 + len` (clipped to `m`) of the product.
+    fn rows(self, r0: usize, len: usize) -> Self {
+        Gemm {
+            m: len.min(self.m - r0),
+            dst: self.dst.wrapping_add(r0 * self.dst_rs),
+            a: self.a.wrapping_offset(r0 as isize * self.a_rs),
+            ..self
+        }
+    }
+
+    /// Columns `c0..c0 + len` (clipped to `n`) of the product.
+    fn cols(self, c0: usize, len: usize) -> Self {
+        Gemm {
+            n: len.min(self.n - c0),
+            dst: self.dst.wrapping_add(c0),
+            b: self.b.wrapping_offset(c0 as isize * self.b_cs),
+            ..self
+        }
+    }
+
+    /// One gemm call on this thread.
+    unsafe fn call(self) {
+        // SAFETY: forwarded from `run`'s contract.
+        unsafe {
+            gemm::gemm(
+                self.m,
+                self.n,
+                self.k,
+                self.dst,
+                1,
+                self.dst_rs as isize,
+                self.accumulate,
+                self.a,
+                self.a_cs,
+                self.a_rs,
+                self.b,
+                self.b_cs,
+                self.b_rs,
+                T::ONE,
+                T::ONE,
+                false,
+                false,
+                false,
+                gemm::Parallelism::None,
+            )
+        }
+    }
+}
 
 /// `a @ b` for rank >= 2 operands: `[..., m, k] @ [..., k, n]`.
 #[derive(Debug, Clone, Copy)]
@@ -75,42 +188,40 @@ fn kernel<T: Float + CpuElement>(a: &Tensor, b: &Tensor, p: &Plan) -> Result<Vec
     // The output is not zeroed first: gemm is told not to read it
     // (`read_dst = false`) and writes every element of each block.
     let mut out: Vec<T> = crate::cache::take(total)?;
-    let one_gemm = |dst: &mut [std::mem::MaybeUninit<T>], i: usize, par: gemm::Parallelism| {
-        // SAFETY: the offsets and strides come from valid layouts of `a` and
-        // `b` (every addressed element lies inside their storage), and `dst`
-        // is an m x n row-major block we own, written and never read.
-        unsafe {
-            gemm::gemm(
-                m,
-                n,
-                k,
-                dst.as_mut_ptr() as *mut T,
-                1,
-                n as isize,
-                false,
-                ad.as_ptr().add(ao[i]),
-                a_cs,
-                a_rs,
-                bd.as_ptr().add(bo[i]),
-                b_cs,
-                b_rs,
-                T::ZERO,
-                T::ONE,
-                false,
-                false,
-                false,
-                par,
-            )
-        }
+    let dst = SendPtr(out.spare_capacity_mut().as_mut_ptr() as *mut T);
+    let entry = |i: usize| Gemm {
+        m,
+        n,
+        k,
+        dst: dst.get().wrapping_add(i * m * n),
+        dst_rs: n,
+        // SAFETY: the offsets come from valid layouts of `a` and `b`.
+        a: unsafe { ad.as_ptr().add(ao[i]) },
+        a_rs,
+        a_cs,
+        b: unsafe { bd.as_ptr().add(bo[i]) },
+        b_rs,
+        b_cs,
+        accumulate: false,
     };
-    let flops = m * n * k;
-    let spare = &mut out.spare_capacity_mut()[..total];
-    if p.batch.numel() > 1 && flops < GEMM_PAR_MIN && p.batch.numel() * flops >= GEMM_PAR_MIN {
-        spare.par_chunks_mut(m * n).enumerate().for_each(|(i, d)| one_gemm(d, i, gemm::Parallelism::None));
+    let batch = p.batch.numel();
+    let parts = crate::pool::width().min(batch);
+    if batch > 1 && m * n * k < SPLIT_MIN && batch * m * n * k >= SPLIT_MIN && parts > 1 {
+        // Many small products: whole products per part.
+        let per = batch.div_ceil(parts);
+        crate::pool::split(batch.div_ceil(per), &|part| {
+            for i in part * per..((part + 1) * per).min(batch) {
+                // SAFETY: every addressed element of `a` and `b` lies in
+                // their storage (valid layouts); block i is written by this
+                // part only, and never read.
+                unsafe { entry(i).call() };
+            }
+        });
     } else {
-        let par = if flops >= GEMM_PAR_MIN { gemm::Parallelism::Rayon(0) } else { gemm::Parallelism::None };
-        for (i, d) in spare.chunks_mut(m * n).enumerate() {
-            one_gemm(d, i, par);
+        for i in 0..batch {
+            // SAFETY: as above; each product is split internally over
+            // disjoint parts of its own block.
+            unsafe { entry(i).run() };
         }
     }
     // SAFETY: k > 0, so each of the batch's m x n blocks, which tile
@@ -210,32 +321,25 @@ fn eager_matmul_sum(terms: &[(Tensor, Tensor)]) -> Result<Option<Tensor>> {
                 continue;
             }
             let (ad, bd) = (a.storage_slice::<F>(), b.storage_slice::<F>());
-            let par = if m * n * k >= GEMM_PAR_MIN { gemm::Parallelism::Rayon(0) } else { gemm::Parallelism::None };
             // SAFETY: offsets and strides come from valid 2-D layouts of `a`
             // and `b`; `dst` has room for m x n elements, and is read
-            // (`read_dst`) only after an earlier term wrote all of them.
+            // (`accumulate`) only after an earlier term wrote all of them.
             unsafe {
-                gemm::gemm(
+                Gemm {
                     m,
                     n,
                     k,
                     dst,
-                    1,
-                    n as isize,
-                    written,
-                    ad.as_ptr().add(a.layout.offset),
-                    a.strides()[1] as isize,
-                    a.strides()[0] as isize,
-                    bd.as_ptr().add(b.layout.offset),
-                    b.strides()[1] as isize,
-                    b.strides()[0] as isize,
-                    F::ONE,
-                    F::ONE,
-                    false,
-                    false,
-                    false,
-                    par,
-                )
+                    dst_rs: n,
+                    a: ad.as_ptr().add(a.layout.offset),
+                    a_rs: a.strides()[0] as isize,
+                    a_cs: a.strides()[1] as isize,
+                    b: bd.as_ptr().add(b.layout.offset),
+                    b_rs: b.strides()[0] as isize,
+                    b_cs: b.strides()[1] as isize,
+                    accumulate: written,
+                }
+                .run()
             };
             written = true;
         }
@@ -322,29 +426,23 @@ pub(crate) fn gemm_into<T: Float>(
         (m - 1) * a.rs + (k - 1) * a.cs < a.data.len() && (k - 1) * b.rs + (n - 1) * b.cs < b.data.len(),
         "internal: gemm_into operand too small"
     );
-    let par = if m * n * k >= GEMM_PAR_MIN { gemm::Parallelism::Rayon(0) } else { gemm::Parallelism::None };
-    // SAFETY: the asserts above keep every addressed element in bounds.
+    // SAFETY: the asserts above keep every addressed element in bounds,
+    // and `dst` is borrowed mutably for the call.
     unsafe {
-        gemm::gemm(
+        Gemm {
             m,
             n,
             k,
-            dst.as_mut_ptr(),
-            1,
-            n as isize,
+            dst: dst.as_mut_ptr(),
+            dst_rs: n,
+            a: a.data.as_ptr(),
+            a_rs: a.rs as isize,
+            a_cs: a.cs as isize,
+            b: b.data.as_ptr(),
+            b_rs: b.rs as isize,
+            b_cs: b.cs as isize,
             accumulate,
-            a.data.as_ptr(),
-            a.cs as isize,
-            a.rs as isize,
-            b.data.as_ptr(),
-            b.cs as isize,
-            b.rs as isize,
-            T::ONE,
-            T::ONE,
-            false,
-            false,
-            false,
-            par,
-        )
+        }
+        .run()
     }
 }

@@ -17,6 +17,7 @@
 //! BLOCK) + log2 L` rather than with `n` as one running sum's would.
 
 use crate::math::exp_f32;
+use crate::simd::{isa, Isa};
 use crate::Float;
 
 /// Chunks of `L` elements each lane accumulator takes before it is folded
@@ -122,31 +123,6 @@ pub(crate) trait RowKernels: Float {
     fn row_min(s: &[Self]) -> Self;
     /// log-sum-exp of a row (max-shifted; -inf when empty).
     fn row_lse(s: &[Self]) -> Self;
-}
-
-/// Which compiled copy of the kernels this processor runs.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Isa {
-    Avx512,
-    Avx2,
-    Portable,
-}
-
-fn isa() -> Isa {
-    #[cfg(target_arch = "x86_64")]
-    {
-        // The macro caches its answer; each check is a load and a test.
-        if std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
-        {
-            return Isa::Avx512;
-        }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-            return Isa::Avx2;
-        }
-    }
-    Isa::Portable
 }
 
 /// Defines `$name`, which runs `$body` (an expression in `$s`) compiled for
