@@ -17,6 +17,7 @@
 
 use tapir_autograd::Var;
 use tapir_tensor::ops::{add_opt, one, InputGrads, Op, Saved};
+use tapir_tensor::pool::Disjoint;
 use tapir_tensor::{
     BinaryOps, DType, Device, Diff, Error, MatmulOps, ReduceOps, Result, Rng, ShapeOps, SoftmaxOps, Tensor, UnaryOps,
 };
@@ -172,11 +173,26 @@ impl Heads {
         p.iter_mut().take(i + 1).for_each(|pj| *pj *= inv);
     }
 
-    fn forward<F: tapir_tensor::Float>(&self, q: &[F], k: &[F], v: &[F], y: &mut [F], base: usize, scale: F) {
+    /// One (batch, head) of the output, the rows of `y` at `base`.
+    ///
+    /// # Safety
+    /// `y` has the shape of `q`, and no one else touches this head's
+    /// elements of it meanwhile.
+    unsafe fn forward<F: tapir_tensor::Float>(
+        &self,
+        q: &[F],
+        k: &[F],
+        v: &[F],
+        y: &Disjoint<F>,
+        base: usize,
+        scale: F,
+    ) {
         let mut p = vec![F::ZERO; self.t];
         for i in 0..self.t {
             self.probs(q, k, base, i, scale, &mut p);
-            let yi = &mut y[base + i * self.c..base + i * self.c + self.d];
+            // SAFETY: row i of this head, inside `y` (same shape as `q`),
+            // ours alone by the caller's promise.
+            let yi = unsafe { y.slice(base + i * self.c, self.d) };
             for (j, &pj) in p.iter().enumerate().take(i + 1) {
                 let vj = &v[base + j * self.c..base + j * self.c + self.d];
                 for (o, &x) in yi.iter_mut().zip(vj) {
@@ -186,11 +202,15 @@ impl Heads {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn backward<F: tapir_tensor::Float>(
+    /// One (batch, head) of the gradients, at `base`.
+    ///
+    /// # Safety
+    /// `dq`, `dk` and `dv` have the shape of `q`, and no one else touches
+    /// this head's elements of them meanwhile.
+    unsafe fn backward<F: tapir_tensor::Float>(
         &self,
         [q, k, v, y, g]: [&[F]; 5],
-        [dq, dk, dv]: [&mut [F]; 3],
+        [dq, dk, dv]: [&Disjoint<F>; 3],
         base: usize,
         scale: F,
     ) {
@@ -204,17 +224,25 @@ impl Heads {
             for (a, b) in gi.iter().zip(yi) {
                 gy += *a * *b;
             }
+            // SAFETY (of each `slice`): rows i and j of this head, inside
+            // buffers shaped like `q`, ours alone by the caller's promise;
+            // the three buffers are distinct, and each row reference ends
+            // before the next of the same buffer is made.
+            let dqi = unsafe { dq.slice(base + i * c, d) };
+            let qi = &q[base + i * c..base + i * c + d];
             for (j, &pj) in p.iter().enumerate().take(i + 1) {
-                let (jb, ib) = (base + j * c, base + i * c);
+                let jb = base + j * c;
+                let (kj, vj) = (&k[jb..jb + d], &v[jb..jb + d]);
+                let (dkj, dvj) = unsafe { (dk.slice(jb, d), dv.slice(jb, d)) };
                 let mut dp = F::ZERO;
                 for x in 0..d {
-                    dv[jb + x] += pj * gi[x];
-                    dp += gi[x] * v[jb + x];
+                    dvj[x] += pj * gi[x];
+                    dp += gi[x] * vj[x];
                 }
                 let ds = pj * (dp - gy) * scale;
                 for x in 0..d {
-                    dq[ib + x] += ds * k[jb + x];
-                    dk[jb + x] += ds * q[ib + x];
+                    dqi[x] += ds * kj[x];
+                    dkj[x] += ds * qi[x];
                 }
             }
         }
@@ -283,12 +311,15 @@ impl CausalAttention {
                 let n = q.numel();
                 let filled = || tapir_tensor::cache::filled(n, 0.0 as $F);
                 let (mut dq, mut dk, mut dv) = (filled()?, filled()?, filled()?);
-                for bi in 0..b {
-                    for h in 0..self.heads {
-                        let base = bi * hs.t * hs.c + h * hs.d;
-                        hs.backward(ins, [&mut dq, &mut dk, &mut dv], base, self.scale as $F);
-                    }
-                }
+                let outs = [Disjoint::new(&mut dq), Disjoint::new(&mut dk), Disjoint::new(&mut dv)];
+                let heads = self.heads;
+                // One part per (batch, head), spread over the pool.
+                tapir_tensor::pool::split(b * heads, &|part| {
+                    let base = (part / heads) * hs.t * hs.c + (part % heads) * hs.d;
+                    // SAFETY: the buffers are shaped like `q`; each part
+                    // touches only its own (batch, head).
+                    unsafe { hs.backward(ins, [&outs[0], &outs[1], &outs[2]], base, self.scale as $F) };
+                });
                 let shape = q.shape().clone();
                 Ok(Some([
                     Tensor::from_vec(dq, shape.clone())?,
@@ -327,11 +358,15 @@ impl Op for CausalAttention {
                 }
                 let (qs, ks, vs) = (sl(&q), sl(&k), sl(&v));
                 let mut y = tapir_tensor::cache::filled(q.numel(), 0.0 as $F)?;
-                for bi in 0..b {
-                    for h in 0..self.heads {
-                        hs.forward(qs, ks, vs, &mut y, bi * hs.t * hs.c + h * hs.d, self.scale as $F);
-                    }
-                }
+                let out = Disjoint::new(&mut y);
+                let heads = self.heads;
+                // One part per (batch, head), spread over the pool.
+                tapir_tensor::pool::split(b * heads, &|part| {
+                    let base = (part / heads) * hs.t * hs.c + (part % heads) * hs.d;
+                    // SAFETY: `y` is shaped like `q`; each part writes only
+                    // its own (batch, head).
+                    unsafe { hs.forward(qs, ks, vs, &out, base, self.scale as $F) };
+                });
                 Tensor::from_vec(y, q.shape().clone())
             }};
         }

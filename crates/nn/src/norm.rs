@@ -13,6 +13,7 @@
 
 use tapir_autograd::Var;
 use tapir_tensor::ops::{add_opt, InputGrads, Op, Saved};
+use tapir_tensor::pool::{self, Disjoint};
 use tapir_tensor::{BinaryOps, DType, Device, Diff, Error, Float, ReduceOps, Result, ShapeOps, Tensor, UnaryOps};
 
 use crate::params::{Bound, ParamId, ParamStore};
@@ -120,6 +121,10 @@ pub fn norm<T: Diff>(x: &T, w: Option<&T>, b: Option<&T>, eps: f64, rms: bool) -
     T::apply(op, &inputs)
 }
 
+/// From this many elements on, the row kernels split their rows over the
+/// pool's threads.
+const SPLIT_ROWS_MIN_ELEMS: usize = tapir_tensor::iter::SPLIT_MIN;
+
 /// Mean (0 for RMS) and reciprocal deviation of one row.
 #[inline]
 fn row_stats<F: Float>(r: &[F], eps: F, rms: bool) -> (F, F) {
@@ -129,39 +134,75 @@ fn row_stats<F: Float>(r: &[F], eps: F, rms: bool) -> (F, F) {
     (mean, F::ONE / (var + eps).sqrt())
 }
 
-/// The forward kernel on contiguous rows of width `d`.
+/// The forward kernel on contiguous rows of width `d`, its rows split over
+/// the pool's threads.
 fn forward_rows<F: Float>(x: &[F], w: Option<&[F]>, b: Option<&[F]>, d: usize, eps: F, rms: bool) -> Result<Vec<F>> {
     let mut out = tapir_tensor::cache::filled(x.len(), F::ZERO)?;
-    for (r, o) in x.chunks(d).zip(out.chunks_mut(d)) {
-        let (mean, rstd) = row_stats(r, eps, rms);
-        for i in 0..d {
-            let h = (r[i] - mean) * rstd;
-            o[i] = h * w.map_or(F::ONE, |w| w[i]) + b.map_or(F::ZERO, |b| b[i]);
+    let shared = Disjoint::new(&mut out);
+    let rows = x.len() / d.max(1);
+    pool::ranges(rows, SPLIT_ROWS_MIN_ELEMS / d.max(1), &|part| {
+        // SAFETY: the parts' row ranges are disjoint.
+        let out = unsafe { shared.slice(part.start * d, part.len() * d) };
+        for (r, o) in x[part.start * d..part.end * d].chunks(d).zip(out.chunks_mut(d)) {
+            let (mean, rstd) = row_stats(r, eps, rms);
+            for i in 0..d {
+                let h = (r[i] - mean) * rstd;
+                o[i] = h * w.map_or(F::ONE, |w| w[i]) + b.map_or(F::ZERO, |b| b[i]);
+            }
         }
-    }
+    });
     Ok(out)
 }
 
-/// The backward kernel: (dx, dw, db) from x, w and g in one pass per row.
+/// The backward kernel: (dx, dw, db) from x, w and g in one pass per row,
+/// the rows split over the pool's threads (each part sums its own dw, db;
+/// the parts' sums are added in order, so the result does not depend on
+/// which thread ran which part).
 fn backward_rows<F: Float>(x: &[F], w: Option<&[F]>, g: &[F], d: usize, eps: F, rms: bool) -> Result<[Vec<F>; 3]> {
-    let (mut dx, mut dw, mut db) = (tapir_tensor::cache::filled(x.len(), F::ZERO)?, vec![F::ZERO; d], vec![F::ZERO; d]);
+    let mut dx = tapir_tensor::cache::filled(x.len(), F::ZERO)?;
+    let rows = x.len() / d.max(1);
+    let parts = pool::width().min(rows.max(1));
+    let mut sums = vec![F::ZERO; 2 * d * parts];
+    let (shared, shared_sums) = (Disjoint::new(&mut dx), Disjoint::new(&mut sums));
+    let per = rows.div_ceil(parts);
     let inv_d = F::ONE / F::from_f64(d as f64);
-    let mut h = vec![F::ZERO; d];
-    for ((r, gr), o) in x.chunks(d).zip(g.chunks(d)).zip(dx.chunks_mut(d)) {
-        let (mean, rstd) = row_stats(r, eps, rms);
-        let (mut s1, mut s2) = (F::ZERO, F::ZERO);
-        for i in 0..d {
-            h[i] = (r[i] - mean) * rstd;
-            dw[i] += gr[i] * h[i];
-            db[i] += gr[i];
-            let gh = gr[i] * w.map_or(F::ONE, |w| w[i]);
-            s1 += gh;
-            s2 += gh * h[i];
+    let one_part = |k: usize| {
+        let (r0, r1) = (k * per, ((k + 1) * per).min(rows));
+        // SAFETY: part k alone writes rows r0..r1 of dx and block k of sums.
+        let (dx, sums) =
+            unsafe { (shared.slice(r0 * d, r1.saturating_sub(r0) * d), shared_sums.slice(2 * d * k, 2 * d)) };
+        let (dw, db) = sums.split_at_mut(d);
+        let mut h = vec![F::ZERO; d];
+        for ((r, gr), o) in
+            x[r0 * d..r1.max(r0) * d].chunks(d).zip(g[r0 * d..r1.max(r0) * d].chunks(d)).zip(dx.chunks_mut(d))
+        {
+            let (mean, rstd) = row_stats(r, eps, rms);
+            let (mut s1, mut s2) = (F::ZERO, F::ZERO);
+            for i in 0..d {
+                h[i] = (r[i] - mean) * rstd;
+                dw[i] += gr[i] * h[i];
+                db[i] += gr[i];
+                let gh = gr[i] * w.map_or(F::ONE, |w| w[i]);
+                s1 += gh;
+                s2 += gh * h[i];
+            }
+            let (m1, m2) = (if rms { F::ZERO } else { s1 * inv_d }, s2 * inv_d);
+            for i in 0..d {
+                let gh = gr[i] * w.map_or(F::ONE, |w| w[i]);
+                o[i] = rstd * (gh - m1 - h[i] * m2);
+            }
         }
-        let (m1, m2) = (if rms { F::ZERO } else { s1 * inv_d }, s2 * inv_d);
+    };
+    if x.len() >= SPLIT_ROWS_MIN_ELEMS {
+        pool::split(parts, &one_part);
+    } else {
+        (0..parts).for_each(one_part);
+    }
+    let (mut dw, mut db) = (vec![F::ZERO; d], vec![F::ZERO; d]);
+    for part in sums.chunks(2 * d) {
         for i in 0..d {
-            let gh = gr[i] * w.map_or(F::ONE, |w| w[i]);
-            o[i] = rstd * (gh - m1 - h[i] * m2);
+            dw[i] += part[i];
+            db[i] += part[d + i];
         }
     }
     Ok([dx, dw, db])

@@ -2,6 +2,8 @@
 //! state is allocated once, on the first step: a steady training loop makes
 //! no allocation in `step`.
 
+use tapir_tensor::pool::{self, Disjoint};
+use tapir_tensor::simd;
 use tapir_tensor::{DType, Error, Result, Tensor};
 
 use crate::params::{Grads, ParamStore};
@@ -150,16 +152,35 @@ impl Optimizer for Sgd {
         for_each_param!(store, grads, self.state, |p, g, s| {
             let (lr, mu, wd) = (lr as F, mu as F, wd as F);
             let mut s = s;
-            for i in 0..p.len() {
-                let mut d = g[i] + wd * p[i];
-                if mu != 0.0 {
-                    let b = &mut s[0][i];
-                    // torch: the first step's buffer is the gradient itself.
-                    *b = if first { d } else { mu * *b + d };
-                    d = if nesterov { d + mu * *b } else { *b };
-                }
-                p[i] -= lr * d;
-            }
+            let p = Disjoint::new(p);
+            let buf = s.first_mut().map(|b| Disjoint::new(&mut **b));
+            // Split over the pool's threads as in Adam.
+            pool::ranges(g.len(), tapir_tensor::iter::SPLIT_MIN, &|r| {
+                // SAFETY: the ranges are disjoint; p and the buffer have g's length.
+                let p = unsafe { p.slice(r.start, r.len()) };
+                let buf = buf.as_ref().filter(|_| mu != 0.0).map(|b| unsafe { b.slice(r.start, r.len()) });
+                let g = &g[r];
+                simd::run(
+                    #[inline(always)]
+                    || match buf {
+                        Some(buf) => {
+                            for i in 0..p.len() {
+                                let mut d = g[i] + wd * p[i];
+                                let b = &mut buf[i];
+                                // torch: the first step's buffer is the gradient itself.
+                                *b = if first { d } else { mu * *b + d };
+                                d = if nesterov { d + mu * *b } else { *b };
+                                p[i] -= lr * d;
+                            }
+                        }
+                        None => {
+                            for i in 0..p.len() {
+                                p[i] -= lr * (g[i] + wd * p[i]);
+                            }
+                        }
+                    },
+                );
+            });
         });
         Ok(())
     }
@@ -263,18 +284,31 @@ impl Optimizer for Adam {
             let (inv_bc2_sqrt, eps_) = ((1.0 / bc2.sqrt()) as F, eps as F);
             let mut s = s;
             let (m, v) = s.split_at_mut(1);
-            let (m, v) = (&mut m[0], &mut v[0]);
-            for i in 0..p.len() {
-                let mut gi = g[i];
-                if decoupled {
-                    p[i] -= lr_ * wd * p[i];
-                } else {
-                    gi += wd * p[i];
-                }
-                m[i] = b1_ * m[i] + (1.0 - b1_) * gi;
-                v[i] = b2_ * v[i] + (1.0 - b2_) * gi * gi;
-                p[i] -= step * m[i] / (v[i].sqrt() * inv_bc2_sqrt + eps_);
-            }
+            let (p, m, v) = (Disjoint::new(p), Disjoint::new(&mut *m[0]), Disjoint::new(&mut *v[0]));
+            // Large parameters are split over the pool's threads; the update
+            // of each element is independent, so the split changes no bits.
+            pool::ranges(g.len(), tapir_tensor::iter::SPLIT_MIN, &|r| {
+                // SAFETY: the ranges are disjoint; p, m, v have g's length.
+                let (p, m, v) =
+                    unsafe { (p.slice(r.start, r.len()), m.slice(r.start, r.len()), v.slice(r.start, r.len())) };
+                let g = &g[r];
+                simd::run(
+                    #[inline(always)]
+                    || {
+                        for i in 0..p.len() {
+                            let mut gi = g[i];
+                            if decoupled {
+                                p[i] -= lr_ * wd * p[i];
+                            } else {
+                                gi += wd * p[i];
+                            }
+                            m[i] = b1_ * m[i] + (1.0 - b1_) * gi;
+                            v[i] = b2_ * v[i] + (1.0 - b2_) * gi * gi;
+                            p[i] -= step * m[i] / (v[i].sqrt() * inv_bc2_sqrt + eps_);
+                        }
+                    },
+                );
+            });
         });
         Ok(())
     }

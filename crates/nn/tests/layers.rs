@@ -455,6 +455,43 @@ fn activation_backward_eager_matches_recorded() {
 /// The fused attention op against its composition (matmuls and the causal
 /// softmax): values, eager first-order gradients (its one-pass kernel) and
 /// the recorded rule, plus the gradient checker at orders 1 and 2.
+/// Inputs of 32 Ki elements and more take the kernels' split over the
+/// pool's threads (rows in parts, per-part sums of dw and db).
+#[test]
+fn norm_op_split_over_threads_matches_its_composition() {
+    let (rows, d) = (600, 64);
+    let mut store = ParamStore::new();
+    let ln = LayerNorm::new(&mut store, "ln", d, true, DType::F64).unwrap();
+    let rms = RmsNorm::new(&mut store, "rms", d, DType::F64).unwrap();
+    for id in store.ids().collect::<Vec<_>>() {
+        store.set(id, rnd(&[d], 60 + id.index() as u64)).unwrap();
+    }
+    let (x0, r) = (rnd(&[rows, d], 61).mul_scalar(3.0).unwrap(), rnd(&[rows, d], 62));
+    type F<'a> = &'a dyn for<'g> Fn(&Bound<'g>, Var<'g>) -> R<'g>;
+    let run = |f: F<'_>| {
+        Graph::scope(|g| {
+            let p = store.bind(g);
+            let x = g.leaf(x0.clone());
+            let y = f(&p, x)?;
+            let mut wrt = p.vars().to_vec();
+            wrt.push(x);
+            let mut out = vec![y.value()?.to_vec_f64()];
+            let grads = g.grad(y.mul(&g.constant(r.clone()))?.sum_all()?, &wrt)?;
+            out.extend(grads.iter().map(|t| t.to_vec_f64()));
+            Ok::<_, Error>(out)
+        })
+        .unwrap()
+    };
+    for (fused, composed) in [
+        (run(&|p, x| ln.forward(p, x)), run(&|p, x| ln.forward_composed(p, x))),
+        (run(&|p, x| rms.forward(p, x)), run(&|p, x| rms.forward_composed(p, x))),
+    ] {
+        for (a, b) in fused.iter().zip(&composed) {
+            close(a, b, 1e-11);
+        }
+    }
+}
+
 #[test]
 fn causal_attention_op_matches_its_composition() {
     let (q, k, v) = (rnd(&[2, 4, 6], 50), rnd(&[2, 4, 6], 51), rnd(&[2, 4, 6], 52));

@@ -215,6 +215,47 @@ pub fn split(parts: usize, f: &(dyn Fn(usize) + Sync)) {
     }
 }
 
+/// Runs `f` over consecutive ranges covering `0..n`, one per thread when
+/// `n` is at least `min` (else one range, on the calling thread). The
+/// calling thread takes the first range.
+pub fn ranges(n: usize, min: usize, f: &(dyn Fn(std::ops::Range<usize>) + Sync)) {
+    let parts = if n >= min.max(2) { width().min(n) } else { 1 };
+    let per = n.div_ceil(parts.max(1));
+    split(parts, &|i| f(i * per..((i + 1) * per).min(n)));
+}
+
+/// A mutable buffer the parts of a split write at once, each its own
+/// elements: the caller promises, at each [`Disjoint::slice`], that no two
+/// parts' slices overlap.
+pub struct Disjoint<T> {
+    ptr: *mut T,
+    len: usize,
+}
+
+// SAFETY: the parts only reach the buffer through `slice`, whose contract
+// keeps their elements disjoint.
+unsafe impl<T: Send> Send for Disjoint<T> {}
+unsafe impl<T: Send> Sync for Disjoint<T> {}
+
+impl<T> Disjoint<T> {
+    /// Shares `v` for the duration of its borrow.
+    pub fn new(v: &mut [T]) -> Self {
+        Disjoint { ptr: v.as_mut_ptr(), len: v.len() }
+    }
+
+    /// Elements `at..at + len` (panics when out of range).
+    ///
+    /// # Safety
+    /// No other live reference, on any thread, covers any of these
+    /// elements, and the borrowed buffer outlives the slice.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn slice(&self, at: usize, len: usize) -> &mut [T] {
+        assert!(at.checked_add(len).is_some_and(|end| end <= self.len), "internal: Disjoint::slice out of range");
+        // SAFETY: in range (checked), and unaliased by the caller's promise.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(at), len) }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -225,6 +266,20 @@ mod tests {
             hits[i].fetch_add(1, SeqCst);
         });
         hits.iter().map(|h| h.load(SeqCst)).collect()
+    }
+
+    #[test]
+    fn ranges_cover_everything_once() {
+        for (n, min) in [(0, 1), (1, 1), (5, 1), (1000, 10), (1000, 5000)] {
+            let mut hits = vec![0u8; n];
+            let out = Disjoint::new(&mut hits);
+            ranges(n, min, &|r| {
+                // SAFETY: the ranges are disjoint (what this test checks).
+                let s = unsafe { out.slice(r.start, r.len()) };
+                s.iter_mut().for_each(|h| *h += 1);
+            });
+            assert!(hits.iter().all(|&h| h == 1), "n {n}");
+        }
     }
 
     #[test]

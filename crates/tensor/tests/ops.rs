@@ -921,15 +921,20 @@ fn matmul_transposed_and_strided_views_read_in_place() -> R {
     Ok(())
 }
 
+/// Products of 1 Mi multiply-adds and more are split over the pool's
+/// threads: by rows, or by columns when the output has few rows.
 #[test]
 fn matmul_large_parallel_matches_naive() -> R {
-    let (m, k, n) = (128, 96, 80);
-    let a = vals(m * k, 7);
-    let b = vals(k * n, 8);
-    let want = naive_matmul(&a, &b, m, k, n);
-    check(&f64s(&a, &[m, k]).matmul(&f64s(&b, &[k, n]))?, &[m, n], &want, 1e-12);
-    let bt = f64s(&f64s(&b, &[k, n]).t()?.to_vec_f64(), &[n, k]).t()?;
-    check(&f64s(&a, &[m, k]).matmul(&bt)?, &[m, n], &want, 1e-12);
+    for (m, k, n) in [(150, 96, 80), (8, 512, 300), (1, 2048, 600)] {
+        let a = vals(m * k, 7);
+        let b = vals(k * n, 8);
+        let want = naive_matmul(&a, &b, m, k, n);
+        check(&f64s(&a, &[m, k]).matmul(&f64s(&b, &[k, n]))?, &[m, n], &want, 1e-12);
+        let bt = f64s(&f64s(&b, &[k, n]).t()?.to_vec_f64(), &[n, k]).t()?;
+        check(&f64s(&a, &[m, k]).matmul(&bt)?, &[m, n], &want, 1e-12);
+        let at = f64s(&f64s(&a, &[m, k]).t()?.to_vec_f64(), &[k, m]).t()?;
+        check(&at.matmul(&bt)?, &[m, n], &want, 1e-12);
+    }
     Ok(())
 }
 
