@@ -1,14 +1,14 @@
 //! Reductions over any set of axes: sum, mean, max, min, argmax, argmin,
 //! logsumexp, and `sum_to`, the reduction broadcasting's backward needs.
 
-use rayon::prelude::*;
 use smallvec::SmallVec;
 
-use crate::iter::{fill_vec, PAR_MIN};
+use crate::iter::{fill_vec_split, PAR_MIN, SPLIT_MIN};
 use crate::ops::binary::BinaryOps;
 use crate::ops::shape::ShapeOps;
 use crate::ops::unary::{float_map, UnaryOps};
 use crate::ops::{one, Diff, InputGrads, Op, Saved};
+use crate::pool::Disjoint;
 use crate::storage::{try_filled, CpuElement};
 use crate::{resolve_axis, with_float, DType, Error, Result, Shape, Tensor};
 
@@ -74,17 +74,9 @@ fn reduce_rows<T: CpuElement + Copy + Send + Sync, D: Send>(
     if reduced == 0 {
         return Ok((0..rows).map(|_| row(&[])).collect());
     }
-    if rows > 1 && rows * reduced >= PAR_MIN && rayon::current_num_threads() > 1 {
-        // Few long rows (a sum over the last axis of [4096, 4096]): split by
-        // the work, not by the number of outputs as fill_vec would.
-        let min_rows = (PAR_MIN / 4 / reduced).max(1);
-        return Ok((0..rows)
-            .into_par_iter()
-            .with_min_len(min_rows)
-            .map(|r| row(&data[r * reduced..(r + 1) * reduced]))
-            .collect());
-    }
-    fill_vec(rows, |start, out| {
+    // Few long rows (a sum over the last axis of [4096, 4096]) split by the
+    // work, not by the number of outputs as fill_vec would.
+    fill_vec_split(rows, rows > 1 && rows * reduced >= SPLIT_MIN, |start, out| {
         for (i, o) in out.iter_mut().enumerate() {
             let r = start + i;
             o.write(row(&data[r * reduced..(r + 1) * reduced]));
@@ -112,20 +104,33 @@ pub(crate) fn sum_raw<T: RowKernels + CpuElement>(x: &Tensor, axes: &[usize]) ->
             }
         };
         let mut out = try_filled(inner, T::ZERO)?;
-        if x.numel() >= PAR_MIN && inner >= 64 {
-            let chunk = inner.div_ceil(rayon::current_num_threads() * 2).max(16);
-            out.par_chunks_mut(chunk).enumerate().for_each(|(i, c)| sum_cols(i * chunk, c));
-        } else {
-            sum_cols(0, &mut out);
-        }
+        let shared = Disjoint::new(&mut out);
+        // Columns split over the pool's threads (each part sums its columns
+        // over every row, in row order: no bit depends on the split).
+        let min = if inner >= 64 { SPLIT_MIN * inner / x.numel().max(1) } else { usize::MAX };
+        crate::pool::ranges(inner, min, &|r| {
+            // SAFETY: the ranges are disjoint.
+            sum_cols(r.start, unsafe { shared.slice(r.start, r.len()) })
+        });
         return Ok(out);
     }
     let (_, rows, reduced) = kept_then_reduced(x, axes)?;
     if rows == 1 && reduced >= PAR_MIN && x.is_contiguous() {
         // One big row: split it across threads.
         let data = &x.storage_slice::<T>()[x.layout.offset..x.layout.offset + x.numel()];
-        let total = data.par_chunks(PAR_MIN / 2).map(T::row_sum).reduce(|| T::ZERO, |a, b| a + b);
-        return Ok(vec![total]);
+        // Fixed chunks, their sums added in order: the same bits whatever
+        // the number of threads.
+        let chunks = data.len().div_ceil(PAR_MIN / 2);
+        let mut partial = vec![T::ZERO; chunks];
+        let shared = Disjoint::new(&mut partial);
+        crate::pool::ranges(chunks, 2, &|r| {
+            // SAFETY: the ranges are disjoint.
+            let out = unsafe { shared.slice(r.start, r.len()) };
+            for (o, c) in out.iter_mut().zip(data[r.start * (PAR_MIN / 2)..].chunks(PAR_MIN / 2)) {
+                *o = T::row_sum(c);
+            }
+        });
+        return Ok(vec![partial.into_iter().fold(T::ZERO, |a, b| a + b)]);
     }
     let trailing = axes.iter().rev().enumerate().all(|(i, &a)| a == x.rank() - 1 - i);
     if trailing {
