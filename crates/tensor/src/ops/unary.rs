@@ -403,13 +403,27 @@ fn fused_tanh_second<T: Diff>(y: &T, g: &T, s: &T, tg: Option<&T>) -> Result<Opt
         }
         let (ys, gs, ss) = (sl::<F>(&yv), sl::<F>(&gv), sl::<F>(&sv));
         let two = <F as crate::Element>::from_f64(2.0);
-        let out: Vec<F> = match tv.as_ref() {
-            Some(t) => {
-                let ts = sl::<F>(t);
-                (0..ys.len()).map(|i| ts[i] * (F::ONE - ys[i] * ys[i]) - two * ys[i] * gs[i] * ss[i]).collect()
-            }
-            None => (0..ys.len()).map(|i| -two * ys[i] * gs[i] * ss[i]).collect(),
-        };
+        let ts = tv.as_ref().map(sl::<F>);
+        let out: Vec<F> = crate::iter::fill_vec(ys.len(), |start, out| {
+            let end = start + out.len();
+            let (ys, gs, ss) = (&ys[start..end], &gs[start..end], &ss[start..end]);
+            crate::simd::run(
+                #[inline(always)]
+                || match ts {
+                    Some(ts) => {
+                        let ts = &ts[start..end];
+                        for (i, o) in out.iter_mut().enumerate() {
+                            o.write(ts[i] * (F::ONE - ys[i] * ys[i]) - two * ys[i] * gs[i] * ss[i]);
+                        }
+                    }
+                    None => {
+                        for (i, o) in out.iter_mut().enumerate() {
+                            o.write(-two * ys[i] * gs[i] * ss[i]);
+                        }
+                    }
+                },
+            )
+        })?;
         Tensor::from_vec(out, shape).map(|t| Some(y.lift(t)))
     }, _ => Ok(None))
 }
