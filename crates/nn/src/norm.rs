@@ -154,28 +154,27 @@ fn forward_rows<F: Float>(x: &[F], w: Option<&[F]>, b: Option<&[F]>, d: usize, e
     Ok(out)
 }
 
-/// The backward kernel: (dx, dw, db) from x, w and g in one pass per row,
-/// the rows split over the pool's threads (each part sums its own dw, db;
-/// the parts' sums are added in order, so the result does not depend on
-/// which thread ran which part).
+/// Rows per block of the backward kernel's partial sums of dw and db.
+const BLOCK_ROWS: usize = 64;
+
+/// The backward kernel: (dx, dw, db) from x, w and g in one pass per row.
+/// Rows go in blocks of [`BLOCK_ROWS`], each summing its own dw and db, the
+/// blocks spread over the pool's threads; the blocks' sums are then added in
+/// order, so no bit depends on the number of threads.
 fn backward_rows<F: Float>(x: &[F], w: Option<&[F]>, g: &[F], d: usize, eps: F, rms: bool) -> Result<[Vec<F>; 3]> {
     let mut dx = tapir_tensor::cache::filled(x.len(), F::ZERO)?;
     let rows = x.len() / d.max(1);
-    let parts = pool::width().min(rows.max(1));
-    let mut sums = vec![F::ZERO; 2 * d * parts];
+    let blocks = rows.div_ceil(BLOCK_ROWS);
+    let mut sums = vec![F::ZERO; 2 * d * blocks];
     let (shared, shared_sums) = (Disjoint::new(&mut dx), Disjoint::new(&mut sums));
-    let per = rows.div_ceil(parts);
     let inv_d = F::ONE / F::from_f64(d as f64);
-    let one_part = |k: usize| {
-        let (r0, r1) = (k * per, ((k + 1) * per).min(rows));
-        // SAFETY: part k alone writes rows r0..r1 of dx and block k of sums.
-        let (dx, sums) =
-            unsafe { (shared.slice(r0 * d, r1.saturating_sub(r0) * d), shared_sums.slice(2 * d * k, 2 * d)) };
+    let block = |k: usize| {
+        let (r0, r1) = (k * BLOCK_ROWS, ((k + 1) * BLOCK_ROWS).min(rows));
+        // SAFETY: block k alone writes rows r0..r1 of dx and its own sums.
+        let (dx, sums) = unsafe { (shared.slice(r0 * d, (r1 - r0) * d), shared_sums.slice(2 * d * k, 2 * d)) };
         let (dw, db) = sums.split_at_mut(d);
         let mut h = vec![F::ZERO; d];
-        for ((r, gr), o) in
-            x[r0 * d..r1.max(r0) * d].chunks(d).zip(g[r0 * d..r1.max(r0) * d].chunks(d)).zip(dx.chunks_mut(d))
-        {
+        for ((r, gr), o) in x[r0 * d..r1 * d].chunks(d).zip(g[r0 * d..r1 * d].chunks(d)).zip(dx.chunks_mut(d)) {
             let (mean, rstd) = row_stats(r, eps, rms);
             let (mut s1, mut s2) = (F::ZERO, F::ZERO);
             for i in 0..d {
@@ -193,11 +192,7 @@ fn backward_rows<F: Float>(x: &[F], w: Option<&[F]>, g: &[F], d: usize, eps: F, 
             }
         }
     };
-    if x.len() >= SPLIT_ROWS_MIN_ELEMS {
-        pool::split(parts, &one_part);
-    } else {
-        (0..parts).for_each(one_part);
-    }
+    pool::ranges(blocks, SPLIT_ROWS_MIN_ELEMS.div_ceil(BLOCK_ROWS * d.max(1)), &|r| r.for_each(block));
     let (mut dw, mut db) = (vec![F::ZERO; d], vec![F::ZERO; d]);
     for part in sums.chunks(2 * d) {
         for i in 0..d {
