@@ -13,6 +13,8 @@
 
 use tapir_tensor::ops::matmul::matmul_sum;
 use tapir_tensor::ops::{add_opt, InputGrads, Op, Saved};
+use tapir_tensor::pool::{self, Disjoint};
+use tapir_tensor::simd;
 use tapir_tensor::{BinaryOps, DType, Device, Diff, Error, MatmulOps, ReduceOps, Result, ShapeOps, Tensor};
 
 /// `y = x @ w^T + b`, plus `r` when `residual`, for `x` `[N, in]`, `w`
@@ -29,14 +31,31 @@ pub struct Affine {
     pub residual: bool,
 }
 
-fn in_place<F: tapir_tensor::CpuElement>(y: &mut Tensor, r: &Tensor, f: impl Fn(F, F) -> F) -> Result<bool> {
+fn in_place<F: tapir_tensor::CpuElement>(y: &mut Tensor, r: &Tensor, f: impl Fn(F, F) -> F + Sync) -> Result<bool> {
     let r = r.contiguous()?;
     let Some(rv) = r.as_slice::<F>() else { return Ok(false) };
     let n = rv.len();
     if n == 0 || !y.numel().is_multiple_of(n) {
         return Ok(false);
     }
-    y.make_mut::<F>()?.chunks_mut(n).for_each(|row| row.iter_mut().zip(rv).for_each(|(o, &c)| *o = f(*o, c)));
+    let ys = y.make_mut::<F>()?;
+    let rows = ys.len() / n;
+    let shared = Disjoint::new(ys);
+    // Rows split over the pool's threads, as the product that made `y` split them.
+    pool::ranges(rows, tapir_tensor::iter::SPLIT_MIN.div_ceil(n), &|part| {
+        // SAFETY: the parts' row ranges are disjoint.
+        let ys = unsafe { shared.slice(part.start * n, part.len() * n) };
+        simd::run(
+            #[inline(always)]
+            || {
+                for row in ys.chunks_mut(n) {
+                    for (o, &c) in row.iter_mut().zip(rv) {
+                        *o = f(*o, c);
+                    }
+                }
+            },
+        )
+    });
     Ok(true)
 }
 

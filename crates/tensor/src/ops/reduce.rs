@@ -96,12 +96,17 @@ pub(crate) fn sum_raw<T: RowKernels + CpuElement>(x: &Tensor, axes: &[usize]) ->
             for o in out.iter_mut() {
                 *o = T::ZERO;
             }
-            for r in 0..outer {
-                let row = &data[r * inner + start..r * inner + start + out.len()];
-                for (o, &v) in out.iter_mut().zip(row) {
-                    *o += v;
-                }
-            }
+            crate::simd::run(
+                #[inline(always)]
+                || {
+                    for r in 0..outer {
+                        let row = &data[r * inner + start..r * inner + start + out.len()];
+                        for (o, &v) in out.iter_mut().zip(row) {
+                            *o += v;
+                        }
+                    }
+                },
+            );
         };
         let mut out = try_filled(inner, T::ZERO)?;
         let shared = Disjoint::new(&mut out);
