@@ -922,10 +922,11 @@ fn matmul_transposed_and_strided_views_read_in_place() -> R {
 }
 
 /// Products of 1 Mi multiply-adds and more are split over the pool's
-/// threads: by rows, or by columns when the output has few rows.
+/// threads: by rows, by columns when the output has few rows, and by
+/// chunks of the inner dimension when the output is small and it is long.
 #[test]
 fn matmul_large_parallel_matches_naive() -> R {
-    for (m, k, n) in [(150, 96, 80), (8, 512, 300), (1, 2048, 600)] {
+    for (m, k, n) in [(150, 96, 80), (8, 512, 300), (1, 2048, 600), (32, 2048, 32), (64, 1500, 60)] {
         let a = vals(m * k, 7);
         let b = vals(k * n, 8);
         let want = naive_matmul(&a, &b, m, k, n);
@@ -1508,5 +1509,20 @@ fn full_keeps_the_sign_of_zero() -> R {
     assert!(t.iter().all(|v| *v == 0.0 && v.is_sign_negative()), "{t:?}");
     let z = Tensor::full([3], 0.0, DType::F64)?.to_vec::<f64>()?;
     assert!(z.iter().all(|v| *v == 0.0 && v.is_sign_positive()), "{z:?}");
+    Ok(())
+}
+
+/// A sum of products into one buffer (forward-mode rules use it), on shapes
+/// that take the row split and the inner-dimension split with accumulation.
+#[test]
+fn matmul_sum_accumulates_every_term() -> R {
+    for (m, k, n) in [(40, 30, 20), (150, 96, 80), (32, 2048, 32)] {
+        let (a1, b1, a2, b2) = (vals(m * k, 11), vals(k * n, 12), vals(m * k, 13), vals(k * n, 14));
+        let want: Vec<f64> =
+            naive_matmul(&a1, &b1, m, k, n).iter().zip(naive_matmul(&a2, &b2, m, k, n)).map(|(x, y)| x + y).collect();
+        let (ta1, tb1, ta2, tb2) = (f64s(&a1, &[m, k]), f64s(&b1, &[k, n]), f64s(&a2, &[m, k]), f64s(&b2, &[k, n]));
+        let got = tapir_tensor::ops::matmul::matmul_sum(&[(&ta1, &tb1), (&ta2, &tb2)])?.expect("two terms");
+        check(&got, &[m, n], &want, 1e-12);
+    }
     Ok(())
 }

@@ -41,6 +41,24 @@ struct Gemm<T> {
 unsafe impl<T> Send for Gemm<T> {}
 unsafe impl<T> Sync for Gemm<T> {}
 
+/// Outputs up to this many elements with an inner dimension of two
+/// [`K_CHUNK`]s or more take [`Gemm::split_k`].
+const SMALL_OUT: usize = 1 << 14;
+/// The inner-dimension chunk of [`Gemm::split_k`].
+const K_CHUNK: usize = 512;
+
+/// A `Gemm` shared by the parts of a split.
+struct SendGemm<T>(Gemm<T>);
+// SAFETY: as for `Gemm`.
+unsafe impl<T> Send for SendGemm<T> {}
+unsafe impl<T> Sync for SendGemm<T> {}
+
+impl<T: Copy> SendGemm<T> {
+    fn get(&self) -> Gemm<T> {
+        self.0
+    }
+}
+
 /// A raw output pointer shared by the parts of a batched product, each of
 /// which writes its own blocks.
 struct SendPtr<T>(*mut T);
@@ -66,6 +84,10 @@ impl<T: Float> Gemm<T> {
         if self.m == 0 || self.n == 0 {
             return;
         }
+        if self.m * self.n <= SMALL_OUT && self.k >= 2 * K_CHUNK && self.m * self.n * self.k >= SPLIT_MIN {
+            // SAFETY: forwarded from the caller.
+            return unsafe { self.split_k() };
+        }
         // One part per thread: the caller takes rows 0.., the helper the
         // rows after, the split [`crate::iter::fill_vec`] makes of an
         // elementwise output of that size, so the next op finds each half in
@@ -82,6 +104,50 @@ impl<T: Float> Gemm<T> {
             crate::pool::split(self.n.div_ceil(cols), &|i| unsafe { self.cols(i * cols, cols).call() });
         } else {
             self.call()
+        }
+    }
+
+    /// A small output with a long inner dimension (a weight gradient,
+    /// `dY^T X` over a batch): the inner dimension in fixed chunks of
+    /// [`K_CHUNK`], one product per chunk into its own buffer, spread over
+    /// the pool, then added in chunk order. Each thread packs only its
+    /// chunk's operands, where a row split would pack all of `b` on every
+    /// thread; the chunks depend only on `k`, so no bit depends on the
+    /// number of threads.
+    unsafe fn split_k(self) {
+        let (m, n) = (self.m, self.n);
+        let chunks = self.k.div_ceil(K_CHUNK);
+        let mut partial = vec![T::ZERO; chunks * m * n];
+        let out = crate::pool::Disjoint::new(&mut partial);
+        let this = SendGemm(self);
+        crate::pool::split(chunks, &|c| {
+            let g = this.get();
+            let k0 = c * K_CHUNK;
+            // SAFETY: block c of `partial` is this part's alone; the chunk's
+            // columns of `a` and rows of `b` lie inside them.
+            unsafe {
+                Gemm {
+                    k: K_CHUNK.min(g.k - k0),
+                    dst: out.slice(c * m * n, m * n).as_mut_ptr(),
+                    dst_rs: n,
+                    a: g.a.wrapping_offset(k0 as isize * g.a_cs),
+                    b: g.b.wrapping_offset(k0 as isize * g.b_rs),
+                    accumulate: false,
+                    ..g
+                }
+                .call()
+            }
+        });
+        for i in 0..m {
+            // SAFETY: row i of `dst` (the caller's contract).
+            let row = unsafe { std::slice::from_raw_parts_mut(self.dst.add(i * self.dst_rs), n) };
+            for (j, o) in row.iter_mut().enumerate() {
+                let mut acc = if self.accumulate { *o } else { T::ZERO };
+                for c in 0..chunks {
+                    acc += partial[c * m * n + i * n + j];
+                }
+                *o = acc;
+            }
         }
     }
 
