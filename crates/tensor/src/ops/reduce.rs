@@ -84,6 +84,9 @@ fn reduce_rows<T: CpuElement + Copy + Send + Sync, D: Send>(
     })
 }
 
+/// Elements per row block of the leading-axis sum.
+const LEADING_BLOCK_ELEMS: usize = 1 << 14;
+
 /// Sum over `axes`, with a fast path for a contiguous input reduced over its
 /// leading axes (bias gradients: accumulate whole rows, no transposed copy).
 pub(crate) fn sum_raw<T: RowKernels + CpuElement>(x: &Tensor, axes: &[usize]) -> Result<Vec<T>> {
@@ -92,16 +95,18 @@ pub(crate) fn sum_raw<T: RowKernels + CpuElement>(x: &Tensor, axes: &[usize]) ->
         let outer: usize = axes.iter().map(|&a| x.dims()[a]).product();
         let inner: usize = x.dims()[axes.len()..].iter().product();
         let data = &x.storage_slice::<T>()[x.layout.offset..x.layout.offset + x.numel()];
-        let sum_cols = |start: usize, out: &mut [T]| {
-            for o in out.iter_mut() {
-                *o = T::ZERO;
-            }
+        // Rows in fixed blocks, each summed into its own partial row, the
+        // blocks spread over the pool and their partials added in block
+        // order: the same bits whatever the number of threads, and each
+        // thread reads the rows the split that produced `x` gave it.
+        let block = (LEADING_BLOCK_ELEMS / inner.max(1)).max(1);
+        let blocks = outer.div_ceil(block);
+        let sum_rows = |r0: usize, r1: usize, out: &mut [T]| {
             crate::simd::run(
                 #[inline(always)]
                 || {
-                    for r in 0..outer {
-                        let row = &data[r * inner + start..r * inner + start + out.len()];
-                        for (o, &v) in out.iter_mut().zip(row) {
+                    for r in r0..r1 {
+                        for (o, &v) in out.iter_mut().zip(&data[r * inner..(r + 1) * inner]) {
                             *o += v;
                         }
                     }
@@ -109,14 +114,24 @@ pub(crate) fn sum_raw<T: RowKernels + CpuElement>(x: &Tensor, axes: &[usize]) ->
             );
         };
         let mut out = try_filled(inner, T::ZERO)?;
-        let shared = Disjoint::new(&mut out);
-        // Columns split over the pool's threads (each part sums its columns
-        // over every row, in row order: no bit depends on the split).
-        let min = if inner >= 64 { SPLIT_MIN * inner / x.numel().max(1) } else { usize::MAX };
-        crate::pool::ranges(inner, min, &|r| {
-            // SAFETY: the ranges are disjoint.
-            sum_cols(r.start, unsafe { shared.slice(r.start, r.len()) })
+        if blocks == 1 {
+            sum_rows(0, outer, &mut out);
+            return Ok(out);
+        }
+        let mut partial = try_filled(blocks * inner, T::ZERO)?;
+        let shared = Disjoint::new(&mut partial);
+        crate::pool::ranges(blocks, SPLIT_MIN.div_ceil(block * inner.max(1)), &|bs| {
+            for b in bs {
+                // SAFETY: block b's partial row is this part's alone.
+                let row = unsafe { shared.slice(b * inner, inner) };
+                sum_rows(b * block, ((b + 1) * block).min(outer), row);
+            }
         });
+        for p in partial.chunks(inner.max(1)) {
+            for (o, &v) in out.iter_mut().zip(p) {
+                *o += v;
+            }
+        }
         return Ok(out);
     }
     let (_, rows, reduced) = kept_then_reduced(x, axes)?;
