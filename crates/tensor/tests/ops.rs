@@ -849,6 +849,11 @@ fn large_reductions_match_naive_sums() -> R {
     check(&x.t()?.sum(&[1], false)?, &d0, &w0, 0.0);
     let (dm, wm) = naive_reduce(&data, &[r, c], &[1], false, f64::NEG_INFINITY, f64::max);
     check(&x.max(&[1], false)?, &dm, &wm, 0.0);
+    // Rows wider than the leading-axis sum's blocks: split by columns.
+    let (r, c) = (5, 20_000);
+    let data: Vec<f64> = (0..r * c).map(|i| ((i * 13) % 89) as f64).collect();
+    let (d0, w0) = naive_reduce(&data, &[r, c], &[0], false, 0.0, |a, b| a + b);
+    check(&f64s(&data, &[r, c]).sum(&[0], false)?, &d0, &w0, 0.0);
     // f32 sums with many accumulators stay accurate.
     let ones = Tensor::ones([1 << 20], DType::F32).expect("alloc");
     assert_eq!(ones.sum_all()?.item()?, (1u64 << 20) as f64);

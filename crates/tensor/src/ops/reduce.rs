@@ -118,6 +118,25 @@ pub(crate) fn sum_raw<T: RowKernels + CpuElement>(x: &Tensor, axes: &[usize]) ->
             sum_rows(0, outer, &mut out);
             return Ok(out);
         }
+        if inner >= LEADING_BLOCK_ELEMS {
+            // Wide rows: columns split instead (partials would copy the input).
+            let shared = Disjoint::new(&mut out);
+            crate::pool::ranges(inner, 2, &|cols| {
+                // SAFETY: the column ranges are disjoint.
+                let out = unsafe { shared.slice(cols.start, cols.len()) };
+                crate::simd::run(
+                    #[inline(always)]
+                    || {
+                        for r in 0..outer {
+                            for (o, &v) in out.iter_mut().zip(&data[r * inner + cols.start..r * inner + cols.end]) {
+                                *o += v;
+                            }
+                        }
+                    },
+                );
+            });
+            return Ok(out);
+        }
         let mut partial = try_filled(blocks * inner, T::ZERO)?;
         let shared = Disjoint::new(&mut partial);
         crate::pool::ranges(blocks, SPLIT_MIN.div_ceil(block * inner.max(1)), &|bs| {
