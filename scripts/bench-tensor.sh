@@ -64,6 +64,6 @@ for bench_id, r in torch.items():
     )
 if torch:
     r = next(iter(torch.values()))
-    print(f"\n(torch {r['torch']}, {r['threads']} threads; tapir on rayon's pool; "
+    print(f"\n(torch {r['torch']}, {r['threads']} threads; tapir on its helper pool (RAYON_NUM_THREADS sets its size); "
           f"{os.cpu_count()} CPUs, load average {open('/proc/loadavg').read().split()[0]})")
 PY

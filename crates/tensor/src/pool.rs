@@ -15,6 +15,9 @@
 //! The caller always works too: it claims parts from the same counter as
 //! the helpers, so a job finishes even when no helper shows up (a helper
 //! descheduled by another process costs at most the parts it took).
+//! The pool has one helper fewer than rayon's thread count (the
+//! `RAYON_NUM_THREADS` variable, else one per CPU), so `RAYON_NUM_THREADS=1`
+//! runs every kernel on the calling thread.
 //! One job runs at a time; a split requested while another is in flight
 //! (from another thread, or from inside a part) runs on the calling thread.
 
