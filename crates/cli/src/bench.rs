@@ -2,7 +2,11 @@
 //! (benches/torch/bench.py), same shapes and seeds, in one run, as ratios.
 //!
 //! Absolute times on a shared machine are noisy; each case reports the
-//! median of several repetitions and the tapir / PyTorch ratio.
+//! median of several repetitions and the tapir / PyTorch ratio. The two
+//! sides of a case run back to back (tapir, then the mirror on that case
+//! alone), so a machine whose speed drifts over minutes affects both;
+//! `--rounds N` repeats the whole set N times and reports each case's
+//! median ratio and its range.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -24,6 +28,10 @@ pub struct Args {
     /// Skip the PyTorch side.
     #[arg(long)]
     pub no_torch: bool,
+    /// Rounds over every chosen case (each round runs both sides of each
+    /// case back to back); the median of the rounds is reported.
+    #[arg(long, default_value_t = 1)]
+    pub rounds: usize,
     /// The python interpreter for the PyTorch side.
     #[arg(long, default_value = "python3")]
     pub python: String,
@@ -291,51 +299,67 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         cases().into_iter().filter(|c| a.only.is_empty() || a.only.iter().any(|o| o == c.name)).collect();
     anyhow::ensure!(!chosen.is_empty(), "no case matches {:?}", a.only);
     println!("tapir bench: median of {} repetitions, milliseconds (f32, CPU, {} threads)", a.reps, rayon_threads());
-    let mut rows = Vec::new();
-    for c in &chosen {
-        let ms = (c.run)(a.reps)?;
-        let peak = c.peak.map(|p| p()).transpose()?;
-        eprintln!("tapir {:<24} {ms:>10.3} ms", c.name);
-        rows.push((c, ms, peak));
-    }
-    let torch: Option<Value> = if a.no_torch {
+    let script = if a.no_torch {
         None
     } else {
-        let names: Vec<&str> = chosen.iter().map(|c| c.name).collect();
-        match torch_script() {
-            None => {
-                println!("PyTorch side skipped: benches/torch/bench.py not found");
-                None
+        let found = torch_script();
+        if found.is_none() {
+            println!("PyTorch side skipped: benches/torch/bench.py not found");
+        }
+        found
+    };
+    let rounds = a.rounds.max(1);
+    // Per case: tapir's median of each round, torch's, and torch's last report.
+    let mut tapir_ms: Vec<Vec<f64>> = vec![Vec::new(); chosen.len()];
+    let mut torch_ms: Vec<Vec<f64>> = vec![Vec::new(); chosen.len()];
+    let mut torch_last: Vec<Option<Value>> = vec![None; chosen.len()];
+    let mut peaks: Vec<Option<usize>> = vec![None; chosen.len()];
+    let mut torch_ok = script.is_some();
+    for round in 0..rounds {
+        for (i, c) in chosen.iter().enumerate() {
+            let ms = (c.run)(a.reps)?;
+            if round == 0 {
+                peaks[i] = c.peak.map(|p| p()).transpose()?;
             }
-            Some(script) => {
-                let out = Command::new(&a.python)
-                    .arg(script)
-                    .args(["--reps", &a.reps.to_string(), "--only", &names.join(",")])
-                    .output();
-                match out {
-                    Ok(o) if o.status.success() => serde_json::from_slice(&o.stdout).ok(),
-                    Ok(o) => {
-                        println!(
-                            "PyTorch side skipped: {}",
-                            String::from_utf8_lossy(&o.stderr).lines().last().unwrap_or("failed")
-                        );
-                        None
+            eprintln!("tapir {:<24} {ms:>10.3} ms", c.name);
+            tapir_ms[i].push(ms);
+            if let (true, Some(script)) = (torch_ok, &script) {
+                match torch_case(&a.python, script, a.reps, c.name) {
+                    Ok(v) => {
+                        if let Some(t) = v.get("cases").and_then(|m| m.get(c.name)).and_then(Value::as_f64) {
+                            eprintln!("torch {:<24} {t:>10.3} ms", c.name);
+                            torch_ms[i].push(t);
+                        }
+                        torch_last[i] = Some(v);
                     }
-                    Err(e) => {
-                        println!("PyTorch side skipped: {}: {e}", a.python);
-                        None
+                    Err(why) => {
+                        println!("PyTorch side skipped: {why}");
+                        torch_ok = false;
                     }
                 }
             }
         }
+    }
+    let median = |v: &[f64]| -> Option<f64> {
+        let mut v = v.to_vec();
+        v.sort_by(|a, b| a.total_cmp(b));
+        v.get(v.len() / 2).copied()
     };
+    let rows: Vec<(&Case, f64, Option<usize>)> = chosen
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (c, median(&tapir_ms[i]).expect("internal: at least one round"), peaks[i]))
+        .collect();
     println!();
     println!("{:<24} {:>12} {:>12} {:>14}  what", "case", "tapir ms", "torch ms", "tapir/torch");
     let mut out = Vec::new();
-    for (c, ms, peak) in &rows {
-        let t = torch.as_ref().and_then(|v| v.get("cases")?.get(c.name)?.as_f64());
-        let torch_mem = torch.as_ref().and_then(|v| v.get("peak_bytes")?.get(c.name).cloned());
-        let ratio = t.map(|t| ms / t);
+    for (i, (c, ms, peak)) in rows.iter().enumerate() {
+        let torch = torch_last[i].as_ref();
+        let t = median(&torch_ms[i]);
+        let torch_mem = torch.and_then(|v| v.get("peak_bytes")?.get(c.name).cloned());
+        // The median of the rounds' ratios, and their range.
+        let ratios: Vec<f64> = tapir_ms[i].iter().zip(&torch_ms[i]).map(|(a, b)| a / b).collect();
+        let ratio = median(&ratios);
         println!(
             "{:<24} {:>12.3} {:>12} {:>14}  {}",
             c.name,
@@ -344,6 +368,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             ratio.map(|r| format!("{r:.3}x")).unwrap_or_else(|| "-".into()),
             c.what
         );
+        if ratios.len() > 1 {
+            let (lo, hi) = ratios.iter().fold((f64::INFINITY, 0.0f64), |(l, h), &r| (l.min(r), h.max(r)));
+            println!("{:<24} ratios over {} rounds: {lo:.3}x to {hi:.3}x", "", ratios.len());
+        }
         if let Some(p) = peak {
             let mib = |b: f64| b / 1048576.0;
             let mut line = format!("{:<24} peak extra memory: tapir {:.1} MiB", "", mib(*p as f64));
@@ -355,23 +383,37 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 }
             }
             println!("{line}");
-            if let Some(o) = torch.as_ref().and_then(|v| v.get("onehot_ms")?.get(c.name)?.as_f64()) {
+            if let Some(o) = torch.and_then(|v| v.get("onehot_ms")?.get(c.name)?.as_f64()) {
                 println!("{:<24} PyTorch one-hot formula (seed 000): {o:.1} ms (tapir/one-hot {:.3}x)", "", ms / o);
             }
         }
         out.push(json!({"name": c.name, "what": c.what, "tapir_ms": ms, "torch_ms": t, "ratio": ratio,
-            "tapir_peak_extra_bytes": peak, "torch_peak_extra_bytes": torch_mem}));
+            "round_ratios": ratios, "tapir_peak_extra_bytes": peak, "torch_peak_extra_bytes": torch_mem}));
     }
     if let (Some(h), Some(gr)) =
         (rows.iter().find(|r| r.0.name == "mlp_hvp"), rows.iter().find(|r| r.0.name == "mlp_grad"))
     {
         println!("\nmlp_hvp / mlp_grad in tapir: {:.2}x", h.1 / gr.1);
     }
-    let doc = json!({"schema": "tapir-bench/1", "reps": a.reps, "cases": out,
-        "torch_version": torch.as_ref().and_then(|v| v.get("torch_version").cloned())});
+    let version = torch_last.iter().flatten().find_map(|v| v.get("torch_version").cloned());
+    let doc = json!({"schema": "tapir-bench/1", "reps": a.reps, "rounds": rounds, "cases": out,
+        "torch_version": version});
     std::fs::write(&a.json, serde_json::to_string_pretty(&doc)?)?;
     println!("figures: {}", a.json.display());
     Ok(())
+}
+
+/// The PyTorch mirror's report on one case.
+fn torch_case(python: &str, script: &Path, reps: usize, name: &str) -> std::result::Result<Value, String> {
+    let o = Command::new(python)
+        .arg(script)
+        .args(["--reps", &reps.to_string(), "--only", name])
+        .output()
+        .map_err(|e| format!("{python}: {e}"))?;
+    if !o.status.success() {
+        return Err(String::from_utf8_lossy(&o.stderr).lines().last().unwrap_or("failed").to_string());
+    }
+    serde_json::from_slice(&o.stdout).map_err(|e| format!("unreadable report: {e}"))
 }
 
 fn rayon_threads() -> usize {
