@@ -2,11 +2,10 @@
 //! (benches/torch/bench.py), same shapes and seeds, in one run, as ratios.
 //!
 //! Absolute times on a shared machine are noisy; each case reports the
-//! median of several repetitions and the tapir / PyTorch ratio. The two
-//! sides of a case run back to back (tapir, then the mirror on that case
-//! alone), so a machine whose speed drifts over minutes affects both;
-//! `--rounds N` repeats the whole set N times and reports each case's
-//! median ratio and its range.
+//! median of several repetitions and the tapir / PyTorch ratio. `--rounds
+//! N` repeats both sides N times (tapir's cases, then the mirror's), so a
+//! machine whose speed drifts over minutes shows as a range of ratios; the
+//! median ratio is reported.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -28,8 +27,8 @@ pub struct Args {
     /// Skip the PyTorch side.
     #[arg(long)]
     pub no_torch: bool,
-    /// Rounds over every chosen case (each round runs both sides of each
-    /// case back to back); the median of the rounds is reported.
+    /// Rounds of both sides over every chosen case; the median of the
+    /// rounds is reported, with the range of their ratios.
     #[arg(long, default_value_t = 1)]
     pub rounds: usize,
     /// The python interpreter for the PyTorch side.
@@ -315,6 +314,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let mut torch_last: Vec<Option<Value>> = vec![None; chosen.len()];
     let mut peaks: Vec<Option<usize>> = vec![None; chosen.len()];
     let mut torch_ok = script.is_some();
+    let names: Vec<&str> = chosen.iter().map(|c| c.name).collect();
     for round in 0..rounds {
         for (i, c) in chosen.iter().enumerate() {
             let ms = (c.run)(a.reps)?;
@@ -323,20 +323,24 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             }
             eprintln!("tapir {:<24} {ms:>10.3} ms", c.name);
             tapir_ms[i].push(ms);
-            if let (true, Some(script)) = (torch_ok, &script) {
-                match torch_case(&a.python, script, a.reps, c.name) {
-                    Ok(v) => {
-                        if let Some(t) = v.get("cases").and_then(|m| m.get(c.name)).and_then(Value::as_f64) {
-                            eprintln!("torch {:<24} {t:>10.3} ms", c.name);
-                            torch_ms[i].push(t);
-                        }
-                        torch_last[i] = Some(v);
+        }
+        // The mirror runs every chosen case in one process, in the same
+        // order: alone, a case measured slower in a fresh PyTorch process
+        // (mlp_hvp 2.96-4.8 ms against 2.55 ms after the cases before it).
+        let (true, Some(script)) = (torch_ok, &script) else { continue };
+        match torch_cases(&a.python, script, a.reps, &names) {
+            Ok(v) => {
+                for (i, c) in chosen.iter().enumerate() {
+                    if let Some(t) = v.get("cases").and_then(|m| m.get(c.name)).and_then(Value::as_f64) {
+                        eprintln!("torch {:<24} {t:>10.3} ms", c.name);
+                        torch_ms[i].push(t);
                     }
-                    Err(why) => {
-                        println!("PyTorch side skipped: {why}");
-                        torch_ok = false;
-                    }
+                    torch_last[i] = Some(v.clone());
                 }
+            }
+            Err(why) => {
+                println!("PyTorch side skipped: {why}");
+                torch_ok = false;
             }
         }
     }
@@ -403,11 +407,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The PyTorch mirror's report on one case.
-fn torch_case(python: &str, script: &Path, reps: usize, name: &str) -> std::result::Result<Value, String> {
+/// The PyTorch mirror's report on the named cases.
+fn torch_cases(python: &str, script: &Path, reps: usize, names: &[&str]) -> std::result::Result<Value, String> {
     let o = Command::new(python)
         .arg(script)
-        .args(["--reps", &reps.to_string(), "--only", name])
+        .args(["--reps", &reps.to_string(), "--only", &names.join(",")])
         .output()
         .map_err(|e| format!("{python}: {e}"))?;
     if !o.status.success() {
