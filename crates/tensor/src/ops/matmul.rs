@@ -111,13 +111,21 @@ impl<T: Float> Gemm<T> {
         // elementwise output of that size, so the next op finds each half in
         // the cache of the core that wrote it.
         let parts = if self.m * self.n * self.k >= SPLIT_MIN { crate::pool::width() } else { 1 };
+        // A tall product too cheap to be worth splitting for itself (a
+        // network's first or last layer: 1024 x 64 x 2, 1024 x 1 x 64) is
+        // still split by rows when its output or its left operand is as
+        // large as a split elementwise op's: each thread then reads and
+        // writes the rows the ops around it give that thread, where one
+        // thread doing all rows would move half of them between the cores.
+        let tall = self.m >= 64 && self.m * self.n.max(self.k) >= crate::iter::SPLIT_MIN;
+        let parts = if parts == 1 && tall { crate::pool::width() } else { parts };
         // The microkernels cover 16 rows or 4 columns at a time.
         let rows = self.m.div_ceil(parts).next_multiple_of(16);
         let cols = self.n.div_ceil(parts).next_multiple_of(4);
         if parts > 1 && rows < self.m && crate::pool::width() > 1 {
             // SAFETY: the parts' row ranges are disjoint blocks of `dst`.
             crate::pool::split(self.m.div_ceil(rows), &|i| unsafe { self.rows(i * rows, rows).call() });
-        } else if parts > 1 && cols < self.n && crate::pool::width() > 1 {
+        } else if parts > 1 && !tall && cols < self.n && crate::pool::width() > 1 {
             // SAFETY: the parts' column ranges are disjoint blocks of `dst`.
             crate::pool::split(self.n.div_ceil(cols), &|i| unsafe { self.cols(i * cols, cols).call() });
         } else {
