@@ -928,10 +928,13 @@ fn matmul_transposed_and_strided_views_read_in_place() -> R {
 
 /// Products of 1 Mi multiply-adds and more are split over the pool's
 /// threads: by rows, by columns when the output has few rows, and by
-/// chunks of the inner dimension when the output is small and it is long.
+/// chunks of the inner dimension when the output is small and it is long;
+/// tall thin products (1000 x 3 x 40, 2000 x 20 x 1) split by rows too.
 #[test]
 fn matmul_large_parallel_matches_naive() -> R {
-    for (m, k, n) in [(150, 96, 80), (8, 512, 300), (1, 2048, 600), (32, 2048, 32), (64, 1500, 60)] {
+    for (m, k, n) in
+        [(150, 96, 80), (8, 512, 300), (1, 2048, 600), (32, 2048, 32), (64, 1500, 60), (1000, 3, 40), (2000, 20, 1)]
+    {
         let a = vals(m * k, 7);
         let b = vals(k * n, 8);
         let want = naive_matmul(&a, &b, m, k, n);
