@@ -7,6 +7,9 @@
 #   scripts/bench-tensor.sh matmul_f32/1024  # some of them
 #   TAPIR_BENCH_PAIRS=5 scripts/bench-tensor.sh sum_last_axis_f32/4096x4096
 #                                            # 5 back-to-back pairs, median ratio
+#   TAPIR_BENCH_INTERLEAVE=5 scripts/bench-tensor.sh
+#                                            # both libraries in one process:
+#                                            # 5 alternating pairs per benchmark
 #
 # Each benchmark runs in tapir and then at once in torch, so a machine whose
 # load drifts affects both sides of a ratio alike. Needs python3 with torch.
@@ -21,6 +24,40 @@ if [[ ${#IDS[@]} -eq 0 ]]; then
     IDS=(matmul_f32/256 matmul_f32/1024 matmul_f32/2048 add_f32/16M exp_f32/16M sum_last_axis_f32/4096x4096)
 fi
 TIME="${TAPIR_BENCH_TIME:-3}"
+
+if [[ -n "${TAPIR_BENCH_INTERLEAVE:-}" ]]; then
+    # One process: torch's script loads tapir's kernels (benches/ffi) and
+    # alternates the two, so a machine whose speed drifts over minutes
+    # (memory-bound kernels on the shared VM move between 10 and 20
+    # Gelem/s) affects both sides of every pair alike.
+    cargo build --release -p tapir-bench-ffi >&2
+    LIB="${CARGO_TARGET_DIR:-target}/release/libtapir_bench_ffi.so"
+    OUT="$(mktemp)"
+    trap 'rm -f "$OUT"' EXIT
+    for id in "${IDS[@]}"; do
+        python3 benches/torch/tensor_ops.py --interleave "$LIB" --pairs "$TAPIR_BENCH_INTERLEAVE" \
+            --time "${TAPIR_BENCH_TIME:-1}" --only "$id" | tee -a "$OUT" >&2
+    done
+    python3 - "$OUT" <<'PY'
+import json, os, sys
+print()
+print(f"{'benchmark':32} {'tapir':>16} {'torch':>16} {'tapir/torch':>12}")
+for line in open(sys.argv[1]):
+    if not line.strip():
+        continue
+    r = json.loads(line)
+    unit = "GFLOP/s" if r["id"].startswith("matmul") else "Gelem/s"
+    e = r["elements"]
+    ratios = sorted(o / t for t, o in zip(r["tapir_ns"], r["torch_ns"]))
+    t = sorted(r["tapir_ns"])[len(r["tapir_ns"]) // 2]
+    o = sorted(r["torch_ns"])[len(r["torch_ns"]) // 2]
+    print(f"{r['id']:32} {e / t:8.2f} {unit} {e / o:8.2f} {unit} {r['ratio']:11.2f}x"
+          f"   ({len(ratios)} pairs: {ratios[0]:.2f}x to {ratios[-1]:.2f}x)")
+print(f"\n(one process, alternating pairs; torch {r['torch']}, {r['threads']} threads; "
+      f"{os.cpu_count()} CPUs, load average {open('/proc/loadavg').read().split()[0]})")
+PY
+    exit 0
+fi
 PAIRS="${TAPIR_BENCH_PAIRS:-1}"
 TARGET_DIR="${CARGO_TARGET_DIR:-target}"
 export TARGET_DIR

@@ -10,10 +10,19 @@ where "elements" matches the criterion Throughput of the Rust bench
 (2 n^3 FLOPs for matmul, elements for the rest).
 
 Usage: python3 benches/torch/tensor_ops.py [--time SECONDS] [--threads N] [--only ID]
+                                            [--interleave LIB --pairs N]
+
+With --interleave, LIB is tapir's benches/ffi library
+(target/release/libtapir_bench_ffi.so): each case then runs N pairs in this
+one process, tapir's kernel (through ctypes) and torch's back to back, and
+the line adds "tapir_ns" and "torch_ns" (one per pair) and "ratio", the
+median of the pairs' tapir/torch throughput ratios.
 """
 
 import argparse
+import ctypes
 import json
+import statistics
 import time
 
 import torch
@@ -39,6 +48,8 @@ def main():
     ap.add_argument("--time", type=float, default=3.0)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--only", default=None, help="run just the benchmark with this id")
+    ap.add_argument("--interleave", default=None, help="tapir's libtapir_bench_ffi.so: time both sides here")
+    ap.add_argument("--pairs", type=int, default=5)
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -61,6 +72,9 @@ def main():
         for name, work, fn in cases:
             if args.only is not None and name != args.only:
                 continue
+            if args.interleave is not None:
+                interleave(args, name, work, fn)
+                continue
             mean, median = bench(fn, args.time)
             print(
                 json.dumps(
@@ -75,6 +89,40 @@ def main():
                 ),
                 flush=True,
             )
+
+
+def interleave(args, name, work, fn):
+    """Pairs of tapir then torch, back to back in this process."""
+    lib = ctypes.CDLL(args.interleave)
+    lib.tapir_bench_mean_ns.restype = ctypes.c_double
+    lib.tapir_bench_mean_ns.argtypes = [ctypes.c_char_p, ctypes.c_double]
+    tapir_ns, torch_ns = [], []
+    bench(fn, 0.2, warmup=0.2)  # torch's own warm-up
+    for _ in range(args.pairs):
+        t = lib.tapir_bench_mean_ns(name.encode(), args.time)
+        if t < 0:
+            raise SystemExit(f"tapir does not know the benchmark {name}")
+        # Let each side's spinning threads park before the other runs.
+        time.sleep(0.05)
+        mean, _ = bench(fn, args.time, warmup=0.05)
+        time.sleep(0.05)
+        tapir_ns.append(t)
+        torch_ns.append(mean * 1e9)
+    ratios = [o / t for t, o in zip(tapir_ns, torch_ns)]
+    print(
+        json.dumps(
+            {
+                "id": name,
+                "elements": work,
+                "tapir_ns": tapir_ns,
+                "torch_ns": torch_ns,
+                "ratio": statistics.median(ratios),
+                "threads": torch.get_num_threads(),
+                "torch": torch.__version__,
+            }
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":
