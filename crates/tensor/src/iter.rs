@@ -150,14 +150,14 @@ pub const SPLIT_MIN: usize = 1 << 15;
 /// an elementwise op after a product finds each part in the cache of the
 /// core that wrote it.
 pub fn fill_vec<D: Send>(n: usize, fill: impl Fn(usize, &mut [MaybeUninit<D>]) + Sync) -> Result<Vec<D>> {
-    fill_vec_split(n, n >= SPLIT_MIN, fill)
+    fill_vec_parts(n, crate::pool::parts_for(n, SPLIT_MIN), fill)
 }
 
-/// [`fill_vec`], split over the pool's threads when `split` (for kernels
-/// whose work per output element is large: a reduction's rows).
-pub fn fill_vec_split<D: Send>(
+/// [`fill_vec`] in `parts` parts (at most one per thread and element; for
+/// kernels whose work per output element is large: a reduction's rows).
+pub fn fill_vec_parts<D: Send>(
     n: usize,
-    split: bool,
+    parts: usize,
     fill: impl Fn(usize, &mut [MaybeUninit<D>]) + Sync,
 ) -> Result<Vec<D>> {
     let mut v: Vec<D> = crate::cache::take(n)?;
@@ -165,7 +165,7 @@ pub fn fill_vec_split<D: Send>(
         let spare = &mut v.spare_capacity_mut()[..n];
         let size = std::mem::size_of::<D>().max(1);
         let huge = advise_huge_pages(spare.as_mut_ptr() as usize, n * size);
-        let parts = if split { crate::pool::width().min(n) } else { 1 };
+        let parts = parts.min(crate::pool::width()).min(n).max(1);
         if parts > 1 {
             // Part boundaries on cache lines, or on huge pages when the
             // buffer has them (two threads faulting in one 2 MiB page wait

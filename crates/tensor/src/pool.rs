@@ -218,11 +218,22 @@ pub fn split(parts: usize, f: &(dyn Fn(usize) + Sync)) {
     }
 }
 
-/// Runs `f` over consecutive ranges covering `0..n`, one per thread when
-/// `n` is at least `min` (else one range, on the calling thread). The
-/// calling thread takes the first range.
+/// How many parts a kernel of `work` units is split into: one below `min`
+/// (where a split stops paying for itself), else one per thread, but no
+/// part smaller than `min / 2` (so a many-core machine does not cut a
+/// 40 us kernel into sixteen slivers).
+pub fn parts_for(work: usize, min: usize) -> usize {
+    if work < min.max(2) {
+        return 1;
+    }
+    (work / (min / 2).max(1)).clamp(1, width())
+}
+
+/// Runs `f` over consecutive ranges covering `0..n`, split as
+/// [`parts_for`]`(n, min)` says (one range, on the calling thread, below
+/// `min`). The calling thread takes the first range.
 pub fn ranges(n: usize, min: usize, f: &(dyn Fn(std::ops::Range<usize>) + Sync)) {
-    let parts = if n >= min.max(2) { width().min(n) } else { 1 };
+    let parts = parts_for(n, min).min(n.max(1));
     let per = n.div_ceil(parts.max(1));
     split(parts, &|i| f(i * per..((i + 1) * per).min(n)));
 }
@@ -283,6 +294,16 @@ mod tests {
             });
             assert!(hits.iter().all(|&h| h == 1), "n {n}");
         }
+    }
+
+    #[test]
+    fn parts_for_splits_only_work_that_pays() {
+        assert_eq!(parts_for(0, 10), 1);
+        assert_eq!(parts_for(9, 10), 1);
+        assert_eq!(parts_for(10, 10), 2.min(width()));
+        assert_eq!(parts_for(1_000, 10), width());
+        // Never a part under min / 2 units.
+        assert!(parts_for(1_000, 600) <= 3);
     }
 
     #[test]

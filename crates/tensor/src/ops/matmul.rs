@@ -110,7 +110,7 @@ impl<T: Float> Gemm<T> {
         // rows after, the split [`crate::iter::fill_vec`] makes of an
         // elementwise output of that size, so the next op finds each half in
         // the cache of the core that wrote it.
-        let parts = if self.m * self.n * self.k >= SPLIT_MIN { crate::pool::width() } else { 1 };
+        let parts = crate::pool::parts_for(self.m * self.n * self.k, SPLIT_MIN);
         // A tall product too cheap to be worth splitting for itself (a
         // network's first or last layer: 1024 x 64 x 2, 1024 x 1 x 64) is
         // still split by rows when its output or its left operand is as
@@ -118,7 +118,11 @@ impl<T: Float> Gemm<T> {
         // writes the rows the ops around it give that thread, where one
         // thread doing all rows would move half of them between the cores.
         let tall = self.m >= 64 && self.m * self.n.max(self.k) >= crate::iter::SPLIT_MIN;
-        let parts = if parts == 1 && tall { crate::pool::width() } else { parts };
+        let parts = if parts == 1 && tall {
+            crate::pool::parts_for(self.m * self.n.max(self.k), crate::iter::SPLIT_MIN)
+        } else {
+            parts
+        };
         // The microkernels cover 16 rows or 4 columns at a time.
         let rows = self.m.div_ceil(parts).next_multiple_of(16);
         let cols = self.n.div_ceil(parts).next_multiple_of(4);
@@ -297,7 +301,7 @@ fn kernel<T: Float + CpuElement>(a: &Tensor, b: &Tensor, p: &Plan) -> Result<Vec
         accumulate: false,
     };
     let batch = p.batch.numel();
-    let parts = crate::pool::width().min(batch);
+    let parts = crate::pool::parts_for(batch * m * n * k, SPLIT_MIN).min(batch);
     if batch > 1 && m * n * k < SPLIT_MIN && batch * m * n * k >= SPLIT_MIN && parts > 1 {
         // Many small products: whole products per part.
         let per = batch.div_ceil(parts);

@@ -3,7 +3,7 @@
 
 use smallvec::SmallVec;
 
-use crate::iter::{fill_vec_split, PAR_MIN, SPLIT_MIN};
+use crate::iter::{fill_vec_parts, PAR_MIN, SPLIT_MIN};
 use crate::ops::binary::BinaryOps;
 use crate::ops::shape::ShapeOps;
 use crate::ops::unary::{float_map, UnaryOps};
@@ -76,7 +76,7 @@ fn reduce_rows<T: CpuElement + Copy + Send + Sync, D: Send>(
     }
     // Few long rows (a sum over the last axis of [4096, 4096]) split by the
     // work, not by the number of outputs as fill_vec would.
-    fill_vec_split(rows, rows > 1 && rows * reduced >= SPLIT_MIN, |start, out| {
+    fill_vec_parts(rows, crate::pool::parts_for(rows * reduced, SPLIT_MIN), |start, out| {
         for (i, o) in out.iter_mut().enumerate() {
             let r = start + i;
             o.write(row(&data[r * reduced..(r + 1) * reduced]));
