@@ -23,7 +23,8 @@
 
 use std::any::Any;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize};
 use std::sync::{Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -99,7 +100,8 @@ fn wait_until(ready: impl Fn() -> bool) {
 }
 
 struct Pool {
-    helpers: usize,
+    /// Helper threads running (set once, after they are spawned).
+    helpers: AtomicUsize,
     /// The job in flight, or null.
     job: AtomicPtr<Job>,
     /// Bumped for every job published.
@@ -117,9 +119,9 @@ struct Pool {
 fn pool() -> &'static Pool {
     static POOL: OnceLock<&'static Pool> = OnceLock::new();
     POOL.get_or_init(|| {
-        let helpers = rayon::current_num_threads().saturating_sub(1);
+        let wanted = rayon::current_num_threads().saturating_sub(1);
         let pool: &'static Pool = Box::leak(Box::new(Pool {
-            helpers,
+            helpers: AtomicUsize::new(0),
             job: AtomicPtr::new(std::ptr::null_mut()),
             epoch: AtomicUsize::new(0),
             active: AtomicUsize::new(0),
@@ -128,14 +130,14 @@ fn pool() -> &'static Pool {
             lock: Mutex::new(()),
             wake: Condvar::new(),
         }));
-        for i in 0..helpers {
-            let spawned = std::thread::Builder::new().name(format!("tapir-helper-{i}")).spawn(move || helper(pool));
-            if spawned.is_err() {
-                // Fewer helpers only means fewer hands: the caller still
-                // runs every part nobody else claims.
-                break;
-            }
-        }
+        // Fewer helpers than wanted (a refused spawn) only means fewer
+        // hands: the caller runs every part nobody else claims.
+        let spawned = (0..wanted)
+            .take_while(|i| {
+                std::thread::Builder::new().name(format!("tapir-helper-{i}")).spawn(move || helper(pool)).is_ok()
+            })
+            .count();
+        pool.helpers.store(spawned, SeqCst);
         pool
     })
 }
@@ -188,14 +190,14 @@ fn helper(pool: &'static Pool) {
 /// Number of parts worth splitting a kernel into: the helpers plus the
 /// calling thread (1 when the pool has no helpers).
 pub fn width() -> usize {
-    pool().helpers + 1
+    pool().helpers.load(Relaxed) + 1
 }
 
 /// Runs `f(i)` for every `i < parts`, spread over the calling thread and
 /// the helpers; returns when every part has run.
 pub fn split(parts: usize, f: &(dyn Fn(usize) + Sync)) {
     let pool = pool();
-    if parts <= 1 || pool.helpers == 0 || pool.busy.swap(true, SeqCst) {
+    if parts <= 1 || pool.helpers.load(Relaxed) == 0 || pool.busy.swap(true, SeqCst) {
         (0..parts).for_each(f);
         return;
     }
