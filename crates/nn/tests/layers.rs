@@ -188,6 +188,22 @@ fn rms_norm_forward_and_gradients() {
 /// The fused op and its composition agree: values, first-order gradients
 /// (the op's one-pass kernel) and second-order ones (its differentiable
 /// formulation), in f64 and f32.
+/// A norm layer's forward, as the comparisons below take it.
+type NormFn<'a> = &'a dyn for<'g> Fn(&Bound<'g>, Var<'g>) -> R<'g>;
+
+/// `run` (the values a norm's forward and its gradients produce) agrees
+/// between the fused op and its composition, for both norms.
+fn fused_matches_composed(ln: &LayerNorm, rms: &RmsNorm, run: &dyn Fn(NormFn<'_>) -> Vec<Vec<f64>>, tol: f64) {
+    for (fused, composed) in [
+        (run(&|p, x| ln.forward(p, x)), run(&|p, x| ln.forward_composed(p, x))),
+        (run(&|p, x| rms.forward(p, x)), run(&|p, x| rms.forward_composed(p, x))),
+    ] {
+        for (a, b) in fused.iter().zip(&composed) {
+            close(a, b, tol);
+        }
+    }
+}
+
 #[test]
 fn norm_op_matches_its_composition() {
     for dtype in [DType::F64, DType::F32] {
@@ -200,8 +216,7 @@ fn norm_op_matches_its_composition() {
         }
         let x0 = rnd(&[2, 3, 6], 31).mul_scalar(2.0).unwrap().cast(dtype).unwrap();
         let r = rnd(&[2, 3, 6], 32).cast(dtype).unwrap();
-        type F<'a> = &'a dyn for<'g> Fn(&Bound<'g>, Var<'g>) -> R<'g>;
-        let run = |f: F<'_>| {
+        let run = |f: NormFn<'_>| {
             Graph::scope(|g| {
                 let p = store.bind(g);
                 let x = g.leaf(x0.clone());
@@ -231,14 +246,7 @@ fn norm_op_matches_its_composition() {
             })
             .unwrap()
         };
-        for (fused, composed) in [
-            (run(&|p, x| ln.forward(p, x)), run(&|p, x| ln.forward_composed(p, x))),
-            (run(&|p, x| rms.forward(p, x)), run(&|p, x| rms.forward_composed(p, x))),
-        ] {
-            for (a, b) in fused.iter().zip(&composed) {
-                close(a, b, tol);
-            }
-        }
+        fused_matches_composed(&ln, &rms, &run, tol);
     }
 }
 
@@ -467,8 +475,7 @@ fn norm_op_split_over_threads_matches_its_composition() {
         store.set(id, rnd(&[d], 60 + id.index() as u64)).unwrap();
     }
     let (x0, r) = (rnd(&[rows, d], 61).mul_scalar(3.0).unwrap(), rnd(&[rows, d], 62));
-    type F<'a> = &'a dyn for<'g> Fn(&Bound<'g>, Var<'g>) -> R<'g>;
-    let run = |f: F<'_>| {
+    let run = |f: NormFn<'_>| {
         Graph::scope(|g| {
             let p = store.bind(g);
             let x = g.leaf(x0.clone());
@@ -482,14 +489,7 @@ fn norm_op_split_over_threads_matches_its_composition() {
         })
         .unwrap()
     };
-    for (fused, composed) in [
-        (run(&|p, x| ln.forward(p, x)), run(&|p, x| ln.forward_composed(p, x))),
-        (run(&|p, x| rms.forward(p, x)), run(&|p, x| rms.forward_composed(p, x))),
-    ] {
-        for (a, b) in fused.iter().zip(&composed) {
-            close(a, b, 1e-11);
-        }
-    }
+    fused_matches_composed(&ln, &rms, &run, 1e-11);
 }
 
 #[test]

@@ -182,12 +182,12 @@ pub fn fill_vec_parts<D: Send>(
                 let at = (base + i * n.div_ceil(parts) * size).next_multiple_of(align);
                 ((at - base) / size).min(n)
             };
-            let out = SendSlice(spare.as_mut_ptr());
+            let out = crate::pool::Disjoint::new(spare);
             crate::pool::split(parts, &|i| {
                 let (start, end) = (bound(i), bound(i + 1));
                 // SAFETY: the bounds increase with `i`, so the parts are
                 // disjoint ranges of `spare`, each handed to one thread.
-                let chunk = unsafe { std::slice::from_raw_parts_mut(out.get().add(start), end.max(start) - start) };
+                let chunk = unsafe { out.slice(start, end.max(start) - start) };
                 fill(start, chunk);
             });
         } else {
@@ -198,18 +198,6 @@ pub fn fill_vec_parts<D: Send>(
     // given, and the chunks cover 0..n exactly.
     unsafe { v.set_len(n) };
     Ok(v)
-}
-
-/// The output of [`fill_vec`], shared by its parts (each writes its own range).
-struct SendSlice<D>(*mut MaybeUninit<D>);
-// SAFETY: see above; the ranges are disjoint.
-unsafe impl<D: Send> Send for SendSlice<D> {}
-unsafe impl<D: Send> Sync for SendSlice<D> {}
-
-impl<D> SendSlice<D> {
-    fn get(&self) -> *mut MaybeUninit<D> {
-        self.0
-    }
 }
 
 /// Maps one strided operand through `f` into a new contiguous vector (or

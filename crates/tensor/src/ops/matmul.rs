@@ -61,19 +61,6 @@ impl<T: Copy> SendGemm<T> {
     }
 }
 
-/// A raw output pointer shared by the parts of a batched product, each of
-/// which writes its own blocks.
-struct SendPtr<T>(*mut T);
-// SAFETY: see above; the parts' blocks are disjoint.
-unsafe impl<T> Send for SendPtr<T> {}
-unsafe impl<T> Sync for SendPtr<T> {}
-
-impl<T> SendPtr<T> {
-    fn get(&self) -> *mut T {
-        self.0
-    }
-}
-
 impl<T: Float> Gemm<T> {
     /// Runs the product, split by output rows (or columns, for short wide
     /// outputs) over the pool when it is large enough.
@@ -284,12 +271,13 @@ fn kernel<T: Float + CpuElement>(a: &Tensor, b: &Tensor, p: &Plan) -> Result<Vec
     // The output is not zeroed first: gemm is told not to read it
     // (`read_dst = false`) and writes every element of each block.
     let mut out: Vec<T> = crate::cache::take(total)?;
-    let dst = SendPtr(out.spare_capacity_mut().as_mut_ptr() as *mut T);
+    let dst = crate::pool::Disjoint::new(&mut out.spare_capacity_mut()[..total]);
     let entry = |i: usize| Gemm {
         m,
         n,
         k,
-        dst: dst.get().wrapping_add(i * m * n),
+        // SAFETY: block i is written by whoever runs entry i, alone.
+        dst: unsafe { dst.slice(i * m * n, m * n) }.as_mut_ptr() as *mut T,
         dst_rs: n,
         // SAFETY: the offsets come from valid layouts of `a` and `b`.
         a: unsafe { ad.as_ptr().add(ao[i]) },
