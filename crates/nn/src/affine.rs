@@ -11,7 +11,7 @@
 //! It can also add a residual branch in the same buffer.
 //! Its rules are written in differentiable ops, so higher orders work.
 
-use tapir_tensor::ops::matmul::matmul_sum;
+use tapir_tensor::ops::matmul::linear_sum;
 use tapir_tensor::ops::{add_opt, InputGrads, Op, Saved};
 use tapir_tensor::pool::{self, Disjoint};
 use tapir_tensor::simd;
@@ -95,16 +95,14 @@ impl Op for Affine {
         if x.rank() != 2 || w.rank() != 2 || x.dims()[1] != w.dims()[1] {
             return Err(Error::ShapeMismatch { op: "affine", lhs: x.shape().clone(), rhs: w.shape().clone() });
         }
-        let mut y = x.matmul(&w.t()?)?;
-        if self.bias {
-            let b = xs[2];
+        let b = if self.bias { Some(xs[2]) } else { None };
+        if let Some(b) = b {
             if b.dims() != [w.dims()[0]] {
                 return Err(Error::ShapeMismatch { op: "affine", lhs: w.shape().clone(), rhs: b.shape().clone() });
             }
-            if !add_in_place(&mut y, b)? {
-                y = y.add(b)?;
-            }
         }
+        // The bias is added by each thread to its rows of the product.
+        let mut y = linear_sum(&[(x, &w.t()?)], b)?.ok_or_else(|| Error::invalid_arg("affine", "no product"))?;
         if self.residual {
             let r = xs[xs.len() - 1];
             if r.shape() != y.shape() {
@@ -142,23 +140,11 @@ impl Op for Affine {
         if let Some(twt) = twt.as_ref() {
             terms.push((x, twt));
         }
-        let mut tz = matmul_sum(&terms)?;
         let tb = if self.bias { ts[2] } else { None };
-        if let Some(tb) = tb {
-            tz = Some(match tz {
-                Some(z) if !z.is_recording() => {
-                    let mut zt = z.eval()?;
-                    drop(z);
-                    if add_in_place(&mut zt, &tb.eval()?)? {
-                        tb.lift(zt)
-                    } else {
-                        tb.lift(zt.add(&tb.eval()?)?)
-                    }
-                }
-                Some(z) => z.add(tb)?,
-                None => tb.broadcast_to(y.shape())?,
-            });
-        }
+        let tz = match (terms.is_empty(), tb) {
+            (true, Some(tb)) => Some(tb.broadcast_to(y.shape())?),
+            _ => linear_sum(&terms, tb)?,
+        };
         if self.residual {
             return add_opt(tz, ts[ts.len() - 1].cloned());
         }

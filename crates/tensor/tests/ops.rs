@@ -932,9 +932,18 @@ fn matmul_transposed_and_strided_views_read_in_place() -> R {
 /// tall thin products (1000 x 3 x 40, 2000 x 20 x 1) split by rows too.
 #[test]
 fn matmul_large_parallel_matches_naive() -> R {
-    for (m, k, n) in
-        [(150, 96, 80), (8, 512, 300), (1, 2048, 600), (32, 2048, 32), (64, 1500, 60), (1000, 3, 40), (2000, 20, 1)]
-    {
+    for (m, k, n) in [
+        (150, 96, 80),
+        (8, 512, 300),
+        (1, 2048, 600),
+        (32, 2048, 32),
+        (64, 1500, 60),
+        (1000, 3, 40),
+        (2000, 20, 1),
+        // Thin weight gradients, split along the inner dimension.
+        (1, 1024, 64),
+        (64, 1100, 2),
+    ] {
         let a = vals(m * k, 7);
         let b = vals(k * n, 8);
         let want = naive_matmul(&a, &b, m, k, n);
@@ -1524,13 +1533,29 @@ fn full_keeps_the_sign_of_zero() -> R {
 /// that take the row split and the inner-dimension split with accumulation.
 #[test]
 fn matmul_sum_accumulates_every_term() -> R {
-    for (m, k, n) in [(40, 30, 20), (150, 96, 80), (32, 2048, 32)] {
-        let (a1, b1, a2, b2) = (vals(m * k, 11), vals(k * n, 12), vals(m * k, 13), vals(k * n, 14));
+    // Row split, column split, inner-dimension split (also of a thin
+    // output), and terms of different inner dimensions.
+    for (m, k, n, k2) in
+        [(40, 30, 20, 30), (150, 96, 80, 7), (32, 2048, 32, 2048), (1, 1024, 64, 600), (1000, 64, 64, 2)]
+    {
+        let (a1, b1, a2, b2) = (vals(m * k, 11), vals(k * n, 12), vals(m * k2, 13), vals(k2 * n, 14));
+        let bias = vals(n, 15);
         let want: Vec<f64> =
-            naive_matmul(&a1, &b1, m, k, n).iter().zip(naive_matmul(&a2, &b2, m, k, n)).map(|(x, y)| x + y).collect();
-        let (ta1, tb1, ta2, tb2) = (f64s(&a1, &[m, k]), f64s(&b1, &[k, n]), f64s(&a2, &[m, k]), f64s(&b2, &[k, n]));
+            naive_matmul(&a1, &b1, m, k, n).iter().zip(naive_matmul(&a2, &b2, m, k2, n)).map(|(x, y)| x + y).collect();
+        let (ta1, tb1, ta2, tb2) = (f64s(&a1, &[m, k]), f64s(&b1, &[k, n]), f64s(&a2, &[m, k2]), f64s(&b2, &[k2, n]));
         let got = tapir_tensor::ops::matmul::matmul_sum(&[(&ta1, &tb1), (&ta2, &tb2)])?.expect("two terms");
         check(&got, &[m, n], &want, 1e-12);
+        // The bias, added to every row by the same job.
+        let with_bias: Vec<f64> = want.iter().enumerate().map(|(i, w)| w + bias[i % n]).collect();
+        let tb = f64s(&bias, &[n]);
+        let got = tapir_tensor::ops::matmul::linear_sum(&[(&ta1, &tb1), (&ta2, &tb2)], Some(&tb))?.expect("terms");
+        check(&got, &[m, n], &with_bias, 1e-12);
+        // One term and a bias; a transposed (strided) right operand.
+        let one: Vec<f64> = naive_matmul(&a1, &b1, m, k, n).iter().enumerate().map(|(i, w)| w + bias[i % n]).collect();
+        let b1t = f64s(&f64s(&b1, &[k, n]).t()?.to_vec_f64(), &[n, k]).t()?;
+        let got = tapir_tensor::ops::matmul::linear_sum(&[(&ta1, &b1t)], Some(&tb))?.expect("a term");
+        check(&got, &[m, n], &one, 1e-12);
     }
+    assert!(tapir_tensor::ops::matmul::linear_sum::<Tensor>(&[], None)?.is_none());
     Ok(())
 }

@@ -18,21 +18,32 @@ use crate::{with_float, Error, Float, Result, Shape, Tensor};
 /// more than half a 1024 x 64 x 64 product on these virtual machines.
 const SPLIT_MIN: usize = 1 << 20;
 
-/// One strided product `dst = a @ b` (`dst += a @ b` when `accumulate`),
-/// `dst` row-major with row stride `dst_rs`.
+/// One strided product's operands: `a` is `m x k`, `b` is `k x n`.
 #[derive(Clone, Copy)]
-struct Gemm<T> {
-    m: usize,
-    n: usize,
+struct Term<T> {
     k: usize,
-    dst: *mut T,
-    dst_rs: usize,
     a: *const T,
     a_rs: isize,
     a_cs: isize,
     b: *const T,
     b_rs: isize,
     b_cs: isize,
+}
+
+/// A sum of strided products into one row-major block,
+/// `dst = bias + a_1 @ b_1 + a_2 @ b_2 + ...` (`dst +=` when `accumulate`),
+/// the bias a row of `n` broadcast over the `m` rows. A product rule's
+/// tangent (`ta @ b + a @ tb`) and a linear layer (`x @ w^T + b`) are each
+/// one `Gemm`: split over the pool as one job, each part computing every
+/// term for its own rows, so no term's output crosses between cores.
+#[derive(Clone)]
+struct Gemm<T> {
+    m: usize,
+    n: usize,
+    dst: *mut T,
+    dst_rs: usize,
+    terms: SmallVec<[Term<T>; 2]>,
+    bias: Option<*const T>,
     accumulate: bool,
 }
 
@@ -40,6 +51,9 @@ struct Gemm<T> {
 // read-only operands; `run` hands each part's block to one thread only.
 unsafe impl<T> Send for Gemm<T> {}
 unsafe impl<T> Sync for Gemm<T> {}
+// SAFETY: a `Term`'s operands are only read.
+unsafe impl<T> Send for Term<T> {}
+unsafe impl<T> Sync for Term<T> {}
 
 /// Inner dimensions up to this get a strided `b` packed row-major first.
 const SMALL_K: usize = 16;
@@ -49,170 +63,217 @@ const SMALL_OUT: usize = 1 << 14;
 /// The inner-dimension chunk of [`Gemm::split_k`].
 const K_CHUNK: usize = 512;
 
-/// A `Gemm` shared by the parts of a split.
-struct SendGemm<T>(Gemm<T>);
-// SAFETY: as for `Gemm`.
-unsafe impl<T> Send for SendGemm<T> {}
-unsafe impl<T> Sync for SendGemm<T> {}
-
-impl<T: Copy> SendGemm<T> {
-    fn get(&self) -> Gemm<T> {
-        self.0
-    }
-}
-
 impl<T: Float> Gemm<T> {
-    /// Runs the product, split by output rows (or columns, for short wide
-    /// outputs) over the pool when it is large enough.
+    /// One product, `dst = a @ b` (or `+=`).
+    fn single(m: usize, n: usize, dst: *mut T, dst_rs: usize, term: Term<T>, accumulate: bool) -> Self {
+        Gemm { m, n, dst, dst_rs, terms: smallvec::smallvec![term], bias: None, accumulate }
+    }
+
+    /// Runs the sum, split by output rows (or columns, for short wide
+    /// outputs, or by the inner dimension, for small outputs of long ones)
+    /// over the pool when it is large enough.
     ///
     /// # Safety
-    /// Every element the description addresses lies inside a live buffer;
-    /// the `m x n` block at `dst` is not read or written by anyone else
-    /// meanwhile, and is only read when `accumulate`.
-    unsafe fn run(self) {
+    /// Every element the description addresses lies inside a live buffer
+    /// (the bias: `n` elements); the `m x n` block at `dst` is not read or
+    /// written by anyone else meanwhile, and is only read when `accumulate`.
+    unsafe fn run(mut self) {
         if self.m == 0 || self.n == 0 {
             return;
         }
-        if self.k <= SMALL_K && self.b_cs != 1 && self.m >= 64 {
-            // The gemm crate reads a thin `b` in place, and strided (a
-            // transposed weight: a network's first layer on 2-D points) that
-            // took 31 us for 1024 x 64 x 2 against 8 us row-major. A copy of
-            // k x n elements costs nothing beside it.
-            let mut packed = Vec::with_capacity(self.k * self.n);
-            for p in 0..self.k {
-                // SAFETY: row p of `b` lies inside it (the caller's contract).
-                packed.extend(
-                    (0..self.n).map(|j| unsafe { *self.b.offset(p as isize * self.b_rs + j as isize * self.b_cs) }),
-                );
+        // The gemm crate reads a thin `b` in place, and strided (a
+        // transposed weight: a network's first layer on 2-D points) that
+        // took 31 us for 1024 x 64 x 2 against 8 us row-major. A copy of
+        // k x n elements costs nothing beside it.
+        let mut packed: SmallVec<[Vec<T>; 2]> = SmallVec::new();
+        for t in self.terms.iter_mut() {
+            if t.k <= SMALL_K && t.b_cs != 1 && self.m >= 64 {
+                let mut p = Vec::with_capacity(t.k * self.n);
+                for r in 0..t.k {
+                    // SAFETY: row r of `b` lies inside it (the caller's contract).
+                    p.extend((0..self.n).map(|j| unsafe { *t.b.offset(r as isize * t.b_rs + j as isize * t.b_cs) }));
+                }
+                // `p`'s heap block stays put when `packed` grows.
+                *t = Term { b: p.as_ptr(), b_rs: self.n as isize, b_cs: 1, ..*t };
+                packed.push(p);
             }
-            // SAFETY: `packed` is `b`'s k x n elements, row-major, alive for
-            // the call.
-            return unsafe { Gemm { b: packed.as_ptr(), b_rs: self.n as isize, b_cs: 1, ..self }.run() };
         }
-        if self.m * self.n <= SMALL_OUT && self.k >= 2 * K_CHUNK && self.m * self.n * self.k >= SPLIT_MIN {
+        let (m, n) = (self.m, self.n);
+        let k_max = self.terms.iter().map(|t| t.k).max().unwrap_or(0);
+        let macs: usize = self.terms.iter().map(|t| m * n * t.k).sum();
+        // A small output of a long inner dimension (a weight gradient
+        // `g^T x` over a batch) splits that dimension: also a thin one
+        // (`1 x 64 x 1024`, a last layer's), too cheap to split for itself,
+        // whose operands are as large as a split elementwise op's, so each
+        // thread reads the rows of `x` and `g` the ops around it gave it.
+        if m * n <= SMALL_OUT
+            && k_max >= 2 * K_CHUNK
+            && (macs >= SPLIT_MIN || k_max * m.max(n) >= crate::iter::SPLIT_MIN)
+        {
             // SAFETY: forwarded from the caller.
-            return unsafe { self.split_k() };
+            return unsafe { self.split_k(k_max) };
         }
         // One part per thread: the caller takes rows 0.., the helper the
         // rows after, the split [`crate::iter::fill_vec`] makes of an
         // elementwise output of that size, so the next op finds each half in
         // the cache of the core that wrote it.
-        let parts = crate::pool::parts_for(self.m * self.n * self.k, SPLIT_MIN);
+        let parts = crate::pool::parts_for(macs, SPLIT_MIN);
         // A tall product too cheap to be worth splitting for itself (a
         // network's first or last layer: 1024 x 64 x 2, 1024 x 1 x 64) is
         // still split by rows when its output or its left operand is as
         // large as a split elementwise op's: each thread then reads and
         // writes the rows the ops around it give that thread, where one
         // thread doing all rows would move half of them between the cores.
-        let tall = self.m >= 64 && self.m * self.n.max(self.k) >= crate::iter::SPLIT_MIN;
-        let parts = if parts == 1 && tall {
-            crate::pool::parts_for(self.m * self.n.max(self.k), crate::iter::SPLIT_MIN)
-        } else {
-            parts
-        };
+        let tall = m >= 64 && m * n.max(k_max) >= crate::iter::SPLIT_MIN;
+        let parts =
+            if parts == 1 && tall { crate::pool::parts_for(m * n.max(k_max), crate::iter::SPLIT_MIN) } else { parts };
         // The microkernels cover 16 rows or 4 columns at a time.
-        let rows = self.m.div_ceil(parts).next_multiple_of(16);
-        let cols = self.n.div_ceil(parts).next_multiple_of(4);
-        if parts > 1 && rows < self.m && crate::pool::width() > 1 {
+        let rows = m.div_ceil(parts).next_multiple_of(16);
+        let cols = n.div_ceil(parts).next_multiple_of(4);
+        if parts > 1 && rows < m && crate::pool::width() > 1 {
             // SAFETY: the parts' row ranges are disjoint blocks of `dst`.
-            crate::pool::split(self.m.div_ceil(rows), &|i| unsafe { self.rows(i * rows, rows).call() });
-        } else if parts > 1 && !tall && cols < self.n && crate::pool::width() > 1 {
+            crate::pool::split(m.div_ceil(rows), &|i| unsafe { self.rows(i * rows, rows).call() });
+        } else if parts > 1 && !tall && cols < n && crate::pool::width() > 1 {
             // SAFETY: the parts' column ranges are disjoint blocks of `dst`.
-            crate::pool::split(self.n.div_ceil(cols), &|i| unsafe { self.cols(i * cols, cols).call() });
+            crate::pool::split(n.div_ceil(cols), &|i| unsafe { self.cols(i * cols, cols).call() });
         } else {
-            self.call()
+            // SAFETY: forwarded from the caller.
+            unsafe { self.call() }
         }
+        drop(packed);
     }
 
-    /// A small output with a long inner dimension (a weight gradient,
-    /// `dY^T X` over a batch): the inner dimension in fixed chunks of
-    /// [`K_CHUNK`], one product per chunk into its own buffer, spread over
-    /// the pool, then added in chunk order. Each thread packs only its
-    /// chunk's operands, where a row split would pack all of `b` on every
-    /// thread; the chunks depend only on `k`, so no bit depends on the
-    /// number of threads.
-    unsafe fn split_k(self) {
+    /// The inner dimension in fixed chunks of [`K_CHUNK`], one partial sum
+    /// per chunk into its own buffer, spread over the pool, then added in
+    /// chunk order. Each thread packs only its chunk's operands, where a row
+    /// split would pack all of `b` on every thread; the chunks depend only
+    /// on the shapes, so no bit depends on the number of threads.
+    unsafe fn split_k(self, k_max: usize) {
         let (m, n) = (self.m, self.n);
-        let chunks = self.k.div_ceil(K_CHUNK);
-        let mut partial = vec![T::ZERO; chunks * m * n];
-        let out = crate::pool::Disjoint::new(&mut partial);
-        let this = SendGemm(self);
+        let chunks = k_max.div_ceil(K_CHUNK);
+        // Written before read: every chunk has a term reaching into it, and
+        // that term's gemm writes the whole block (`accumulate` false).
+        let Ok(mut partial) = crate::cache::take::<T>(chunks * m * n) else {
+            // No memory for the partial sums: one thread, no extra buffer.
+            // SAFETY: forwarded from the caller.
+            return unsafe { self.call() };
+        };
+        let out = crate::pool::Disjoint::new(&mut partial.spare_capacity_mut()[..chunks * m * n]);
         crate::pool::split(chunks, &|c| {
-            let g = this.get();
             let k0 = c * K_CHUNK;
+            let terms = self
+                .terms
+                .iter()
+                .filter(|t| t.k > k0)
+                .map(|t| Term {
+                    k: K_CHUNK.min(t.k - k0),
+                    a: t.a.wrapping_offset(k0 as isize * t.a_cs),
+                    b: t.b.wrapping_offset(k0 as isize * t.b_rs),
+                    ..*t
+                })
+                .collect();
             // SAFETY: block c of `partial` is this part's alone; the chunk's
             // columns of `a` and rows of `b` lie inside them.
-            unsafe {
-                Gemm {
-                    k: K_CHUNK.min(g.k - k0),
-                    dst: out.slice(c * m * n, m * n).as_mut_ptr(),
-                    dst_rs: n,
-                    a: g.a.wrapping_offset(k0 as isize * g.a_cs),
-                    b: g.b.wrapping_offset(k0 as isize * g.b_rs),
-                    accumulate: false,
-                    ..g
-                }
-                .call()
-            }
+            let dst = unsafe { out.slice(c * m * n, m * n) }.as_mut_ptr() as *mut T;
+            unsafe { Gemm { m, n, dst, dst_rs: n, terms, bias: None, accumulate: false }.call() }
         });
+        // SAFETY: every block was written by its chunk's gemm above.
+        unsafe { partial.set_len(chunks * m * n) };
+        // SAFETY: the bias holds `n` elements (the caller's contract).
+        let bias = self.bias.map(|b| unsafe { std::slice::from_raw_parts(b, n) });
         for i in 0..m {
             // SAFETY: row i of `dst` (the caller's contract).
             let row = unsafe { std::slice::from_raw_parts_mut(self.dst.add(i * self.dst_rs), n) };
-            for (j, o) in row.iter_mut().enumerate() {
-                let mut acc = if self.accumulate { *o } else { T::ZERO };
-                for c in 0..chunks {
-                    acc += partial[c * m * n + i * n + j];
-                }
-                *o = acc;
-            }
+            crate::simd::run(
+                #[inline(always)]
+                || {
+                    for (j, o) in row.iter_mut().enumerate() {
+                        let mut acc = if self.accumulate { *o } else { T::ZERO };
+                        if let Some(b) = bias {
+                            acc += b[j];
+                        }
+                        for c in 0..chunks {
+                            acc += partial[c * m * n + i * n + j];
+                        }
+                        *o = acc;
+                    }
+                },
+            );
         }
     }
 
-    /// Rows `r0..r0 + len` (clipped to `m`) of the product.
-    fn rows(self, r0: usize, len: usize) -> Self {
+    /// Rows `r0..r0 + len` (clipped to `m`) of the sum.
+    fn rows(&self, r0: usize, len: usize) -> Self {
         Gemm {
             m: len.min(self.m - r0),
             dst: self.dst.wrapping_add(r0 * self.dst_rs),
-            a: self.a.wrapping_offset(r0 as isize * self.a_rs),
-            ..self
+            terms: self.terms.iter().map(|t| Term { a: t.a.wrapping_offset(r0 as isize * t.a_rs), ..*t }).collect(),
+            ..self.clone()
         }
     }
 
-    /// Columns `c0..c0 + len` (clipped to `n`) of the product.
-    fn cols(self, c0: usize, len: usize) -> Self {
+    /// Columns `c0..c0 + len` (clipped to `n`) of the sum.
+    fn cols(&self, c0: usize, len: usize) -> Self {
         Gemm {
             n: len.min(self.n - c0),
             dst: self.dst.wrapping_add(c0),
-            b: self.b.wrapping_offset(c0 as isize * self.b_cs),
-            ..self
+            terms: self.terms.iter().map(|t| Term { b: t.b.wrapping_offset(c0 as isize * t.b_cs), ..*t }).collect(),
+            bias: self.bias.map(|b| b.wrapping_add(c0)),
+            ..self.clone()
         }
     }
 
-    /// One gemm call on this thread.
-    unsafe fn call(self) {
-        // SAFETY: forwarded from `run`'s contract.
-        unsafe {
-            gemm::gemm(
-                self.m,
-                self.n,
-                self.k,
-                self.dst,
-                1,
-                self.dst_rs as isize,
-                self.accumulate,
-                self.a,
-                self.a_cs,
-                self.a_rs,
-                self.b,
-                self.b_cs,
-                self.b_rs,
-                T::ONE,
-                T::ONE,
-                false,
-                false,
-                false,
-                gemm::Parallelism::None,
-            )
+    /// The whole sum on this thread: the bias rows first, then one gemm
+    /// call per term, each after the first adding into the block.
+    unsafe fn call(&self) {
+        let mut written = self.accumulate;
+        if let Some(b) = self.bias {
+            // SAFETY: the bias holds `n` elements, row i of `dst` is this
+            // block's (the caller's contract).
+            let b = unsafe { std::slice::from_raw_parts(b, self.n) };
+            for i in 0..self.m {
+                let row = unsafe { std::slice::from_raw_parts_mut(self.dst.add(i * self.dst_rs), self.n) };
+                if written {
+                    row.iter_mut().zip(b).for_each(|(o, &b)| *o += b);
+                } else {
+                    row.copy_from_slice(b);
+                }
+            }
+            written = true;
+        }
+        for t in self.terms.iter().filter(|t| t.k > 0) {
+            // SAFETY: forwarded from `run`'s contract.
+            unsafe {
+                gemm::gemm(
+                    self.m,
+                    self.n,
+                    t.k,
+                    self.dst,
+                    1,
+                    self.dst_rs as isize,
+                    written,
+                    t.a,
+                    t.a_cs,
+                    t.a_rs,
+                    t.b,
+                    t.b_cs,
+                    t.b_rs,
+                    T::ONE,
+                    T::ONE,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                )
+            }
+            written = true;
+        }
+        if !written {
+            // Every inner dimension is 0: the empty sum.
+            for i in 0..self.m {
+                // SAFETY: row i of `dst` is this block's.
+                unsafe { std::slice::from_raw_parts_mut(self.dst.add(i * self.dst_rs), self.n) }.fill(T::ZERO);
+            }
         }
     }
 }
@@ -272,21 +333,25 @@ fn kernel<T: Float + CpuElement>(a: &Tensor, b: &Tensor, p: &Plan) -> Result<Vec
     // (`read_dst = false`) and writes every element of each block.
     let mut out: Vec<T> = crate::cache::take(total)?;
     let dst = crate::pool::Disjoint::new(&mut out.spare_capacity_mut()[..total]);
-    let entry = |i: usize| Gemm {
-        m,
-        n,
-        k,
-        // SAFETY: block i is written by whoever runs entry i, alone.
-        dst: unsafe { dst.slice(i * m * n, m * n) }.as_mut_ptr() as *mut T,
-        dst_rs: n,
-        // SAFETY: the offsets come from valid layouts of `a` and `b`.
-        a: unsafe { ad.as_ptr().add(ao[i]) },
-        a_rs,
-        a_cs,
-        b: unsafe { bd.as_ptr().add(bo[i]) },
-        b_rs,
-        b_cs,
-        accumulate: false,
+    let entry = |i: usize| {
+        Gemm::single(
+            m,
+            n,
+            // SAFETY: block i is written by whoever runs entry i, alone.
+            unsafe { dst.slice(i * m * n, m * n) }.as_mut_ptr() as *mut T,
+            n,
+            Term {
+                k,
+                // SAFETY: the offsets come from valid layouts of `a` and `b`.
+                a: unsafe { ad.as_ptr().add(ao[i]) },
+                a_rs,
+                a_cs,
+                b: unsafe { bd.as_ptr().add(bo[i]) },
+                b_rs,
+                b_cs,
+            },
+            false,
+        )
     };
     let batch = p.batch.numel();
     let parts = crate::pool::parts_for(batch * m * n * k, SPLIT_MIN).min(batch);
@@ -362,16 +427,29 @@ impl Op for Matmul {
 }
 
 /// `a_1 @ b_1 + a_2 @ b_2 + ...` (`None` for no terms): the form of every
-/// product rule's tangent. When nothing is recorded and every operand is a
-/// 2-D CPU f32/f64 matrix, the products go into one buffer, the first
-/// written and the others accumulated by gemm, so there is no temporary
-/// product and no addition pass. Otherwise (recording, batched or other
-/// dtypes) it is `matmul` and `add`, differentiable as usual.
+/// product rule's tangent. See [`linear_sum`].
 pub fn matmul_sum<T: Diff>(terms: &[(&T, &T)]) -> Result<Option<T>> {
+    linear_sum(terms, None)
+}
+
+/// `a_1 @ b_1 + a_2 @ b_2 + ... + bias`, the bias (a row of the output's
+/// width) added to every row: a linear layer and its tangent. `None` for no
+/// terms (a bias alone has no row count).
+///
+/// When nothing is recorded and every operand is a 2-D CPU f32/f64 matrix,
+/// it is one split job writing one buffer: each thread computes every term
+/// and the bias for its own rows (gemm adds each product into the block),
+/// so there is no temporary product, no addition pass, and no row moves
+/// between cores. Otherwise (recording, batched or other dtypes) it is
+/// `matmul` and `add`, differentiable as usual.
+pub fn linear_sum<T: Diff>(terms: &[(&T, &T)], bias: Option<&T>) -> Result<Option<T>> {
     let Some(&(first, _)) = terms.first() else { return Ok(None) };
-    if !first.is_recording() && terms.len() > 1 {
+    let recording =
+        terms.iter().any(|(a, b)| a.is_recording() || b.is_recording()) || bias.is_some_and(|b| b.is_recording());
+    if !recording && (terms.len() > 1 || bias.is_some()) {
         let vals = terms.iter().map(|(a, b)| Ok((a.eval()?, b.eval()?))).collect::<Result<Vec<_>>>()?;
-        if let Some(out) = eager_matmul_sum(&vals)? {
+        let bias = bias.map(|b| b.eval()).transpose()?;
+        if let Some(out) = eager_linear_sum(&vals, bias.as_ref())? {
             return Ok(Some(first.lift(out)));
         }
     }
@@ -379,58 +457,49 @@ pub fn matmul_sum<T: Diff>(terms: &[(&T, &T)]) -> Result<Option<T>> {
     for (a, b) in terms {
         acc = add_opt(acc, Some(a.matmul(b)?))?;
     }
-    Ok(acc)
+    add_opt(acc, bias.cloned())
 }
 
-fn eager_matmul_sum(terms: &[(Tensor, Tensor)]) -> Result<Option<Tensor>> {
+fn eager_linear_sum(terms: &[(Tensor, Tensor)], bias: Option<&Tensor>) -> Result<Option<Tensor>> {
     let (a0, b0) = &terms[0];
     let dtype = a0.dtype();
     let (m, n) = (a0.dims().first().copied().unwrap_or(0), b0.dims().get(1).copied().unwrap_or(0));
+    let on_cpu = |t: &Tensor| t.dtype() == dtype && t.device() == crate::Device::Cpu;
     let fits = terms.iter().all(|(a, b)| {
-        [a, b].iter().all(|t| t.rank() == 2 && t.dtype() == dtype && t.device() == crate::Device::Cpu)
+        [a, b].iter().all(|t| t.rank() == 2 && on_cpu(t))
             && a.dims()[0] == m
             && b.dims()[1] == n
             && a.dims()[1] == b.dims()[0]
-    });
+    }) && bias.is_none_or(|b| on_cpu(b) && b.dims() == [n]);
     if !fits || !matches!(dtype, crate::DType::F32 | crate::DType::F64) {
         return Ok(None);
     }
     with_float!(dtype, F => {
+        let bias = bias.map(|b| b.contiguous()).transpose()?;
         let mut out: Vec<F> = crate::cache::take(m * n)?;
         let dst = out.spare_capacity_mut().as_mut_ptr() as *mut F;
-        let mut written = false;
-        for (a, b) in terms {
-            let k = a.dims()[1];
-            if m * n == 0 || k == 0 {
-                continue;
-            }
-            let (ad, bd) = (a.storage_slice::<F>(), b.storage_slice::<F>());
-            // SAFETY: offsets and strides come from valid 2-D layouts of `a`
-            // and `b`; `dst` has room for m x n elements, and is read
-            // (`accumulate`) only after an earlier term wrote all of them.
-            unsafe {
-                Gemm {
-                    m,
-                    n,
-                    k,
-                    dst,
-                    dst_rs: n,
-                    a: ad.as_ptr().add(a.layout.offset),
+        let terms = terms
+            .iter()
+            .map(|(a, b)| {
+                let (ad, bd) = (a.storage_slice::<F>(), b.storage_slice::<F>());
+                Term {
+                    k: a.dims()[1],
+                    // SAFETY: the offsets come from valid 2-D layouts.
+                    a: unsafe { ad.as_ptr().add(a.layout.offset) },
                     a_rs: a.strides()[0] as isize,
                     a_cs: a.strides()[1] as isize,
-                    b: bd.as_ptr().add(b.layout.offset),
+                    b: unsafe { bd.as_ptr().add(b.layout.offset) },
                     b_rs: b.strides()[0] as isize,
                     b_cs: b.strides()[1] as isize,
-                    accumulate: written,
                 }
-                .run()
-            };
-            written = true;
-        }
-        if !written {
-            return Ok(Some(Tensor::zeros([m, n], dtype)?));
-        }
-        // SAFETY: the first product with k > 0 wrote all m x n elements.
+            })
+            .collect();
+        let bias_ptr = bias.as_ref().map(|b| b.storage_slice::<F>()[b.layout.offset..].as_ptr());
+        // SAFETY: strides come from valid 2-D layouts of the operands, the
+        // bias is n contiguous elements, `dst` has room for m x n elements
+        // and `Gemm::call` writes all of them before reading any.
+        unsafe { Gemm { m, n, dst, dst_rs: n, terms, bias: bias_ptr, accumulate: false }.run() };
+        // SAFETY: written above (an empty sum writes zeros).
         unsafe { out.set_len(m * n) };
         Tensor::from_vec(out, [m, n]).map(Some)
     }, _ => Ok(None))
@@ -513,20 +582,22 @@ pub(crate) fn gemm_into<T: Float>(
     // SAFETY: the asserts above keep every addressed element in bounds,
     // and `dst` is borrowed mutably for the call.
     unsafe {
-        Gemm {
+        Gemm::single(
             m,
             n,
-            k,
-            dst: dst.as_mut_ptr(),
-            dst_rs: n,
-            a: a.data.as_ptr(),
-            a_rs: a.rs as isize,
-            a_cs: a.cs as isize,
-            b: b.data.as_ptr(),
-            b_rs: b.rs as isize,
-            b_cs: b.cs as isize,
+            dst.as_mut_ptr(),
+            n,
+            Term {
+                k,
+                a: a.data.as_ptr(),
+                a_rs: a.rs as isize,
+                a_cs: a.cs as isize,
+                b: b.data.as_ptr(),
+                b_rs: b.rs as isize,
+                b_cs: b.cs as isize,
+            },
             accumulate,
-        }
+        )
         .run()
     }
 }
