@@ -956,6 +956,26 @@ fn matmul_large_parallel_matches_naive() -> R {
     Ok(())
 }
 
+/// f32 products whose left operand is a transposed view (`g^T x`, a
+/// weight gradient): on AVX-512 they run tapir's own outer-product kernel
+/// rather than the gemm crate, alone or as terms of a sum.
+#[test]
+fn matmul_f32_transposed_left_operand_matches_naive() -> R {
+    for (m, k, n) in [(64, 1024, 64), (1, 1024, 64), (64, 1100, 2), (13, 70, 37), (100, 40, 130)] {
+        let (a, b, a2) = (vals(m * k, 21), vals(k * n, 22), vals(m * k, 23));
+        let want = naive_matmul(&a, &b, m, k, n);
+        // a is stored [k, m], as an activation is, and read transposed.
+        let at = f32s(&f64s(&a, &[m, k]).t()?.to_vec_f64(), &[k, m]).t()?;
+        check(&at.matmul(&f32s(&b, &[k, n]))?, &[m, n], &want, 1e-4);
+        let a2t = f32s(&f64s(&a2, &[m, k]).t()?.to_vec_f64(), &[k, m]).t()?;
+        let want2: Vec<f64> = want.iter().zip(naive_matmul(&a2, &b, m, k, n)).map(|(x, y)| x + y).collect();
+        let tb = f32s(&b, &[k, n]);
+        let got = tapir_tensor::ops::matmul::matmul_sum(&[(&at, &tb), (&a2t, &tb)])?.expect("two terms");
+        check(&got, &[m, n], &want2, 1e-4);
+    }
+    Ok(())
+}
+
 #[test]
 fn matmul_batched_with_broadcast_batch_dims() -> R {
     let (m, k, n) = (3, 4, 5);

@@ -223,6 +223,40 @@ impl<T: Float> Gemm<T> {
         }
     }
 
+    /// Runs `t` through [`super::matmul_tn::outer_sum`] when it applies:
+    /// f32 on AVX-512, both operands storing the inner dimension as rows
+    /// (a weight gradient `g^T x`), and an output of at most 128 rows, so
+    /// a block of `a` stays in the L1 cache. Returns whether it ran.
+    fn outer_sum(&self, t: &Term<T>, accumulate: bool) -> bool {
+        let fits = std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()
+            && t.a_rs == 1
+            && t.b_cs == 1
+            && t.a_cs >= 0
+            && t.b_rs >= 0
+            && self.m <= 128
+            && super::matmul_tn::available();
+        if fits {
+            // SAFETY: T is f32; the operands and block are as `run`'s
+            // contract describes them, with `a[p, i]` at `a + p * a_cs + i`
+            // and `b[p, j]` at `b + p * b_rs + j`.
+            unsafe {
+                super::matmul_tn::outer_sum(
+                    self.m,
+                    self.n,
+                    t.k,
+                    t.a as *const f32,
+                    t.a_cs as usize,
+                    t.b as *const f32,
+                    t.b_rs as usize,
+                    self.dst as *mut f32,
+                    self.dst_rs,
+                    accumulate,
+                )
+            };
+        }
+        fits
+    }
+
     /// The whole sum on this thread: the bias rows first, then one gemm
     /// call per term, each after the first adding into the block.
     unsafe fn call(&self) {
@@ -242,6 +276,10 @@ impl<T: Float> Gemm<T> {
             written = true;
         }
         for t in self.terms.iter().filter(|t| t.k > 0) {
+            if self.outer_sum(t, written) {
+                written = true;
+                continue;
+            }
             // SAFETY: forwarded from `run`'s contract.
             unsafe {
                 gemm::gemm(
