@@ -854,6 +854,13 @@ fn large_reductions_match_naive_sums() -> R {
     let data: Vec<f64> = (0..r * c).map(|i| ((i * 13) % 89) as f64).collect();
     let (d0, w0) = naive_reduce(&data, &[r, c], &[0], false, 0.0, |a, b| a + b);
     check(&f64s(&data, &[r, c]).sum(&[0], false)?, &d0, &w0, 0.0);
+    // f32 bias-gradient shapes: register blocks of 64 columns, and a
+    // remainder of 2 columns.
+    for (r, c) in [(1024, 64), (300, 130)] {
+        let data: Vec<f64> = (0..r * c).map(|i| ((i * 7) % 23) as f64).collect();
+        let (d0, w0) = naive_reduce(&data, &[r, c], &[0], false, 0.0, |a, b| a + b);
+        check(&f32s(&data, &[r, c]).sum(&[0], false)?, &d0, &w0, 0.0);
+    }
     // f32 sums with many accumulators stay accurate.
     let ones = Tensor::ones([1 << 20], DType::F32).expect("alloc");
     assert_eq!(ones.sum_all()?.item()?, (1u64 << 20) as f64);

@@ -47,6 +47,21 @@ pub(crate) unsafe fn outer_sum(
     #[cfg(target_arch = "x86_64")]
     // SAFETY: forwarded from the caller.
     unsafe {
+        if n < 16 && m > n {
+            // A narrow output (a first layer's `[64, 2]` gradient) would
+            // fill one register per tile row, and each register's chain of
+            // adds would wait on the last: 18 us for 64 x 2 x 1024. Its
+            // transpose has rows of `m` columns: computed there, then copied.
+            let mut t = vec![0.0f32; n * m];
+            avx512::outer_sum(n, m, k, b, ldb, a, lda, t.as_mut_ptr(), m, false);
+            for i in 0..m {
+                let row = std::slice::from_raw_parts_mut(dst.add(i * dst_rs), n);
+                for (j, o) in row.iter_mut().enumerate() {
+                    *o = if accumulate { *o + t[j * m + i] } else { t[j * m + i] };
+                }
+            }
+            return;
+        }
         avx512::outer_sum(m, n, k, a, lda, b, ldb, dst, dst_rs, accumulate)
     }
     #[cfg(not(target_arch = "x86_64"))]

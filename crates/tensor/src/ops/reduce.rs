@@ -87,6 +87,50 @@ fn reduce_rows<T: CpuElement + Copy + Send + Sync, D: Send>(
 /// Elements per row block of the leading-axis sum.
 const LEADING_BLOCK_ELEMS: usize = 1 << 14;
 
+/// Columns `c0..c0 + out.len()` of rows `rows` of a row-major matrix with
+/// `inner` columns, added row by row into `out`. Column blocks of
+/// [`ADD_COLS`] are summed in a local array (registers) over all the rows
+/// and written once: adding each row into `out` in memory made every row
+/// wait for the previous row's stores (11 us for a [1024, 64] bias
+/// gradient, against about 1 us). Each column still sees its rows in
+/// order, so the bits are those of the plain loop.
+fn add_rows<T: CpuElement + Copy + std::ops::Add<Output = T>>(
+    data: &[T],
+    inner: usize,
+    rows: std::ops::Range<usize>,
+    c0: usize,
+    out: &mut [T],
+) {
+    crate::simd::run(
+        #[inline(always)]
+        || {
+            let mut blocks = out.chunks_exact_mut(ADD_COLS);
+            let mut c = c0;
+            for o in &mut blocks {
+                let mut acc: [T; ADD_COLS] = std::array::from_fn(|j| o[j]);
+                for r in rows.clone() {
+                    let row: &[T; ADD_COLS] = data[r * inner + c..][..ADD_COLS].try_into().expect("block width");
+                    for j in 0..ADD_COLS {
+                        acc[j] = acc[j] + row[j];
+                    }
+                }
+                o.copy_from_slice(&acc);
+                c += ADD_COLS;
+            }
+            let rest = blocks.into_remainder();
+            let width = rest.len();
+            for r in rows.clone() {
+                for (o, &v) in rest.iter_mut().zip(&data[r * inner + c..r * inner + c + width]) {
+                    *o = *o + v;
+                }
+            }
+        },
+    );
+}
+
+/// Columns per register block of [`add_rows`] (four AVX-512 registers of f32).
+const ADD_COLS: usize = 64;
+
 /// Sum over `axes`, with a fast path for a contiguous input reduced over its
 /// leading axes (bias gradients: accumulate whole rows, no transposed copy).
 pub(crate) fn sum_raw<T: RowKernels + CpuElement>(x: &Tensor, axes: &[usize]) -> Result<Vec<T>> {
@@ -101,18 +145,7 @@ pub(crate) fn sum_raw<T: RowKernels + CpuElement>(x: &Tensor, axes: &[usize]) ->
         // thread reads the rows the split that produced `x` gave it.
         let block = (LEADING_BLOCK_ELEMS / inner.max(1)).max(1);
         let blocks = outer.div_ceil(block);
-        let sum_rows = |r0: usize, r1: usize, out: &mut [T]| {
-            crate::simd::run(
-                #[inline(always)]
-                || {
-                    for r in r0..r1 {
-                        for (o, &v) in out.iter_mut().zip(&data[r * inner..(r + 1) * inner]) {
-                            *o += v;
-                        }
-                    }
-                },
-            );
-        };
+        let sum_rows = |r0: usize, r1: usize, out: &mut [T]| add_rows(data, inner, r0..r1, 0, out);
         let mut out = try_filled(inner, T::ZERO)?;
         if blocks == 1 {
             sum_rows(0, outer, &mut out);
@@ -124,16 +157,7 @@ pub(crate) fn sum_raw<T: RowKernels + CpuElement>(x: &Tensor, axes: &[usize]) ->
             crate::pool::ranges(inner, 2, &|cols| {
                 // SAFETY: the column ranges are disjoint.
                 let out = unsafe { shared.slice(cols.start, cols.len()) };
-                crate::simd::run(
-                    #[inline(always)]
-                    || {
-                        for r in 0..outer {
-                            for (o, &v) in out.iter_mut().zip(&data[r * inner + cols.start..r * inner + cols.end]) {
-                                *o += v;
-                            }
-                        }
-                    },
-                );
+                add_rows(data, inner, 0..outer, cols.start, out);
             });
             return Ok(out);
         }
