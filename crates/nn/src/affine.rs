@@ -11,11 +11,11 @@
 //! It can also add a residual branch in the same buffer.
 //! Its rules are written in differentiable ops, so higher orders work.
 
-use tapir_tensor::ops::matmul::linear_sum;
+use tapir_tensor::ops::matmul::{linear_sum_then, Then};
 use tapir_tensor::ops::{add_opt, InputGrads, Op, Saved};
 use tapir_tensor::pool::{self, Disjoint};
 use tapir_tensor::simd;
-use tapir_tensor::{BinaryOps, DType, Device, Diff, Error, MatmulOps, ReduceOps, Result, ShapeOps, Tensor};
+use tapir_tensor::{BinaryOps, DType, Device, Diff, Error, MatmulOps, ReduceOps, Result, ShapeOps, Tensor, UnaryOps};
 
 /// `y = x @ w^T + b`, plus `r` when `residual`, for `x` `[N, in]`, `w`
 /// `[out, in]`, `b` `[out]`, `r` `[N, out]`. Inputs: x, w, then b if
@@ -29,6 +29,11 @@ pub struct Affine {
     pub bias: bool,
     /// Add a residual input to the result.
     pub residual: bool,
+    /// Return `tanh` of the result: a tanh layer as one op. Its rules need
+    /// only the output (`1 - y^2`), so the pre-activation is never stored,
+    /// and each thread applies tanh (or, for the tangent, `1 - y^2`) to its
+    /// rows of the product while they are in its core's cache.
+    pub tanh: bool,
 }
 
 fn in_place<F: tapir_tensor::CpuElement>(y: &mut Tensor, r: &Tensor, f: impl Fn(F, F) -> F + Sync) -> Result<bool> {
@@ -86,8 +91,14 @@ impl Op for Affine {
     }
 
     fn saves(&self) -> Saved {
-        // x and the weight; never the bias, the residual or the output.
-        Saved::input(0).and_input(1)
+        // x and the weight; never the bias or the residual, and the output
+        // only for tanh.
+        let saved = Saved::input(0).and_input(1);
+        if self.tanh {
+            saved.and_output()
+        } else {
+            saved
+        }
     }
     fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
         self.check(xs.len())?;
@@ -101,8 +112,11 @@ impl Op for Affine {
                 return Err(Error::ShapeMismatch { op: "affine", lhs: w.shape().clone(), rhs: b.shape().clone() });
             }
         }
-        // The bias is added by each thread to its rows of the product.
-        let mut y = linear_sum(&[(x, &w.t()?)], b)?.ok_or_else(|| Error::invalid_arg("affine", "no product"))?;
+        // The bias (and tanh) are applied by each thread to its rows of the
+        // product.
+        let then = if self.tanh && !self.residual { Then::Tanh } else { Then::Nothing };
+        let mut y =
+            linear_sum_then(&[(x, &w.t()?)], b, then)?.ok_or_else(|| Error::invalid_arg("affine", "no product"))?;
         if self.residual {
             let r = xs[xs.len() - 1];
             if r.shape() != y.shape() {
@@ -111,11 +125,21 @@ impl Op for Affine {
             if !add_in_place(&mut y, r)? {
                 y = y.add(r)?;
             }
+            if self.tanh {
+                y = y.tanh()?;
+            }
         }
         Ok(y)
     }
-    fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
+    fn vjp<T: Diff>(&self, xs: &[&T], y: &T, g: &T) -> Result<InputGrads<T>> {
         let (x, w) = (xs[0], xs[1]);
+        let gz;
+        let g = if self.tanh {
+            gz = y.tanh_backward(g)?;
+            &gz
+        } else {
+            g
+        };
         let mut out = InputGrads::new();
         out.push(if self.input_grad { Some(g.matmul(w)?) } else { None });
         // (g^T x) is [out, in], the weight's own layout.
@@ -141,14 +165,18 @@ impl Op for Affine {
             terms.push((x, twt));
         }
         let tb = if self.bias { ts[2] } else { None };
+        // Without a residual, a tanh layer's `1 - y^2` is applied in the
+        // product's own job.
+        let in_job = self.tanh && !self.residual && !terms.is_empty();
         let tz = match (terms.is_empty(), tb) {
             (true, Some(tb)) => Some(tb.broadcast_to(y.shape())?),
-            _ => linear_sum(&terms, tb)?,
+            _ => linear_sum_then(&terms, tb, if in_job { Then::TanhBackward(y) } else { Then::Nothing })?,
         };
-        if self.residual {
-            return add_opt(tz, ts[ts.len() - 1].cloned());
+        let tz = if self.residual { add_opt(tz, ts[ts.len() - 1].cloned())? } else { tz };
+        match tz {
+            Some(t) if self.tanh && !in_job => Ok(Some(y.tanh_backward(&t)?)),
+            tz => Ok(tz),
         }
-        Ok(tz)
     }
 }
 

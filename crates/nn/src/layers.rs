@@ -83,6 +83,12 @@ impl Linear {
         self.apply(p, x, Affine::default(), None)
     }
 
+    /// `tanh(linear(x))` as one op: the pre-activation is never stored, and
+    /// tanh is applied by each thread to its rows of the product.
+    pub fn forward_tanh<'g>(&self, p: &Bound<'g>, x: Var<'g>) -> Result<Var<'g>> {
+        self.apply(p, x, Affine { tanh: true, ..Affine::default() }, None)
+    }
+
     /// `r + linear(x)` as one op: a residual branch whose output is never
     /// kept apart from the sum.
     pub fn forward_residual<'g>(&self, p: &Bound<'g>, x: Var<'g>, r: Var<'g>) -> Result<Var<'g>> {
@@ -188,14 +194,17 @@ impl Mlp {
         Self::build(name, widths, activation, |n, i, o| Linear::xavier(store, &n, i, o, rng, dtype))
     }
 
-    /// Applies the network.
+    /// Applies the network. A tanh hidden layer is one op
+    /// ([`Linear::forward_tanh`]).
     pub fn forward<'g>(&self, p: &Bound<'g>, x: Var<'g>) -> Result<Var<'g>> {
         let mut h = x;
         for (i, l) in self.layers.iter().enumerate() {
-            h = l.forward(p, h)?;
-            if i + 1 < self.layers.len() {
-                h = self.activation.apply(&h)?;
-            }
+            let hidden = i + 1 < self.layers.len();
+            h = match (hidden, self.activation) {
+                (true, Activation::Tanh) => l.forward_tanh(p, h)?,
+                (true, act) => act.apply(&l.forward(p, h)?)?,
+                (false, _) => l.forward(p, h)?,
+            };
         }
         Ok(h)
     }

@@ -118,6 +118,57 @@ fn affine_op_gradients_and_layouts() {
     .unwrap();
 }
 
+/// A tanh layer as one op: the values of the composition, checked
+/// derivatives (orders 1 and 2, reverse and forward, with and without a
+/// bias or a residual), and at a size split over threads, eager tangents
+/// equal to the composed op's.
+#[test]
+fn affine_tanh_matches_its_composition() {
+    let (x, w, b, r) = (rnd(&[4, 3], 30), rnd(&[2, 3], 31), rnd(&[2], 32), rnd(&[4, 2], 33));
+    let fused = Affine { input_grad: true, tanh: true, ..Affine::default() };
+    let z = x.matmul(&w.t().unwrap()).unwrap().add(&b).unwrap();
+    let got = affine_with(fused, &x, &w, Some(&b), None).unwrap();
+    close(&got.to_vec_f64(), &z.tanh().unwrap().to_vec_f64(), 1e-15);
+    let got = affine_with(fused, &x, &w, Some(&b), Some(&r)).unwrap();
+    close(&got.to_vec_f64(), &z.add(&r).unwrap().tanh().unwrap().to_vec_f64(), 1e-15);
+    for order in [1, 2] {
+        let opts = CheckOptions { order, ..CheckOptions::default() };
+        check_grads(
+            &|_g, v| affine_with(fused, &v[0], &v[1], Some(&v[2]), None),
+            &[x.clone(), w.clone(), b.clone()],
+            &opts,
+        )
+        .unwrap();
+        check_grads(&|_g, v| affine_with(fused, &v[0], &v[1], None, None), &[x.clone(), w.clone()], &opts).unwrap();
+        check_grads(
+            &|_g, v| affine_with(fused, &v[0], &v[1], Some(&v[2]), Some(&v[3])),
+            &[x.clone(), w.clone(), b.clone(), r.clone()],
+            &opts,
+        )
+        .unwrap();
+    }
+    // [1024, 64] in f32: the product, tanh and 1 - y^2 run in the split job.
+    let f = |s: &[usize], seed| Rng::new(seed).uniform(s.to_vec(), -1.0, 1.0, DType::F32).unwrap();
+    let (x, w, b) = (f(&[1024, 64], 34), f(&[64, 64], 35), f(&[64], 36));
+    let (tx, tw, tb) = (f(&[1024, 64], 37), f(&[64, 64], 38), f(&[64], 39));
+    let run = |fuse: bool| {
+        Graph::scope(|g| {
+            let (xv, wv, bv) = (g.leaf(x.clone()), g.leaf(w.clone()), g.leaf(b.clone()));
+            let y = if fuse {
+                affine_with(fused, &xv, &wv, Some(&bv), None)?
+            } else {
+                affine(&xv, &wv, Some(&bv), true)?.tanh()?
+            };
+            let t = g.jvp(&[y], &[xv, wv, bv], &[tx.clone(), tw.clone(), tb.clone()])?;
+            Ok::<_, Error>((y.value()?.to_vec_f64(), t[0].to_vec_f64()))
+        })
+        .unwrap()
+    };
+    let ((y1, t1), (y2, t2)) = (run(true), run(false));
+    close(&y1, &y2, 1e-6);
+    close(&t1, &t2, 1e-5);
+}
+
 #[test]
 fn mlp_gradients() {
     for act in [Activation::GeluTanh, Activation::Relu, Activation::Tanh] {

@@ -6,7 +6,7 @@ use smallvec::SmallVec;
 use crate::ops::binary::BinaryOps;
 use crate::ops::reduce::ReduceOps;
 use crate::ops::shape::ShapeOps;
-use crate::ops::unary::float_map;
+use crate::ops::unary::{float_map, UnaryOps};
 use crate::ops::{add_opt, Diff, InputGrads, Op, Saved};
 use crate::storage::CpuElement;
 use crate::{with_float, Error, Float, Result, Shape, Tensor};
@@ -45,6 +45,22 @@ struct Gemm<T> {
     terms: SmallVec<[Term<T>; 2]>,
     bias: Option<*const T>,
     accumulate: bool,
+    then: Epilogue<T>,
+}
+
+/// What a [`Gemm`] does to its block once every term is in, on the thread
+/// that computed it, while the block is still in that core's cache.
+#[derive(Clone, Copy)]
+enum Epilogue<T> {
+    Nothing,
+    /// `tanh` of every element: a tanh layer's forward.
+    Tanh,
+    /// Times `1 - h^2`, `h` a block of the same shape (row stride `h_rs`):
+    /// a tanh layer's tangent.
+    TanhBackward {
+        h: *const T,
+        h_rs: usize,
+    },
 }
 
 // SAFETY: a `Gemm` is a description of disjoint output blocks and shared
@@ -66,7 +82,7 @@ const K_CHUNK: usize = 512;
 impl<T: Float> Gemm<T> {
     /// One product, `dst = a @ b` (or `+=`).
     fn single(m: usize, n: usize, dst: *mut T, dst_rs: usize, term: Term<T>, accumulate: bool) -> Self {
-        Gemm { m, n, dst, dst_rs, terms: smallvec::smallvec![term], bias: None, accumulate }
+        Gemm { m, n, dst, dst_rs, terms: smallvec::smallvec![term], bias: None, accumulate, then: Epilogue::Nothing }
     }
 
     /// Runs the sum, split by output rows (or columns, for short wide
@@ -175,7 +191,9 @@ impl<T: Float> Gemm<T> {
             // SAFETY: block c of `partial` is this part's alone; the chunk's
             // columns of `a` and rows of `b` lie inside them.
             let dst = unsafe { out.slice(c * m * n, m * n) }.as_mut_ptr() as *mut T;
-            unsafe { Gemm { m, n, dst, dst_rs: n, terms, bias: None, accumulate: false }.call() }
+            unsafe {
+                Gemm { m, n, dst, dst_rs: n, terms, bias: None, accumulate: false, then: Epilogue::Nothing }.call()
+            }
         });
         // SAFETY: every block was written by its chunk's gemm above.
         unsafe { partial.set_len(chunks * m * n) };
@@ -200,6 +218,39 @@ impl<T: Float> Gemm<T> {
                 },
             );
         }
+        // SAFETY: the block (the caller's contract).
+        unsafe { self.finish() };
+    }
+
+    /// Applies [`Gemm::then`] to the block.
+    ///
+    /// # Safety
+    /// The block is written; for `TanhBackward`, `h`'s block is readable.
+    unsafe fn finish(&self) {
+        let (n, then) = (self.n, self.then);
+        if matches!(then, Epilogue::Nothing) {
+            return;
+        }
+        crate::simd::run(
+            #[inline(always)]
+            || {
+                for i in 0..self.m {
+                    // SAFETY: row i of the block (the caller's contract).
+                    let row = unsafe { std::slice::from_raw_parts_mut(self.dst.add(i * self.dst_rs), n) };
+                    match then {
+                        Epilogue::Nothing => {}
+                        Epilogue::Tanh => row.iter_mut().for_each(|o| *o = o.tanh()),
+                        Epilogue::TanhBackward { h, h_rs } => {
+                            // SAFETY: row i of `h`'s block.
+                            let h = unsafe { std::slice::from_raw_parts(h.add(i * h_rs), n) };
+                            for (o, &h) in row.iter_mut().zip(h) {
+                                *o = *o * (T::ONE - h * h);
+                            }
+                        }
+                    }
+                }
+            },
+        )
     }
 
     /// Rows `r0..r0 + len` (clipped to `m`) of the sum.
@@ -208,6 +259,10 @@ impl<T: Float> Gemm<T> {
             m: len.min(self.m - r0),
             dst: self.dst.wrapping_add(r0 * self.dst_rs),
             terms: self.terms.iter().map(|t| Term { a: t.a.wrapping_offset(r0 as isize * t.a_rs), ..*t }).collect(),
+            then: match self.then {
+                Epilogue::TanhBackward { h, h_rs } => Epilogue::TanhBackward { h: h.wrapping_add(r0 * h_rs), h_rs },
+                then => then,
+            },
             ..self.clone()
         }
     }
@@ -219,6 +274,10 @@ impl<T: Float> Gemm<T> {
             dst: self.dst.wrapping_add(c0),
             terms: self.terms.iter().map(|t| Term { b: t.b.wrapping_offset(c0 as isize * t.b_cs), ..*t }).collect(),
             bias: self.bias.map(|b| b.wrapping_add(c0)),
+            then: match self.then {
+                Epilogue::TanhBackward { h, h_rs } => Epilogue::TanhBackward { h: h.wrapping_add(c0), h_rs },
+                then => then,
+            },
             ..self.clone()
         }
     }
@@ -318,6 +377,8 @@ impl<T: Float> Gemm<T> {
                 unsafe { std::slice::from_raw_parts_mut(self.dst.add(i * self.dst_rs), self.n) }.fill(T::ZERO);
             }
         }
+        // SAFETY: the block is written (above); `h` as the caller promised.
+        unsafe { self.finish() };
     }
 }
 
@@ -477,22 +538,51 @@ pub fn matmul_sum<T: Diff>(terms: &[(&T, &T)]) -> Result<Option<T>> {
 
 /// `a_1 @ b_1 + a_2 @ b_2 + ... + bias`, the bias (a row of the output's
 /// width) added to every row: a linear layer and its tangent. `None` for no
-/// terms (a bias alone has no row count).
-///
-/// When nothing is recorded and every operand is a 2-D CPU f32/f64 matrix,
-/// it is one split job writing one buffer: each thread computes every term
-/// and the bias for its own rows (gemm adds each product into the block),
-/// so there is no temporary product, no addition pass, and no row moves
-/// between cores. Otherwise (recording, batched or other dtypes) it is
-/// `matmul` and `add`, differentiable as usual.
+/// terms (a bias alone has no row count). See [`linear_sum_then`].
 pub fn linear_sum<T: Diff>(terms: &[(&T, &T)], bias: Option<&T>) -> Result<Option<T>> {
+    linear_sum_then(terms, bias, Then::<T>::Nothing)
+}
+
+/// What [`linear_sum_then`] applies to the sum.
+pub enum Then<'a, T> {
+    /// The sum itself.
+    Nothing,
+    /// `tanh(sum)`: a tanh layer.
+    Tanh,
+    /// `h.tanh_backward(sum)`, that is `sum * (1 - h^2)`: the tangent of a
+    /// tanh layer whose output is `h`.
+    TanhBackward(&'a T),
+}
+
+/// `then(a_1 @ b_1 + a_2 @ b_2 + ... + bias)`, the bias broadcast over the
+/// rows as `add` would. `None` for no terms.
+///
+/// When nothing is recorded and every operand is a 2-D CPU f32/f64 matrix
+/// (`h` of the sum's shape, contiguous, the bias `[n]`), it is one split
+/// job writing one buffer: each thread computes every term, the bias and
+/// `then` for its own rows (gemm adds each product into the block, `then`
+/// runs while the rows are in that core's cache), so there is no temporary
+/// product, no separate pass, and no row moves between cores. Otherwise
+/// (recording, batched or other dtypes) it is `matmul`, `add`, `tanh` or
+/// `tanh_backward`, differentiable as usual.
+pub fn linear_sum_then<T: Diff>(terms: &[(&T, &T)], bias: Option<&T>, then: Then<'_, T>) -> Result<Option<T>> {
     let Some(&(first, _)) = terms.first() else { return Ok(None) };
-    let recording =
-        terms.iter().any(|(a, b)| a.is_recording() || b.is_recording()) || bias.is_some_and(|b| b.is_recording());
-    if !recording && (terms.len() > 1 || bias.is_some()) {
+    let recording = terms.iter().any(|(a, b)| a.is_recording() || b.is_recording())
+        || bias.is_some_and(|b| b.is_recording())
+        || matches!(then, Then::TanhBackward(h) if h.is_recording());
+    if !recording && (terms.len() > 1 || bias.is_some() || !matches!(then, Then::Nothing)) {
         let vals = terms.iter().map(|(a, b)| Ok((a.eval()?, b.eval()?))).collect::<Result<Vec<_>>>()?;
         let bias = bias.map(|b| b.eval()).transpose()?;
-        if let Some(out) = eager_linear_sum(&vals, bias.as_ref())? {
+        let h = match then {
+            Then::TanhBackward(h) => Some(h.eval()?),
+            _ => None,
+        };
+        let eager = match then {
+            Then::Nothing => Then::Nothing,
+            Then::Tanh => Then::Tanh,
+            Then::TanhBackward(_) => Then::TanhBackward(h.as_ref().expect("internal: evaluated above")),
+        };
+        if let Some(out) = eager_linear_sum(&vals, bias.as_ref(), eager)? {
             return Ok(Some(first.lift(out)));
         }
     }
@@ -500,10 +590,19 @@ pub fn linear_sum<T: Diff>(terms: &[(&T, &T)], bias: Option<&T>) -> Result<Optio
     for (a, b) in terms {
         acc = add_opt(acc, Some(a.matmul(b)?))?;
     }
-    add_opt(acc, bias.cloned())
+    let Some(sum) = add_opt(acc, bias.cloned())? else { return Ok(None) };
+    Ok(Some(match then {
+        Then::Nothing => sum,
+        Then::Tanh => sum.tanh()?,
+        Then::TanhBackward(h) => h.tanh_backward(&sum)?,
+    }))
 }
 
-fn eager_linear_sum(terms: &[(Tensor, Tensor)], bias: Option<&Tensor>) -> Result<Option<Tensor>> {
+fn eager_linear_sum(
+    terms: &[(Tensor, Tensor)],
+    bias: Option<&Tensor>,
+    then: Then<'_, Tensor>,
+) -> Result<Option<Tensor>> {
     let (a0, b0) = &terms[0];
     let dtype = a0.dtype();
     let (m, n) = (a0.dims().first().copied().unwrap_or(0), b0.dims().get(1).copied().unwrap_or(0));
@@ -513,7 +612,11 @@ fn eager_linear_sum(terms: &[(Tensor, Tensor)], bias: Option<&Tensor>) -> Result
             && a.dims()[0] == m
             && b.dims()[1] == n
             && a.dims()[1] == b.dims()[0]
-    }) && bias.is_none_or(|b| on_cpu(b) && b.dims() == [n]);
+    }) && bias.is_none_or(|b| on_cpu(b) && b.dims() == [n])
+        && match then {
+            Then::TanhBackward(h) => on_cpu(h) && h.dims() == [m, n] && h.is_contiguous(),
+            _ => true,
+        };
     if !fits || !matches!(dtype, crate::DType::F32 | crate::DType::F64) {
         return Ok(None);
     }
@@ -538,10 +641,16 @@ fn eager_linear_sum(terms: &[(Tensor, Tensor)], bias: Option<&Tensor>) -> Result
             })
             .collect();
         let bias_ptr = bias.as_ref().map(|b| b.storage_slice::<F>()[b.layout.offset..].as_ptr());
+        let then = match then {
+            Then::Nothing => Epilogue::Nothing,
+            Then::Tanh => Epilogue::Tanh,
+            Then::TanhBackward(h) => Epilogue::TanhBackward { h: h.storage_slice::<F>()[h.layout.offset..].as_ptr(), h_rs: n },
+        };
         // SAFETY: strides come from valid 2-D layouts of the operands, the
-        // bias is n contiguous elements, `dst` has room for m x n elements
-        // and `Gemm::call` writes all of them before reading any.
-        unsafe { Gemm { m, n, dst, dst_rs: n, terms, bias: bias_ptr, accumulate: false }.run() };
+        // bias is n contiguous elements, `h` m x n contiguous ones, `dst`
+        // has room for m x n elements and `Gemm::call` writes all of them
+        // before reading any.
+        unsafe { Gemm { m, n, dst, dst_rs: n, terms, bias: bias_ptr, accumulate: false, then }.run() };
         // SAFETY: written above (an empty sum writes zeros).
         unsafe { out.set_len(m * n) };
         Tensor::from_vec(out, [m, n]).map(Some)
