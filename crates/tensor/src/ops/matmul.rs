@@ -244,7 +244,7 @@ impl<T: Float> Gemm<T> {
                             // SAFETY: row i of `h`'s block.
                             let h = unsafe { std::slice::from_raw_parts(h.add(i * h_rs), n) };
                             for (o, &h) in row.iter_mut().zip(h) {
-                                *o = *o * (T::ONE - h * h);
+                                *o *= T::ONE - h * h;
                             }
                         }
                     }
