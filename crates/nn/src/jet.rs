@@ -83,7 +83,11 @@ impl Mlp {
         for (k, layer) in self.layers.iter().enumerate() {
             let w = p.var(layer.weight); // [out, in]
             let out = w.shape().dims()[0];
-            h = layer.forward(p, h)?;
+            let hidden = k + 1 < self.layers.len();
+            // A tanh layer's derivatives need only its output: one op, and
+            // `h` is already the activation.
+            let fused = hidden && self.activation == Activation::Tanh;
+            h = if fused { layer.forward_tanh(p, h)? } else { layer.forward(p, h)? };
             jac = Some(match jac {
                 // d(x W^T)/dx = W^T for every point.
                 None => w.t()?.unsqueeze(0)?.broadcast_to([n, d, out])?,
@@ -96,8 +100,8 @@ impl Mlp {
                 None => None,
                 Some(l) => Some(l.matmul(&w.t()?)?),
             };
-            if k + 1 < self.layers.len() {
-                let a = self.activation.apply(&h)?;
+            if hidden {
+                let a = if fused { h } else { self.activation.apply(&h)? };
                 let (d1, d2) = self.activation.derivatives(&h, &a)?;
                 let j = jac.take().expect("internal: set above");
                 let jsq = if k == 0 {
@@ -150,15 +154,52 @@ fn sum_squares_kernel<F: tapir_tensor::Float + tapir_tensor::CpuElement>(
     d: usize,
     w: usize,
 ) -> Result<Vec<F>> {
-    let mut out = tapir_tensor::cache::filled(n * w, F::ZERO)?;
-    for (row, block) in out.chunks_mut(w.max(1)).zip(x.chunks(d * w.max(1))) {
-        for v in block.chunks(w.max(1)) {
-            for (o, &e) in row.iter_mut().zip(v) {
-                *o += e * e;
-            }
-        }
+    if w == 0 {
+        return Ok(Vec::new());
     }
-    Ok(out)
+    // Points split over the pool (the Jacobian of a 100-dim Laplacian is
+    // 256 x 100 x 128); each output row sums its point's d rows in order.
+    let parts = tapir_tensor::pool::parts_for(n * d * w, tapir_tensor::iter::SPLIT_MIN);
+    tapir_tensor::iter::fill_vec_parts(n * w, parts, |start, out| {
+        tapir_tensor::simd::run(
+            #[inline(always)]
+            || {
+                // A part may start or end inside a point's row of `w`.
+                let mut e = start;
+                for piece in split_rows(out, start, w) {
+                    let (p, c0) = (e / w, e % w);
+                    let len = piece.len();
+                    piece.iter_mut().for_each(|o| {
+                        o.write(F::ZERO);
+                    });
+                    // SAFETY: every element of `piece` was written just above.
+                    let piece = unsafe { &mut *(piece as *mut [std::mem::MaybeUninit<F>] as *mut [F]) };
+                    for v in x[p * d * w..(p + 1) * d * w].chunks(w) {
+                        for (o, &e) in piece.iter_mut().zip(&v[c0..c0 + len]) {
+                            *o += e * e;
+                        }
+                    }
+                    e += len;
+                }
+            },
+        )
+    })
+}
+
+/// `out`, the elements `start..` of a matrix with rows of `w`, cut at the
+/// row ends.
+fn split_rows<T>(mut out: &mut [T], start: usize, w: usize) -> impl Iterator<Item = &mut [T]> {
+    let mut e = start;
+    std::iter::from_fn(move || {
+        if out.is_empty() {
+            return None;
+        }
+        let len = (w - e % w).min(out.len());
+        let (piece, rest) = std::mem::take(&mut out).split_at_mut(len);
+        out = rest;
+        e += len;
+        Some(piece)
+    })
 }
 
 impl Op for SumSquaresMid {
@@ -213,5 +254,19 @@ mod tests {
         let e = xt.square().unwrap().sum(&[1], false).unwrap().to_vec::<f64>().unwrap();
         assert!(c.iter().zip(&e).all(|(p, q)| (p - q).abs() < 1e-12));
         check_grads(&|_g, v| sum_squares_mid(&v[0])?.tanh(), &[x], &CheckOptions::default()).unwrap();
+    }
+
+    /// Large enough to split over threads, with rows of 300 so a part
+    /// boundary falls inside a point's row.
+    #[test]
+    fn sum_squares_mid_split_inside_rows_matches_square_sum() {
+        for dtype in [DType::F32, DType::F64] {
+            let x = Rng::new(4).uniform([37, 3, 300], -1.0, 1.0, dtype).unwrap();
+            let a = sum_squares_mid(&x).unwrap().to_vec_f64();
+            let b = x.square().unwrap().sum(&[1], false).unwrap().to_vec_f64();
+            assert!(a.iter().zip(&b).all(|(p, q)| (p - q).abs() < 1e-6), "{dtype:?}");
+        }
+        let pieces: Vec<usize> = split_rows(&mut [0u8; 700], 250, 300).map(|p| p.len()).collect();
+        assert_eq!(pieces, [50, 300, 300, 50]);
     }
 }
