@@ -282,7 +282,7 @@ impl<T: Float> Gemm<T> {
         }
     }
 
-    /// Runs `t` through [`super::matmul_tn::outer_sum`] when it applies:
+    /// Runs `t` through [`super::matmul_tn::Outer`] when it applies:
     /// f32 on AVX-512, both operands storing the inner dimension as rows
     /// (a weight gradient `g^T x`), and an output of at most 128 rows, so
     /// a block of `a` stays in the L1 cache. Returns whether it ran.
@@ -299,18 +299,19 @@ impl<T: Float> Gemm<T> {
             // contract describes them, with `a[p, i]` at `a + p * a_cs + i`
             // and `b[p, j]` at `b + p * b_rs + j`.
             unsafe {
-                super::matmul_tn::outer_sum(
-                    self.m,
-                    self.n,
-                    t.k,
-                    t.a as *const f32,
-                    t.a_cs as usize,
-                    t.b as *const f32,
-                    t.b_rs as usize,
-                    self.dst as *mut f32,
-                    self.dst_rs,
+                super::matmul_tn::Outer {
+                    m: self.m,
+                    n: self.n,
+                    k: t.k,
+                    a: t.a as *const f32,
+                    lda: t.a_cs as usize,
+                    b: t.b as *const f32,
+                    ldb: t.b_rs as usize,
+                    dst: self.dst as *mut f32,
+                    dst_rs: self.dst_rs,
                     accumulate,
-                )
+                }
+                .run()
             };
         }
         fits

@@ -19,7 +19,7 @@ const P_BLOCK: usize = 64;
 /// Output rows per tile.
 const ROWS: usize = 6;
 
-/// Whether [`outer_sum`] runs on this processor (AVX-512F).
+/// Whether [`Outer::run`] runs on this processor (AVX-512F).
 pub(crate) fn available() -> bool {
     crate::simd::isa() == crate::simd::Isa::Avx512
 }
@@ -27,46 +27,52 @@ pub(crate) fn available() -> bool {
 /// `dst (m x n, row stride dst_rs) = sum over p < k of a[p, ..m]^T b[p, ..n]`
 /// (`+=` when `accumulate`), with `a[p, i]` at `a + p * lda + i` and
 /// `b[p, j]` at `b + p * ldb + j`.
-///
-/// # Safety
-/// [`available`] is true; those elements of `a` and `b` are readable; the
-/// `m x n` block of `dst` is writable, and initialised when `accumulate`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn outer_sum(
-    m: usize,
-    n: usize,
-    k: usize,
-    a: *const f32,
-    lda: usize,
-    b: *const f32,
-    ldb: usize,
-    dst: *mut f32,
-    dst_rs: usize,
-    accumulate: bool,
-) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: forwarded from the caller.
-    unsafe {
-        if n < 16 && m > n {
-            // A narrow output (a first layer's `[64, 2]` gradient) would
-            // fill one register per tile row, and each register's chain of
-            // adds would wait on the last: 18 us for 64 x 2 x 1024. Its
-            // transpose has rows of `m` columns: computed there, then copied.
-            let mut t = vec![0.0f32; n * m];
-            avx512::outer_sum(n, m, k, b, ldb, a, lda, t.as_mut_ptr(), m, false);
-            for i in 0..m {
-                let row = std::slice::from_raw_parts_mut(dst.add(i * dst_rs), n);
-                for (j, o) in row.iter_mut().enumerate() {
-                    *o = if accumulate { *o + t[j * m + i] } else { t[j * m + i] };
+#[derive(Clone, Copy)]
+pub(crate) struct Outer {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub a: *const f32,
+    pub lda: usize,
+    pub b: *const f32,
+    pub ldb: usize,
+    pub dst: *mut f32,
+    pub dst_rs: usize,
+    pub accumulate: bool,
+}
+
+impl Outer {
+    /// Computes the product.
+    ///
+    /// # Safety
+    /// [`available`] is true; the addressed elements of `a` and `b` are
+    /// readable; the `m x n` block of `dst` is writable, and initialised
+    /// when `accumulate`.
+    pub(crate) unsafe fn run(self) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            let Outer { m, n, dst, dst_rs, accumulate, .. } = self;
+            if n < 16 && m > n {
+                // A narrow output (a first layer's `[64, 2]` gradient) would
+                // fill one register per tile row, and each register's chain
+                // of adds would wait on the last: 18 us for 64 x 2 x 1024.
+                // Its transpose has rows of `m` columns: computed there, then
+                // copied.
+                let mut t = vec![0.0f32; n * m];
+                let swapped = Outer { m: n, n: m, a: self.b, lda: self.ldb, b: self.a, ldb: self.lda, ..self };
+                avx512::outer_sum(Outer { dst: t.as_mut_ptr(), dst_rs: m, accumulate: false, ..swapped });
+                for i in 0..m {
+                    let row = std::slice::from_raw_parts_mut(dst.add(i * dst_rs), n);
+                    for (j, o) in row.iter_mut().enumerate() {
+                        *o = if accumulate { *o + t[j * m + i] } else { t[j * m + i] };
+                    }
                 }
+                return;
             }
-            return;
+            avx512::outer_sum(self)
         }
-        avx512::outer_sum(m, n, k, a, lda, b, ldb, dst, dst_rs, accumulate)
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (m, n, k, a, lda, b, ldb, dst, dst_rs, accumulate);
+        #[cfg(not(target_arch = "x86_64"))]
         unreachable!("internal: outer_sum without AVX-512");
     }
 }
@@ -75,23 +81,12 @@ pub(crate) unsafe fn outer_sum(
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{P_BLOCK, ROWS};
+    use super::{Outer, P_BLOCK, ROWS};
 
-    /// See [`super::outer_sum`].
-    #[allow(clippy::too_many_arguments)]
+    /// See [`Outer`].
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn outer_sum(
-        m: usize,
-        n: usize,
-        k: usize,
-        a: *const f32,
-        lda: usize,
-        b: *const f32,
-        ldb: usize,
-        dst: *mut f32,
-        dst_rs: usize,
-        accumulate: bool,
-    ) {
+    pub(super) unsafe fn outer_sum(o: Outer) {
+        let Outer { m, n, k, a, lda, b, ldb, dst, dst_rs, accumulate } = o;
         if k == 0 {
             if !accumulate {
                 for i in 0..m {
@@ -251,7 +246,10 @@ mod tests {
                 let start = vals(m * dst_rs, 3);
                 let mut dst = start.clone();
                 // SAFETY: available() checked; sizes as allocated above.
-                unsafe { outer_sum(m, n, k, a.as_ptr(), lda, b.as_ptr(), ldb, dst.as_mut_ptr(), dst_rs, accumulate) };
+                unsafe {
+                    Outer { m, n, k, a: a.as_ptr(), lda, b: b.as_ptr(), ldb, dst: dst.as_mut_ptr(), dst_rs, accumulate }
+                        .run()
+                };
                 for i in 0..m {
                     for j in 0..dst_rs {
                         let got = dst[i * dst_rs + j] as f64;
