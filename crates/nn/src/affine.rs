@@ -8,7 +8,9 @@
 //! gradient of the input even when the input is data. This op adds the bias
 //! into the product's own buffer, writes `dW = g^T x` in the weight's
 //! layout, and is told when recording whether the input needs a gradient.
-//! It can also add a residual branch in the same buffer.
+//! It can also add a residual branch in the same buffer, and return the
+//! tanh of the result (a tanh layer as one node that keeps only its
+//! output: tanh's derivative is `1 - y^2`).
 //! Its rules are written in differentiable ops, so higher orders work.
 
 use tapir_tensor::ops::matmul::{linear_sum_then, Then};
