@@ -6,7 +6,7 @@
 //! takes an inter-processor interrupt that costs tens of microseconds on a
 //! virtual machine; splitting an 80 us product that way measured slower
 //! than running it on one thread. Here a helper that has just finished a
-//! part keeps polling for the next job for [`SPIN`] before it parks, the way
+//! part keeps polling for the next job for 2 ms (`SPIN`) before it parks, the way
 //! OpenMP runtimes keep their threads (torch's CPU kernels get their
 //! speed-up on small products from exactly that). A step's kernels come a
 //! few microseconds apart, so the helpers stay awake through a step and
