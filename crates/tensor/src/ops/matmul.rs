@@ -32,10 +32,11 @@ struct Term<T> {
 
 /// A sum of strided products into one row-major block,
 /// `dst = bias + a_1 @ b_1 + a_2 @ b_2 + ...` (`dst +=` when `accumulate`),
-/// the bias a row of `n` broadcast over the `m` rows. A product rule's
-/// tangent (`ta @ b + a @ tb`) and a linear layer (`x @ w^T + b`) are each
-/// one `Gemm`: split over the pool as one job, each part computing every
-/// term for its own rows, so no term's output crosses between cores.
+/// the bias a row of `n` broadcast over the `m` rows, then an [`Epilogue`].
+/// A product rule's tangent (`ta @ b + a @ tb`), a linear layer
+/// (`x @ w^T + b`) and a tanh layer are each one `Gemm`: split over the
+/// pool as one job, each part computing every term, the bias and the
+/// epilogue for its own rows, so no row crosses between cores.
 #[derive(Clone)]
 struct Gemm<T> {
     m: usize,
@@ -91,8 +92,9 @@ impl<T: Float> Gemm<T> {
     ///
     /// # Safety
     /// Every element the description addresses lies inside a live buffer
-    /// (the bias: `n` elements); the `m x n` block at `dst` is not read or
-    /// written by anyone else meanwhile, and is only read when `accumulate`.
+    /// (the bias: `n` elements; an epilogue's `h`: an `m x n` block); the
+    /// `m x n` block at `dst` is not read or written by anyone else
+    /// meanwhile, and is only read when `accumulate`.
     unsafe fn run(mut self) {
         if self.m == 0 || self.n == 0 {
             return;
