@@ -963,6 +963,26 @@ fn matmul_large_parallel_matches_naive() -> R {
     Ok(())
 }
 
+/// The epilogues of a product sum (tanh, and times `1 - h^2`) on row-split,
+/// column-split and inner-dimension-split products, against the composed
+/// ops.
+#[test]
+fn linear_sum_then_applies_its_epilogue_on_every_split() -> R {
+    use tapir_tensor::ops::matmul::{linear_sum, linear_sum_then, Then};
+    for (m, k, n) in [(1000, 64, 64), (8, 512, 600), (32, 2048, 32), (5, 3, 7)] {
+        let (a, b, bias, h) = (vals(m * k, 41), vals(k * n, 42), vals(n, 43), vals(m * n, 44));
+        let (ta, tb, tbias) = (f64s(&a, &[m, k]), f64s(&b, &[k, n]), f64s(&bias, &[n]));
+        // Scaled so tanh is not saturated.
+        let th = f64s(&h, &[m, n]).mul_scalar(0.01)?;
+        let sum = linear_sum(&[(&ta, &tb)], Some(&tbias))?.expect("a term");
+        let got = linear_sum_then(&[(&ta, &tb)], Some(&tbias), Then::Tanh)?.expect("a term");
+        check(&got, &[m, n], &sum.tanh()?.to_vec_f64(), 1e-12);
+        let got = linear_sum_then(&[(&ta, &tb)], Some(&tbias), Then::TanhBackward(&th))?.expect("a term");
+        check(&got, &[m, n], &th.tanh_backward(&sum)?.to_vec_f64(), 1e-12);
+    }
+    Ok(())
+}
+
 /// f32 products whose left operand is a transposed view (`g^T x`, a
 /// weight gradient): on AVX-512 they run tapir's own outer-product kernel
 /// rather than the gemm crate, alone or as terms of a sum.
