@@ -165,9 +165,8 @@ fn sum_squares_kernel<F: tapir_tensor::Float + tapir_tensor::CpuElement>(
             #[inline(always)]
             || {
                 // A part may start or end inside a point's row of `w`.
-                let mut e = start;
-                for piece in split_rows(out, start, w) {
-                    let (p, c0) = (e / w, e % w);
+                for (at, piece) in split_rows(out, start, w) {
+                    let (p, c0) = (at / w, at % w);
                     let len = piece.len();
                     piece.iter_mut().for_each(|o| {
                         o.write(F::ZERO);
@@ -175,11 +174,10 @@ fn sum_squares_kernel<F: tapir_tensor::Float + tapir_tensor::CpuElement>(
                     // SAFETY: every element of `piece` was written just above.
                     let piece = unsafe { &mut *(piece as *mut [std::mem::MaybeUninit<F>] as *mut [F]) };
                     for v in x[p * d * w..(p + 1) * d * w].chunks(w) {
-                        for (o, &e) in piece.iter_mut().zip(&v[c0..c0 + len]) {
-                            *o += e * e;
+                        for (o, &x) in piece.iter_mut().zip(&v[c0..c0 + len]) {
+                            *o += x * x;
                         }
                     }
-                    e += len;
                 }
             },
         )
@@ -187,18 +185,18 @@ fn sum_squares_kernel<F: tapir_tensor::Float + tapir_tensor::CpuElement>(
 }
 
 /// `out`, the elements `start..` of a matrix with rows of `w`, cut at the
-/// row ends.
-fn split_rows<T>(mut out: &mut [T], start: usize, w: usize) -> impl Iterator<Item = &mut [T]> {
-    let mut e = start;
+/// row ends, each piece with the index of its first element.
+fn split_rows<T>(mut out: &mut [T], start: usize, w: usize) -> impl Iterator<Item = (usize, &mut [T])> {
+    let mut at = start;
     std::iter::from_fn(move || {
         if out.is_empty() {
             return None;
         }
-        let len = (w - e % w).min(out.len());
+        let len = (w - at % w).min(out.len());
         let (piece, rest) = std::mem::take(&mut out).split_at_mut(len);
         out = rest;
-        e += len;
-        Some(piece)
+        at += len;
+        Some((at - len, piece))
     })
 }
 
@@ -266,7 +264,7 @@ mod tests {
             let b = x.square().unwrap().sum(&[1], false).unwrap().to_vec_f64();
             assert!(a.iter().zip(&b).all(|(p, q)| (p - q).abs() < 1e-6), "{dtype:?}");
         }
-        let pieces: Vec<usize> = split_rows(&mut [0u8; 700], 250, 300).map(|p| p.len()).collect();
-        assert_eq!(pieces, [50, 300, 300, 50]);
+        let pieces: Vec<(usize, usize)> = split_rows(&mut [0u8; 700], 250, 300).map(|(at, p)| (at, p.len())).collect();
+        assert_eq!(pieces, [(250, 50), (300, 300), (600, 300), (900, 50)]);
     }
 }

@@ -201,12 +201,12 @@ impl<T: Float> Gemm<T> {
         unsafe { partial.set_len(chunks * m * n) };
         // SAFETY: the bias holds `n` elements (the caller's contract).
         let bias = self.bias.map(|b| unsafe { std::slice::from_raw_parts(b, n) });
-        for i in 0..m {
-            // SAFETY: row i of `dst` (the caller's contract).
-            let row = unsafe { std::slice::from_raw_parts_mut(self.dst.add(i * self.dst_rs), n) };
-            crate::simd::run(
-                #[inline(always)]
-                || {
+        crate::simd::run(
+            #[inline(always)]
+            || {
+                for i in 0..m {
+                    // SAFETY: row i of `dst` (the caller's contract).
+                    let row = unsafe { std::slice::from_raw_parts_mut(self.dst.add(i * self.dst_rs), n) };
                     for (j, o) in row.iter_mut().enumerate() {
                         let mut acc = if self.accumulate { *o } else { T::ZERO };
                         if let Some(b) = bias {
@@ -217,9 +217,9 @@ impl<T: Float> Gemm<T> {
                         }
                         *o = acc;
                     }
-                },
-            );
-        }
+                }
+            },
+        );
         // SAFETY: the block (the caller's contract).
         unsafe { self.finish() };
     }
@@ -580,10 +580,10 @@ pub fn linear_sum_then<T: Diff>(terms: &[(&T, &T)], bias: Option<&T>, then: Then
             Then::TanhBackward(h) => Some(h.eval()?),
             _ => None,
         };
-        let eager = match then {
-            Then::Nothing => Then::Nothing,
-            Then::Tanh => Then::Tanh,
-            Then::TanhBackward(_) => Then::TanhBackward(h.as_ref().expect("internal: evaluated above")),
+        let eager = match (&then, &h) {
+            (Then::Tanh, _) => Then::Tanh,
+            (Then::TanhBackward(_), Some(h)) => Then::TanhBackward(h),
+            _ => Then::Nothing,
         };
         if let Some(out) = eager_linear_sum(&vals, bias.as_ref(), eager)? {
             return Ok(Some(first.lift(out)));
