@@ -102,7 +102,7 @@ impl Op for Affine {
             saved
         }
     }
-    fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
+    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         self.check(xs.len())?;
         let (x, w) = (xs[0], xs[1]);
         if x.rank() != 2 || w.rank() != 2 || x.dims()[1] != w.dims()[1] {

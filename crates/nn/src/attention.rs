@@ -66,7 +66,7 @@ impl Op for CausalSoftmax {
     fn saves(&self) -> Saved {
         Saved::OUTPUT
     }
-    fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
+    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let x = xs[0];
         let dims = x.dims();
         if dims.len() < 2 || dims[dims.len() - 2] > dims[dims.len() - 1] {
@@ -98,7 +98,7 @@ impl Op for CausalSoftmax {
                 causal_rows(src, &mut out, tq, tk, self.scale);
                 Tensor::from_vec(out, x.shape().clone())
             }
-            DType::F16 | DType::BF16 => self.forward(&[&x.cast(DType::F32)?])?.cast(x.dtype()),
+            DType::F16 | DType::BF16 => self.forward_cpu(&[&x.cast(DType::F32)?])?.cast(x.dtype()),
             dtype => Err(Error::UnsupportedDType { op: "causal_softmax", dtype, expected: "a float dtype" }),
         }
     }
@@ -343,7 +343,7 @@ impl Op for CausalAttention {
     fn name(&self) -> &'static str {
         "causal_attention"
     }
-    fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
+    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let hs = self.check(xs[0], xs[1], xs[2])?;
         if xs.iter().any(|t| t.device() != Device::Cpu) {
             // The kernel reads host memory; elsewhere, the composition.
@@ -376,7 +376,7 @@ impl Op for CausalAttention {
             DType::F16 | DType::BF16 => {
                 let up = [&q, &k, &v].map(|t| t.cast(DType::F32));
                 let [a, b2, c] = up;
-                self.forward(&[&a?, &b2?, &c?])?.cast(q.dtype())
+                self.forward_cpu(&[&a?, &b2?, &c?])?.cast(q.dtype())
             }
             dtype => Err(Error::UnsupportedDType { op: "causal_attention", dtype, expected: "a float dtype" }),
         }

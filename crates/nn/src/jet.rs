@@ -207,7 +207,7 @@ impl Op for SumSquaresMid {
     fn saves(&self) -> Saved {
         Saved::input(0)
     }
-    fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
+    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let x = xs[0];
         let &[n, d, w] = x.dims() else {
             return Err(Error::InvalidShape {

@@ -271,7 +271,7 @@ impl Op for NormOp {
             Saved::input(0)
         }
     }
-    fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
+    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let x = xs[0];
         let d = match x.dims().last() {
             Some(&d) if d > 0 => d,
@@ -328,7 +328,7 @@ impl Op for NormOp {
             DType::F16 | DType::BF16 => {
                 let up: Vec<Tensor> = xs.iter().map(|t| t.cast(DType::F32)).collect::<Result<_>>()?;
                 let refs: Vec<&Tensor> = up.iter().collect();
-                self.forward(&refs)?.cast(x.dtype())
+                self.forward_cpu(&refs)?.cast(x.dtype())
             }
             dtype => Err(Error::UnsupportedDType { op: self.name(), dtype, expected: "a float dtype" }),
         }

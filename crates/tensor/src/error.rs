@@ -70,6 +70,15 @@ pub enum Error {
         /// Why it cannot be used.
         reason: String,
     },
+    /// The op has no kernel on this device (yet): the tensors are fine, the
+    /// backend lacks it. Move the operands to a device that has one.
+    #[error("{op}: no kernel for {device} in this build; move the operands with to_device(Device::Cpu)")]
+    Unsupported {
+        /// The op.
+        op: &'static str,
+        /// The device whose backend lacks it.
+        device: Device,
+    },
     /// An axis outside `-rank..rank`.
     #[error("{op}: axis {axis} is out of range for a tensor of rank {rank}")]
     AxisOutOfRange {

@@ -177,11 +177,38 @@ cpu_element!(bf16, BF16);
 cpu_element!(i32, I32);
 cpu_element!(i64, I64);
 
+/// Memory on a device other than the host, as that device's backend holds
+/// it. The CPU never reads it directly: kernels of its own backend do, and
+/// [`DeviceBuffer::to_host`] copies it out.
+pub trait DeviceBuffer: std::fmt::Debug + Send + Sync + 'static {
+    /// The device it lives on.
+    fn device(&self) -> Device;
+    /// Its element type.
+    fn dtype(&self) -> DType;
+    /// Number of elements.
+    fn len(&self) -> usize;
+    /// True when it holds no element.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// A host copy of every element.
+    fn to_host(&self) -> Result<CpuBuffer>;
+    /// The backend's own type, for its kernels to downcast to.
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
+/// The bytes of a storage: a host buffer, or a buffer a device backend owns.
+#[derive(Debug)]
+enum Buffer {
+    Host(CpuBuffer),
+    Device(Box<dyn DeviceBuffer>),
+}
+
 /// The memory behind tensors. Its bytes are counted live from creation to
 /// drop, on its device's counters.
 #[derive(Debug)]
 pub struct Storage {
-    buf: CpuBuffer,
+    buf: Buffer,
     device: Device,
     bytes: usize,
 }
@@ -197,15 +224,46 @@ impl Storage {
         if reused {
             crate::memory::track_adopted(Device::Cpu);
         }
-        Storage { buf, device: Device::Cpu, bytes }
+        Storage { buf: Buffer::Host(buf), device: Device::Cpu, bytes }
     }
-    /// The host buffer.
-    pub fn buffer(&self) -> &CpuBuffer {
-        &self.buf
+    /// Takes ownership of a device buffer and counts its bytes as allocated
+    /// on its device. `from_system` says whether the backend's allocator
+    /// had to ask its driver for them (a cache miss) or reused cached
+    /// memory; the allocator itself counts the memory it returns to the
+    /// driver, so dropping the storage only makes the bytes unallocated.
+    pub fn on_device(buf: Box<dyn DeviceBuffer>, from_system: bool) -> Self {
+        let (device, bytes) = (buf.device(), buf.len() * buf.dtype().size_in_bytes());
+        track_alloc(device, bytes, from_system);
+        Storage { buf: Buffer::Device(buf), device, bytes }
     }
-    /// The host buffer, mutably.
-    pub fn buffer_mut(&mut self) -> &mut CpuBuffer {
-        &mut self.buf
+    /// The host buffer; `None` for device memory.
+    pub fn host(&self) -> Option<&CpuBuffer> {
+        match &self.buf {
+            Buffer::Host(b) => Some(b),
+            Buffer::Device(_) => None,
+        }
+    }
+    /// The host buffer, mutably; `None` for device memory.
+    pub fn host_mut(&mut self) -> Option<&mut CpuBuffer> {
+        match &mut self.buf {
+            Buffer::Host(b) => Some(b),
+            Buffer::Device(_) => None,
+        }
+    }
+    /// The device buffer; `None` for host memory.
+    pub fn device_buffer(&self) -> Option<&dyn DeviceBuffer> {
+        match &self.buf {
+            Buffer::Host(_) => None,
+            Buffer::Device(b) => Some(b.as_ref()),
+        }
+    }
+    /// The elements on the host: the buffer itself, or a copy of the
+    /// device's.
+    pub fn to_host(&self) -> Result<std::borrow::Cow<'_, CpuBuffer>> {
+        match &self.buf {
+            Buffer::Host(b) => Ok(std::borrow::Cow::Borrowed(b)),
+            Buffer::Device(b) => b.to_host().map(std::borrow::Cow::Owned),
+        }
     }
     /// The device.
     pub fn device(&self) -> Device {
@@ -213,7 +271,21 @@ impl Storage {
     }
     /// The dtype.
     pub fn dtype(&self) -> DType {
-        self.buf.dtype()
+        match &self.buf {
+            Buffer::Host(b) => b.dtype(),
+            Buffer::Device(b) => b.dtype(),
+        }
+    }
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        match &self.buf {
+            Buffer::Host(b) => b.len(),
+            Buffer::Device(b) => b.len(),
+        }
+    }
+    /// True when it holds no element.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
     /// Bytes counted for this storage.
     pub fn bytes(&self) -> usize {
@@ -221,16 +293,19 @@ impl Storage {
     }
 }
 
-impl Clone for Storage {
-    fn clone(&self) -> Self {
-        Storage::cpu(self.buf.clone())
-    }
-}
-
 impl Drop for Storage {
     fn drop(&mut self) {
-        let buf = std::mem::replace(&mut self.buf, CpuBuffer::F32(Vec::new()));
-        // (`buffer_mut` could have resized it: then it is simply freed.)
+        let buf = match std::mem::replace(&mut self.buf, Buffer::Host(CpuBuffer::F32(Vec::new()))) {
+            Buffer::Host(b) => b,
+            Buffer::Device(b) => {
+                // The backend's buffer returns its block to its allocator
+                // as it drops; the block stays reserved there.
+                drop(b);
+                track_free(self.device, self.bytes, false);
+                return;
+            }
+        };
+        // (`host_mut` could have resized it: then it is simply freed.)
         let exact = buf.len() * buf.dtype().size_in_bytes() == self.bytes;
         let cached = exact
             && match buf {

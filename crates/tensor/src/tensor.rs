@@ -240,9 +240,29 @@ impl Tensor {
         Ok(self.dims()[self.shape().axis("dim", axis)?])
     }
 
-    /// The whole storage as a typed slice (ignores the layout).
+    /// The whole storage as a typed slice (ignores the layout). Only CPU
+    /// kernels call this, and [`crate::ops::forward`] hands them CPU
+    /// tensors only.
     pub(crate) fn storage_slice<T: CpuElement>(&self) -> &[T] {
-        T::slice(self.storage.buffer()).expect("internal: dtype matches storage")
+        let host = self.storage.host().expect("internal: a CPU kernel was given a device tensor");
+        T::slice(host).expect("internal: dtype matches storage")
+    }
+
+    /// This tensor if it is on the host, else a host copy (same layout).
+    fn on_host(&self) -> Result<std::borrow::Cow<'_, Tensor>> {
+        if self.storage.host().is_some() {
+            return Ok(std::borrow::Cow::Borrowed(self));
+        }
+        let host = self.storage.to_host()?.into_owned();
+        Ok(std::borrow::Cow::Owned(Tensor { storage: Arc::new(Storage::cpu(host)), layout: self.layout.clone() }))
+    }
+
+    /// The error for a host-only operation on a device tensor.
+    fn host_only(&self, op: &'static str) -> Result<()> {
+        match self.device() {
+            Device::Cpu => Ok(()),
+            device => Err(Error::Unsupported { op, device }),
+        }
     }
 
     /// The elements as a contiguous slice, if this tensor is contiguous and
@@ -251,7 +271,7 @@ impl Tensor {
         if !self.is_contiguous() {
             return None;
         }
-        let s = T::slice(self.storage.buffer())?;
+        let s = T::slice(self.storage.host()?)?;
         Some(&s[self.layout.offset..self.layout.offset + self.numel()])
     }
 
@@ -267,10 +287,11 @@ impl Tensor {
         if T::DTYPE != self.dtype() {
             return Err(Error::DTypeMismatch { op: "to_vec", lhs: self.dtype(), rhs: T::DTYPE });
         }
-        if let Some(s) = self.as_slice::<T>() {
+        let t = self.on_host()?;
+        if let Some(s) = t.as_slice::<T>() {
             return Ok(s.to_vec());
         }
-        map1(self.storage_slice::<T>(), &self.nd(), |x| x)
+        map1(t.storage_slice::<T>(), &t.nd(), |x| x)
     }
 
     /// The elements converted to f64, in row-major order.
@@ -281,7 +302,8 @@ impl Tensor {
     /// [`Tensor::cast`](crate::ShapeOps::cast) and [`Tensor::to_vec`] for an
     /// error instead).
     pub fn to_vec_f64(&self) -> Vec<f64> {
-        with_dtype!(self.dtype(), T => map1(self.storage_slice::<T>(), &self.nd(), |x: T| x.to_f64()))
+        self.on_host()
+            .and_then(|t| with_dtype!(t.dtype(), T => map1(t.storage_slice::<T>(), &t.nd(), |x: T| x.to_f64())))
             .unwrap_or_else(|e| panic!("to_vec_f64: {e}"))
     }
 
@@ -292,7 +314,8 @@ impl Tensor {
     /// When the system cannot allocate the vector, as
     /// [`Tensor::to_vec_f64`].
     pub fn to_vec_f32(&self) -> Vec<f32> {
-        with_dtype!(self.dtype(), T => map1(self.storage_slice::<T>(), &self.nd(), |x: T| x.to_f64() as f32))
+        self.on_host()
+            .and_then(|t| with_dtype!(t.dtype(), T => map1(t.storage_slice::<T>(), &t.nd(), |x: T| x.to_f64() as f32)))
             .unwrap_or_else(|e| panic!("to_vec_f32: {e}"))
     }
 
@@ -305,7 +328,8 @@ impl Tensor {
                 reason: "item needs exactly one element".into(),
             });
         }
-        let v = with_dtype!(self.dtype(), T => map1(self.storage_slice::<T>(), &self.nd(), |x: T| x.to_f64()))?;
+        let t = self.on_host()?;
+        let v = with_dtype!(t.dtype(), T => map1(t.storage_slice::<T>(), &t.nd(), |x: T| x.to_f64()))?;
         Ok(v[0])
     }
 
@@ -323,6 +347,7 @@ impl Tensor {
         if self.is_contiguous() {
             return Ok(self.clone());
         }
+        self.host_only("contiguous")?;
         let buf = with_dtype!(self.dtype(), T => T::wrap(map1(self.storage_slice::<T>(), &self.nd(), |x: T| x)?));
         Tensor::from_buffer(buf, self.shape().clone())
     }
@@ -386,6 +411,7 @@ impl Tensor {
         if dtype == self.dtype() {
             return Ok(self.clone());
         }
+        self.host_only("cast")?;
         let nd = self.nd();
         let buf = with_dtype!(self.dtype(), S => {
             let src = self.storage_slice::<S>();
@@ -401,16 +427,21 @@ impl Tensor {
         Tensor::from_buffer(buf, self.shape().clone())
     }
 
-    /// Moves to `device` (a no-op when already there).
+    /// A copy on `device` (the same handle when already there). To the CPU
+    /// from a device: the storage is copied to the host and the layout kept.
+    /// To a CUDA device: [`Error::DeviceUnavailable`], whose reason says
+    /// what this machine lacks, while the CUDA backend is not built.
     pub fn to_device(&self, device: Device) -> Result<Tensor> {
         if device == self.device() {
             return Ok(self.clone());
         }
-        Device::cuda(match device {
-            Device::Cuda(i) => i,
-            Device::Cpu => 0,
-        })?;
-        Err(Error::DeviceUnavailable { device, reason: "no CUDA backend in this build".into() })
+        match device {
+            Device::Cpu => Ok(self.on_host()?.into_owned()),
+            Device::Cuda(i) => {
+                Device::cuda(i)?;
+                Err(Error::DeviceUnavailable { device, reason: "no CUDA backend in this build".into() })
+            }
+        }
     }
 
     // ----- in place ---------------------------------------------------------
@@ -423,20 +454,25 @@ impl Tensor {
         if T::DTYPE != self.dtype() {
             return Err(Error::DTypeMismatch { op: "make_mut", lhs: self.dtype(), rhs: T::DTYPE });
         }
-        let whole = self.is_contiguous() && self.layout.offset == 0 && self.numel() == self.storage.buffer().len();
+        self.host_only("make_mut")?;
+        let whole = self.is_contiguous() && self.layout.offset == 0 && self.numel() == self.storage.len();
         if !whole || Arc::strong_count(&self.storage) != 1 {
             *self = Tensor::from_vec(self.to_vec::<T>()?, self.shape().clone())?;
         }
         let st = Arc::get_mut(&mut self.storage).expect("internal: unique after copy");
-        Ok(T::slice_mut(st.buffer_mut()).expect("internal: dtype checked"))
+        let host = st.host_mut().expect("internal: a host tensor after the device check");
+        Ok(T::slice_mut(host).expect("internal: dtype checked"))
     }
 }
 
 impl std::fmt::Debug for Tensor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         const SHOW: usize = 8;
-        let v = if self.numel() <= SHOW { self.to_vec_f64() } else { self.narrow_flat_preview(SHOW) };
-        write!(f, "Tensor[{}, {}, {}] {:?}", self.shape(), self.dtype(), self.device(), v)?;
+        write!(f, "Tensor[{}, {}, {}]", self.shape(), self.dtype(), self.device())?;
+        // Debug never fails: a device tensor that cannot be copied out is
+        // shown without its values.
+        let Ok(host) = self.on_host() else { return write!(f, " <values on {}>", self.device()) };
+        write!(f, " {:?}", host.narrow_flat_preview(SHOW.min(self.numel())))?;
         if self.numel() > SHOW {
             write!(f, " ...")?;
         }

@@ -87,7 +87,7 @@ impl Op for Binary {
         }
     }
 
-    fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
+    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let shape = check_pair(self.name(), xs[0], xs[1])?;
         let b = xs[1].cast_raw(xs[0].dtype().compute())?;
         float_map(
@@ -212,14 +212,14 @@ impl Op for Compare {
     fn saves(&self) -> Saved {
         Saved::NOTHING
     }
-    fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
+    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let a = xs[0];
         let cmp = self.cmp;
         if let (Some(_), true) = (self.scalar, a.dtype().is_int()) {
             // torch promotes an int tensor compared with a float scalar
             // (tensor([0]) < 0.5 is true); rounding the scalar to the int
             // dtype would not. f64 holds every i32 (and i64 below 2^53).
-            return self.forward(&[&a.cast_raw(DType::F64)?])?.cast_raw(a.dtype());
+            return self.forward_cpu(&[&a.cast_raw(DType::F64)?])?.cast_raw(a.dtype());
         }
         let (b, shape) = match self.scalar {
             Some(s) => (Tensor::scalar_of(s, a.dtype()), a.shape().clone()),
@@ -257,10 +257,14 @@ impl Op for Where {
         "where"
     }
 
+    fn operands(&self) -> smallvec::SmallVec<[&Tensor; 2]> {
+        smallvec::smallvec![&self.mask]
+    }
+
     fn saves(&self) -> Saved {
         Saved::NOTHING
     }
-    fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
+    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let (a, b) = (xs[0], xs[1]);
         let ab = check_pair("where", a, b)?;
         let shape = Shape::broadcast("where", &ab, self.mask.shape())?;

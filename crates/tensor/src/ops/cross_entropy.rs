@@ -421,7 +421,7 @@ impl SparseCrossEntropy {
         let lse = match saved(&self.lse) {
             Some(l) => l,
             None => {
-                self.forward(&[&logits])?;
+                self.forward_cpu(&[&logits])?;
                 saved(&self.lse).expect("internal: forward saves lse")
             }
         };
@@ -478,6 +478,10 @@ impl Op for SparseCrossEntropy {
         "sparse_cross_entropy"
     }
 
+    fn operands(&self) -> smallvec::SmallVec<[&Tensor; 2]> {
+        smallvec::smallvec![&self.labels]
+    }
+
     fn saves(&self) -> Saved {
         Saved::input(0)
     }
@@ -486,7 +490,7 @@ impl Op for SparseCrossEntropy {
         *lock(&self.lse) = None;
     }
 
-    fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
+    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let x = xs[0];
         let (lead, v) = self.split(x.shape())?;
         check_options(self.name(), &self.options)?;
@@ -888,6 +892,10 @@ impl Op for LinearCrossEntropy {
         "linear_cross_entropy"
     }
 
+    fn operands(&self) -> smallvec::SmallVec<[&Tensor; 2]> {
+        smallvec::smallvec![&self.labels]
+    }
+
     fn saves(&self) -> Saved {
         Saved::INPUTS
     }
@@ -897,7 +905,7 @@ impl Op for LinearCrossEntropy {
         *lock(&self.grads) = None;
     }
 
-    fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
+    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let (n, d, v, labels) = self.check(xs)?;
         let cd = compute_dtype(self.name(), xs[0])?;
         let ins: Vec<Tensor> = xs.iter().map(|t| t.cast_raw(cd)?.contiguous()).collect::<Result<_>>()?;

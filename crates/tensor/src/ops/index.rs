@@ -45,10 +45,14 @@ impl Op for IndexSelect {
         "index_select"
     }
 
+    fn operands(&self) -> smallvec::SmallVec<[&Tensor; 2]> {
+        smallvec::smallvec![&self.idx]
+    }
+
     fn saves(&self) -> Saved {
         Saved::NOTHING
     }
-    fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
+    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let x = xs[0].contiguous()?;
         let (outer, size, inner) = split(x.shape(), self.axis);
         let ids = checked_indices("index_select", &self.idx, size)?;
@@ -93,10 +97,14 @@ impl Op for IndexAdd {
         "index_add"
     }
 
+    fn operands(&self) -> smallvec::SmallVec<[&Tensor; 2]> {
+        smallvec::smallvec![&self.idx]
+    }
+
     fn saves(&self) -> Saved {
         Saved::NOTHING
     }
-    fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
+    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let g = xs[0].contiguous()?;
         let ids = checked_indices("index_add", &self.idx, self.size)?;
         let (outer, n, inner) = split(g.shape(), self.axis);
@@ -179,10 +187,14 @@ impl Op for Gather {
         "gather"
     }
 
+    fn operands(&self) -> smallvec::SmallVec<[&Tensor; 2]> {
+        smallvec::smallvec![&self.idx]
+    }
+
     fn saves(&self) -> Saved {
         Saved::NOTHING
     }
-    fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
+    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let x = xs[0].contiguous()?;
         let offs = scatter_offsets("gather", x.shape(), self.axis, &self.idx)?;
         let buf = with_dtype!(x.dtype(), T => {
@@ -215,10 +227,14 @@ impl Op for ScatterAdd {
         "scatter_add"
     }
 
+    fn operands(&self) -> smallvec::SmallVec<[&Tensor; 2]> {
+        smallvec::smallvec![&self.idx]
+    }
+
     fn saves(&self) -> Saved {
         Saved::NOTHING
     }
-    fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
+    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let (base, src) = (xs[0], xs[1].contiguous()?);
         if base.dtype() != src.dtype() {
             return Err(Error::DTypeMismatch { op: "scatter_add", lhs: base.dtype(), rhs: src.dtype() });

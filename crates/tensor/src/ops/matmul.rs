@@ -494,7 +494,7 @@ impl Op for Matmul {
     fn saves(&self) -> Saved {
         Saved::INPUTS
     }
-    fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
+    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let (a, b) = (xs[0], xs[1]);
         if a.dtype() != b.dtype() {
             return Err(Error::DTypeMismatch { op: "matmul", lhs: a.dtype(), rhs: b.dtype() });

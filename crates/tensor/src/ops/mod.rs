@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use crate::{DType, Device, Result, Shape, Tensor};
+use crate::{DType, Device, Error, Result, Shape, Tensor};
 
 pub mod binary;
 pub mod cross_entropy;
@@ -131,8 +131,23 @@ impl Saved {
 pub trait Op: Debug + Send + Sync + 'static {
     /// The op's name, as used in errors and graph diagnostics.
     fn name(&self) -> &'static str;
-    /// Computes the output from the input values.
-    fn forward(&self, inputs: &[&Tensor]) -> Result<Tensor>;
+    /// Tensors the op holds as fields (a mask, class labels, an index),
+    /// which must live on the inputs' device: [`forward`] checks them with
+    /// the inputs before any kernel runs. The default holds none.
+    fn operands(&self) -> SmallVec<[&Tensor; 2]> {
+        SmallVec::new()
+    }
+    /// The output from the input values, on the CPU: [`forward`] calls it
+    /// once it has checked that every input and operand is a CPU tensor.
+    /// The kernels themselves live in [`crate::cpu`]; this method holds the
+    /// shape rule and hands the operands over.
+    fn forward_cpu(&self, inputs: &[&Tensor]) -> Result<Tensor>;
+    /// The output on a CUDA device. An op without a CUDA kernel keeps this
+    /// default, [`Error::Unsupported`], so a backend can be filled in op by
+    /// op and a missing kernel is an error, never a panic.
+    fn forward_cuda(&self, inputs: &[&Tensor]) -> Result<Tensor> {
+        Err(Error::Unsupported { op: self.name(), device: inputs.first().map_or(Device::Cpu, |x| x.device()) })
+    }
     /// Reverse mode: given the inputs `xs`, the output `y` and the gradient
     /// `g` of some scalar with respect to `y`, the gradients with respect
     /// to each input, broadcast back to that input's shape.
@@ -166,12 +181,29 @@ pub trait Op: Debug + Send + Sync + 'static {
     }
 }
 
+/// Runs `op` forward on `inputs`: every input and every operand the op
+/// holds must be on one device ([`Error::DeviceMismatch`] names the op and
+/// the first two devices that differ), and that device's kernel computes
+/// the output ([`Op::forward_cpu`], [`Op::forward_cuda`]). This is the only
+/// way an op's forward is run, eagerly or on a graph.
+pub fn forward<O: Op + ?Sized>(op: &O, inputs: &[&Tensor]) -> Result<Tensor> {
+    let mut devices = inputs.iter().copied().chain(op.operands()).map(Tensor::device);
+    let device = devices.next().unwrap_or(Device::Cpu);
+    if let Some(other) = devices.find(|&d| d != device) {
+        return Err(Error::DeviceMismatch { op: op.name(), lhs: device, rhs: other });
+    }
+    match device {
+        Device::Cpu => op.forward_cpu(inputs),
+        Device::Cuda(_) => op.forward_cuda(inputs),
+    }
+}
+
 /// The object-safe face of [`Op`], so a graph can store any op. Each rule is
 /// compiled twice: once for eager tensors and once for the recording handle.
 pub trait DynOp: Debug + Send + Sync + 'static {
     /// See [`Op::name`].
     fn name(&self) -> &'static str;
-    /// See [`Op::forward`].
+    /// [`forward`]: the device check, then that device's kernel.
     fn forward(&self, inputs: &[&Tensor]) -> Result<Tensor>;
     /// [`Op::vjp_owned`]: reverse mode on plain tensors handed over.
     fn vjp_eager(&self, xs: SmallVec<[Tensor; 3]>, y: Tensor, g: Tensor) -> Result<InputGrads<Tensor>>;
@@ -199,7 +231,7 @@ impl<O: Op> DynOp for O {
         Op::name(self)
     }
     fn forward(&self, inputs: &[&Tensor]) -> Result<Tensor> {
-        Op::forward(self, inputs)
+        forward(self, inputs)
     }
     fn vjp_eager(&self, xs: SmallVec<[Tensor; 3]>, y: Tensor, g: Tensor) -> Result<InputGrads<Tensor>> {
         self.vjp_owned(xs, y, g)
@@ -290,7 +322,7 @@ impl Diff for Traced<'_> {
 
 impl Diff for Tensor {
     fn apply<O: Op>(op: O, inputs: &[&Self]) -> Result<Self> {
-        op.forward(inputs)
+        forward(&op, inputs)
     }
     fn shape(&self) -> Shape {
         self.layout.shape.clone()
@@ -383,4 +415,110 @@ pub fn add_opt<T: Diff>(a: Option<T>, b: Option<T>) -> Result<Option<T>> {
 /// One gradient in an [`InputGrads`].
 pub fn one<T>(g: T) -> InputGrads<T> {
     smallvec::smallvec![Some(g)]
+}
+
+#[cfg(test)]
+mod seam_tests {
+    //! The backend seam without a GPU: a stand-in device buffer that claims
+    //! to live on `cuda:3` (or `cuda:5` for the one test that reads its
+    //! counters, which nothing else touches) and
+    //! keeps its elements in a host vector, so every path that must not
+    //! read a device buffer as host memory is exercised.
+
+    use std::sync::Arc;
+
+    use crate::storage::{CpuBuffer, DeviceBuffer, Storage};
+    use crate::{memory_stats, BinaryOps, Device, Error, Layout, ShapeOps, Tensor, UnaryOps};
+
+    const FAKE: Device = Device::Cuda(3);
+    const COUNTED: Device = Device::Cuda(5);
+
+    #[derive(Debug)]
+    struct FakeBuffer(CpuBuffer, Device);
+
+    impl DeviceBuffer for FakeBuffer {
+        fn device(&self) -> Device {
+            self.1
+        }
+        fn dtype(&self) -> crate::DType {
+            self.0.dtype()
+        }
+        fn len(&self) -> usize {
+            self.0.len()
+        }
+        fn to_host(&self) -> crate::Result<CpuBuffer> {
+            Ok(self.0.clone())
+        }
+        fn as_any(&self) -> &dyn std::any::Any {
+            self
+        }
+    }
+
+    fn on_fake(v: Vec<f32>, shape: &[usize]) -> Tensor {
+        on(FAKE, v, shape)
+    }
+
+    fn on(device: Device, v: Vec<f32>, shape: &[usize]) -> Tensor {
+        let storage = Storage::on_device(Box::new(FakeBuffer(CpuBuffer::F32(v), device)), true);
+        Tensor { storage: Arc::new(storage), layout: Layout::contiguous(shape.into()) }
+    }
+
+    #[test]
+    fn device_storage_is_counted_on_its_device_exactly() {
+        let t = on(COUNTED, vec![1.0; 6], &[2, 3]);
+        assert_eq!(t.device(), COUNTED);
+        let s = memory_stats(COUNTED);
+        assert_eq!((s.allocated, s.peak, s.reserved, s.allocations, s.system_allocations), (24, 24, 24, 1, 1));
+        let view = t.t().unwrap();
+        drop(t);
+        assert_eq!(memory_stats(COUNTED).allocated, 24, "a view keeps the storage");
+        drop(view);
+        // Unallocated; still reserved, as a caching allocator keeps the block.
+        let s = memory_stats(COUNTED);
+        assert_eq!((s.allocated, s.peak, s.reserved), (0, 24, 24));
+    }
+
+    #[test]
+    fn mixing_devices_is_a_device_mismatch_naming_the_op_and_both_devices() {
+        let (d, c) = (on_fake(vec![1.0, 2.0], &[2]), Tensor::from_vec(vec![1.0f32, 2.0], [2]).unwrap());
+        assert_eq!(c.add(&d).unwrap_err(), Error::DeviceMismatch { op: "add", lhs: Device::Cpu, rhs: FAKE });
+        assert_eq!(d.mul(&c).unwrap_err(), Error::DeviceMismatch { op: "mul", lhs: FAKE, rhs: Device::Cpu });
+        // An operand the op holds counts too: the mask of `where`.
+        let mask = Tensor::from_vec(vec![1.0f32, 0.0], [2]).unwrap();
+        assert_eq!(
+            d.where_(&mask, &d).unwrap_err(),
+            Error::DeviceMismatch { op: "where", lhs: FAKE, rhs: Device::Cpu }
+        );
+    }
+
+    #[test]
+    fn an_op_without_a_kernel_on_the_device_is_unsupported_not_a_panic() {
+        let d = on_fake(vec![1.0, 2.0, 3.0, 4.0], &[2, 2]);
+        assert_eq!(d.exp().unwrap_err(), Error::Unsupported { op: "exp", device: FAKE });
+        assert_eq!(d.add(&d).unwrap_err(), Error::Unsupported { op: "add", device: FAKE });
+        // Views need no kernel: they work on any device, and a copy of a
+        // strided view is the device's business.
+        let v = d.t().unwrap().narrow(0, 1, 1).unwrap();
+        assert_eq!(v.device(), FAKE);
+        assert_eq!(v.contiguous().unwrap_err(), Error::Unsupported { op: "contiguous", device: FAKE });
+        let mut m = d.clone();
+        assert!(matches!(m.make_mut::<f32>(), Err(Error::Unsupported { op: "make_mut", .. })));
+        assert_eq!(d.as_slice::<f32>(), None);
+        assert!(format!("{d:?}").contains("cuda:3"));
+    }
+
+    #[test]
+    fn values_leave_a_device_through_a_host_copy() {
+        let d = on_fake(vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]);
+        assert_eq!(d.to_vec::<f32>().unwrap(), vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        let col = d.t().unwrap().narrow(0, 2, 1).unwrap();
+        assert_eq!(col.to_vec_f64(), vec![3.0, 6.0]);
+        let host = col.to_device(Device::Cpu).unwrap();
+        assert_eq!(host.device(), Device::Cpu);
+        assert_eq!(host.exp().unwrap().to_vec_f32(), vec![3.0f32.exp(), 6.0f32.exp()]);
+        assert_eq!(d.narrow(1, 1, 1).unwrap().narrow(0, 1, 1).unwrap().item().unwrap(), 5.0);
+        // No backend for a real CUDA device in this build: an error naming it.
+        let err = host.to_device(Device::Cuda(0)).unwrap_err();
+        assert!(matches!(err, Error::DeviceUnavailable { device: Device::Cuda(0), .. }), "{err}");
+    }
 }

@@ -288,7 +288,7 @@ impl Op for Reduce {
         }
     }
 
-    fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
+    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let x = xs[0];
         if matches!(self.kind, ReduceKind::Max | ReduceKind::Min) {
             if let Some(&a) = self.axes.iter().find(|&&a| x.dims()[a] == 0) {
@@ -354,7 +354,7 @@ impl Op for ArgReduce {
     fn saves(&self) -> Saved {
         Saved::NOTHING
     }
-    fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
+    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let x = xs[0];
         if x.dims()[self.axis] == 0 {
             return Err(Error::InvalidShape { op: self.name(), shape: x.shape().clone(), reason: "empty axis".into() });
@@ -399,7 +399,7 @@ impl Op for SumTo {
     fn saves(&self) -> Saved {
         Saved::NOTHING
     }
-    fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
+    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let x = xs[0];
         let (r, tr) = (x.rank(), self.shape.rank());
         let fits = tr <= r && self.shape.dims().iter().enumerate().all(|(i, &d)| d == 1 || d == x.dims()[r - tr + i]);
@@ -411,7 +411,7 @@ impl Op for SumTo {
         if axes.is_empty() {
             return x.reshape_raw(self.shape.clone());
         }
-        let s = Reduce { kind: ReduceKind::Sum, axes, keepdim: true }.forward(&[x])?;
+        let s = Reduce { kind: ReduceKind::Sum, axes, keepdim: true }.forward_cpu(&[x])?;
         s.reshape_raw(self.shape.clone())
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {

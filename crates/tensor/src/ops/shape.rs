@@ -34,8 +34,12 @@ impl Op for Reshape {
     fn saves(&self) -> Saved {
         Saved::NOTHING
     }
-    fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
+    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         xs[0].reshape_raw(self.0.clone())
+    }
+    /// A view: the layout changes, the storage is shared, on any device.
+    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
+        self.forward_cpu(xs)
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         Ok(one(g.reshape(xs[0].shape())?))
@@ -57,8 +61,12 @@ impl Op for Permute {
     fn saves(&self) -> Saved {
         Saved::NOTHING
     }
-    fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
+    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         xs[0].permute_raw(&self.0)
+    }
+    /// A view: the layout changes, the storage is shared, on any device.
+    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
+        self.forward_cpu(xs)
     }
     fn vjp<T: Diff>(&self, _: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         let mut inv = vec![0; self.0.len()];
@@ -91,8 +99,12 @@ impl Op for Narrow {
     fn saves(&self) -> Saved {
         Saved::NOTHING
     }
-    fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
+    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         xs[0].narrow_raw(self.axis, self.start, self.len)
+    }
+    /// A view: the layout changes, the storage is shared, on any device.
+    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
+        self.forward_cpu(xs)
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         let size = xs[0].shape().dims()[self.axis];
@@ -123,7 +135,7 @@ impl Op for Pad {
     fn saves(&self) -> Saved {
         Saved::NOTHING
     }
-    fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
+    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let x = xs[0];
         let mut shape = x.shape().clone();
         let fits = self.axis < x.rank() && self.start.checked_add(x.dims()[self.axis]).is_some_and(|e| e <= self.size);
@@ -164,8 +176,12 @@ impl Op for BroadcastTo {
     fn saves(&self) -> Saved {
         Saved::NOTHING
     }
-    fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
+    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         xs[0].broadcast_raw(&self.0)
+    }
+    /// A view: the layout changes, the storage is shared, on any device.
+    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
+        self.forward_cpu(xs)
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         Ok(one(g.sum_to(xs[0].shape())?))
@@ -187,7 +203,7 @@ impl Op for Contiguous {
     fn saves(&self) -> Saved {
         Saved::NOTHING
     }
-    fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
+    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         xs[0].contiguous()
     }
     fn vjp<T: Diff>(&self, _: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
@@ -213,7 +229,7 @@ impl Op for Concat {
     fn saves(&self) -> Saved {
         Saved::NOTHING
     }
-    fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
+    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let first = xs[0];
         let mut shape = first.shape().clone();
         let mut total = 0usize;
@@ -286,7 +302,7 @@ impl Op for Cast {
     fn saves(&self) -> Saved {
         Saved::NOTHING
     }
-    fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
+    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         xs[0].cast_raw(self.0)
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {

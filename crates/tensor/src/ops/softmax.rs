@@ -63,7 +63,7 @@ impl Op for Softmax {
     fn saves(&self) -> Saved {
         Saved::OUTPUT
     }
-    fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
+    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let log = self.log;
         float_map(self.name(), xs[0], |x| {
             with_float!(x.dtype(), T => rowwise::<T>(x, self.axis, |i, o| {

@@ -229,7 +229,7 @@ impl Op for Unary {
         }
     }
 
-    fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
+    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         float_map(
             self.name(),
             xs[0],
@@ -336,7 +336,7 @@ impl Op for TanhBackward {
         Saved::INPUTS
     }
 
-    fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
+    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let shape = super::binary::check_pair("tanh_backward", xs[0], xs[1])?;
         float_map("tanh_backward", xs[0], |y| {
             let g = xs[1].cast_raw(y.dtype())?;
