@@ -91,6 +91,16 @@ pub fn resolve_axis(op: &'static str, axis: isize, rank: usize) -> Result<usize>
     }
 }
 
+/// Checks an already resolved `axis` against `rank`: an op struct built by
+/// hand and run through `Diff::apply` carries an axis nobody resolved.
+pub(crate) fn check_axis(op: &'static str, axis: usize, rank: usize) -> Result<usize> {
+    if axis < rank {
+        Ok(axis)
+    } else {
+        Err(Error::AxisOutOfRange { op, axis: isize::try_from(axis).unwrap_or(isize::MAX), rank })
+    }
+}
+
 impl std::fmt::Debug for Shape {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{:?}", self.0.as_slice())

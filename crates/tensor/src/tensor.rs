@@ -359,7 +359,7 @@ impl Tensor {
     }
 
     pub(crate) fn narrow_raw(&self, axis: usize, start: usize, len: usize) -> Result<Tensor> {
-        let size = self.dims()[axis];
+        let size = self.dims()[crate::layout::check_axis("narrow", axis, self.rank())?];
         if start.checked_add(len).is_none_or(|e| e > size) {
             return Err(Error::IndexOutOfRange { op: "narrow", index: (start + len) as i64, position: axis, size });
         }

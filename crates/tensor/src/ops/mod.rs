@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use crate::{DType, Device, Result, Shape, Tensor};
+use crate::{DType, Device, Error, Result, Shape, Tensor};
 
 pub mod binary;
 pub mod cross_entropy;
@@ -127,10 +127,51 @@ impl Saved {
     }
 }
 
+/// How many inputs an op takes. It is checked once, where an op is
+/// applied (on tensors and on a graph), so no op's forward or rules need
+/// to check it again before indexing their inputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Arity {
+    /// The fewest inputs.
+    pub min: usize,
+    /// The most inputs (`usize::MAX` for no limit).
+    pub max: usize,
+}
+
+impl Arity {
+    /// Exactly `n` inputs.
+    pub const fn exactly(n: usize) -> Arity {
+        Arity { min: n, max: n }
+    }
+    /// `min` inputs or more.
+    pub const fn at_least(min: usize) -> Arity {
+        Arity { min, max: usize::MAX }
+    }
+    /// Between `min` and `max` inputs, both included.
+    pub const fn between(min: usize, max: usize) -> Arity {
+        Arity { min, max }
+    }
+    /// An [`Error::InvalidArgument`] naming `op` unless `n` inputs fit.
+    pub fn check(self, op: &'static str, n: usize) -> Result<()> {
+        if (self.min..=self.max).contains(&n) {
+            return Ok(());
+        }
+        let want = match (self.min, self.max) {
+            (a, b) if a == b => format!("{a}"),
+            (a, usize::MAX) => format!("at least {a}"),
+            (a, b) => format!("{a} to {b}"),
+        };
+        Err(Error::invalid_arg(op, format!("takes {want} inputs, got {n}")))
+    }
+}
+
 /// A differentiable operation.
 pub trait Op: Debug + Send + Sync + 'static {
     /// The op's name, as used in errors and graph diagnostics.
     fn name(&self) -> &'static str;
+    /// How many inputs `forward` takes (which may depend on the op's
+    /// fields, as a layer norm's optional weight and bias).
+    fn arity(&self) -> Arity;
     /// Computes the output from the input values.
     fn forward(&self, inputs: &[&Tensor]) -> Result<Tensor>;
     /// Reverse mode: given the inputs `xs`, the output `y` and the gradient
@@ -171,7 +212,8 @@ pub trait Op: Debug + Send + Sync + 'static {
 pub trait DynOp: Debug + Send + Sync + 'static {
     /// See [`Op::name`].
     fn name(&self) -> &'static str;
-    /// See [`Op::forward`].
+    /// See [`Op::forward`]; the input count is checked against
+    /// [`Op::arity`] first.
     fn forward(&self, inputs: &[&Tensor]) -> Result<Tensor>;
     /// [`Op::vjp_owned`]: reverse mode on plain tensors handed over.
     fn vjp_eager(&self, xs: SmallVec<[Tensor; 3]>, y: Tensor, g: Tensor) -> Result<InputGrads<Tensor>>;
@@ -199,6 +241,7 @@ impl<O: Op> DynOp for O {
         Op::name(self)
     }
     fn forward(&self, inputs: &[&Tensor]) -> Result<Tensor> {
+        self.arity().check(Op::name(self), inputs.len())?;
         Op::forward(self, inputs)
     }
     fn vjp_eager(&self, xs: SmallVec<[Tensor; 3]>, y: Tensor, g: Tensor) -> Result<InputGrads<Tensor>> {
@@ -264,7 +307,7 @@ impl Debug for Traced<'_> {
 
 impl Diff for Traced<'_> {
     fn apply<O: Op>(op: O, inputs: &[&Self]) -> Result<Self> {
-        let first = inputs.first().expect("internal: ops have at least one input");
+        let first = inputs.first().ok_or_else(|| Error::invalid_arg(op.name(), "takes at least 1 input, got 0"))?;
         let ids: SmallVec<[u64; 4]> = inputs.iter().map(|t| t.id).collect();
         Ok(Traced { tape: first.tape, id: first.tape.record(Arc::new(op), &ids)? })
     }
@@ -290,7 +333,7 @@ impl Diff for Traced<'_> {
 
 impl Diff for Tensor {
     fn apply<O: Op>(op: O, inputs: &[&Self]) -> Result<Self> {
-        op.forward(inputs)
+        DynOp::forward(&op, inputs)
     }
     fn shape(&self) -> Shape {
         self.layout.shape.clone()

@@ -4,8 +4,9 @@
 use smallvec::SmallVec;
 
 use crate::iter::Nd;
+use crate::layout::check_axis;
 use crate::ops::reduce::ReduceOps;
-use crate::ops::{one, Diff, InputGrads, Op, Saved};
+use crate::ops::{one, Arity, Diff, InputGrads, Op, Saved};
 use crate::storage::{try_filled, CpuBuffer, CpuElement};
 use crate::{resolve_axis, with_dtype, DType, Element, Error, Result, Shape, Tensor};
 
@@ -30,6 +31,9 @@ impl Op for Reshape {
     fn name(&self) -> &'static str {
         "reshape"
     }
+    fn arity(&self) -> Arity {
+        Arity::exactly(1)
+    }
 
     fn saves(&self) -> Saved {
         Saved::NOTHING
@@ -52,6 +56,9 @@ pub struct Permute(pub SmallVec<[usize; 6]>);
 impl Op for Permute {
     fn name(&self) -> &'static str {
         "permute"
+    }
+    fn arity(&self) -> Arity {
+        Arity::exactly(1)
     }
 
     fn saves(&self) -> Saved {
@@ -87,6 +94,9 @@ impl Op for Narrow {
     fn name(&self) -> &'static str {
         "narrow"
     }
+    fn arity(&self) -> Arity {
+        Arity::exactly(1)
+    }
 
     fn saves(&self) -> Saved {
         Saved::NOTHING
@@ -118,6 +128,9 @@ pub struct Pad {
 impl Op for Pad {
     fn name(&self) -> &'static str {
         "pad"
+    }
+    fn arity(&self) -> Arity {
+        Arity::exactly(1)
     }
 
     fn saves(&self) -> Saved {
@@ -160,6 +173,9 @@ impl Op for BroadcastTo {
     fn name(&self) -> &'static str {
         "broadcast_to"
     }
+    fn arity(&self) -> Arity {
+        Arity::exactly(1)
+    }
 
     fn saves(&self) -> Saved {
         Saved::NOTHING
@@ -182,6 +198,9 @@ pub struct Contiguous;
 impl Op for Contiguous {
     fn name(&self) -> &'static str {
         "contiguous"
+    }
+    fn arity(&self) -> Arity {
+        Arity::exactly(1)
     }
 
     fn saves(&self) -> Saved {
@@ -209,12 +228,16 @@ impl Op for Concat {
     fn name(&self) -> &'static str {
         "concat"
     }
+    fn arity(&self) -> Arity {
+        Arity::at_least(1)
+    }
 
     fn saves(&self) -> Saved {
         Saved::NOTHING
     }
     fn forward(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let first = xs[0];
+        check_axis("concat", self.axis, first.rank())?;
         let mut shape = first.shape().clone();
         let mut total = 0usize;
         for x in xs {
@@ -281,6 +304,9 @@ pub struct Cast(pub DType);
 impl Op for Cast {
     fn name(&self) -> &'static str {
         "cast"
+    }
+    fn arity(&self) -> Arity {
+        Arity::exactly(1)
     }
 
     fn saves(&self) -> Saved {
