@@ -14,7 +14,7 @@
 //! Its rules are written in differentiable ops, so higher orders work.
 
 use tapir_tensor::ops::matmul::{linear_sum_then, Then};
-use tapir_tensor::ops::{add_opt, InputGrads, Op, Saved};
+use tapir_tensor::ops::{add_opt, Arity, InputGrads, Op, Saved};
 use tapir_tensor::pool::{self, Disjoint};
 use tapir_tensor::simd;
 use tapir_tensor::{BinaryOps, DType, Device, Diff, Error, MatmulOps, ReduceOps, Result, ShapeOps, Tensor, UnaryOps};
@@ -78,18 +78,12 @@ fn add_in_place(y: &mut Tensor, r: &Tensor) -> Result<bool> {
     }
 }
 
-impl Affine {
-    fn check(&self, n_inputs: usize) -> Result<()> {
-        if n_inputs != 2 + self.bias as usize + self.residual as usize {
-            return Err(Error::invalid_arg("affine", format!("{n_inputs} inputs for {self:?}")));
-        }
-        Ok(())
-    }
-}
-
 impl Op for Affine {
     fn name(&self) -> &'static str {
         "affine"
+    }
+    fn arity(&self) -> Arity {
+        Arity::exactly(2 + self.bias as usize + self.residual as usize)
     }
 
     fn saves(&self) -> Saved {
@@ -103,7 +97,6 @@ impl Op for Affine {
         }
     }
     fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        self.check(xs.len())?;
         let (x, w) = (xs[0], xs[1]);
         if x.rank() != 2 || w.rank() != 2 || x.dims()[1] != w.dims()[1] {
             return Err(Error::ShapeMismatch { op: "affine", lhs: x.shape().clone(), rhs: w.shape().clone() });

@@ -16,7 +16,7 @@
 //! derivative order works.
 
 use tapir_autograd::Var;
-use tapir_tensor::ops::{add_opt, one, InputGrads, Op, Saved};
+use tapir_tensor::ops::{add_opt, one, Arity, InputGrads, Op, Saved};
 use tapir_tensor::pool::Disjoint;
 use tapir_tensor::{
     BinaryOps, DType, Device, Diff, Error, MatmulOps, ReduceOps, Result, Rng, ShapeOps, SoftmaxOps, Tensor, UnaryOps,
@@ -61,6 +61,9 @@ fn causal_rows<T: tapir_tensor::Float + tapir_tensor::CpuElement>(
 impl Op for CausalSoftmax {
     fn name(&self) -> &'static str {
         "causal_softmax"
+    }
+    fn arity(&self) -> Arity {
+        Arity::exactly(1)
     }
 
     fn saves(&self) -> Saved {
@@ -342,6 +345,9 @@ impl CausalAttention {
 impl Op for CausalAttention {
     fn name(&self) -> &'static str {
         "causal_attention"
+    }
+    fn arity(&self) -> Arity {
+        Arity::exactly(3)
     }
     fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let hs = self.check(xs[0], xs[1], xs[2])?;

@@ -8,7 +8,7 @@
 //! products (each a forward and two backward passes) for nested autodiff.
 
 use tapir_autograd::Var;
-use tapir_tensor::ops::{one, InputGrads, Op, Saved};
+use tapir_tensor::ops::{one, Arity, InputGrads, Op, Saved};
 use tapir_tensor::{
     with_float, BinaryOps, DType, Device, Diff, Error, MatmulOps, ReduceOps, Result, ShapeOps, Tensor, UnaryOps,
 };
@@ -203,6 +203,9 @@ fn split_rows<T>(mut out: &mut [T], start: usize, w: usize) -> impl Iterator<Ite
 impl Op for SumSquaresMid {
     fn name(&self) -> &'static str {
         "sum_squares_mid"
+    }
+    fn arity(&self) -> Arity {
+        Arity::exactly(1)
     }
     fn saves(&self) -> Saved {
         Saved::input(0)

@@ -12,7 +12,7 @@
 //! reference the op is tested against.
 
 use tapir_autograd::Var;
-use tapir_tensor::ops::{add_opt, InputGrads, Op, Saved};
+use tapir_tensor::ops::{add_opt, Arity, InputGrads, Op, Saved};
 use tapir_tensor::pool::{self, Disjoint};
 use tapir_tensor::{BinaryOps, DType, Device, Diff, Error, Float, ReduceOps, Result, ShapeOps, Tensor, UnaryOps};
 
@@ -261,6 +261,9 @@ impl Op for NormOp {
         } else {
             "layer_norm"
         }
+    }
+    fn arity(&self) -> Arity {
+        Arity::exactly(1 + self.has_weight as usize + self.has_bias as usize)
     }
 
     fn saves(&self) -> Saved {

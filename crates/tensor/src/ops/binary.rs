@@ -8,7 +8,7 @@ use crate::iter::{map2, map3, Nd};
 use crate::ops::reduce::ReduceOps;
 use crate::ops::shape::ShapeOps;
 use crate::ops::unary::{float_map, UnaryOps};
-use crate::ops::{add_opt, Diff, InputGrads, Op, Saved};
+use crate::ops::{add_opt, Arity, Diff, InputGrads, Op, Saved};
 use crate::storage::CpuElement;
 use crate::{with_dtype, with_float, DType, Element, Error, Float, Result, Shape, Tensor};
 
@@ -76,6 +76,9 @@ impl Op for Binary {
             Binary::Maximum => "maximum",
             Binary::Minimum => "minimum",
         }
+    }
+    fn arity(&self) -> Arity {
+        Arity::exactly(2)
     }
 
     fn saves(&self) -> Saved {
@@ -208,6 +211,9 @@ impl Op for Compare {
     fn name(&self) -> &'static str {
         self.cmp.name()
     }
+    fn arity(&self) -> Arity {
+        Arity::exactly(1 + self.scalar.is_none() as usize)
+    }
 
     fn saves(&self) -> Saved {
         Saved::NOTHING
@@ -255,6 +261,9 @@ pub struct Where {
 impl Op for Where {
     fn name(&self) -> &'static str {
         "where"
+    }
+    fn arity(&self) -> Arity {
+        Arity::exactly(2)
     }
 
     fn operands(&self) -> smallvec::SmallVec<[&Tensor; 2]> {

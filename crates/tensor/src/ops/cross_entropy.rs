@@ -21,7 +21,7 @@ use crate::ops::reduce::ReduceOps;
 use crate::ops::shape::ShapeOps;
 use crate::ops::softmax::SoftmaxOps;
 use crate::ops::unary::UnaryOps;
-use crate::ops::{one, Diff, InputGrads, Op, Saved};
+use crate::ops::{one, Arity, Diff, InputGrads, Op, Saved};
 use crate::storage::CpuElement;
 use crate::{DType, Error, Float, Result, Shape, Tensor};
 use smallvec::SmallVec;
@@ -477,6 +477,9 @@ impl Op for SparseCrossEntropy {
     fn name(&self) -> &'static str {
         "sparse_cross_entropy"
     }
+    fn arity(&self) -> Arity {
+        Arity::exactly(1)
+    }
 
     fn operands(&self) -> smallvec::SmallVec<[&Tensor; 2]> {
         smallvec::smallvec![&self.labels]
@@ -890,6 +893,9 @@ impl LinearCrossEntropy {
 impl Op for LinearCrossEntropy {
     fn name(&self) -> &'static str {
         "linear_cross_entropy"
+    }
+    fn arity(&self) -> Arity {
+        Arity::between(2, 3)
     }
 
     fn operands(&self) -> smallvec::SmallVec<[&Tensor; 2]> {

@@ -2,7 +2,8 @@
 //! transposes. Index tensors are constants of the op (i32 or i64), checked
 //! once: a bad index is an error naming it, never an out-of-bounds read.
 
-use crate::ops::{one, Diff, InputGrads, Op, Saved};
+use crate::layout::check_axis;
+use crate::ops::{one, Arity, Diff, InputGrads, Op, Saved};
 use crate::storage::{try_filled, try_vec, CpuElement};
 use crate::{resolve_axis, with_dtype, DType, Element, Error, Result, Shape, Tensor};
 
@@ -25,10 +26,15 @@ pub(crate) fn checked_indices(op: &'static str, idx: &Tensor, size: usize) -> Re
         .collect()
 }
 
-/// Splits `shape` around `axis` into (outer, size, inner) element counts.
-fn split(shape: &Shape, axis: usize) -> (usize, usize, usize) {
+/// Splits `shape` around `axis` into (outer, size, inner) element counts,
+/// checking the axis and that `idx` is 1-D.
+fn split(op: &'static str, shape: &Shape, axis: usize, idx: &Tensor) -> Result<(usize, usize, usize)> {
     let d = shape.dims();
-    (d[..axis].iter().product(), d[axis], d[axis + 1..].iter().product())
+    check_axis(op, axis, d.len())?;
+    if idx.rank() != 1 {
+        return Err(Error::InvalidShape { op, shape: idx.shape().clone(), reason: "indices must be 1-D".into() });
+    }
+    Ok((d[..axis].iter().product(), d[axis], d[axis + 1..].iter().product()))
 }
 
 /// Picks entries `idx` (1-D) along `axis`: out has `idx.len()` there.
@@ -44,6 +50,9 @@ impl Op for IndexSelect {
     fn name(&self) -> &'static str {
         "index_select"
     }
+    fn arity(&self) -> Arity {
+        Arity::exactly(1)
+    }
 
     fn operands(&self) -> smallvec::SmallVec<[&Tensor; 2]> {
         smallvec::smallvec![&self.idx]
@@ -54,7 +63,7 @@ impl Op for IndexSelect {
     }
     fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let x = xs[0].contiguous()?;
-        let (outer, size, inner) = split(x.shape(), self.axis);
+        let (outer, size, inner) = split("index_select", x.shape(), self.axis, &self.idx)?;
         let ids = checked_indices("index_select", &self.idx, size)?;
         let mut shape = x.shape().clone();
         shape.0[self.axis] = ids.len();
@@ -96,6 +105,9 @@ impl Op for IndexAdd {
     fn name(&self) -> &'static str {
         "index_add"
     }
+    fn arity(&self) -> Arity {
+        Arity::exactly(1)
+    }
 
     fn operands(&self) -> smallvec::SmallVec<[&Tensor; 2]> {
         smallvec::smallvec![&self.idx]
@@ -106,8 +118,8 @@ impl Op for IndexAdd {
     }
     fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let g = xs[0].contiguous()?;
+        let (outer, n, inner) = split("index_add", g.shape(), self.axis, &self.idx)?;
         let ids = checked_indices("index_add", &self.idx, self.size)?;
-        let (outer, n, inner) = split(g.shape(), self.axis);
         if n != ids.len() {
             return Err(Error::ShapeMismatch {
                 op: "index_add",
@@ -117,10 +129,10 @@ impl Op for IndexAdd {
         }
         let mut shape = g.shape().clone();
         shape.0[self.axis] = self.size;
-        let n = shape.check("index_add", g.dtype())?;
+        let total = shape.check("index_add", g.dtype())?;
         let buf = with_dtype!(g.dtype(), T => {
             let src = g.as_slice::<T>().expect("internal: contiguous");
-            let mut out = try_filled(n, T::from_f64(0.0))?;
+            let mut out = try_filled(total, T::from_f64(0.0))?;
             for o in 0..outer {
                 for (j, &i) in ids.iter().enumerate() {
                     let (d, s) = ((o * self.size + i) * inner, (o * n + j) * inner);
@@ -155,6 +167,7 @@ pub struct Gather {
 /// element of `idx` in row-major order, its flat offset in a contiguous
 /// tensor of `target` shape.
 fn scatter_offsets(op: &'static str, target: &Shape, axis: usize, idx: &Tensor) -> Result<Vec<usize>> {
+    check_axis(op, axis, target.rank())?;
     let fits = idx.rank() == target.rank()
         && idx.dims().iter().zip(target.dims()).enumerate().all(|(a, (&i, &t))| a == axis || i <= t);
     if !fits {
@@ -185,6 +198,9 @@ fn scatter_offsets(op: &'static str, target: &Shape, axis: usize, idx: &Tensor) 
 impl Op for Gather {
     fn name(&self) -> &'static str {
         "gather"
+    }
+    fn arity(&self) -> Arity {
+        Arity::exactly(1)
     }
 
     fn operands(&self) -> smallvec::SmallVec<[&Tensor; 2]> {
@@ -225,6 +241,9 @@ pub struct ScatterAdd {
 impl Op for ScatterAdd {
     fn name(&self) -> &'static str {
         "scatter_add"
+    }
+    fn arity(&self) -> Arity {
+        Arity::exactly(2)
     }
 
     fn operands(&self) -> smallvec::SmallVec<[&Tensor; 2]> {

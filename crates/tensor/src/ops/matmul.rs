@@ -7,7 +7,7 @@ use crate::ops::binary::BinaryOps;
 use crate::ops::reduce::ReduceOps;
 use crate::ops::shape::ShapeOps;
 use crate::ops::unary::{float_map, UnaryOps};
-use crate::ops::{add_opt, Diff, InputGrads, Op, Saved};
+use crate::ops::{add_opt, Arity, Diff, InputGrads, Op, Saved};
 use crate::storage::CpuElement;
 use crate::{with_float, Error, Float, Result, Shape, Tensor};
 
@@ -489,6 +489,9 @@ fn kernel<T: Float + CpuElement>(a: &Tensor, b: &Tensor, p: &Plan) -> Result<Vec
 impl Op for Matmul {
     fn name(&self) -> &'static str {
         "matmul"
+    }
+    fn arity(&self) -> Arity {
+        Arity::exactly(2)
     }
 
     fn saves(&self) -> Saved {

@@ -127,10 +127,51 @@ impl Saved {
     }
 }
 
+/// How many inputs an op takes. It is checked once, where an op is
+/// applied (on tensors and on a graph), so no op's forward or rules need
+/// to check it again before indexing their inputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Arity {
+    /// The fewest inputs.
+    pub min: usize,
+    /// The most inputs (`usize::MAX` for no limit).
+    pub max: usize,
+}
+
+impl Arity {
+    /// Exactly `n` inputs.
+    pub const fn exactly(n: usize) -> Arity {
+        Arity { min: n, max: n }
+    }
+    /// `min` inputs or more.
+    pub const fn at_least(min: usize) -> Arity {
+        Arity { min, max: usize::MAX }
+    }
+    /// Between `min` and `max` inputs, both included.
+    pub const fn between(min: usize, max: usize) -> Arity {
+        Arity { min, max }
+    }
+    /// An [`Error::InvalidArgument`] naming `op` unless `n` inputs fit.
+    pub fn check(self, op: &'static str, n: usize) -> Result<()> {
+        if (self.min..=self.max).contains(&n) {
+            return Ok(());
+        }
+        let want = match (self.min, self.max) {
+            (a, b) if a == b => format!("{a}"),
+            (a, usize::MAX) => format!("at least {a}"),
+            (a, b) => format!("{a} to {b}"),
+        };
+        Err(Error::invalid_arg(op, format!("takes {want} inputs, got {n}")))
+    }
+}
+
 /// A differentiable operation.
 pub trait Op: Debug + Send + Sync + 'static {
     /// The op's name, as used in errors and graph diagnostics.
     fn name(&self) -> &'static str;
+    /// How many inputs the op takes (which may depend on its fields, as a
+    /// layer norm's optional weight and bias); [`forward`] checks it first.
+    fn arity(&self) -> Arity;
     /// Tensors the op holds as fields (a mask, class labels, an index),
     /// which must live on the inputs' device: [`forward`] checks them with
     /// the inputs before any kernel runs. The default holds none.
@@ -187,6 +228,7 @@ pub trait Op: Debug + Send + Sync + 'static {
 /// the output ([`Op::forward_cpu`], [`Op::forward_cuda`]). This is the only
 /// way an op's forward is run, eagerly or on a graph.
 pub fn forward<O: Op + ?Sized>(op: &O, inputs: &[&Tensor]) -> Result<Tensor> {
+    op.arity().check(op.name(), inputs.len())?;
     let mut devices = inputs.iter().copied().chain(op.operands()).map(Tensor::device);
     let device = devices.next().unwrap_or(Device::Cpu);
     if let Some(other) = devices.find(|&d| d != device) {
@@ -203,7 +245,8 @@ pub fn forward<O: Op + ?Sized>(op: &O, inputs: &[&Tensor]) -> Result<Tensor> {
 pub trait DynOp: Debug + Send + Sync + 'static {
     /// See [`Op::name`].
     fn name(&self) -> &'static str;
-    /// [`forward`]: the device check, then that device's kernel.
+    /// [`forward`]: the input count, the device check, then that device's
+    /// kernel.
     fn forward(&self, inputs: &[&Tensor]) -> Result<Tensor>;
     /// [`Op::vjp_owned`]: reverse mode on plain tensors handed over.
     fn vjp_eager(&self, xs: SmallVec<[Tensor; 3]>, y: Tensor, g: Tensor) -> Result<InputGrads<Tensor>>;
@@ -296,7 +339,7 @@ impl Debug for Traced<'_> {
 
 impl Diff for Traced<'_> {
     fn apply<O: Op>(op: O, inputs: &[&Self]) -> Result<Self> {
-        let first = inputs.first().expect("internal: ops have at least one input");
+        let first = inputs.first().ok_or_else(|| Error::invalid_arg(op.name(), "takes at least 1 input, got 0"))?;
         let ids: SmallVec<[u64; 4]> = inputs.iter().map(|t| t.id).collect();
         Ok(Traced { tape: first.tape, id: first.tape.record(Arc::new(op), &ids)? })
     }

@@ -7,7 +7,7 @@ use crate::iter::{fill_vec_parts, PAR_MIN, SPLIT_MIN};
 use crate::ops::binary::BinaryOps;
 use crate::ops::shape::ShapeOps;
 use crate::ops::unary::{float_map, UnaryOps};
-use crate::ops::{one, Diff, InputGrads, Op, Saved};
+use crate::ops::{one, Arity, Diff, InputGrads, Op, Saved};
 use crate::pool::Disjoint;
 use crate::storage::{try_filled, CpuElement};
 use crate::{resolve_axis, with_float, DType, Error, Result, Shape, Tensor};
@@ -32,6 +32,18 @@ pub fn normalize_axes(op: &'static str, axes: &[isize], rank: usize) -> Result<A
         return Err(Error::invalid_arg(op, format!("repeated axis in {axes:?}")));
     }
     Ok(out)
+}
+
+/// Checks axes that an op struct built by hand carries: each in range,
+/// sorted and unique, as [`normalize_axes`] makes them.
+fn check_axes(op: &'static str, axes: &[usize], rank: usize) -> Result<()> {
+    for (i, &a) in axes.iter().enumerate() {
+        crate::layout::check_axis(op, a, rank)?;
+        if i > 0 && axes[i - 1] >= a {
+            return Err(Error::invalid_arg(op, format!("axes {axes:?} are not sorted and unique")));
+        }
+    }
+    Ok(())
 }
 
 /// The shape after reducing `axes`.
@@ -280,6 +292,9 @@ impl Op for Reduce {
             ReduceKind::LogSumExp => "logsumexp",
         }
     }
+    fn arity(&self) -> Arity {
+        Arity::exactly(1)
+    }
 
     fn saves(&self) -> Saved {
         match self.kind {
@@ -290,6 +305,7 @@ impl Op for Reduce {
 
     fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let x = xs[0];
+        check_axes(self.name(), &self.axes, x.rank())?;
         if matches!(self.kind, ReduceKind::Max | ReduceKind::Min) {
             if let Some(&a) = self.axes.iter().find(|&&a| x.dims()[a] == 0) {
                 return Err(Error::InvalidShape {
@@ -300,6 +316,9 @@ impl Op for Reduce {
             }
         }
         let shape = reduced_shape(x.shape(), &self.axes, self.keepdim);
+        // Reducing an empty axis can leave more elements than the input
+        // had: zeros([0, usize::MAX]).sum(0) would be usize::MAX zeros.
+        shape.check(self.name(), x.dtype())?;
         float_map(
             self.name(),
             x,
@@ -350,15 +369,19 @@ impl Op for ArgReduce {
             "argmax"
         }
     }
+    fn arity(&self) -> Arity {
+        Arity::exactly(1)
+    }
 
     fn saves(&self) -> Saved {
         Saved::NOTHING
     }
     fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let x = xs[0];
-        if x.dims()[self.axis] == 0 {
+        if x.dims()[crate::layout::check_axis(self.name(), self.axis, x.rank())?] == 0 {
             return Err(Error::InvalidShape { op: self.name(), shape: x.shape().clone(), reason: "empty axis".into() });
         }
+        reduced_shape(x.shape(), &[self.axis], self.keepdim).check(self.name(), DType::I64)?;
         let x = if x.dtype().is_float() { x.cast_raw(x.dtype().compute())? } else { x.cast_raw(DType::F64)? };
         let min = self.min;
         let out: Vec<i64> = with_float!(x.dtype(), T => reduce_rows(&x, &[self.axis], |r: &[T]| {
@@ -394,6 +417,9 @@ pub struct SumTo {
 impl Op for SumTo {
     fn name(&self) -> &'static str {
         "sum_to"
+    }
+    fn arity(&self) -> Arity {
+        Arity::exactly(1)
     }
 
     fn saves(&self) -> Saved {

@@ -4,8 +4,9 @@
 use smallvec::SmallVec;
 
 use crate::iter::Nd;
+use crate::layout::check_axis;
 use crate::ops::reduce::ReduceOps;
-use crate::ops::{one, Diff, InputGrads, Op, Saved};
+use crate::ops::{one, Arity, Diff, InputGrads, Op, Saved};
 use crate::storage::{try_filled, CpuBuffer, CpuElement};
 use crate::{resolve_axis, with_dtype, DType, Element, Error, Result, Shape, Tensor};
 
@@ -29,6 +30,9 @@ pub struct Reshape(pub Shape);
 impl Op for Reshape {
     fn name(&self) -> &'static str {
         "reshape"
+    }
+    fn arity(&self) -> Arity {
+        Arity::exactly(1)
     }
 
     fn saves(&self) -> Saved {
@@ -56,6 +60,9 @@ pub struct Permute(pub SmallVec<[usize; 6]>);
 impl Op for Permute {
     fn name(&self) -> &'static str {
         "permute"
+    }
+    fn arity(&self) -> Arity {
+        Arity::exactly(1)
     }
 
     fn saves(&self) -> Saved {
@@ -95,6 +102,9 @@ impl Op for Narrow {
     fn name(&self) -> &'static str {
         "narrow"
     }
+    fn arity(&self) -> Arity {
+        Arity::exactly(1)
+    }
 
     fn saves(&self) -> Saved {
         Saved::NOTHING
@@ -130,6 +140,9 @@ pub struct Pad {
 impl Op for Pad {
     fn name(&self) -> &'static str {
         "pad"
+    }
+    fn arity(&self) -> Arity {
+        Arity::exactly(1)
     }
 
     fn saves(&self) -> Saved {
@@ -172,6 +185,9 @@ impl Op for BroadcastTo {
     fn name(&self) -> &'static str {
         "broadcast_to"
     }
+    fn arity(&self) -> Arity {
+        Arity::exactly(1)
+    }
 
     fn saves(&self) -> Saved {
         Saved::NOTHING
@@ -199,6 +215,9 @@ impl Op for Contiguous {
     fn name(&self) -> &'static str {
         "contiguous"
     }
+    fn arity(&self) -> Arity {
+        Arity::exactly(1)
+    }
 
     fn saves(&self) -> Saved {
         Saved::NOTHING
@@ -225,12 +244,16 @@ impl Op for Concat {
     fn name(&self) -> &'static str {
         "concat"
     }
+    fn arity(&self) -> Arity {
+        Arity::at_least(1)
+    }
 
     fn saves(&self) -> Saved {
         Saved::NOTHING
     }
     fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let first = xs[0];
+        check_axis("concat", self.axis, first.rank())?;
         let mut shape = first.shape().clone();
         let mut total = 0usize;
         for x in xs {
@@ -298,6 +321,9 @@ impl Op for Cast {
     fn name(&self) -> &'static str {
         "cast"
     }
+    fn arity(&self) -> Arity {
+        Arity::exactly(1)
+    }
 
     fn saves(&self) -> Saved {
         Saved::NOTHING
@@ -361,12 +387,7 @@ pub trait ShapeOps: Diff {
         let axis = resolve_axis("narrow", axis, self.rank())?;
         let size = self.shape().dims()[axis];
         if start.checked_add(len).is_none_or(|e| e > size) {
-            return Err(Error::IndexOutOfRange {
-                op: "narrow",
-                index: start as i64 + len as i64,
-                position: axis,
-                size,
-            });
+            return Err(crate::tensor::narrow_out_of_range(axis, start, len, size));
         }
         Self::apply(Narrow { axis, start, len }, &[self])
     }

@@ -4,7 +4,7 @@
 use crate::ops::binary::BinaryOps;
 use crate::ops::reduce::ReduceOps;
 use crate::ops::unary::{float_map, UnaryOps};
-use crate::ops::{one, Diff, InputGrads, Op, Saved};
+use crate::ops::{one, Arity, Diff, InputGrads, Op, Saved};
 use crate::storage::CpuElement;
 use crate::{resolve_axis, with_float, Float, Result, Tensor};
 
@@ -59,12 +59,16 @@ impl Op for Softmax {
             "softmax"
         }
     }
+    fn arity(&self) -> Arity {
+        Arity::exactly(1)
+    }
 
     fn saves(&self) -> Saved {
         Saved::OUTPUT
     }
     fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let log = self.log;
+        crate::layout::check_axis(self.name(), self.axis, xs[0].rank())?;
         float_map(self.name(), xs[0], |x| {
             with_float!(x.dtype(), T => rowwise::<T>(x, self.axis, |i, o| {
                 let m = i.iter().fold(T::NEG_INF, |a, &b| a.max(b));

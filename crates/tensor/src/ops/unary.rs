@@ -5,7 +5,7 @@
 //! JVP `t * dy/dx`, so both modes share the line.
 
 use crate::iter::{map1, map2};
-use crate::ops::{one, Diff, InputGrads, Op, Saved};
+use crate::ops::{one, Arity, Diff, InputGrads, Op, Saved};
 use crate::storage::CpuElement;
 use crate::{with_float, DType, Error, Float, Result, Tensor};
 
@@ -209,6 +209,9 @@ impl Op for Unary {
     fn name(&self) -> &'static str {
         Unary::name(*self)
     }
+    fn arity(&self) -> Arity {
+        Arity::exactly(1)
+    }
 
     fn saves(&self) -> Saved {
         match self {
@@ -330,6 +333,9 @@ pub struct TanhBackward;
 impl Op for TanhBackward {
     fn name(&self) -> &'static str {
         "tanh_backward"
+    }
+    fn arity(&self) -> Arity {
+        Arity::exactly(2)
     }
 
     fn saves(&self) -> Saved {
