@@ -52,7 +52,7 @@ fn lock() -> std::sync::MutexGuard<'static, Cache> {
 pub(crate) fn take<T>(n: usize) -> crate::Result<Vec<T>> {
     let (size, align) = (std::mem::size_of::<T>(), std::mem::align_of::<T>());
     // A size that overflows is never cached; `try_vec` reports it.
-    let bytes = n.checked_mul(size).unwrap_or(usize::MAX);
+    let bytes = n.saturating_mul(size);
     if size > 0 && bytes >= MIN_CACHED_BYTES {
         let hit = {
             let mut c = lock();
