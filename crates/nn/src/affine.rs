@@ -13,10 +13,10 @@
 //! output: tanh's derivative is `1 - y^2`).
 //! Its rules are written in differentiable ops, so higher orders work.
 
+use tapir_tensor::cpu::pool::{self, Disjoint};
+use tapir_tensor::cpu::simd;
 use tapir_tensor::ops::matmul::{linear_sum_then, Then};
 use tapir_tensor::ops::{add_opt, Arity, InputGrads, Op, Saved};
-use tapir_tensor::pool::{self, Disjoint};
-use tapir_tensor::simd;
 use tapir_tensor::{BinaryOps, DType, Device, Diff, Error, MatmulOps, ReduceOps, Result, ShapeOps, Tensor, UnaryOps};
 
 /// `y = x @ w^T + b`, plus `r` when `residual`, for `x` `[N, in]`, `w`
@@ -49,7 +49,7 @@ fn in_place<F: tapir_tensor::CpuElement>(y: &mut Tensor, r: &Tensor, f: impl Fn(
     let rows = ys.len() / n;
     let shared = Disjoint::new(ys);
     // Rows split over the pool's threads, as the product that made `y` split them.
-    pool::ranges(rows, tapir_tensor::iter::SPLIT_MIN.div_ceil(n), &|part| {
+    pool::ranges(rows, tapir_tensor::cpu::iter::SPLIT_MIN.div_ceil(n), &|part| {
         // SAFETY: the parts' row ranges are disjoint.
         let ys = unsafe { shared.slice(part.start * n, part.len() * n) };
         simd::run(

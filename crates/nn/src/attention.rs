@@ -16,8 +16,8 @@
 //! derivative order works.
 
 use tapir_autograd::Var;
+use tapir_tensor::cpu::pool::Disjoint;
 use tapir_tensor::ops::{add_opt, one, Arity, InputGrads, Op, Saved};
-use tapir_tensor::pool::Disjoint;
 use tapir_tensor::{
     BinaryOps, DType, Device, Diff, Error, MatmulOps, ReduceOps, Result, Rng, ShapeOps, SoftmaxOps, Tensor, UnaryOps,
 };
@@ -317,7 +317,7 @@ impl CausalAttention {
                 let outs = [Disjoint::new(&mut dq), Disjoint::new(&mut dk), Disjoint::new(&mut dv)];
                 let heads = self.heads;
                 // One part per (batch, head), spread over the pool.
-                tapir_tensor::pool::split(b * heads, &|part| {
+                tapir_tensor::cpu::pool::split(b * heads, &|part| {
                     let base = (part / heads) * hs.t * hs.c + (part % heads) * hs.d;
                     // SAFETY: the buffers are shaped like `q`; each part
                     // touches only its own (batch, head).
@@ -367,7 +367,7 @@ impl Op for CausalAttention {
                 let out = Disjoint::new(&mut y);
                 let heads = self.heads;
                 // One part per (batch, head), spread over the pool.
-                tapir_tensor::pool::split(b * heads, &|part| {
+                tapir_tensor::cpu::pool::split(b * heads, &|part| {
                     let base = (part / heads) * hs.t * hs.c + (part % heads) * hs.d;
                     // SAFETY: `y` is shaped like `q`; each part writes only
                     // its own (batch, head).

@@ -159,9 +159,9 @@ fn sum_squares_kernel<F: tapir_tensor::Float + tapir_tensor::CpuElement>(
     }
     // Points split over the pool (the Jacobian of a 100-dim Laplacian is
     // 256 x 100 x 128); each output row sums its point's d rows in order.
-    let parts = tapir_tensor::pool::parts_for(n * d * w, tapir_tensor::iter::SPLIT_MIN);
-    tapir_tensor::iter::fill_vec_parts(n * w, parts, |start, out| {
-        tapir_tensor::simd::run(
+    let parts = tapir_tensor::cpu::pool::parts_for(n * d * w, tapir_tensor::cpu::iter::SPLIT_MIN);
+    tapir_tensor::cpu::iter::fill_vec_parts(n * w, parts, |start, out| {
+        tapir_tensor::cpu::simd::run(
             #[inline(always)]
             || {
                 // A part may start or end inside a point's row of `w`.

@@ -12,8 +12,8 @@
 //! reference the op is tested against.
 
 use tapir_autograd::Var;
+use tapir_tensor::cpu::pool::{self, Disjoint};
 use tapir_tensor::ops::{add_opt, Arity, InputGrads, Op, Saved};
-use tapir_tensor::pool::{self, Disjoint};
 use tapir_tensor::{BinaryOps, DType, Device, Diff, Error, Float, ReduceOps, Result, ShapeOps, Tensor, UnaryOps};
 
 use crate::params::{Bound, ParamId, ParamStore};
@@ -123,7 +123,7 @@ pub fn norm<T: Diff>(x: &T, w: Option<&T>, b: Option<&T>, eps: f64, rms: bool) -
 
 /// From this many elements on, the row kernels split their rows over the
 /// pool's threads.
-const SPLIT_ROWS_MIN_ELEMS: usize = tapir_tensor::iter::SPLIT_MIN;
+const SPLIT_ROWS_MIN_ELEMS: usize = tapir_tensor::cpu::iter::SPLIT_MIN;
 
 /// Mean (0 for RMS) and reciprocal deviation of one row.
 #[inline]

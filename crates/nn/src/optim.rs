@@ -2,8 +2,8 @@
 //! state is allocated once, on the first step: a steady training loop makes
 //! no allocation in `step`.
 
-use tapir_tensor::pool::{self, Disjoint};
-use tapir_tensor::simd;
+use tapir_tensor::cpu::pool::{self, Disjoint};
+use tapir_tensor::cpu::simd;
 use tapir_tensor::{DType, Error, Result, Tensor};
 
 use crate::params::{Grads, ParamStore};
@@ -155,7 +155,7 @@ impl Optimizer for Sgd {
             let p = Disjoint::new(p);
             let buf = s.first_mut().map(|b| Disjoint::new(&mut **b));
             // Split over the pool's threads as in Adam.
-            pool::ranges(g.len(), tapir_tensor::iter::SPLIT_MIN, &|r| {
+            pool::ranges(g.len(), tapir_tensor::cpu::iter::SPLIT_MIN, &|r| {
                 // SAFETY: the ranges are disjoint; p and the buffer have g's length.
                 let p = unsafe { p.slice(r.start, r.len()) };
                 let buf = buf.as_ref().filter(|_| mu != 0.0).map(|b| unsafe { b.slice(r.start, r.len()) });
@@ -287,7 +287,7 @@ impl Optimizer for Adam {
             let (p, m, v) = (Disjoint::new(p), Disjoint::new(&mut *m[0]), Disjoint::new(&mut *v[0]));
             // Large parameters are split over the pool's threads; the update
             // of each element is independent, so the split changes no bits.
-            pool::ranges(g.len(), tapir_tensor::iter::SPLIT_MIN, &|r| {
+            pool::ranges(g.len(), tapir_tensor::cpu::iter::SPLIT_MIN, &|r| {
                 // SAFETY: the ranges are disjoint; p, m, v have g's length.
                 let (p, m, v) =
                     unsafe { (p.slice(r.start, r.len()), m.slice(r.start, r.len()), v.slice(r.start, r.len())) };

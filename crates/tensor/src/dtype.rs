@@ -157,7 +157,7 @@ macro_rules! float {
             const INF: Self = $t::INFINITY;
             #[inline]
             fn exp(self) -> Self {
-                crate::math::Fast::fast_exp(self)
+                crate::cpu::math::Fast::fast_exp(self)
             }
             #[inline]
             fn ln(self) -> Self {
@@ -169,7 +169,7 @@ macro_rules! float {
             }
             #[inline]
             fn tanh(self) -> Self {
-                crate::math::Fast::fast_tanh(self)
+                crate::cpu::math::Fast::fast_tanh(self)
             }
             #[inline]
             fn sin(self) -> Self {

@@ -18,18 +18,15 @@
 #![deny(missing_docs)]
 
 pub mod cache;
+pub mod cpu;
 pub mod cuda;
 mod device;
 mod dtype;
 mod error;
-pub mod iter;
 mod layout;
-pub mod math;
 mod memory;
 pub mod ops;
-pub mod pool;
 mod rng;
-pub mod simd;
 mod storage;
 mod tensor;
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use half::{bf16, f16};
 use smallvec::SmallVec;
 
-use crate::iter::{map1, Nd};
+use crate::cpu::iter::{map1, Nd};
 use crate::storage::{try_filled, try_vec, CpuBuffer, CpuElement, Storage};
 use crate::{DType, Device, Element, Error, Layout, Result, Shape};
 

@@ -4,7 +4,7 @@
 //! Rules compute each input's gradient at the broadcast shape and reduce it
 //! back with `sum_to`, so broadcasting needs no special case anywhere else.
 
-use crate::iter::{map2, map3, Nd};
+use crate::cpu::iter::{map2, map3, Nd};
 use crate::ops::reduce::ReduceOps;
 use crate::ops::shape::ShapeOps;
 use crate::ops::unary::{float_map, UnaryOps};

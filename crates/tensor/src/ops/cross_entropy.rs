@@ -13,7 +13,7 @@ use std::sync::Mutex;
 
 use rayon::prelude::*;
 
-use crate::math::exp_f32;
+use crate::cpu::math::exp_f32;
 use crate::ops::binary::BinaryOps;
 use crate::ops::index::IndexOps;
 use crate::ops::matmul::{gemm_into, MatRef, MatmulOps};
@@ -269,7 +269,7 @@ fn forward_rows<T: CeFloat>(x: &[T], v: usize, labels: &[Option<usize>], smoothi
         };
         (lse, loss)
     };
-    if x.len() >= crate::iter::PAR_MIN {
+    if x.len() >= crate::cpu::iter::PAR_MIN {
         x.par_chunks(v).enumerate().map(row).unzip()
     } else {
         x.chunks(v).enumerate().map(row).unzip()
@@ -284,7 +284,7 @@ fn grad_rows_in_place<T: CeFloat>(x: &mut [T], v: usize, lse: &[T], labels: &[Op
     let row = |(r, xr): (usize, &mut [T])| {
         T::grad_row(xr, GradRow { lse: lse[r], weight: w[r], eps_v, on, label: labels[r] })
     };
-    if x.len() >= crate::iter::PAR_MIN {
+    if x.len() >= crate::cpu::iter::PAR_MIN {
         x.par_chunks_mut(v).enumerate().for_each(row);
     } else {
         x.chunks_mut(v).enumerate().for_each(row);
@@ -315,7 +315,7 @@ fn forward_grad_rows<T: CeFloat>(
         T::grad_row(xr, GradRow { lse, weight: w, eps_v, on, label: labels[r] });
         (lse, loss)
     };
-    if x.len() >= crate::iter::PAR_MIN {
+    if x.len() >= crate::cpu::iter::PAR_MIN {
         x.par_chunks_mut(v).enumerate().map(row).unzip()
     } else {
         x.chunks_mut(v).enumerate().map(row).unzip()
@@ -656,7 +656,7 @@ fn unit_weight(labels: &[Option<usize>], reduction: Reduction) -> f64 {
 fn scale_in_place(mut t: Tensor, s: f64) -> Result<Tensor> {
     fn run<T: CeFloat>(t: &mut Tensor, s: T) -> Result<()> {
         let x = t.make_mut::<T>()?;
-        if x.len() >= crate::iter::PAR_MIN {
+        if x.len() >= crate::cpu::iter::PAR_MIN {
             x.par_chunks_mut(1 << 14).for_each(|c| c.iter_mut().for_each(|e| *e *= s));
         } else {
             x.iter_mut().for_each(|e| *e *= s);

@@ -12,7 +12,7 @@ use crate::storage::CpuElement;
 use crate::{with_float, Error, Float, Result, Shape, Tensor};
 
 /// From this many multiply-adds on, one product is split over the spinning
-/// helpers of [`crate::pool`] (about 20 us of work on one core). Splitting
+/// helpers of [`crate::cpu::pool`] (about 20 us of work on one core). Splitting
 /// through rayon measured slower than one thread up to 16 Mi multiply-adds:
 /// its workers fall asleep between a step's products and each wake-up costs
 /// more than half a 1024 x 64 x 64 product on these virtual machines.
@@ -126,34 +126,37 @@ impl<T: Float> Gemm<T> {
         // thread reads the rows of `x` and `g` the ops around it gave it.
         if m * n <= SMALL_OUT
             && k_max >= 2 * K_CHUNK
-            && (macs >= SPLIT_MIN || k_max * m.max(n) >= crate::iter::SPLIT_MIN)
+            && (macs >= SPLIT_MIN || k_max * m.max(n) >= crate::cpu::iter::SPLIT_MIN)
         {
             // SAFETY: forwarded from the caller.
             return unsafe { self.split_k(k_max) };
         }
         // One part per thread: the caller takes rows 0.., the helper the
-        // rows after, the split [`crate::iter::fill_vec`] makes of an
+        // rows after, the split [`crate::cpu::iter::fill_vec`] makes of an
         // elementwise output of that size, so the next op finds each half in
         // the cache of the core that wrote it.
-        let parts = crate::pool::parts_for(macs, SPLIT_MIN);
+        let parts = crate::cpu::pool::parts_for(macs, SPLIT_MIN);
         // A tall product too cheap to be worth splitting for itself (a
         // network's first or last layer: 1024 x 64 x 2, 1024 x 1 x 64) is
         // still split by rows when its output or its left operand is as
         // large as a split elementwise op's: each thread then reads and
         // writes the rows the ops around it give that thread, where one
         // thread doing all rows would move half of them between the cores.
-        let tall = m >= 64 && m * n.max(k_max) >= crate::iter::SPLIT_MIN;
-        let parts =
-            if parts == 1 && tall { crate::pool::parts_for(m * n.max(k_max), crate::iter::SPLIT_MIN) } else { parts };
+        let tall = m >= 64 && m * n.max(k_max) >= crate::cpu::iter::SPLIT_MIN;
+        let parts = if parts == 1 && tall {
+            crate::cpu::pool::parts_for(m * n.max(k_max), crate::cpu::iter::SPLIT_MIN)
+        } else {
+            parts
+        };
         // The microkernels cover 16 rows or 4 columns at a time.
         let rows = m.div_ceil(parts).next_multiple_of(16);
         let cols = n.div_ceil(parts).next_multiple_of(4);
-        if parts > 1 && rows < m && crate::pool::width() > 1 {
+        if parts > 1 && rows < m && crate::cpu::pool::width() > 1 {
             // SAFETY: the parts' row ranges are disjoint blocks of `dst`.
-            crate::pool::split(m.div_ceil(rows), &|i| unsafe { self.rows(i * rows, rows).call() });
-        } else if parts > 1 && !tall && cols < n && crate::pool::width() > 1 {
+            crate::cpu::pool::split(m.div_ceil(rows), &|i| unsafe { self.rows(i * rows, rows).call() });
+        } else if parts > 1 && !tall && cols < n && crate::cpu::pool::width() > 1 {
             // SAFETY: the parts' column ranges are disjoint blocks of `dst`.
-            crate::pool::split(n.div_ceil(cols), &|i| unsafe { self.cols(i * cols, cols).call() });
+            crate::cpu::pool::split(n.div_ceil(cols), &|i| unsafe { self.cols(i * cols, cols).call() });
         } else {
             // SAFETY: forwarded from the caller.
             unsafe { self.call() }
@@ -176,8 +179,8 @@ impl<T: Float> Gemm<T> {
             // SAFETY: forwarded from the caller.
             return unsafe { self.call() };
         };
-        let out = crate::pool::Disjoint::new(&mut partial.spare_capacity_mut()[..chunks * m * n]);
-        crate::pool::split(chunks, &|c| {
+        let out = crate::cpu::pool::Disjoint::new(&mut partial.spare_capacity_mut()[..chunks * m * n]);
+        crate::cpu::pool::split(chunks, &|c| {
             let k0 = c * K_CHUNK;
             let terms = self
                 .terms
@@ -201,7 +204,7 @@ impl<T: Float> Gemm<T> {
         unsafe { partial.set_len(chunks * m * n) };
         // SAFETY: the bias holds `n` elements (the caller's contract).
         let bias = self.bias.map(|b| unsafe { std::slice::from_raw_parts(b, n) });
-        crate::simd::run(
+        crate::cpu::simd::run(
             #[inline(always)]
             || {
                 for i in 0..m {
@@ -233,7 +236,7 @@ impl<T: Float> Gemm<T> {
         if matches!(then, Epilogue::Nothing) {
             return;
         }
-        crate::simd::run(
+        crate::cpu::simd::run(
             #[inline(always)]
             || {
                 for i in 0..self.m {
@@ -284,7 +287,7 @@ impl<T: Float> Gemm<T> {
         }
     }
 
-    /// Runs `t` through [`super::matmul_tn::Outer`] when it applies:
+    /// Runs `t` through [`crate::cpu::matmul_tn::Outer`] when it applies:
     /// f32 on AVX-512, both operands storing the inner dimension as rows
     /// (a weight gradient `g^T x`), and an output of at most 128 rows, so
     /// a block of `a` stays in the L1 cache. Returns whether it ran.
@@ -295,13 +298,13 @@ impl<T: Float> Gemm<T> {
             && t.a_cs >= 0
             && t.b_rs >= 0
             && self.m <= 128
-            && super::matmul_tn::available();
+            && crate::cpu::matmul_tn::available();
         if fits {
             // SAFETY: T is f32; the operands and block are as `run`'s
             // contract describes them, with `a[p, i]` at `a + p * a_cs + i`
             // and `b[p, j]` at `b + p * b_rs + j`.
             unsafe {
-                super::matmul_tn::Outer {
+                crate::cpu::matmul_tn::Outer {
                     m: self.m,
                     n: self.n,
                     k: t.k,
@@ -329,7 +332,7 @@ impl<T: Float> Gemm<T> {
             let b = unsafe { std::slice::from_raw_parts(b, self.n) };
             // Vector stores in the loop: `copy_from_slice` called memcpy
             // once a row, 2% of a Hessian-vector product.
-            crate::simd::run(
+            crate::cpu::simd::run(
                 #[inline(always)]
                 || {
                     for i in 0..self.m {
@@ -420,7 +423,7 @@ fn batch_offsets(t: &Tensor, batch: &Shape) -> Vec<usize> {
         crate::Layout { shape: own, strides: SmallVec::from_slice(&t.strides()[..r - 2]), offset: t.layout.offset };
     let strides = lay.broadcast_strides(batch);
     let mut out = Vec::with_capacity(batch.numel());
-    let nd = crate::iter::Nd::new(batch.dims(), [&strides], [t.layout.offset]);
+    let nd = crate::cpu::iter::Nd::new(batch.dims(), [&strides], [t.layout.offset]);
     nd.runs(0, batch.numel(), |_, [o], len, [s]| out.extend((0..len).map(|i| o + i * s)));
     out
 }
@@ -439,7 +442,7 @@ fn kernel<T: Float + CpuElement>(a: &Tensor, b: &Tensor, p: &Plan) -> Result<Vec
     // The output is not zeroed first: gemm is told not to read it
     // (`read_dst = false`) and writes every element of each block.
     let mut out: Vec<T> = crate::cache::take(total)?;
-    let dst = crate::pool::Disjoint::new(&mut out.spare_capacity_mut()[..total]);
+    let dst = crate::cpu::pool::Disjoint::new(&mut out.spare_capacity_mut()[..total]);
     let entry = |i: usize| {
         Gemm::single(
             m,
@@ -461,11 +464,11 @@ fn kernel<T: Float + CpuElement>(a: &Tensor, b: &Tensor, p: &Plan) -> Result<Vec
         )
     };
     let batch = p.batch.numel();
-    let parts = crate::pool::parts_for(batch * m * n * k, SPLIT_MIN).min(batch);
+    let parts = crate::cpu::pool::parts_for(batch * m * n * k, SPLIT_MIN).min(batch);
     if batch > 1 && m * n * k < SPLIT_MIN && batch * m * n * k >= SPLIT_MIN && parts > 1 {
         // Many small products: whole products per part.
         let per = batch.div_ceil(parts);
-        crate::pool::split(batch.div_ceil(per), &|part| {
+        crate::cpu::pool::split(batch.div_ceil(per), &|part| {
             for i in part * per..((part + 1) * per).min(batch) {
                 // SAFETY: every addressed element of `a` and `b` lies in
                 // their storage (valid layouts); block i is written by this

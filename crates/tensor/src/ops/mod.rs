@@ -18,7 +18,6 @@ pub mod binary;
 pub mod cross_entropy;
 pub mod index;
 pub mod matmul;
-mod matmul_tn;
 pub mod reduce;
 pub mod shape;
 pub mod softmax;

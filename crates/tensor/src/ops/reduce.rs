@@ -3,17 +3,16 @@
 
 use smallvec::SmallVec;
 
-use crate::iter::{fill_vec_parts, PAR_MIN, SPLIT_MIN};
+use crate::cpu::iter::{fill_vec_parts, PAR_MIN, SPLIT_MIN};
+use crate::cpu::pool::Disjoint;
 use crate::ops::binary::BinaryOps;
 use crate::ops::shape::ShapeOps;
 use crate::ops::unary::{float_map, UnaryOps};
 use crate::ops::{one, Arity, Diff, InputGrads, Op, Saved};
-use crate::pool::Disjoint;
 use crate::storage::{try_filled, CpuElement};
 use crate::{resolve_axis, with_float, DType, Error, Result, Shape, Tensor};
 
-mod rows;
-use rows::RowKernels;
+use crate::cpu::rows::RowKernels;
 
 /// Axes to reduce: sorted, unique, non-negative.
 pub type Axes = SmallVec<[usize; 6]>;
@@ -88,7 +87,7 @@ fn reduce_rows<T: CpuElement + Copy + Send + Sync, D: Send>(
     }
     // Few long rows (a sum over the last axis of [4096, 4096]) split by the
     // work, not by the number of outputs as fill_vec would.
-    fill_vec_parts(rows, crate::pool::parts_for(rows * reduced, SPLIT_MIN), |start, out| {
+    fill_vec_parts(rows, crate::cpu::pool::parts_for(rows * reduced, SPLIT_MIN), |start, out| {
         for (i, o) in out.iter_mut().enumerate() {
             let r = start + i;
             o.write(row(&data[r * reduced..(r + 1) * reduced]));
@@ -113,7 +112,7 @@ fn add_rows<T: CpuElement + Copy + std::ops::Add<Output = T>>(
     c0: usize,
     out: &mut [T],
 ) {
-    crate::simd::run(
+    crate::cpu::simd::run(
         #[inline(always)]
         || {
             let mut blocks = out.chunks_exact_mut(ADD_COLS);
@@ -166,7 +165,7 @@ pub(crate) fn sum_raw<T: RowKernels + CpuElement>(x: &Tensor, axes: &[usize]) ->
         if inner >= LEADING_BLOCK_ELEMS {
             // Wide rows: columns split instead (partials would copy the input).
             let shared = Disjoint::new(&mut out);
-            crate::pool::ranges(inner, 2, &|cols| {
+            crate::cpu::pool::ranges(inner, 2, &|cols| {
                 // SAFETY: the column ranges are disjoint.
                 let out = unsafe { shared.slice(cols.start, cols.len()) };
                 add_rows(data, inner, 0..outer, cols.start, out);
@@ -175,7 +174,7 @@ pub(crate) fn sum_raw<T: RowKernels + CpuElement>(x: &Tensor, axes: &[usize]) ->
         }
         let mut partial = try_filled(blocks * inner, T::ZERO)?;
         let shared = Disjoint::new(&mut partial);
-        crate::pool::ranges(blocks, SPLIT_MIN.div_ceil(block * inner.max(1)), &|bs| {
+        crate::cpu::pool::ranges(blocks, SPLIT_MIN.div_ceil(block * inner.max(1)), &|bs| {
             for b in bs {
                 // SAFETY: block b's partial row is this part's alone.
                 let row = unsafe { shared.slice(b * inner, inner) };
@@ -198,7 +197,7 @@ pub(crate) fn sum_raw<T: RowKernels + CpuElement>(x: &Tensor, axes: &[usize]) ->
         let chunks = data.len().div_ceil(PAR_MIN / 2);
         let mut partial = vec![T::ZERO; chunks];
         let shared = Disjoint::new(&mut partial);
-        crate::pool::ranges(chunks, 2, &|r| {
+        crate::cpu::pool::ranges(chunks, 2, &|r| {
             // SAFETY: the ranges are disjoint.
             let out = unsafe { shared.slice(r.start, r.len()) };
             for (o, c) in out.iter_mut().zip(data[r.start * (PAR_MIN / 2)..].chunks(PAR_MIN / 2)) {
@@ -221,7 +220,7 @@ pub(crate) fn sum_raw<T: RowKernels + CpuElement>(x: &Tensor, axes: &[usize]) ->
     let out_strides: SmallVec<[usize; 6]> = (0..x.rank()).map(|i| if axes.contains(&i) { 0 } else { ks[i] }).collect();
     let mut out = try_filled(kept.numel(), T::ZERO)?;
     let data = x.storage_slice::<T>();
-    let nd = crate::iter::Nd::new(x.dims(), [&x.layout.strides, &out_strides], [x.layout.offset, 0]);
+    let nd = crate::cpu::iter::Nd::new(x.dims(), [&x.layout.strides, &out_strides], [x.layout.offset, 0]);
     nd.runs(0, nd.numel(), |_, [ox, oo], len, [sx, so]| match (sx, so) {
         (1, 1) => out[oo..oo + len].iter_mut().zip(&data[ox..ox + len]).for_each(|(o, &v)| *o += v),
         (1, 0) => out[oo] += T::row_sum(&data[ox..ox + len]),

@@ -3,7 +3,7 @@
 
 use smallvec::SmallVec;
 
-use crate::iter::Nd;
+use crate::cpu::iter::Nd;
 use crate::layout::check_axis;
 use crate::ops::reduce::ReduceOps;
 use crate::ops::{one, Arity, Diff, InputGrads, Op, Saved};

@@ -35,7 +35,7 @@ pub(crate) fn rowwise<T: Float + CpuElement>(
         Some(rows) => {
             let mut out = crate::storage::try_filled(rows * v, T::ZERO)?;
             use rayon::prelude::*;
-            if rows * v >= crate::iter::PAR_MIN {
+            if rows * v >= crate::cpu::iter::PAR_MIN {
                 out.par_chunks_mut(v).zip(data.par_chunks(v)).for_each(|(o, i)| row(i, o));
             } else {
                 out.chunks_mut(v).zip(data.chunks(v)).for_each(|(o, i)| row(i, o));

@@ -4,7 +4,7 @@
 //! `dy/dx`, written in differentiable ops; the VJP is `g * dy/dx` and the
 //! JVP `t * dy/dx`, so both modes share the line.
 
-use crate::iter::{map1, map2};
+use crate::cpu::iter::{map1, map2};
 use crate::ops::{one, Arity, Diff, InputGrads, Op, Saved};
 use crate::storage::CpuElement;
 use crate::{with_float, DType, Error, Float, Result, Tensor};
@@ -410,10 +410,10 @@ fn fused_tanh_second<T: Diff>(y: &T, g: &T, s: &T, tg: Option<&T>) -> Result<Opt
         let (ys, gs, ss) = (sl::<F>(&yv), sl::<F>(&gv), sl::<F>(&sv));
         let two = <F as crate::Element>::from_f64(2.0);
         let ts = tv.as_ref().map(sl::<F>);
-        let out: Vec<F> = crate::iter::fill_vec(ys.len(), |start, out| {
+        let out: Vec<F> = crate::cpu::iter::fill_vec(ys.len(), |start, out| {
             let end = start + out.len();
             let (ys, gs, ss) = (&ys[start..end], &gs[start..end], &ss[start..end]);
-            crate::simd::run(
+            crate::cpu::simd::run(
                 #[inline(always)]
                 || match ts {
                     Some(ts) => {

@@ -5,7 +5,7 @@
 //! strides, so the hot loop is a plain strided (usually unit-stride) loop.
 //! Dims are coalesced first, so a contiguous tensor is a single run.
 //! Outputs of [`SPLIT_MIN`] elements and more are split over
-//! [`crate::pool`]'s threads; small ones (a PDE solver's few thousand
+//! [`crate::cpu::pool`]'s threads; small ones (a PDE solver's few thousand
 //! elements) stay on the calling thread.
 
 use std::mem::MaybeUninit;
@@ -137,7 +137,7 @@ fn advise_huge_pages(addr: usize, bytes: usize) -> bool {
 }
 
 /// From this many elements on, [`fill_vec`] splits its output over the
-/// threads of [`crate::pool`] (torch's grain size for elementwise loops).
+/// threads of [`crate::cpu::pool`] (torch's grain size for elementwise loops).
 pub const SPLIT_MIN: usize = 1 << 15;
 
 /// Fills a new vector of `n` elements by calling `fill(start, chunk)` over
@@ -150,7 +150,7 @@ pub const SPLIT_MIN: usize = 1 << 15;
 /// an elementwise op after a product finds each part in the cache of the
 /// core that wrote it.
 pub fn fill_vec<D: Send>(n: usize, fill: impl Fn(usize, &mut [MaybeUninit<D>]) + Sync) -> Result<Vec<D>> {
-    fill_vec_parts(n, crate::pool::parts_for(n, SPLIT_MIN), fill)
+    fill_vec_parts(n, crate::cpu::pool::parts_for(n, SPLIT_MIN), fill)
 }
 
 /// [`fill_vec`] in `parts` parts (at most one per thread and element; for
@@ -165,7 +165,7 @@ pub fn fill_vec_parts<D: Send>(
         let spare = &mut v.spare_capacity_mut()[..n];
         let size = std::mem::size_of::<D>().max(1);
         let huge = advise_huge_pages(spare.as_mut_ptr() as usize, n * size);
-        let parts = parts.min(crate::pool::width()).min(n).max(1);
+        let parts = parts.min(crate::cpu::pool::width()).min(n).max(1);
         if parts > 1 {
             // Part boundaries on cache lines, or on huge pages when the
             // buffer has them (two threads faulting in one 2 MiB page wait
@@ -182,8 +182,8 @@ pub fn fill_vec_parts<D: Send>(
                 let at = (base + i * n.div_ceil(parts) * size).next_multiple_of(align);
                 ((at - base) / size).min(n)
             };
-            let out = crate::pool::Disjoint::new(spare);
-            crate::pool::split(parts, &|i| {
+            let out = crate::cpu::pool::Disjoint::new(spare);
+            crate::cpu::pool::split(parts, &|i| {
                 let (start, end) = (bound(i), bound(i + 1));
                 // SAFETY: the bounds increase with `i`, so the parts are
                 // disjoint ranges of `spare`, each handed to one thread.
@@ -208,7 +208,7 @@ pub fn map1<S: Copy + Sync, D: Send>(src: &[S], nd: &Nd<1>, f: impl Fn(S) -> D +
             let out = &mut out[pos - start..pos - start + len];
             if s == 1 {
                 let src = &src[o..o + len];
-                crate::simd::run(
+                crate::cpu::simd::run(
                     #[inline(always)]
                     || {
                         for (d, &x) in out.iter_mut().zip(src) {
@@ -238,7 +238,7 @@ pub fn map2<A: Copy + Sync, B: Copy + Sync, D: Send>(
             match (sa, sb) {
                 (1, 1) => {
                     let (a, b) = (&a[oa..oa + len], &b[ob..ob + len]);
-                    crate::simd::run(
+                    crate::cpu::simd::run(
                         #[inline(always)]
                         || {
                             for ((d, &x), &y) in out.iter_mut().zip(a).zip(b) {
@@ -249,7 +249,7 @@ pub fn map2<A: Copy + Sync, B: Copy + Sync, D: Send>(
                 }
                 (1, 0) => {
                     let (a, y) = (&a[oa..oa + len], b[ob]);
-                    crate::simd::run(
+                    crate::cpu::simd::run(
                         #[inline(always)]
                         || {
                             for (d, &x) in out.iter_mut().zip(a) {
@@ -260,7 +260,7 @@ pub fn map2<A: Copy + Sync, B: Copy + Sync, D: Send>(
                 }
                 (0, 1) => {
                     let (x, b) = (a[oa], &b[ob..ob + len]);
-                    crate::simd::run(
+                    crate::cpu::simd::run(
                         #[inline(always)]
                         || {
                             for (d, &y) in out.iter_mut().zip(b) {
@@ -292,7 +292,7 @@ pub fn map3<A: Copy + Sync, B: Copy + Sync, C: Copy + Sync, D: Send>(
             let out = &mut out[pos - start..pos - start + len];
             if (sa, sb, sc) == (1, 1, 1) {
                 let (a, b, c) = (&a[oa..oa + len], &b[ob..ob + len], &c[oc..oc + len]);
-                crate::simd::run(
+                crate::cpu::simd::run(
                     #[inline(always)]
                     || {
                         for (((d, &x), &y), &z) in out.iter_mut().zip(a).zip(b).zip(c) {

@@ -21,7 +21,7 @@ const ROWS: usize = 6;
 
 /// Whether [`Outer::run`] runs on this processor (AVX-512F).
 pub(crate) fn available() -> bool {
-    crate::simd::isa() == crate::simd::Isa::Avx512
+    crate::cpu::simd::isa() == crate::cpu::simd::Isa::Avx512
 }
 
 /// `dst (m x n, row stride dst_rs) = sum over p < k of a[p, ..m]^T b[p, ..n]`

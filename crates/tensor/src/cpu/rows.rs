@@ -16,8 +16,8 @@
 //! pairwise at the end; the rounding error grows with `BLOCK + n / (L *
 //! BLOCK) + log2 L` rather than with `n` as one running sum's would.
 
-use crate::math::exp_f32;
-use crate::simd::{isa, Isa};
+use crate::cpu::math::exp_f32;
+use crate::cpu::simd::{isa, Isa};
 use crate::Float;
 
 /// Chunks of `L` elements each lane accumulator takes before it is folded

@@ -5,7 +5,7 @@
 //! [`run`] executes a kernel body compiled again inside a
 //! `#[target_feature]` copy for AVX-512 or AVX2 + FMA, whichever the
 //! processor has: the body is an `#[inline(always)]` closure, so its loops
-//! (and the scalar math they call, such as [`tanh_f32`](crate::math::tanh_f32))
+//! (and the scalar math they call, such as [`tanh_f32`](crate::cpu::math::tanh_f32))
 //! are vectorised for the wider registers. A tanh over 64 Ki floats drops
 //! from about 2.2 ns to 0.6 ns an element on AVX-512.
 //!
@@ -46,7 +46,7 @@ pub fn isa() -> Isa {
 /// `#[inline(always)]` closure so the body is compiled into each copy:
 ///
 /// ```
-/// use tapir_tensor::simd;
+/// use tapir_tensor::cpu::simd;
 /// let xs = vec![0.5f32; 1000];
 /// let mut ys = vec![0.0f32; 1000];
 /// simd::run(#[inline(always)] || {
@@ -91,7 +91,7 @@ pub fn run_on<R>(isa: Isa, body: impl FnOnce() -> R) -> R {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::math::{exp_f32, tanh_f32};
+    use crate::cpu::math::{exp_f32, tanh_f32};
 
     fn map(isa: Isa, xs: &[f32], f: impl Fn(f32) -> f32) -> Vec<u32> {
         let mut out = vec![0.0f32; xs.len()];
