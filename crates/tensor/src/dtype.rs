@@ -213,7 +213,7 @@ macro_rules! float {
             }
             #[inline]
             fn erf(self) -> Self {
-                crate::ops::unary::erf(self as f64) as $t
+                crate::cpu::math::erf(self as f64) as $t
             }
         }
     };

@@ -104,6 +104,13 @@ impl<const K: usize> Nd<K> {
     }
 }
 
+/// The iteration space of two tensors broadcast to `shape`.
+pub(crate) fn nd2(a: &crate::Tensor, b: &crate::Tensor, shape: &crate::Shape) -> Nd<2> {
+    let sa = a.layout.broadcast_strides(shape);
+    let sb = b.layout.broadcast_strides(shape);
+    Nd::new(shape.dims(), [&sa, &sb], [a.layout.offset, b.layout.offset])
+}
+
 /// Transparent huge pages: the size of one, and the smallest buffer worth
 /// asking for them (numpy's threshold).
 const HUGE_PAGE: usize = 2 << 20;

@@ -18,9 +18,23 @@
 //! [`crate::ops::forward`] calls an op's `forward_cpu` only with CPU
 //! tensors, so the kernels read host slices without checking the device.
 
+pub(crate) mod binary;
 pub mod iter;
 pub mod math;
 pub(crate) mod matmul_tn;
 pub mod pool;
 pub(crate) mod rows;
 pub mod simd;
+pub(crate) mod unary;
+
+use crate::{DType, Error, Result, Tensor};
+
+/// Runs a float kernel on `x`: f32 and f64 directly, f16 and bf16 through
+/// f32 (the result is cast back), integers rejected.
+pub(crate) fn float_map(op: &'static str, x: &Tensor, f: impl FnOnce(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
+    match x.dtype() {
+        DType::F32 | DType::F64 => f(x),
+        DType::F16 | DType::BF16 => f(&x.cast_raw(DType::F32)?)?.cast_raw(x.dtype()),
+        dtype => Err(Error::UnsupportedDType { op, dtype, expected: "a float dtype" }),
+    }
+}

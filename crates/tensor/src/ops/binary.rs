@@ -4,13 +4,11 @@
 //! Rules compute each input's gradient at the broadcast shape and reduce it
 //! back with `sum_to`, so broadcasting needs no special case anywhere else.
 
-use crate::cpu::iter::{map2, map3, Nd};
 use crate::ops::reduce::ReduceOps;
 use crate::ops::shape::ShapeOps;
-use crate::ops::unary::{float_map, UnaryOps};
-use crate::ops::{add_opt, Arity, Diff, InputGrads, Op, Saved};
-use crate::storage::CpuElement;
-use crate::{with_dtype, with_float, DType, Element, Error, Float, Result, Shape, Tensor};
+use crate::ops::unary::UnaryOps;
+use crate::ops::{add_opt, check_pair, Arity, Diff, InputGrads, Op, Saved};
+use crate::{cpu, DType, Result, Shape, Tensor};
 
 /// Which two-operand function.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,40 +27,6 @@ pub enum Binary {
     Maximum,
     /// min(a, b), NaN-propagating
     Minimum,
-}
-
-/// Checks dtypes and devices agree and returns the broadcast shape.
-pub(crate) fn check_pair(op: &'static str, a: &Tensor, b: &Tensor) -> Result<Shape> {
-    if a.dtype() != b.dtype() {
-        return Err(Error::DTypeMismatch { op, lhs: a.dtype(), rhs: b.dtype() });
-    }
-    if a.device() != b.device() {
-        return Err(Error::DeviceMismatch { op, lhs: a.device(), rhs: b.device() });
-    }
-    Shape::broadcast(op, a.shape(), b.shape())
-}
-
-/// The iteration space of two tensors broadcast to `shape`.
-pub(crate) fn nd2(a: &Tensor, b: &Tensor, shape: &Shape) -> Nd<2> {
-    let sa = a.layout.broadcast_strides(shape);
-    let sb = b.layout.broadcast_strides(shape);
-    Nd::new(shape.dims(), [&sa, &sb], [a.layout.offset, b.layout.offset])
-}
-
-impl Binary {
-    fn kernel<T: Float + CpuElement>(self, a: &Tensor, b: &Tensor, shape: &Shape) -> Result<Vec<T>> {
-        let (x, y) = (a.storage_slice::<T>(), b.storage_slice::<T>());
-        let nd = nd2(a, b, shape);
-        match self {
-            Binary::Add => map2(x, y, &nd, |p: T, q: T| p + q),
-            Binary::Sub => map2(x, y, &nd, |p: T, q: T| p - q),
-            Binary::Mul => map2(x, y, &nd, |p: T, q: T| p * q),
-            Binary::Div => map2(x, y, &nd, |p: T, q: T| p / q),
-            Binary::Pow => map2(x, y, &nd, |p: T, q: T| p.powf(q)),
-            Binary::Maximum => map2(x, y, &nd, |p: T, q: T| p.max(q)),
-            Binary::Minimum => map2(x, y, &nd, |p: T, q: T| p.min(q)),
-        }
-    }
 }
 
 impl Op for Binary {
@@ -92,12 +56,7 @@ impl Op for Binary {
 
     fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let shape = check_pair(self.name(), xs[0], xs[1])?;
-        let b = xs[1].cast_raw(xs[0].dtype().compute())?;
-        float_map(
-            self.name(),
-            xs[0],
-            |a| with_float!(a.dtype(), T => Tensor::from_vec(self.kernel::<T>(a, &b, &shape)?, shape.clone()), _ => unreachable!()),
-        )
+        cpu::binary::forward(*self, xs[0], xs[1], &shape)
     }
 
     fn vjp<T: Diff>(&self, xs: &[&T], y: &T, g: &T) -> Result<InputGrads<T>> {
@@ -175,8 +134,9 @@ pub enum Cmp {
 }
 
 impl Cmp {
+    /// Whether `a` and `b` pass the test.
     #[inline]
-    fn test<T: PartialOrd>(self, a: T, b: T) -> bool {
+    pub fn test<T: PartialOrd>(self, a: T, b: T) -> bool {
         match self {
             Cmp::Eq => a == b,
             Cmp::Ne => a != b,
@@ -231,13 +191,7 @@ impl Op for Compare {
             Some(s) => (Tensor::scalar_of(s, a.dtype()), a.shape().clone()),
             None => (xs[1].clone(), check_pair(self.name(), a, xs[1])?),
         };
-        let nd = nd2(a, &b, &shape);
-        let buf = with_dtype!(a.dtype(), T => {
-            let (x, y) = (a.storage_slice::<T>(), b.storage_slice::<T>());
-            let (one, zero) = (T::from_f64(1.0), T::from_f64(0.0));
-            T::wrap(map2(x, y, &nd, move |p: T, q: T| if cmp.test(p.to_f64(), q.to_f64()) { one } else { zero })?)
-        });
-        Tensor::from_buffer(buf, shape)
+        cpu::binary::compare(cmp, a, &b, &shape)
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, _: &T) -> Result<InputGrads<T>> {
         Ok(xs.iter().map(|_| None).collect())
@@ -277,18 +231,7 @@ impl Op for Where {
         let (a, b) = (xs[0], xs[1]);
         let ab = check_pair("where", a, b)?;
         let shape = Shape::broadcast("where", &ab, self.mask.shape())?;
-        let m = self.mask.cast_raw(DType::F64)?;
-        let (sa, sb, sm) = (
-            a.layout.broadcast_strides(&shape),
-            b.layout.broadcast_strides(&shape),
-            m.layout.broadcast_strides(&shape),
-        );
-        let nd = Nd::new(shape.dims(), [&sa, &sb, &sm], [a.layout.offset, b.layout.offset, m.layout.offset]);
-        let buf = with_dtype!(a.dtype(), T => T::wrap(map3(
-            a.storage_slice::<T>(), b.storage_slice::<T>(), m.storage_slice::<f64>(), &nd,
-            |p: T, q: T, c: f64| if c != 0.0 { p } else { q },
-        )?));
-        Tensor::from_buffer(buf, shape)
+        cpu::binary::select(&self.mask, a, b, &shape)
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         let m = g.lift(self.mask.ne_scalar(0.0)?.cast(g.dtype())?);

@@ -534,7 +534,7 @@ impl Op for SparseCrossEntropy {
         Ok(one(x.lift(self.fused_grad(x.eval()?, &g.eval()?)?)))
     }
 
-    fn vjp_owned(&self, xs: SmallVec<[Tensor; 3]>, _: Tensor, g: Tensor) -> Result<InputGrads<Tensor>> {
+    fn vjp_eager(&self, xs: SmallVec<[Tensor; 3]>, _: Tensor, g: Tensor) -> Result<InputGrads<Tensor>> {
         let x = xs.into_iter().next().ok_or_else(|| Error::invalid_arg(self.name(), "no logits"))?;
         Ok(one(self.fused_grad(x, &g)?))
     }

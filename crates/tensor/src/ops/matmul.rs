@@ -3,10 +3,11 @@
 
 use smallvec::SmallVec;
 
+use crate::cpu::float_map;
 use crate::ops::binary::BinaryOps;
 use crate::ops::reduce::ReduceOps;
 use crate::ops::shape::ShapeOps;
-use crate::ops::unary::{float_map, UnaryOps};
+use crate::ops::unary::UnaryOps;
 use crate::ops::{add_opt, Arity, Diff, InputGrads, Op, Saved};
 use crate::storage::CpuElement;
 use crate::{with_float, Error, Float, Result, Shape, Tensor};

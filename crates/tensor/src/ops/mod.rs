@@ -200,14 +200,25 @@ pub trait Op: Debug + Send + Sync + 'static {
     fn saves(&self) -> Saved {
         Saved::ALL
     }
-    /// [`Op::vjp`] on plain tensors the caller hands over. A value whose
-    /// last reader this rule is arrives here as the only handle on its
-    /// buffer, so an op may write its gradient over it instead of
-    /// allocating (the sparse cross-entropy does, over the logits). The
-    /// default borrows and calls `vjp`.
-    fn vjp_owned(&self, xs: SmallVec<[Tensor; 3]>, y: Tensor, g: Tensor) -> Result<InputGrads<Tensor>> {
+    /// The eager reverse rule: [`Op::vjp`] on plain tensors the caller
+    /// hands over, run by a first-order backward, where nothing is
+    /// recorded. An op whose gradient has a fused kernel overrides this to
+    /// run it, and falls back to `vjp` where the kernel does not apply; the
+    /// recording path never calls it, so `vjp` itself stays in
+    /// differentiable ops and any order of derivative works. A value whose
+    /// last reader this rule is arrives as the only handle on its buffer,
+    /// so an op may write its gradient over it instead of allocating (the
+    /// sparse cross-entropy does, over the logits). The default borrows and
+    /// calls `vjp`.
+    fn vjp_eager(&self, xs: SmallVec<[Tensor; 3]>, y: Tensor, g: Tensor) -> Result<InputGrads<Tensor>> {
         let refs: SmallVec<[&Tensor; 3]> = xs.iter().collect();
         self.vjp(&refs, &y, &g)
+    }
+    /// The eager forward rule: [`Op::jvp`] on plain tensors, where nothing
+    /// is recorded (a Hessian-vector product's tangent pass). Overridden,
+    /// like [`Op::vjp_eager`], only by ops with a fused kernel for it.
+    fn jvp_eager(&self, xs: &[&Tensor], y: &Tensor, ts: &[Option<&Tensor>]) -> Result<Option<Tensor>> {
+        self.jvp(xs, y, ts)
     }
     /// Frees what the op saved for its reverse rule beyond its inputs and
     /// output (a cross-entropy's per-row log-sum-exp, precomputed
@@ -219,6 +230,18 @@ pub trait Op: Debug + Send + Sync + 'static {
     fn is_differentiable(&self) -> bool {
         true
     }
+}
+
+/// Checks that two operands' dtypes agree and returns their broadcast
+/// shape (their devices are checked by [`forward`] before a kernel runs).
+pub(crate) fn check_pair(op: &'static str, a: &Tensor, b: &Tensor) -> Result<Shape> {
+    if a.dtype() != b.dtype() {
+        return Err(Error::DTypeMismatch { op, lhs: a.dtype(), rhs: b.dtype() });
+    }
+    if a.device() != b.device() {
+        return Err(Error::DeviceMismatch { op, lhs: a.device(), rhs: b.device() });
+    }
+    Shape::broadcast(op, a.shape(), b.shape())
 }
 
 /// Runs `op` forward on `inputs`: every input and every operand the op
@@ -247,11 +270,11 @@ pub trait DynOp: Debug + Send + Sync + 'static {
     /// [`forward`]: the input count, the device check, then that device's
     /// kernel.
     fn forward(&self, inputs: &[&Tensor]) -> Result<Tensor>;
-    /// [`Op::vjp_owned`]: reverse mode on plain tensors handed over.
+    /// See [`Op::vjp_eager`].
     fn vjp_eager(&self, xs: SmallVec<[Tensor; 3]>, y: Tensor, g: Tensor) -> Result<InputGrads<Tensor>>;
     /// [`Op::vjp`] recorded on a tape.
     fn vjp_traced<'t>(&self, xs: &[&Traced<'t>], y: &Traced<'t>, g: &Traced<'t>) -> Result<InputGrads<Traced<'t>>>;
-    /// [`Op::jvp`] on plain tensors.
+    /// See [`Op::jvp_eager`].
     fn jvp_eager(&self, xs: &[&Tensor], y: &Tensor, ts: &[Option<&Tensor>]) -> Result<Option<Tensor>>;
     /// [`Op::jvp`] recorded on a tape.
     fn jvp_traced<'t>(
@@ -276,13 +299,13 @@ impl<O: Op> DynOp for O {
         forward(self, inputs)
     }
     fn vjp_eager(&self, xs: SmallVec<[Tensor; 3]>, y: Tensor, g: Tensor) -> Result<InputGrads<Tensor>> {
-        self.vjp_owned(xs, y, g)
+        Op::vjp_eager(self, xs, y, g)
     }
     fn vjp_traced<'t>(&self, xs: &[&Traced<'t>], y: &Traced<'t>, g: &Traced<'t>) -> Result<InputGrads<Traced<'t>>> {
         self.vjp(xs, y, g)
     }
     fn jvp_eager(&self, xs: &[&Tensor], y: &Tensor, ts: &[Option<&Tensor>]) -> Result<Option<Tensor>> {
-        self.jvp(xs, y, ts)
+        Op::jvp_eager(self, xs, y, ts)
     }
     fn jvp_traced<'t>(
         &self,

@@ -3,11 +3,12 @@
 
 use smallvec::SmallVec;
 
+use crate::cpu::float_map;
 use crate::cpu::iter::{fill_vec_parts, PAR_MIN, SPLIT_MIN};
 use crate::cpu::pool::Disjoint;
 use crate::ops::binary::BinaryOps;
 use crate::ops::shape::ShapeOps;
-use crate::ops::unary::{float_map, UnaryOps};
+use crate::ops::unary::UnaryOps;
 use crate::ops::{one, Arity, Diff, InputGrads, Op, Saved};
 use crate::storage::{try_filled, CpuElement};
 use crate::{resolve_axis, with_float, DType, Error, Result, Shape, Tensor};

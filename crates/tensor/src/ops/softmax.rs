@@ -1,9 +1,10 @@
 //! softmax and log_softmax along any axis, max-shifted so inputs like 1e4
 //! and -inf are handled.
 
+use crate::cpu::float_map;
 use crate::ops::binary::BinaryOps;
 use crate::ops::reduce::ReduceOps;
-use crate::ops::unary::{float_map, UnaryOps};
+use crate::ops::unary::UnaryOps;
 use crate::ops::{one, Arity, Diff, InputGrads, Op, Saved};
 use crate::storage::CpuElement;
 use crate::{resolve_axis, with_float, Float, Result, Tensor};

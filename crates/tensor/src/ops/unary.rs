@@ -1,15 +1,18 @@
 //! Elementwise functions of one tensor, and their derivatives.
 //!
-//! Each function is one line of forward kernel and one line of derivative
-//! `dy/dx`, written in differentiable ops; the VJP is `g * dy/dx` and the
-//! JVP `t * dy/dx`, so both modes share the line.
+//! Each function is a variant of [`Unary`] (listed once more in
+//! [`Unary::ALL`]), a name, and one line of derivative `dy/dx` written in
+//! differentiable ops; the VJP is `g * dy/dx` and the JVP `t * dy/dx`, so
+//! both modes share the line. Its CPU kernel is one closure in
+//! `cpu/unary.rs`, its CUDA kernel one line of `kernels/elementwise.cu`
+//! (named by [`Unary::cuda_kernel`]).
 
-use crate::cpu::iter::{map1, map2};
-use crate::ops::{one, Arity, Diff, InputGrads, Op, Saved};
-use crate::storage::CpuElement;
-use crate::{with_float, DType, Error, Float, Result, Tensor};
+use smallvec::SmallVec;
 
-use super::binary::{nd2, BinaryOps};
+use crate::ops::{check_pair, one, Arity, Diff, InputGrads, Op, Saved};
+use crate::{cpu, Error, Result, Tensor};
+
+use super::binary::BinaryOps;
 use super::reduce::ReduceOps;
 use super::shape::ShapeOps;
 
@@ -60,9 +63,9 @@ pub enum Unary {
     Sign,
 }
 
-const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
-const GELU_C: f64 = 0.044_715;
-const FRAC_1_SQRT_2PI: f64 = 0.398_942_280_401_432_7;
+pub(crate) const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
+pub(crate) const GELU_C: f64 = 0.044_715;
+pub(crate) const FRAC_1_SQRT_2PI: f64 = 0.398_942_280_401_432_7;
 
 /// The derivative of a unary function, as a factor.
 enum Deriv<T> {
@@ -72,7 +75,36 @@ enum Deriv<T> {
 }
 
 impl Unary {
-    fn name(self) -> &'static str {
+    /// Every function, once (with a representative parameter where it takes
+    /// one): the gradient-check table and the CUDA kernel-name test are
+    /// checked against this list, so a variant added to the enum and not
+    /// here, or here and not there, fails a test.
+    pub const ALL: &'static [Unary] = &[
+        Unary::Neg,
+        Unary::Abs,
+        Unary::Exp,
+        Unary::Log,
+        Unary::Sqrt,
+        Unary::Rsqrt,
+        Unary::Tanh,
+        Unary::Sigmoid,
+        Unary::Relu,
+        Unary::GeluTanh,
+        Unary::GeluErf,
+        Unary::Sin,
+        Unary::Cos,
+        Unary::Square,
+        Unary::Powf(1.5),
+        Unary::Recip,
+        Unary::AddScalar(0.5),
+        Unary::MulScalar(-2.0),
+        Unary::Clamp(-0.5, 0.5),
+        Unary::Erf,
+        Unary::Sign,
+    ];
+
+    /// The op's name, as errors and graph diagnostics show it.
+    pub fn name(self) -> &'static str {
         match self {
             Unary::Neg => "neg",
             Unary::Abs => "abs",
@@ -139,70 +171,6 @@ impl Unary {
             Unary::Sign => Const(0.0),
         })
     }
-
-    fn kernel<T: Float + CpuElement>(self, x: &Tensor) -> Result<Vec<T>> {
-        let src = x.storage_slice::<T>();
-        let nd = x.nd();
-        let c = |v: f64| T::from_f64(v);
-        match self {
-            Unary::Neg => map1(src, &nd, |v: T| -v),
-            Unary::Abs => map1(src, &nd, |v: T| v.abs()),
-            Unary::Exp => map1(src, &nd, |v: T| v.exp()),
-            Unary::Log => map1(src, &nd, |v: T| v.ln()),
-            Unary::Sqrt => map1(src, &nd, |v: T| v.sqrt()),
-            Unary::Rsqrt => map1(src, &nd, |v: T| T::ONE / v.sqrt()),
-            Unary::Tanh => map1(src, &nd, |v: T| v.tanh()),
-            Unary::Sigmoid => map1(src, &nd, |v: T| T::ONE / (T::ONE + (-v).exp())),
-            // `v < 0`, not `v > 0`, so NaN passes through as in torch.
-            Unary::Relu => map1(src, &nd, |v: T| if v < T::ZERO { T::ZERO } else { v }),
-            Unary::GeluTanh => {
-                let (k, gc, half) = (c(SQRT_2_OVER_PI), c(GELU_C), c(0.5));
-                map1(src, &nd, move |v: T| half * v * (T::ONE + (k * (v + gc * v * v * v)).tanh()))
-            }
-            Unary::GeluErf => {
-                let (r, half) = (c(std::f64::consts::FRAC_1_SQRT_2), c(0.5));
-                map1(src, &nd, move |v: T| half * v * (T::ONE + (v * r).erf()))
-            }
-            Unary::Sin => map1(src, &nd, |v: T| v.sin()),
-            Unary::Cos => map1(src, &nd, |v: T| v.cos()),
-            Unary::Square => map1(src, &nd, |v: T| v * v),
-            Unary::Powf(p) => {
-                let p = c(p);
-                map1(src, &nd, move |v: T| v.powf(p))
-            }
-            Unary::Recip => map1(src, &nd, |v: T| T::ONE / v),
-            Unary::AddScalar(s) => {
-                let s = c(s);
-                map1(src, &nd, move |v: T| v + s)
-            }
-            Unary::MulScalar(s) => {
-                let s = c(s);
-                map1(src, &nd, move |v: T| v * s)
-            }
-            Unary::Clamp(lo, hi) => {
-                let (lo, hi) = (c(lo), c(hi));
-                map1(src, &nd, move |v: T| {
-                    if v < lo {
-                        lo
-                    } else if v > hi {
-                        hi
-                    } else {
-                        v
-                    }
-                })
-            }
-            Unary::Erf => map1(src, &nd, |v: T| v.erf()),
-            Unary::Sign => map1(src, &nd, |v: T| {
-                if v > T::ZERO {
-                    T::ONE
-                } else if v < T::ZERO {
-                    -T::ONE
-                } else {
-                    v
-                }
-            }),
-        }
-    }
 }
 
 impl Op for Unary {
@@ -233,19 +201,20 @@ impl Op for Unary {
     }
 
     fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        float_map(
-            self.name(),
-            xs[0],
-            |x| with_float!(x.dtype(), T => Tensor::from_vec(self.kernel::<T>(x)?, x.shape().clone()), _ => unreachable!()),
-        )
+        cpu::unary::forward(*self, xs[0])
+    }
+
+    /// `g * dy/dx` in one pass for the activations whose derivative line
+    /// takes several passes and as many temporaries (a training step's
+    /// backward): relu, tanh, sigmoid, both GELUs.
+    fn vjp_eager(&self, xs: SmallVec<[Tensor; 3]>, y: Tensor, g: Tensor) -> Result<InputGrads<Tensor>> {
+        if let Some(d) = cpu::unary::fused_grad(*self, &xs[0], &y, &g)? {
+            return Ok(one(d));
+        }
+        self.vjp(&[&xs[0]], &y, &g)
     }
 
     fn vjp<T: Diff>(&self, xs: &[&T], y: &T, g: &T) -> Result<InputGrads<T>> {
-        if !g.is_recording() {
-            if let Some(d) = self.eager_vjp(&xs[0].eval()?, &y.eval()?, &g.eval()?)? {
-                return Ok(one(g.lift(d)));
-            }
-        }
         if *self == Unary::Tanh {
             // One recorded node instead of the four of `deriv`'s line.
             return Ok(one(y.tanh_backward(g)?));
@@ -271,47 +240,6 @@ impl Op for Unary {
 
     fn is_differentiable(&self) -> bool {
         !matches!(self, Unary::Sign)
-    }
-}
-
-impl Unary {
-    /// `g * dy/dx` in one pass, for the activations whose derivative line
-    /// would otherwise take several passes and as many temporaries (a
-    /// training step's backward). Only when nothing is recorded: under
-    /// `create_graph` the differentiable line in `deriv` is used. `None`
-    /// for the other functions, and for operands the loop does not cover.
-    fn eager_vjp(self, x: &Tensor, y: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
-        let on_cpu = [x, y, g].iter().all(|t| t.device() == crate::Device::Cpu);
-        if !on_cpu || x.shape() != g.shape() || x.dtype() != g.dtype() {
-            return Ok(None);
-        }
-        let shape = x.shape().clone();
-        with_float!(x.dtype(), T => {
-            let c = |v: f64| <T as crate::Element>::from_f64(v);
-            let (xs, ys, gs) = (x.storage_slice::<T>(), y.storage_slice::<T>(), g.storage_slice::<T>());
-            let (nx, ny) = (nd2(x, g, &shape), nd2(y, g, &shape));
-            let out: Result<Vec<T>> = match self {
-                Unary::Relu => map2(ys, gs, &ny, |y: T, g: T| if y > T::ZERO { g } else { T::ZERO }),
-                Unary::Tanh => map2(ys, gs, &ny, |y: T, g: T| g * (T::ONE - y * y)),
-                Unary::Sigmoid => map2(ys, gs, &ny, |y: T, g: T| g * y * (T::ONE - y)),
-                Unary::GeluTanh => {
-                    let (k, gc, k3, half) = (c(SQRT_2_OVER_PI), c(GELU_C), c(3.0 * GELU_C * SQRT_2_OVER_PI), c(0.5));
-                    map2(xs, gs, &nx, move |x: T, g: T| {
-                        let x2 = x * x;
-                        let t = Float::tanh(k * x * (T::ONE + gc * x2));
-                        g * (half * (T::ONE + t) + half * x * (T::ONE - t * t) * (k + k3 * x2))
-                    })
-                }
-                Unary::GeluErf => {
-                    let (r, half, p) = (c(std::f64::consts::FRAC_1_SQRT_2), c(0.5), c(FRAC_1_SQRT_2PI));
-                    map2(xs, gs, &nx, move |x: T, g: T| {
-                        g * (half * (T::ONE + Float::erf(x * r)) + x * p * Float::exp(-half * x * x))
-                    })
-                }
-                _ => return Ok(None),
-            };
-            Tensor::from_vec(out?, shape).map(Some)
-        }, _ => Ok(None))
     }
 }
 
@@ -343,33 +271,49 @@ impl Op for TanhBackward {
     }
 
     fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        let shape = super::binary::check_pair("tanh_backward", xs[0], xs[1])?;
-        float_map("tanh_backward", xs[0], |y| {
-            let g = xs[1].cast_raw(y.dtype())?;
-            with_float!(y.dtype(), T => {
-                let nd = nd2(y, &g, &shape);
-                let out = map2(y.storage_slice::<T>(), g.storage_slice::<T>(), &nd, |y: T, g: T| g * (T::ONE - y * y))?;
-                Tensor::from_vec(out, shape.clone())
-            }, _ => unreachable!())
-        })
+        let shape = check_pair("tanh_backward", xs[0], xs[1])?;
+        cpu::unary::tanh_backward(xs[0], xs[1], &shape)
+    }
+
+    fn vjp_eager(&self, xs: SmallVec<[Tensor; 3]>, _: Tensor, gbar: Tensor) -> Result<InputGrads<Tensor>> {
+        self.rule(&xs[0], &xs[1], &gbar, &|y, g, s, tg| cpu::unary::tanh_second(y, g, s, tg))
     }
 
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, gbar: &T) -> Result<InputGrads<T>> {
-        let (y, g) = (xs[0], xs[1]);
+        self.rule(xs[0], xs[1], gbar, &|_, _, _, _| Ok(None))
+    }
+
+    fn jvp_eager(&self, xs: &[&Tensor], out: &Tensor, ts: &[Option<&Tensor>]) -> Result<Option<Tensor>> {
+        self.tangent(xs, out, ts, &|y, g, s, tg| cpu::unary::tanh_second(y, g, s, tg))
+    }
+
+    fn jvp<T: Diff>(&self, xs: &[&T], out: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
+        self.tangent(xs, out, ts, &|_, _, _, _| Ok(None))
+    }
+}
+
+/// `-2 y g s + tg (1 - y^2)` in one pass when a kernel has it (`None`: compose it).
+type Second<'a, T> = &'a dyn Fn(&T, &T, &T, Option<&T>) -> Result<Option<T>>;
+
+impl TanhBackward {
+    /// The reverse rule; `fused` may compute `-2 y g gbar` in one pass.
+    fn rule<T: Diff>(self, y: &T, g: &T, gbar: &T, fused: Second<'_, T>) -> Result<InputGrads<T>> {
         let gg = y.tanh_backward(gbar)?.sum_to(g.shape())?;
-        let gy = match fused_tanh_second(y, g, gbar, None)? {
+        let gy = match fused(y, g, gbar, None)? {
             Some(d) => d,
             None => y.mul(g)?.mul(gbar)?.mul_scalar(-2.0)?,
         };
         Ok(smallvec::smallvec![Some(gy.sum_to(y.shape())?), Some(gg)])
     }
 
-    fn jvp<T: Diff>(&self, xs: &[&T], out: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
+    /// The forward rule; `fused` may compute `-2 y g ty + tg (1 - y^2)` in
+    /// one pass.
+    fn tangent<T: Diff>(self, xs: &[&T], out: &T, ts: &[Option<&T>], fused: Second<'_, T>) -> Result<Option<T>> {
         let (y, g) = (xs[0], xs[1]);
         let t = match (ts[0], ts[1]) {
             (None, None) => return Ok(None),
             (None, Some(tg)) => y.tanh_backward(tg)?,
-            (Some(ty), tg) => match fused_tanh_second(y, g, ty, tg)? {
+            (Some(ty), tg) => match fused(y, g, ty, tg)? {
                 Some(d) => d,
                 None => {
                     let dy = y.mul(g)?.mul(ty)?.mul_scalar(-2.0)?;
@@ -382,65 +326,6 @@ impl Op for TanhBackward {
         };
         let shape = out.shape();
         Ok(Some(if t.shape() == shape { t } else { t.broadcast_to(shape)? }))
-    }
-}
-
-/// `-2 y g s + tg (1 - y^2)` (the last term only with `tg`) in one pass,
-/// for [`TanhBackward`]'s rules when nothing is recorded and every operand
-/// is a contiguous CPU f32/f64 tensor of one shape; `None` otherwise, and
-/// the rule composes it from differentiable ops.
-fn fused_tanh_second<T: Diff>(y: &T, g: &T, s: &T, tg: Option<&T>) -> Result<Option<T>> {
-    if y.is_recording() {
-        return Ok(None);
-    }
-    let (yv, gv, sv) = (y.eval()?, g.eval()?, s.eval()?);
-    let tv = tg.map(|t| t.eval()).transpose()?;
-    let all: Vec<&Tensor> = [&yv, &gv, &sv].into_iter().chain(tv.as_ref()).collect();
-    let same = all.iter().all(|t| {
-        t.device() == crate::Device::Cpu && t.dtype() == yv.dtype() && t.shape() == yv.shape() && t.is_contiguous()
-    });
-    if !same {
-        return Ok(None);
-    }
-    let shape = yv.shape().clone();
-    with_float!(yv.dtype(), F => {
-        fn sl<F: CpuElement>(t: &Tensor) -> &[F] {
-            t.as_slice::<F>().expect("internal: contiguous of this dtype")
-        }
-        let (ys, gs, ss) = (sl::<F>(&yv), sl::<F>(&gv), sl::<F>(&sv));
-        let two = <F as crate::Element>::from_f64(2.0);
-        let ts = tv.as_ref().map(sl::<F>);
-        let out: Vec<F> = crate::cpu::iter::fill_vec(ys.len(), |start, out| {
-            let end = start + out.len();
-            let (ys, gs, ss) = (&ys[start..end], &gs[start..end], &ss[start..end]);
-            crate::cpu::simd::run(
-                #[inline(always)]
-                || match ts {
-                    Some(ts) => {
-                        let ts = &ts[start..end];
-                        for (i, o) in out.iter_mut().enumerate() {
-                            o.write(ts[i] * (F::ONE - ys[i] * ys[i]) - two * ys[i] * gs[i] * ss[i]);
-                        }
-                    }
-                    None => {
-                        for (i, o) in out.iter_mut().enumerate() {
-                            o.write(-two * ys[i] * gs[i] * ss[i]);
-                        }
-                    }
-                },
-            )
-        })?;
-        Tensor::from_vec(out, shape).map(|t| Some(y.lift(t)))
-    }, _ => Ok(None))
-}
-
-/// Runs a float kernel on `x`: f32 and f64 directly, f16 and bf16 through
-/// f32 (the result is cast back), integers rejected.
-pub(crate) fn float_map(op: &'static str, x: &Tensor, f: impl FnOnce(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
-    match x.dtype() {
-        DType::F32 | DType::F64 => f(x),
-        DType::F16 | DType::BF16 => f(&x.cast_raw(DType::F32)?)?.cast_raw(x.dtype()),
-        dtype => Err(Error::UnsupportedDType { op, dtype, expected: "a float dtype" }),
     }
 }
 
@@ -549,40 +434,3 @@ pub trait UnaryOps: Diff {
 }
 
 impl<T: Diff> UnaryOps for T {}
-
-/// The error function to about 1e-14, by its Maclaurin series near zero and
-/// its asymptotic expansion in the tails.
-pub(crate) fn erf(x: f64) -> f64 {
-    let a = x.abs();
-    if a.is_nan() {
-        return f64::NAN;
-    }
-    let r = if a < 4.0 {
-        // erf x = 2/sqrt(pi) * sum (-1)^n x^(2n+1) / (n! (2n+1))
-        let x2 = a * a;
-        let (mut term, mut sum, mut n) = (a, a, 0.0);
-        loop {
-            n += 1.0;
-            term *= -x2 / n;
-            let add = term / (2.0 * n + 1.0);
-            sum += add;
-            // `<=` so that x = 0 (every term zero) terminates too.
-            if add.abs() <= 1e-17 * sum.abs() {
-                break;
-            }
-        }
-        sum * std::f64::consts::FRAC_2_SQRT_PI
-    } else if a < 6.0 {
-        // erfc x ~ e^(-x^2) / (x sqrt(pi)) * sum (-1)^n (2n-1)!! / (2x^2)^n
-        let x2 = a * a;
-        let (mut term, mut sum) = (1.0, 1.0);
-        for n in 1..12 {
-            term *= -((2 * n - 1) as f64) / (2.0 * x2);
-            sum += term;
-        }
-        1.0 - (-x2).exp() / (a * std::f64::consts::PI.sqrt()) * sum
-    } else {
-        1.0
-    };
-    r.copysign(x)
-}

@@ -1,0 +1,58 @@
+//! The CPU kernels of the two-operand elementwise ops, comparisons and
+//! `where` ([`crate::ops::binary`]), over operands broadcast together.
+
+use super::float_map;
+use super::iter::{map2, map3, nd2, Nd};
+use crate::ops::binary::{Binary, Cmp};
+use crate::storage::CpuElement;
+use crate::{with_dtype, with_float, DType, Element, Float, Result, Shape, Tensor};
+
+/// `op(a, b)` at the broadcast `shape` (`b` is converted to `a`'s dtype;
+/// f16/bf16 through f32).
+pub(crate) fn forward(op: Binary, a: &Tensor, b: &Tensor, shape: &Shape) -> Result<Tensor> {
+    let name = crate::ops::Op::name(&op);
+    let b = b.cast_raw(a.dtype().compute())?;
+    float_map(
+        name,
+        a,
+        |a| with_float!(a.dtype(), T => Tensor::from_vec(kernel::<T>(op, a, &b, shape)?, shape.clone()), _ => unreachable!()),
+    )
+}
+
+fn kernel<T: Float + CpuElement>(op: Binary, a: &Tensor, b: &Tensor, shape: &Shape) -> Result<Vec<T>> {
+    let (x, y) = (a.storage_slice::<T>(), b.storage_slice::<T>());
+    let nd = nd2(a, b, shape);
+    match op {
+        Binary::Add => map2(x, y, &nd, |p: T, q: T| p + q),
+        Binary::Sub => map2(x, y, &nd, |p: T, q: T| p - q),
+        Binary::Mul => map2(x, y, &nd, |p: T, q: T| p * q),
+        Binary::Div => map2(x, y, &nd, |p: T, q: T| p / q),
+        Binary::Pow => map2(x, y, &nd, |p: T, q: T| p.powf(q)),
+        Binary::Maximum => map2(x, y, &nd, |p: T, q: T| p.max(q)),
+        Binary::Minimum => map2(x, y, &nd, |p: T, q: T| p.min(q)),
+    }
+}
+
+/// A mask of 1 where `cmp(a, b)` holds and 0 elsewhere, in `a`'s dtype.
+pub(crate) fn compare(cmp: Cmp, a: &Tensor, b: &Tensor, shape: &Shape) -> Result<Tensor> {
+    let nd = nd2(a, b, shape);
+    let buf = with_dtype!(a.dtype(), T => {
+        let (x, y) = (a.storage_slice::<T>(), b.storage_slice::<T>());
+        let (one, zero) = (T::from_f64(1.0), T::from_f64(0.0));
+        T::wrap(map2(x, y, &nd, move |p: T, q: T| if cmp.test(p.to_f64(), q.to_f64()) { one } else { zero })?)
+    });
+    Tensor::from_buffer(buf, shape.clone())
+}
+
+/// `a` where `mask` is non-zero, else `b`, all three broadcast to `shape`.
+pub(crate) fn select(mask: &Tensor, a: &Tensor, b: &Tensor, shape: &Shape) -> Result<Tensor> {
+    let m = mask.cast_raw(DType::F64)?;
+    let (sa, sb, sm) =
+        (a.layout.broadcast_strides(shape), b.layout.broadcast_strides(shape), m.layout.broadcast_strides(shape));
+    let nd = Nd::new(shape.dims(), [&sa, &sb, &sm], [a.layout.offset, b.layout.offset, m.layout.offset]);
+    let buf = with_dtype!(a.dtype(), T => T::wrap(map3(
+        a.storage_slice::<T>(), b.storage_slice::<T>(), m.storage_slice::<f64>(), &nd,
+        |p: T, q: T, c: f64| if c != 0.0 { p } else { q },
+    )?));
+    Tensor::from_buffer(buf, shape.clone())
+}
