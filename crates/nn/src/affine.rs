@@ -15,7 +15,7 @@
 
 use tapir_tensor::cpu::pool::{self, Disjoint};
 use tapir_tensor::cpu::simd;
-use tapir_tensor::ops::matmul::{linear_sum_then, Then};
+use tapir_tensor::ops::matmul::{fused_linear_sum_then, linear_sum_then, Then};
 use tapir_tensor::ops::{add_opt, Arity, InputGrads, Op, Saved};
 use tapir_tensor::{BinaryOps, DType, Device, Diff, Error, MatmulOps, ReduceOps, Result, ShapeOps, Tensor, UnaryOps};
 
@@ -110,8 +110,8 @@ impl Op for Affine {
         // The bias (and tanh) are applied by each thread to its rows of the
         // product.
         let then = if self.tanh && !self.residual { Then::Tanh } else { Then::Nothing };
-        let mut y =
-            linear_sum_then(&[(x, &w.t()?)], b, then)?.ok_or_else(|| Error::invalid_arg("affine", "no product"))?;
+        let mut y = fused_linear_sum_then(&[(x, &w.t()?)], b, then)?
+            .ok_or_else(|| Error::invalid_arg("affine", "no product"))?;
         if self.residual {
             let r = xs[xs.len() - 1];
             if r.shape() != y.shape() {
@@ -148,6 +148,21 @@ impl Op for Affine {
         Ok(out)
     }
     fn jvp<T: Diff>(&self, xs: &[&T], y: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
+        self.tangent(xs, y, ts, &|terms, b, then| linear_sum_then(terms, b, then))
+    }
+    /// The tangent as one product sum writing one buffer, `1 - y^2` applied
+    /// in the same job.
+    fn jvp_eager(&self, xs: &[&Tensor], y: &Tensor, ts: &[Option<&Tensor>]) -> Result<Option<Tensor>> {
+        self.tangent(xs, y, ts, &|terms, b, then| fused_linear_sum_then(terms, b, then))
+    }
+}
+
+/// How a rule computes `then(sum of products + bias)`: composed, or one
+/// fused job when eager.
+type ProductSum<'a, T> = &'a dyn Fn(&[(&T, &T)], Option<&T>, Then<'_, T>) -> Result<Option<T>>;
+
+impl Affine {
+    fn tangent<T: Diff>(&self, xs: &[&T], y: &T, ts: &[Option<&T>], sum: ProductSum<'_, T>) -> Result<Option<T>> {
         let (x, w) = (xs[0], xs[1]);
         // tx @ w^T + x @ tw^T, as one product sum (one buffer when eager).
         let wt = ts[0].map(|_| w.t()).transpose()?;
@@ -165,7 +180,7 @@ impl Op for Affine {
         let in_job = self.tanh && !self.residual && !terms.is_empty();
         let tz = match (terms.is_empty(), tb) {
             (true, Some(tb)) => Some(tb.broadcast_to(y.shape())?),
-            _ => linear_sum_then(&terms, tb, if in_job { Then::TanhBackward(y) } else { Then::Nothing })?,
+            _ => sum(&terms, tb, if in_job { Then::TanhBackward(y) } else { Then::Nothing })?,
         };
         let tz = if self.residual { add_opt(tz, ts[ts.len() - 1].cloned())? } else { tz };
         match tz {

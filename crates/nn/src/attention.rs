@@ -15,6 +15,7 @@
 //! `p = 0`, so they get zero gradient with no special case), so every
 //! derivative order works.
 
+use smallvec::SmallVec;
 use tapir_autograd::Var;
 use tapir_tensor::cpu::pool::Disjoint;
 use tapir_tensor::ops::{add_opt, one, Arity, InputGrads, Op, Saved};
@@ -387,13 +388,14 @@ impl Op for CausalAttention {
             dtype => Err(Error::UnsupportedDType { op: "causal_attention", dtype, expected: "a float dtype" }),
         }
     }
-    fn vjp<T: Diff>(&self, xs: &[&T], y: &T, g: &T) -> Result<InputGrads<T>> {
-        if !g.is_recording() {
-            let ts = [xs[0].eval()?, xs[1].eval()?, xs[2].eval()?];
-            if let Some(d) = self.vjp_kernel([&ts[0], &ts[1], &ts[2]], &y.eval()?, &g.eval()?)? {
-                return Ok(d.into_iter().map(|t| Some(g.lift(t))).collect());
-            }
+    /// The fused backward kernel where it applies, else the composed rule.
+    fn vjp_eager(&self, xs: SmallVec<[Tensor; 3]>, y: Tensor, g: Tensor) -> Result<InputGrads<Tensor>> {
+        if let Some(d) = self.vjp_kernel([&xs[0], &xs[1], &xs[2]], &y, &g)? {
+            return Ok(d.into_iter().map(Some).collect());
         }
+        self.vjp(&[&xs[0], &xs[1], &xs[2]], &y, &g)
+    }
+    fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         // The composed rule: P = softmax, dV = P^T dY, dS = scale P (dP - rowsum(P dP)).
         let (qh, kh, vh, gh) = (self.split(xs[0])?, self.split(xs[1])?, self.split(xs[2])?, self.split(g)?);
         let p = self.probs(&qh, &kh)?;

@@ -11,6 +11,7 @@
 //! [`LayerNorm::forward_composed`] is the composition itself, kept as the
 //! reference the op is tested against.
 
+use smallvec::SmallVec;
 use tapir_autograd::Var;
 use tapir_tensor::cpu::pool::{self, Disjoint};
 use tapir_tensor::ops::{add_opt, Arity, InputGrads, Op, Saved};
@@ -336,24 +337,27 @@ impl Op for NormOp {
             dtype => Err(Error::UnsupportedDType { op: self.name(), dtype, expected: "a float dtype" }),
         }
     }
+    /// The fused backward kernel where it applies, else the differentiable rule.
+    fn vjp_eager(&self, xs: SmallVec<[Tensor; 3]>, y: Tensor, g: Tensor) -> Result<InputGrads<Tensor>> {
+        let w = self.has_weight.then(|| &xs[1]);
+        if let Some([dx, dw, db]) = self.vjp_kernel(&xs[0], w, &g)? {
+            let mut out: InputGrads<Tensor> = smallvec::smallvec![Some(dx)];
+            if self.has_weight {
+                out.push(Some(dw));
+            }
+            if self.has_bias {
+                out.push(Some(db));
+            }
+            return Ok(out);
+        }
+        let refs: SmallVec<[&Tensor; 3]> = xs.iter().collect();
+        self.vjp(&refs, &y, &g)
+    }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         let x = xs[0];
         let w = self.has_weight.then(|| xs[1]);
         let mut out = InputGrads::new();
-        if !g.is_recording() {
-            let wt = w.map(|w| w.eval()).transpose()?;
-            if let Some([dx, dw, db]) = self.vjp_kernel(&x.eval()?, wt.as_ref(), &g.eval()?)? {
-                out.push(Some(g.lift(dx)));
-                if self.has_weight {
-                    out.push(Some(g.lift(dw)));
-                }
-                if self.has_bias {
-                    out.push(Some(g.lift(db)));
-                }
-                return Ok(out);
-            }
-        }
-        // The differentiable formulation (recording, or a dtype the kernel lacks).
+        // The differentiable formulation (also where the kernel does not apply).
         let (h, rstd) = self.normalized(x)?;
         let gh = match w {
             Some(w) => g.mul(w)?,

@@ -968,16 +968,16 @@ fn matmul_large_parallel_matches_naive() -> R {
 /// ops.
 #[test]
 fn linear_sum_then_applies_its_epilogue_on_every_split() -> R {
-    use tapir_tensor::ops::matmul::{linear_sum, linear_sum_then, Then};
+    use tapir_tensor::ops::matmul::{fused_linear_sum_then, linear_sum, Then};
     for (m, k, n) in [(1000, 64, 64), (8, 512, 600), (32, 2048, 32), (5, 3, 7)] {
         let (a, b, bias, h) = (vals(m * k, 41), vals(k * n, 42), vals(n, 43), vals(m * n, 44));
         let (ta, tb, tbias) = (f64s(&a, &[m, k]), f64s(&b, &[k, n]), f64s(&bias, &[n]));
         // Scaled so tanh is not saturated.
         let th = f64s(&h, &[m, n]).mul_scalar(0.01)?;
         let sum = linear_sum(&[(&ta, &tb)], Some(&tbias))?.expect("a term");
-        let got = linear_sum_then(&[(&ta, &tb)], Some(&tbias), Then::Tanh)?.expect("a term");
+        let got = fused_linear_sum_then(&[(&ta, &tb)], Some(&tbias), Then::Tanh)?.expect("a term");
         check(&got, &[m, n], &sum.tanh()?.to_vec_f64(), 1e-12);
-        let got = linear_sum_then(&[(&ta, &tb)], Some(&tbias), Then::TanhBackward(&th))?.expect("a term");
+        let got = fused_linear_sum_then(&[(&ta, &tb)], Some(&tbias), Then::TanhBackward(&th))?.expect("a term");
         check(&got, &[m, n], &th.tanh_backward(&sum)?.to_vec_f64(), 1e-12);
     }
     Ok(())
@@ -988,6 +988,7 @@ fn linear_sum_then_applies_its_epilogue_on_every_split() -> R {
 /// rather than the gemm crate, alone or as terms of a sum.
 #[test]
 fn matmul_f32_transposed_left_operand_matches_naive() -> R {
+    use tapir_tensor::ops::matmul::Then;
     for (m, k, n) in [(64, 1024, 64), (1, 1024, 64), (64, 1100, 2), (13, 70, 37), (100, 40, 130)] {
         let (a, b, a2) = (vals(m * k, 21), vals(k * n, 22), vals(m * k, 23));
         let want = naive_matmul(&a, &b, m, k, n);
@@ -997,7 +998,8 @@ fn matmul_f32_transposed_left_operand_matches_naive() -> R {
         let a2t = f32s(&f64s(&a2, &[m, k]).t()?.to_vec_f64(), &[k, m]).t()?;
         let want2: Vec<f64> = want.iter().zip(naive_matmul(&a2, &b, m, k, n)).map(|(x, y)| x + y).collect();
         let tb = f32s(&b, &[k, n]);
-        let got = tapir_tensor::ops::matmul::matmul_sum(&[(&at, &tb), (&a2t, &tb)])?.expect("two terms");
+        let got = tapir_tensor::ops::matmul::fused_linear_sum_then(&[(&at, &tb), (&a2t, &tb)], None, Then::Nothing)?
+            .expect("two terms");
         check(&got, &[m, n], &want2, 1e-4);
     }
     Ok(())
@@ -1580,6 +1582,7 @@ fn full_keeps_the_sign_of_zero() -> R {
 /// that take the row split and the inner-dimension split with accumulation.
 #[test]
 fn matmul_sum_accumulates_every_term() -> R {
+    use tapir_tensor::ops::matmul::{fused_linear_sum_then as fused, Then};
     // Row split, column split, inner-dimension split (also of a thin
     // output), and terms of different inner dimensions.
     for (m, k, n, k2) in
@@ -1590,17 +1593,19 @@ fn matmul_sum_accumulates_every_term() -> R {
         let want: Vec<f64> =
             naive_matmul(&a1, &b1, m, k, n).iter().zip(naive_matmul(&a2, &b2, m, k2, n)).map(|(x, y)| x + y).collect();
         let (ta1, tb1, ta2, tb2) = (f64s(&a1, &[m, k]), f64s(&b1, &[k, n]), f64s(&a2, &[m, k2]), f64s(&b2, &[k2, n]));
-        let got = tapir_tensor::ops::matmul::matmul_sum(&[(&ta1, &tb1), (&ta2, &tb2)])?.expect("two terms");
+        let got = fused(&[(&ta1, &tb1), (&ta2, &tb2)], None, Then::Nothing)?.expect("two terms");
         check(&got, &[m, n], &want, 1e-12);
+        let composed = tapir_tensor::ops::matmul::matmul_sum(&[(&ta1, &tb1), (&ta2, &tb2)])?.expect("two terms");
+        check(&composed, &[m, n], &want, 1e-12);
         // The bias, added to every row by the same job.
         let with_bias: Vec<f64> = want.iter().enumerate().map(|(i, w)| w + bias[i % n]).collect();
         let tb = f64s(&bias, &[n]);
-        let got = tapir_tensor::ops::matmul::linear_sum(&[(&ta1, &tb1), (&ta2, &tb2)], Some(&tb))?.expect("terms");
+        let got = fused(&[(&ta1, &tb1), (&ta2, &tb2)], Some(&tb), Then::Nothing)?.expect("terms");
         check(&got, &[m, n], &with_bias, 1e-12);
         // One term and a bias; a transposed (strided) right operand.
         let one: Vec<f64> = naive_matmul(&a1, &b1, m, k, n).iter().enumerate().map(|(i, w)| w + bias[i % n]).collect();
         let b1t = f64s(&f64s(&b1, &[k, n]).t()?.to_vec_f64(), &[n, k]).t()?;
-        let got = tapir_tensor::ops::matmul::linear_sum(&[(&ta1, &b1t)], Some(&tb))?.expect("a term");
+        let got = fused(&[(&ta1, &b1t)], Some(&tb), Then::Nothing)?.expect("a term");
         check(&got, &[m, n], &one, 1e-12);
     }
     assert!(tapir_tensor::ops::matmul::linear_sum::<Tensor>(&[], None)?.is_none());

@@ -520,20 +520,14 @@ impl Op for SparseCrossEntropy {
         let x = xs[0];
         let (lead, v) = self.split(&x.shape())?;
         let labels = check_labels(self.name(), &self.labels, self.options.ignore_index, v)?;
-        if g.is_recording() {
-            let scale = x.lift(row_scale(&labels, self.options.reduction, lead.clone(), x.dtype())?);
-            let w_rows = g.mul(&scale)?;
-            return Ok(smallvec::smallvec![Some(traced_logits_grad(
-                x,
-                &w_rows,
-                &labels,
-                &lead,
-                self.options.label_smoothing
-            )?)]);
-        }
-        Ok(one(x.lift(self.fused_grad(x.eval()?, &g.eval()?)?)))
+        let scale = x.lift(row_scale(&labels, self.options.reduction, lead.clone(), x.dtype())?);
+        let w_rows = g.mul(&scale)?;
+        Ok(one(traced_logits_grad(x, &w_rows, &labels, &lead, self.options.label_smoothing)?))
     }
 
+    /// The fused kernel: `softmax - target` from the logits and the saved
+    /// log-sum-exp, written over the logits when this rule is their last
+    /// reader.
     fn vjp_eager(&self, xs: SmallVec<[Tensor; 3]>, _: Tensor, g: Tensor) -> Result<InputGrads<Tensor>> {
         let x = xs.into_iter().next().ok_or_else(|| Error::invalid_arg(self.name(), "no logits"))?;
         Ok(one(self.fused_grad(x, &g)?))
@@ -924,44 +918,49 @@ impl Op for LinearCrossEntropy {
         out.cast_raw(xs[0].dtype())
     }
 
+    /// The differentiable formulation (`linear`, then the cross-entropy's
+    /// gradient in differentiable ops), which records the `[N, V]` logits.
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         let (h, w) = (xs[0], xs[1]);
-        if g.is_recording() {
-            // The precomputed gradients are constants to a recorded rule;
-            // free them rather than hold them to the end of the scope.
-            drop(self.take_grads());
-            let n = h.shape().dims()[0];
-            let v = w.shape().dims()[0];
-            let labels = check_labels(self.name(), &self.labels, self.options.ignore_index, v)?;
-            let lead = Shape::from([n]);
-            let logits = h.linear(w, xs.get(2).copied())?;
-            let scale = h.lift(row_scale(&labels, self.options.reduction, lead.clone(), h.dtype())?);
-            let gl = traced_logits_grad(&logits, &g.mul(&scale)?, &labels, &lead, self.options.label_smoothing)?;
-            let mut out: InputGrads<T> = smallvec::smallvec![Some(gl.matmul(w)?), Some(gl.t()?.matmul(h)?)];
-            if xs.len() > 2 {
-                out.push(Some(gl.sum(&[0], false)?));
-            }
-            return Ok(out);
+        // The precomputed gradients are constants to a recorded rule; free
+        // them rather than hold them to the end of the scope.
+        drop(self.take_grads());
+        let n = h.shape().dims()[0];
+        let v = w.shape().dims()[0];
+        let labels = check_labels(self.name(), &self.labels, self.options.ignore_index, v)?;
+        let lead = Shape::from([n]);
+        let logits = h.linear(w, xs.get(2).copied())?;
+        let scale = h.lift(row_scale(&labels, self.options.reduction, lead.clone(), h.dtype())?);
+        let gl = traced_logits_grad(&logits, &g.mul(&scale)?, &labels, &lead, self.options.label_smoothing)?;
+        let mut out: InputGrads<T> = smallvec::smallvec![Some(gl.matmul(w)?), Some(gl.t()?.matmul(h)?)];
+        if xs.len() > 2 {
+            out.push(Some(gl.sum(&[0], false)?));
         }
-        let dt = h.dtype();
+        Ok(out)
+    }
+
+    /// The chunked kernel: the forward's precomputed gradients scaled by
+    /// the upstream scalar, or each chunk's logits recomputed and turned
+    /// into its gradient in place.
+    fn vjp_eager(&self, xs: SmallVec<[Tensor; 3]>, _: Tensor, g: Tensor) -> Result<InputGrads<Tensor>> {
+        let dt = xs[0].dtype();
         if let Some(grads) = self.take_grads() {
             // Made by the forward for a unit upstream gradient of a sum or
             // mean; `g` is that scalar.
-            let s = g.eval()?.item()?;
-            return grads.into_iter().map(|t| Ok(Some(h.lift(scale_in_place(t, s)?.cast_raw(dt)?)))).collect();
+            let s = g.item()?;
+            return grads.into_iter().map(|t| Ok(Some(scale_in_place(t, s)?.cast_raw(dt)?))).collect();
         }
-        let vals: Vec<Tensor> = xs.iter().map(|t| t.eval()).collect::<Result<_>>()?;
-        let refs: Vec<&Tensor> = vals.iter().collect();
+        let refs: Vec<&Tensor> = xs.iter().collect();
         let (n, d, v, labels) = self.check(&refs)?;
-        let cd = compute_dtype(self.name(), &vals[0])?;
-        let ins: Vec<Tensor> = vals.iter().map(|t| t.cast_raw(cd)?.contiguous()).collect::<Result<_>>()?;
-        let weights = row_weights(&g.eval()?, &labels, self.options.reduction)?;
+        let cd = compute_dtype(self.name(), &xs[0])?;
+        let ins: Vec<Tensor> = xs.iter().map(|t| t.cast_raw(cd)?.contiguous()).collect::<Result<_>>()?;
+        let weights = row_weights(&g, &labels, self.options.reduction)?;
         let grads = if cd == DType::F64 {
             self.run_backward::<f64>(&ins, n, d, v, &labels, &weights)?
         } else {
             self.run_backward::<f32>(&ins, n, d, v, &labels, &weights)?
         };
-        grads.into_iter().map(|t| Ok(Some(h.lift(t.cast_raw(dt)?)))).collect()
+        grads.into_iter().map(|t| Ok(Some(t.cast_raw(dt)?))).collect()
     }
 
     fn jvp<T: Diff>(&self, xs: &[&T], _: &T, ts: &[Option<&T>]) -> Result<Option<T>> {

@@ -528,16 +528,28 @@ impl Op for Matmul {
         Ok(smallvec::smallvec![Some(ga), Some(gb)])
     }
     fn jvp<T: Diff>(&self, xs: &[&T], _: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
-        let (a, b) = (xs[0], xs[1]);
-        let mut terms: SmallVec<[(&T, &T); 2]> = SmallVec::new();
-        if let Some(t) = ts[0] {
-            terms.push((t, b));
-        }
-        if let Some(t) = ts[1] {
-            terms.push((a, t));
-        }
-        matmul_sum(&terms)
+        product_rule(xs, ts, &|terms| matmul_sum(terms))
     }
+    /// The tangent `ta @ b + a @ tb` as one product sum writing one buffer.
+    fn jvp_eager(&self, xs: &[&Tensor], _: &Tensor, ts: &[Option<&Tensor>]) -> Result<Option<Tensor>> {
+        product_rule(xs, ts, &|terms| fused_linear_sum_then(terms, None, Then::Nothing))
+    }
+}
+
+/// How a rule adds up its products (composed, or one fused job when eager).
+type ProductSum<'a, T> = &'a dyn Fn(&[(&T, &T)]) -> Result<Option<T>>;
+
+/// `ta @ b + a @ tb` over the tangents present.
+fn product_rule<T: Diff>(xs: &[&T], ts: &[Option<&T>], sum: ProductSum<'_, T>) -> Result<Option<T>> {
+    let (a, b) = (xs[0], xs[1]);
+    let mut terms: SmallVec<[(&T, &T); 2]> = SmallVec::new();
+    if let Some(t) = ts[0] {
+        terms.push((t, b));
+    }
+    if let Some(t) = ts[1] {
+        terms.push((a, t));
+    }
+    sum(&terms)
 }
 
 /// `a_1 @ b_1 + a_2 @ b_2 + ...` (`None` for no terms): the form of every
@@ -565,37 +577,18 @@ pub enum Then<'a, T> {
 }
 
 /// `then(a_1 @ b_1 + a_2 @ b_2 + ... + bias)`, the bias broadcast over the
-/// rows as `add` would. `None` for no terms.
+/// rows as `add` would, composed of differentiable ops (`matmul`, `add`,
+/// `tanh` or `tanh_backward`): the form recorded rules use. `None` for no
+/// terms.
 ///
-/// When nothing is recorded and every operand is a 2-D CPU f32/f64 matrix
-/// (`h` of the sum's shape, contiguous, the bias `[n]`), it is one split
-/// job writing one buffer: each thread computes every term, the bias and
-/// `then` for its own rows (gemm adds each product into the block, `then`
-/// runs while the rows are in that core's cache), so there is no temporary
-/// product, no separate pass, and no row moves between cores. Otherwise
-/// (recording, batched or other dtypes) it is `matmul`, `add`, `tanh` or
-/// `tanh_backward`, differentiable as usual.
+/// On plain tensors, [`fused_linear_sum_then`] computes the same as one
+/// split job when every operand is a 2-D CPU f32/f64 matrix (`h` of the
+/// sum's shape, contiguous, the bias `[n]`): each thread computes every
+/// term, the bias and `then` for its own rows (gemm adds each product into
+/// the block, `then` runs while the rows are in that core's cache), so
+/// there is no temporary product, no separate pass, and no row moves
+/// between cores.
 pub fn linear_sum_then<T: Diff>(terms: &[(&T, &T)], bias: Option<&T>, then: Then<'_, T>) -> Result<Option<T>> {
-    let Some(&(first, _)) = terms.first() else { return Ok(None) };
-    let recording = terms.iter().any(|(a, b)| a.is_recording() || b.is_recording())
-        || bias.is_some_and(|b| b.is_recording())
-        || matches!(then, Then::TanhBackward(h) if h.is_recording());
-    if !recording && (terms.len() > 1 || bias.is_some() || !matches!(then, Then::Nothing)) {
-        let vals = terms.iter().map(|(a, b)| Ok((a.eval()?, b.eval()?))).collect::<Result<Vec<_>>>()?;
-        let bias = bias.map(|b| b.eval()).transpose()?;
-        let h = match then {
-            Then::TanhBackward(h) => Some(h.eval()?),
-            _ => None,
-        };
-        let eager = match (&then, &h) {
-            (Then::Tanh, _) => Then::Tanh,
-            (Then::TanhBackward(_), Some(h)) => Then::TanhBackward(h),
-            _ => Then::Nothing,
-        };
-        if let Some(out) = eager_linear_sum(&vals, bias.as_ref(), eager)? {
-            return Ok(Some(first.lift(out)));
-        }
-    }
     let mut acc: Option<T> = None;
     for (a, b) in terms {
         acc = add_opt(acc, Some(a.matmul(b)?))?;
@@ -606,6 +599,31 @@ pub fn linear_sum_then<T: Diff>(terms: &[(&T, &T)], bias: Option<&T>, then: Then
         Then::Tanh => sum.tanh()?,
         Then::TanhBackward(h) => h.tanh_backward(&sum)?,
     }))
+}
+
+/// [`linear_sum_then`] on plain tensors, as one split job writing one
+/// buffer where it applies (see there), composed otherwise: the form eager
+/// rules and forward kernels use.
+pub fn fused_linear_sum_then(
+    terms: &[(&Tensor, &Tensor)],
+    bias: Option<&Tensor>,
+    then: Then<'_, Tensor>,
+) -> Result<Option<Tensor>> {
+    if terms.is_empty() {
+        return Ok(None);
+    }
+    if terms.len() > 1 || bias.is_some() || !matches!(then, Then::Nothing) {
+        let vals: Vec<(Tensor, Tensor)> = terms.iter().map(|&(a, b)| (a.clone(), b.clone())).collect();
+        let eager = match then {
+            Then::Nothing => Then::Nothing,
+            Then::Tanh => Then::Tanh,
+            Then::TanhBackward(h) => Then::TanhBackward(h),
+        };
+        if let Some(out) = eager_linear_sum(&vals, bias, eager)? {
+            return Ok(Some(out));
+        }
+    }
+    linear_sum_then(terms, bias, then)
 }
 
 fn eager_linear_sum(
