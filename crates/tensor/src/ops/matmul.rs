@@ -576,6 +576,14 @@ pub enum Then<'a, T> {
     TanhBackward(&'a T),
 }
 
+impl<T> Clone for Then<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for Then<'_, T> {}
+
 /// `then(a_1 @ b_1 + a_2 @ b_2 + ... + bias)`, the bias broadcast over the
 /// rows as `add` would, composed of differentiable ops (`matmul`, `add`,
 /// `tanh` or `tanh_backward`): the form recorded rules use. `None` for no
@@ -614,12 +622,7 @@ pub fn fused_linear_sum_then(
     }
     if terms.len() > 1 || bias.is_some() || !matches!(then, Then::Nothing) {
         let vals: Vec<(Tensor, Tensor)> = terms.iter().map(|&(a, b)| (a.clone(), b.clone())).collect();
-        let eager = match then {
-            Then::Nothing => Then::Nothing,
-            Then::Tanh => Then::Tanh,
-            Then::TanhBackward(h) => Then::TanhBackward(h),
-        };
-        if let Some(out) = eager_linear_sum(&vals, bias, eager)? {
+        if let Some(out) = eager_linear_sum(&vals, bias, then)? {
             return Ok(Some(out));
         }
     }
