@@ -51,7 +51,8 @@ fn lock() -> std::sync::MutexGuard<'static, Cache> {
 /// cache, if the first try finds no memory).
 pub(crate) fn take<T>(n: usize) -> crate::Result<Vec<T>> {
     let (size, align) = (std::mem::size_of::<T>(), std::mem::align_of::<T>());
-    let bytes = n * size;
+    // A size that overflows is never cached; `try_vec` reports it.
+    let bytes = n.saturating_mul(size);
     if size > 0 && bytes >= MIN_CACHED_BYTES {
         let hit = {
             let mut c = lock();

@@ -46,7 +46,9 @@ impl Shape {
     pub fn contiguous_strides(&self) -> SmallVec<[usize; 6]> {
         let mut s: SmallVec<[usize; 6]> = SmallVec::from_elem(1, self.rank());
         for i in (0..self.rank().saturating_sub(1)).rev() {
-            s[i] = s[i + 1] * self.0[i + 1];
+            // Saturating: a shape that overflows fails `check` before it
+            // can become a tensor, but its strides may still be asked for.
+            s[i] = s[i + 1].saturating_mul(self.0[i + 1]);
         }
         s
     }
@@ -173,7 +175,7 @@ impl Layout {
             if d != 1 && s != expected {
                 return false;
             }
-            expected *= d;
+            expected = expected.saturating_mul(d);
         }
         true
     }
@@ -207,14 +209,14 @@ impl Layout {
         let mut out: SmallVec<[usize; 6]> = SmallVec::from_elem(0, new.len());
         let mut view_d = new.len();
         let mut base = os[old.len() - 1];
-        let (mut tensor_numel, mut view_numel) = (1, 1);
+        let (mut tensor_numel, mut view_numel) = (1usize, 1usize);
         for d in (0..old.len()).rev() {
-            tensor_numel *= old[d];
+            tensor_numel = tensor_numel.checked_mul(old[d])?;
             // A chunk ends where the next-outer dim does not continue it.
-            if d == 0 || (old[d - 1] != 1 && os[d - 1] != tensor_numel * base) {
+            if d == 0 || (old[d - 1] != 1 && tensor_numel.checked_mul(base) != Some(os[d - 1])) {
                 while view_d > 0 && (view_numel < tensor_numel || new[view_d - 1] == 1) {
-                    out[view_d - 1] = view_numel * base;
-                    view_numel *= new[view_d - 1];
+                    out[view_d - 1] = view_numel.checked_mul(base)?;
+                    view_numel = view_numel.checked_mul(new[view_d - 1])?;
                     view_d -= 1;
                 }
                 if view_numel != tensor_numel {

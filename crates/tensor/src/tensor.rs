@@ -73,6 +73,14 @@ macro_rules! with_dtype {
     };
 }
 
+/// The error of a narrow past its axis: it names `start` when that is
+/// already out of range, else the end `start + len`, saturated rather than
+/// wrapped when a user's sizes overflow.
+pub(crate) fn narrow_out_of_range(axis: usize, start: usize, len: usize, size: usize) -> Error {
+    let index = if start > size { start } else { start.saturating_add(len) };
+    Error::IndexOutOfRange { op: "narrow", index: i64::try_from(index).unwrap_or(i64::MAX), position: axis, size }
+}
+
 impl Tensor {
     // ----- construction -------------------------------------------------
 
@@ -361,7 +369,7 @@ impl Tensor {
     pub(crate) fn narrow_raw(&self, axis: usize, start: usize, len: usize) -> Result<Tensor> {
         let size = self.dims()[crate::layout::check_axis("narrow", axis, self.rank())?];
         if start.checked_add(len).is_none_or(|e| e > size) {
-            return Err(Error::IndexOutOfRange { op: "narrow", index: (start + len) as i64, position: axis, size });
+            return Err(narrow_out_of_range(axis, start, len, size));
         }
         let mut l = self.layout.clone();
         l.shape.0[axis] = len;

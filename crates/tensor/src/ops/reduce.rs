@@ -316,6 +316,9 @@ impl Op for Reduce {
             }
         }
         let shape = reduced_shape(x.shape(), &self.axes, self.keepdim);
+        // Reducing an empty axis can leave more elements than the input
+        // had: zeros([0, usize::MAX]).sum(0) would be usize::MAX zeros.
+        shape.check(self.name(), x.dtype())?;
         float_map(
             self.name(),
             x,
@@ -378,6 +381,7 @@ impl Op for ArgReduce {
         if x.dims()[crate::layout::check_axis(self.name(), self.axis, x.rank())?] == 0 {
             return Err(Error::InvalidShape { op: self.name(), shape: x.shape().clone(), reason: "empty axis".into() });
         }
+        reduced_shape(x.shape(), &[self.axis], self.keepdim).check(self.name(), DType::I64)?;
         let x = if x.dtype().is_float() { x.cast_raw(x.dtype().compute())? } else { x.cast_raw(DType::F64)? };
         let min = self.min;
         let out: Vec<i64> = with_float!(x.dtype(), T => reduce_rows(&x, &[self.axis], |r: &[T]| {

@@ -371,12 +371,7 @@ pub trait ShapeOps: Diff {
         let axis = resolve_axis("narrow", axis, self.rank())?;
         let size = self.shape().dims()[axis];
         if start.checked_add(len).is_none_or(|e| e > size) {
-            return Err(Error::IndexOutOfRange {
-                op: "narrow",
-                index: start as i64 + len as i64,
-                position: axis,
-                size,
-            });
+            return Err(crate::tensor::narrow_out_of_range(axis, start, len, size));
         }
         Self::apply(Narrow { axis, start, len }, &[self])
     }
