@@ -102,3 +102,17 @@ fn hand_built_fields_that_methods_never_make_are_errors() {
     let two_d = IndexAdd { axis: 0, idx: idx(&[0, 1], &[2, 1]), size: 2 };
     assert!(matches!(Tensor::apply(two_d, &[&x]), Err(Error::InvalidShape { op: "index_add", .. })));
 }
+
+#[test]
+fn index_add_past_the_first_outer_row_reads_its_own_slice() {
+    // index_select's transpose along an inner axis, as its backward runs
+    // it: each outer row of the gradient lands in its own output row.
+    let g = Tensor::from_vec(vec![1f32, 2., 3., 4.], [2, 2]).expect("gradient");
+    let op = IndexAdd { axis: 1, idx: idx(&[0, 2], &[2]), size: 3 };
+    let out = Tensor::apply(op, &[&g]).expect("index_add along axis 1");
+    assert_eq!(out.dims(), [2, 3]);
+    assert_eq!(out.to_vec::<f32>().expect("f32"), [1., 0., 2., 3., 0., 4.]);
+    // Repeated indices add up, row by row.
+    let op = IndexAdd { axis: 1, idx: idx(&[1, 1], &[2]), size: 2 };
+    assert_eq!(Tensor::apply(op, &[&g]).expect("repeated").to_vec::<f32>().expect("f32"), [0., 3., 0., 7.]);
+}

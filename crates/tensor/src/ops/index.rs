@@ -121,10 +121,10 @@ impl Op for IndexAdd {
         }
         let mut shape = g.shape().clone();
         shape.0[self.axis] = self.size;
-        let n = shape.check("index_add", g.dtype())?;
+        let total = shape.check("index_add", g.dtype())?;
         let buf = with_dtype!(g.dtype(), T => {
             let src = g.as_slice::<T>().expect("internal: contiguous");
-            let mut out = try_filled(n, T::from_f64(0.0))?;
+            let mut out = try_filled(total, T::from_f64(0.0))?;
             for o in 0..outer {
                 for (j, &i) in ids.iter().enumerate() {
                     let (d, s) = ((o * self.size + i) * inner, (o * n + j) * inner);
