@@ -63,10 +63,7 @@ pub(crate) fn path(g: &Graph, outputs: &[NodeId], inputs: &[NodeId]) -> Vec<Node
 }
 
 fn check_inputs(g: &Graph, vars: &[Var<'_>]) -> Result<()> {
-    if vars.iter().any(|v| !std::ptr::eq(v.graph, g)) {
-        return Err(Error::Graph { reason: "grad: a variable from another graph".into() });
-    }
-    Ok(())
+    g.check_own("grad", vars)
 }
 
 fn seeds(outputs: &[Var<'_>], grad_outputs: Option<&Vec<Tensor>>) -> Result<Vec<Tensor>> {
@@ -180,6 +177,7 @@ impl Graph {
     ) -> Result<Vec<Var<'g>>> {
         check_inputs(self, outputs)?;
         check_inputs(self, inputs)?;
+        check_inputs(self, grad_outputs.unwrap_or_default())?;
         let out_ids: Vec<NodeId> = outputs.iter().map(|v| v.id).collect();
         let in_ids: Vec<NodeId> = inputs.iter().map(|v| v.id).collect();
         let order = path(self, &out_ids, &in_ids);

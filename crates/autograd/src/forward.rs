@@ -60,6 +60,8 @@ impl Graph {
     /// plain tensors (nothing recorded). Outputs that do not depend on the
     /// inputs get zeros.
     pub fn jvp(&self, outputs: &[Var<'_>], inputs: &[Var<'_>], tangents: &[Tensor]) -> Result<Vec<Tensor>> {
+        self.check_own("jvp", outputs)?;
+        self.check_own("jvp", inputs)?;
         if inputs.len() != tangents.len() {
             return Err(Error::invalid_arg("jvp", format!("{} tangents for {} inputs", tangents.len(), inputs.len())));
         }
@@ -110,6 +112,9 @@ impl Graph {
         inputs: &[Var<'g>],
         tangents: &[Var<'g>],
     ) -> Result<Vec<Var<'g>>> {
+        for vars in [outputs, inputs, tangents] {
+            self.check_own("jvp_graph", vars)?;
+        }
         if inputs.len() != tangents.len() {
             return Err(Error::invalid_arg(
                 "jvp_graph",

@@ -172,6 +172,18 @@ impl Graph {
         nodes[id].value.clone().ok_or_else(|| released("value"))
     }
 
+    /// An [`Error::Graph`] naming `op` unless every handle in `vars` belongs
+    /// to this graph. Lifetimes reject most mixes at compile time, but a
+    /// graph's `&self` can be reborrowed for a shorter, nested scope, and
+    /// methods taking `Var<'_>` accept any scope's handles; a foreign node
+    /// id would read an unrelated node of this graph, or none.
+    pub(crate) fn check_own(&self, op: &str, vars: &[Var<'_>]) -> Result<()> {
+        if vars.iter().any(|v| v.graph.id != self.id) {
+            return Err(Error::Graph { reason: format!("{op}: a variable from another graph") });
+        }
+        Ok(())
+    }
+
     /// Number of nodes the graph holds.
     pub fn node_count(&self) -> usize {
         self.nodes.borrow().len()

@@ -23,7 +23,9 @@ fn column(n: usize, d: usize, i: usize, dtype: tapir_tensor::DType) -> Result<Te
     Tensor::from_vec(v, [n, d])?.cast(dtype)
 }
 
-fn check_points(op: &'static str, u: &Var<'_>, x: &Var<'_>) -> Result<(usize, usize)> {
+fn check_points(g: &Graph, op: &'static str, u: &Var<'_>, x: &Var<'_>) -> Result<(usize, usize)> {
+    g.check_own(op, &[*u])?;
+    g.check_own(op, &[*x])?;
     let xs = x.shape();
     if xs.rank() != 2 {
         return Err(Error::InvalidShape { op, shape: xs, reason: "points must be [N, d]".into() });
@@ -41,12 +43,14 @@ impl Graph {
     /// Hessian-vector product `H v` of a scalar `f` with respect to `x`, by
     /// forward-over-reverse, as a plain tensor.
     pub fn hvp(&self, f: Var<'_>, x: Var<'_>, v: &Tensor) -> Result<Tensor> {
-        let gx = self.grad_graph(self.same(f)?, &[self.same(x)?])?[0];
-        Ok(self.jvp(&[gx], &[self.same(x)?], std::slice::from_ref(v))?.remove(0))
+        let (f, x) = (self.same("hvp", f)?, self.same("hvp", x)?);
+        let gx = self.grad_graph(f, &[x])?[0];
+        Ok(self.jvp(&[gx], &[x], std::slice::from_ref(v))?.remove(0))
     }
 
     /// `H v`, recorded (differentiable again).
     pub fn hvp_graph<'g>(&'g self, f: Var<'g>, x: Var<'g>, v: Var<'g>) -> Result<Var<'g>> {
+        self.check_own("hvp_graph", &[f, x, v])?;
         let gx = self.grad_graph(f, &[x])?[0];
         Ok(self.jvp_graph(&[gx], &[x], &[v])?.remove(0))
     }
@@ -55,7 +59,7 @@ impl Graph {
     /// `y.shape ++ x.shape`: forward mode column by column when `x` is the
     /// smaller, reverse mode row by row otherwise. For small problems.
     pub fn jacobian(&self, y: Var<'_>, x: Var<'_>) -> Result<Tensor> {
-        let (y, x) = (self.same(y)?, self.same(x)?);
+        let (y, x) = (self.same("jacobian", y)?, self.same("jacobian", x)?);
         let (ys, xs) = (y.shape(), x.shape());
         let (m, n) = (ys.numel(), xs.numel());
         let mut out = vec![0.0f64; m * n];
@@ -83,7 +87,7 @@ impl Graph {
     /// `x.shape ++ x.shape`, by one forward-over-reverse pass per element of
     /// `x`. For small inputs.
     pub fn hessian(&self, f: Var<'_>, x: Var<'_>) -> Result<Tensor> {
-        let (f, x) = (self.same(f)?, self.same(x)?);
+        let (f, x) = (self.same("hessian", f)?, self.same("hessian", x)?);
         if f.numel() != 1 {
             return Err(Error::InvalidShape { op: "hessian", shape: f.shape(), reason: "needs a scalar".into() });
         }
@@ -107,7 +111,7 @@ impl Graph {
     /// forward-over-reverse pass per listed coordinate; the full Hessian is
     /// never formed. Returns `[N, dims.len()]`.
     pub fn second_partials<'g>(&'g self, u: Var<'g>, x: Var<'g>, dims: &[usize]) -> Result<Var<'g>> {
-        let (n, d) = check_points("second_partials", &u, &x)?;
+        let (n, d) = check_points(self, "second_partials", &u, &x)?;
         if let Some(&bad) = dims.iter().find(|&&i| i >= d) {
             return Err(Error::IndexOutOfRange { op: "second_partials", index: bad as i64, position: 0, size: d });
         }
@@ -119,13 +123,18 @@ impl Graph {
                 self.jvp_graph(&[gx], &[x], &[e])?[0].narrow(1, i, 1)
             })
             .collect::<Result<Vec<_>>>()?;
+        if cols.is_empty() {
+            // No coordinates (d = 0, or none listed): an [N, 0] block, as
+            // torch gives, where concat would have nothing to join.
+            return gx.narrow(1, 0, 0);
+        }
         let refs: Vec<&Var<'g>> = cols.iter().collect();
         Var::concat(&refs, 1)
     }
 
     /// The Hessian diagonal per sample, `[N, d]`, recorded.
     pub fn hessian_diag<'g>(&'g self, u: Var<'g>, x: Var<'g>) -> Result<Var<'g>> {
-        let (_, d) = check_points("hessian_diag", &u, &x)?;
+        let (_, d) = check_points(self, "hessian_diag", &u, &x)?;
         self.second_partials(u, x, &(0..d).collect::<Vec<_>>())
     }
 
@@ -138,7 +147,7 @@ impl Graph {
     /// Mixed second partial `d^2 u / (dx_i dx_j)` per sample, `[N, 1]`,
     /// recorded (for terms like `u_xt`).
     pub fn mixed_partial<'g>(&'g self, u: Var<'g>, x: Var<'g>, i: usize, j: usize) -> Result<Var<'g>> {
-        let (n, d) = check_points("mixed_partial", &u, &x)?;
+        let (n, d) = check_points(self, "mixed_partial", &u, &x)?;
         if i >= d || j >= d {
             return Err(Error::IndexOutOfRange { op: "mixed_partial", index: i.max(j) as i64, position: 0, size: d });
         }
@@ -149,7 +158,7 @@ impl Graph {
 
     /// Gradient of `u` per sample with respect to points `x`, `[N, d]`, recorded.
     pub fn point_gradient<'g>(&'g self, u: Var<'g>, x: Var<'g>) -> Result<Var<'g>> {
-        check_points("point_gradient", &u, &x)?;
+        check_points(self, "point_gradient", &u, &x)?;
         Ok(self.grad_graph(u.sum_all()?, &[x])?[0])
     }
 
@@ -163,7 +172,7 @@ impl Graph {
         probes: usize,
         rng: &mut tapir_tensor::Rng,
     ) -> Result<Var<'g>> {
-        let (n, d) = check_points("laplacian_hutchinson", &u, &x)?;
+        let (n, d) = check_points(self, "laplacian_hutchinson", &u, &x)?;
         if probes == 0 {
             return Err(Error::invalid_arg("laplacian_hutchinson", "needs at least one probe"));
         }
@@ -184,10 +193,8 @@ impl Graph {
 
     /// Re-brands a handle of this graph (checked at run time) so operators
     /// taking `&self` can mix it with handles they create.
-    fn same<'g>(&'g self, v: Var<'_>) -> Result<Var<'g>> {
-        if !std::ptr::eq(v.graph, self) {
-            return Err(Error::Graph { reason: "a variable from another graph".into() });
-        }
+    fn same<'g>(&'g self, op: &str, v: Var<'_>) -> Result<Var<'g>> {
+        self.check_own(op, &[v])?;
         Ok(self.var(v.id))
     }
 }

@@ -240,7 +240,7 @@ fn mlp_hvp(reps: usize) -> Result<f64> {
         Graph::scope(|g| {
             let p = store.bind(g);
             let loss = net.forward(&p, g.constant(x.clone()))?.square()?.mean_all()?;
-            let vars: Vec<Var<'_>> = store.ids().map(|id| p.var(id)).collect();
+            let vars: Vec<Var<'_>> = store.ids().map(|id| p.var(id)).collect::<Result<_>>()?;
             let gs = g.grad_graph(loss, &vars)?;
             let hv = g.jvp(&gs, &vars, &v)?;
             std::hint::black_box(hv);

@@ -318,7 +318,7 @@ fn last_logits(model: &Gpt, store: &ParamStore, ids: &Tensor) -> Result<Tensor> 
         let (n, t) = (ids.dims()[0], ids.dims()[1]);
         let h = model.hidden(&p, ids, None)?;
         let last = h.narrow(1, t - 1, 1)?.reshape([n, model.cfg.d_model])?;
-        last.linear(&model.head_weight(&p), None)?.value()
+        last.linear(&model.head_weight(&p)?, None)?.value()
     })
 }
 

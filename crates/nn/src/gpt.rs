@@ -171,7 +171,7 @@ impl Gpt {
     }
 
     /// The output head's weight `[vocab, d_model]` (the token embedding when tied).
-    pub fn head_weight<'g>(&self, p: &Bound<'g>) -> Var<'g> {
+    pub fn head_weight<'g>(&self, p: &Bound<'g>) -> Result<Var<'g>> {
         p.var(self.head.map_or(self.wte.weight, |h| h.weight))
     }
 
@@ -194,7 +194,7 @@ impl Gpt {
         let h = self.hidden(p, ids, rng)?;
         let n = ids.numel();
         h.reshape([n, self.cfg.d_model])?.linear_cross_entropy(
-            &self.head_weight(p),
+            &self.head_weight(p)?,
             None,
             &targets.reshape([n])?,
             CrossEntropyOptions::default(),

@@ -81,7 +81,7 @@ impl Mlp {
         let mut jac: Option<Var<'g>> = None; // [N, d, w]; None = the identity
         let mut lap: Option<Var<'g>> = None; // [N, w];   None = zero
         for (k, layer) in self.layers.iter().enumerate() {
-            let w = p.var(layer.weight); // [out, in]
+            let w = p.var(layer.weight)?; // [out, in]
             let out = w.shape().dims()[0];
             let hidden = k + 1 < self.layers.len();
             // A tanh layer's derivatives need only its output: one op, and
@@ -107,7 +107,7 @@ impl Mlp {
                 let jsq = if k == 0 {
                     // The first layer's Jacobian is W^T for every point: sum
                     // its squares once, as [w], instead of over [N, d, w].
-                    let wsq = p.var(layer.weight).square()?;
+                    let wsq = p.var(layer.weight)?.square()?;
                     if all {
                         wsq.sum(&[1], false)?
                     } else {

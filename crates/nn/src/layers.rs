@@ -96,7 +96,7 @@ impl Linear {
     }
 
     fn apply<'g>(&self, p: &Bound<'g>, x: Var<'g>, mut op: Affine, r: Option<Var<'g>>) -> Result<Var<'g>> {
-        let (w, b) = (p.var(self.weight), self.bias.map(|b| p.var(b)));
+        let (w, b) = (p.var(self.weight)?, self.bias.map(|b| p.var(b)).transpose()?);
         let dims = x.shape().dims().to_vec();
         op.input_grad = x.requires_grad();
         let rank = dims.len();
@@ -235,12 +235,12 @@ impl Embedding {
     /// The rows of `ids` (i32/i64, any shape): `[..ids.shape, dim]`. An id
     /// outside the table is an error naming it.
     pub fn forward<'g>(&self, p: &Bound<'g>, ids: &Tensor) -> Result<Var<'g>> {
-        p.var(self.weight).embedding(ids)
+        p.var(self.weight)?.embedding(ids)
     }
 
     /// The first `n` rows `[n, dim]` (a view): learned positions `0..n`.
     pub fn first<'g>(&self, p: &Bound<'g>, n: usize) -> Result<Var<'g>> {
-        p.var(self.weight).narrow(0, 0, n)
+        p.var(self.weight)?.narrow(0, 0, n)
     }
 }
 

@@ -102,11 +102,17 @@ impl Lbfgs {
         mut f: impl FnMut(&ParamStore) -> Result<(f64, Grads)>,
     ) -> Result<LbfgsStep> {
         let x0 = flatten(store.ids().map(|id| store.get(id).clone()));
+        if self.s.front().is_some_and(|s| s.len() != x0.len()) {
+            // Parameters were added or replaced since the last step: the
+            // curvature pairs describe another space.
+            self.reset();
+        }
         let (f0, g0, mut evals) = match self.last.take() {
             // The parameters are where the last step left them: reuse.
             Some((x, f0, g0)) if x == x0 => (f0, g0, 0),
             _ => {
                 let (f0, g0) = f(store)?;
+                g0.check_fits(store, "Lbfgs::step")?;
                 (f0, flatten(g0.iter().map(|(_, g)| g.clone())), 1)
             }
         };
@@ -150,7 +156,14 @@ impl Lbfgs {
         loop {
             let x: Vec<f64> = x0.iter().zip(&dir).map(|(a, d)| a + t * d).collect();
             unflatten(store, &x)?;
-            let (ft, gt) = f(store)?;
+            // A failed evaluation leaves the parameters where the step began.
+            let (ft, gt) = match f(store).and_then(|(ft, gt)| gt.check_fits(store, "Lbfgs::step").map(|()| (ft, gt))) {
+                Ok(v) => v,
+                Err(e) => {
+                    unflatten(store, &x0)?;
+                    return Err(e);
+                }
+            };
             evals += 1;
             if ft.is_finite() && ft <= f0 + self.c1 * t * slope {
                 let g1 = flatten(gt.iter().map(|(_, g)| g.clone()));

@@ -46,7 +46,8 @@ impl LayerNorm {
 
     /// Normalises `x` over its last axis (one [`NormOp`]).
     pub fn forward<'g>(&self, p: &Bound<'g>, x: Var<'g>) -> Result<Var<'g>> {
-        norm(&x, self.weight.map(|w| p.var(w)).as_ref(), self.bias.map(|b| p.var(b)).as_ref(), self.eps, false)
+        let (w, b) = (self.weight.map(|w| p.var(w)).transpose()?, self.bias.map(|b| p.var(b)).transpose()?);
+        norm(&x, w.as_ref(), b.as_ref(), self.eps, false)
     }
 
     /// The same function composed from mean, sub, square, rsqrt and mul: the
@@ -76,7 +77,7 @@ impl RmsNorm {
 
     /// Normalises `x` over its last axis (one [`NormOp`]).
     pub fn forward<'g>(&self, p: &Bound<'g>, x: Var<'g>) -> Result<Var<'g>> {
-        norm(&x, self.weight.map(|w| p.var(w)).as_ref(), None, self.eps, true)
+        norm(&x, self.weight.map(|w| p.var(w)).transpose()?.as_ref(), None, self.eps, true)
     }
 
     /// The same function composed from square, mean, rsqrt and mul.
@@ -88,11 +89,11 @@ impl RmsNorm {
 
 fn affine<'g>(p: &Bound<'g>, y: Var<'g>, w: Option<ParamId>, b: Option<ParamId>) -> Result<Var<'g>> {
     let y = match w {
-        Some(w) => y.mul(&p.var(w))?,
+        Some(w) => y.mul(&p.var(w)?)?,
         None => y,
     };
     match b {
-        Some(b) => y.add(&p.var(b)),
+        Some(b) => y.add(&p.var(b)?),
         None => Ok(y),
     }
 }

@@ -155,9 +155,15 @@ impl<'g> Bound<'g> {
     pub fn vars(&self) -> &[Var<'g>] {
         &self.vars
     }
-    /// The leaf of parameter `id`.
-    pub fn var(&self, id: ParamId) -> Var<'g> {
-        self.vars[id.0]
+    /// The leaf of parameter `id`: an error when `id` is not a parameter
+    /// of the store bound here (a layer made on another store).
+    pub fn var(&self, id: ParamId) -> Result<Var<'g>> {
+        self.vars.get(id.0).copied().ok_or_else(|| {
+            Error::invalid_arg(
+                "Bound::var",
+                format!("parameter {} is not in the bound store, which has {}", id.0, self.vars.len()),
+            )
+        })
     }
     /// The graph.
     pub fn graph(&self) -> &'g Graph {
@@ -194,6 +200,24 @@ impl Grads {
     /// Gradients from tensors, one per parameter in store order.
     pub fn from_tensors(grads: Vec<Tensor>) -> Self {
         Grads { grads }
+    }
+    /// An error naming `op` unless there is one gradient per parameter of
+    /// `store`, each of its parameter's shape and dtype: gradients built
+    /// by hand, or returned by a user's closure, may not be.
+    pub fn check_fits(&self, store: &ParamStore, op: &'static str) -> Result<()> {
+        if store.len() != self.len() {
+            return Err(Error::invalid_arg(op, format!("{} gradients for {} parameters", self.len(), store.len())));
+        }
+        for (id, g) in self.iter() {
+            let p = store.get(id);
+            if p.shape() != g.shape() {
+                return Err(Error::ShapeMismatch { op, lhs: p.shape().clone(), rhs: g.shape().clone() });
+            }
+            if p.dtype() != g.dtype() {
+                return Err(Error::DTypeMismatch { op, lhs: p.dtype(), rhs: g.dtype() });
+            }
+        }
+        Ok(())
     }
     /// Every gradient, in store order.
     pub fn iter(&self) -> impl Iterator<Item = (ParamId, &Tensor)> {

@@ -94,7 +94,7 @@ fn affine_op_gradients_and_layouts() {
     let grads = Graph::scope(|g| {
         let p = store.bind(g);
         let y = l.forward(&p, g.constant(x32.clone()))?;
-        assert!(!y.requires_grad() || p.var(l.weight).requires_grad());
+        assert!(!y.requires_grad() || p.var(l.weight)?.requires_grad());
         p.grads(y.square()?.sum_all()?)
     })
     .unwrap();

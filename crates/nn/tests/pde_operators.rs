@@ -75,7 +75,7 @@ fn lbfgs_solves_rosenbrock() {
         calls.set(calls.get() + 1);
         Graph::scope(|g| {
             let p = s.bind(g);
-            let v = p.var(id);
+            let v = p.var(id)?;
             let (x, y) = (v.narrow(0, 0, 1)?, v.narrow(0, 1, 1)?);
             let f = x.rsub_scalar(1.0)?.square()?.add(&y.sub(&x.square()?)?.square()?.mul_scalar(100.0)?)?.sum_all()?;
             Ok((f.item()?, p.grads(f)?))

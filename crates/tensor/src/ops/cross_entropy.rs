@@ -254,7 +254,16 @@ fn row_lse<T: CeFloat>(x: &[T], want_sum: bool) -> (T, T) {
         s += e;
         sx += bx;
     }
-    (if m == T::NEG_INF || m == T::INF { m } else { m + s.ln() }, sx)
+    // A +inf logit makes the row's log-softmax NaN in torch (inf - inf), so
+    // its loss and every entry of its gradient are NaN here too.
+    let lse = if m == T::INF {
+        T::from_f64(f64::NAN)
+    } else if m == T::NEG_INF {
+        m
+    } else {
+        m + s.ln()
+    };
+    (lse, sx)
 }
 
 /// Per-row (lse, loss) of a contiguous `[rows, v]` block.
@@ -335,16 +344,17 @@ fn row_weights(g: &Tensor, labels: &[Option<usize>], reduction: Reduction) -> Re
     })
 }
 
-/// Combines per-row losses into the op's output.
+/// Combines per-row losses into the op's output. The sum is accumulated
+/// in f64 whatever `T` (summed in f32, a mean over many rows lands a few
+/// ulp from the exact value), and from +0.0, so a sum over no rows is +0.0
+/// as in torch (`Iterator::sum` starts from -0.0).
 fn reduce_losses<T: CeFloat>(loss: Vec<T>, labels: &[Option<usize>], red: Reduction, shape: Shape) -> Result<Tensor> {
     let valid = labels.iter().filter(|l| l.is_some()).count();
+    let total = || loss.iter().fold(0.0f64, |a, &l| a + l.to_f64());
     match red {
         Reduction::None => Tensor::from_vec(loss, shape),
-        Reduction::Sum => Tensor::from_vec(vec![loss.iter().copied().sum::<T>()], ()),
-        Reduction::Mean => {
-            let s: T = loss.iter().copied().sum();
-            Tensor::from_vec(vec![s / T::from_f64(valid as f64)], ())
-        }
+        Reduction::Sum => Tensor::from_vec(vec![T::from_f64(total())], ()),
+        Reduction::Mean => Tensor::from_vec(vec![T::from_f64(total() / valid as f64)], ()),
     }
 }
 
