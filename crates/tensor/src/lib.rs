@@ -20,6 +20,7 @@
 pub mod cache;
 pub mod cuda;
 mod device;
+mod display;
 mod dtype;
 mod error;
 pub mod iter;
