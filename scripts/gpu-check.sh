@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The checks of issue 5 that need an NVIDIA GPU, in one run of at most
+# The checks that need an NVIDIA GPU (the CUDA backend), in one run of at most
 # 8 minutes, for a machine with a GPU, its driver, cargo, and python3 with
 # torch (for the PyTorch mirrors):
 #
@@ -29,7 +29,7 @@
 #     allocations, empty_cache) and the out-of-memory path;
 #   - the CPU-vs-CUDA parity suite (a test_device! macro) and the memory
 #     tests repeated on CUDA: today TAPIR_REQUIRE_CUDA=1 is read by no test;
-#   - the H200 benchmarks of issue 5 (matmul 4096 f32/bf16, elementwise and
+#   - the H200 benchmarks (matmul 4096 f32/bf16, elementwise and
 #     reduction bandwidth, sparse_cross_entropy at N=32768 V=32000 and
 #     N=8192 V=128256, the nn MLP step) beside PyTorch, recorded in
 #     docs/gpu-results.md. tapir bench and memcheck below still run on the
@@ -129,7 +129,7 @@ step memcheck 90 cargo run --release -q -p tapir-cli -- memcheck --json "$OUT/me
             printf '  "%s": null,\n' "$f"
         fi
     done
-    printf '  "owed": ["Device::cuda and to_device", "every op on CUDA buffers (kernels launched, cuBLAS matmul)", "caching allocator stats and OOM path", "CPU-vs-CUDA parity and CUDA memory tests (TAPIR_REQUIRE_CUDA=1 is read by no test yet)", "H200 benchmarks of issue 5 and docs/gpu-results.md"],\n'
+    printf '  "owed": ["Device::cuda and to_device", "every op on CUDA buffers (kernels launched, cuBLAS matmul)", "caching allocator stats and OOM path", "CPU-vs-CUDA parity and CUDA memory tests (TAPIR_REQUIRE_CUDA=1 is read by no test yet)", "H200 benchmarks and docs/gpu-results.md"],\n'
     printf '  "steps_ok": %s\n}\n' "$([[ $failed == 0 ]] && echo true || echo false)"
 } >"$OUT/summary.json"
 

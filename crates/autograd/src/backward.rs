@@ -88,16 +88,69 @@ fn seeds(outputs: &[Var<'_>], grad_outputs: Option<&Vec<Tensor>>) -> Result<Vec<
 
 impl Graph {
     /// Gradients of the scalar `output` with respect to `inputs`, as plain
-    /// tensors. Nothing is recorded, and each intermediate value is freed as
-    /// soon as no rule that may still run reads it (see [`Saved`]); the
-    /// output and the inputs keep their values, so `output.item()` still
-    /// works afterwards. An input the output does not depend on gets zeros.
+    /// tensors. Nothing is recorded. An input the output does not depend on
+    /// gets zeros.
+    ///
+    /// # A first-order `grad` frees the intermediate values
+    ///
+    /// Each intermediate value is freed as soon as no rule that may still
+    /// run reads it (see [`Saved`]), as PyTorch frees a graph's saved
+    /// tensors in `backward()`: that is what keeps the peak of a training
+    /// step at one forward's worth of activations. The output and the
+    /// inputs keep their values, so `output.item()` still works afterwards,
+    /// but reading an intermediate [`Var::value`] after `grad` is an
+    /// [`Error::Graph`] that says so. Read what you need before calling
+    /// `grad`, or ask to keep everything with
+    /// [`GradOptions::retain_graph`] through [`Graph::grad_with`].
+    /// [`Graph::grad_graph`] (recorded, for higher orders) frees nothing.
+    ///
+    /// ```
+    /// use tapir::prelude::*;
+    ///
+    /// Graph::scope(|g| {
+    ///     let x = g.leaf(Tensor::from_vec(vec![0.5f64, -1.0], [2])?);
+    ///     let h = x.tanh()?;
+    ///     let loss = h.square()?.sum_all()?;
+    ///     let hidden = h.value()?; // read before grad: a plain tensor, kept
+    ///     let dx = g.grad(loss, &[x])?;
+    ///     assert!(h.value().is_err()); // released by the pass
+    ///     assert!(loss.item()? > 0.0); // the output keeps its value
+    ///     let want: Vec<f64> = hidden.to_vec::<f64>()?.iter().map(|t| 2.0 * t * (1.0 - t * t)).collect();
+    ///     assert!(dx[0].to_vec::<f64>()?.iter().zip(&want).all(|(a, b)| (a - b).abs() < 1e-12));
+    ///
+    ///     // With retain_graph every value stays, and a second pass can run.
+    ///     let h = x.tanh()?;
+    ///     let loss = h.square()?.sum_all()?;
+    ///     let keep = GradOptions { retain_graph: true, ..Default::default() };
+    ///     let first = g.grad_with(&[loss], &[x], keep)?;
+    ///     assert!(h.value().is_ok());
+    ///     assert_eq!(g.grad(loss, &[x])?[0].to_vec::<f64>()?, first[0].to_vec::<f64>()?);
+    ///     Ok::<_, Error>(())
+    /// })?;
+    /// # Ok::<(), Error>(())
+    /// ```
     pub fn grad(&self, output: Var<'_>, inputs: &[Var<'_>]) -> Result<Vec<Tensor>> {
         self.grad_with(&[output], inputs, GradOptions::default())
     }
 
     /// Gradients as recorded values of this graph (torch's
     /// `create_graph=True`): they can be differentiated again, to any order.
+    /// Nothing is freed until the scope ends.
+    ///
+    /// ```
+    /// use tapir::prelude::*;
+    ///
+    /// // d/dx of x^3 is 3x^2, and d/dx of that is 6x, at x = 2.
+    /// let (d1, d2) = Graph::scope(|g| {
+    ///     let x = g.leaf(Tensor::from_vec(vec![2.0f64], [1])?);
+    ///     let dy = g.grad_graph(x.powf(3.0)?.sum_all()?, &[x])?[0];
+    ///     let d1 = dy.value()?; // read first: the first-order grad below frees dy
+    ///     let d2 = g.grad(dy.sum_all()?, &[x])?.remove(0);
+    ///     Ok::<_, Error>((d1, d2))
+    /// })?;
+    /// assert_eq!((d1.item()?, d2.item()?), (12.0, 12.0));
+    /// # Ok::<(), Error>(())
+    /// ```
     pub fn grad_graph<'g>(&'g self, output: Var<'g>, inputs: &[Var<'g>]) -> Result<Vec<Var<'g>>> {
         self.grad_graph_with(&[output], inputs, None)
     }

@@ -59,6 +59,20 @@ impl Graph {
     /// Directional derivatives of `outputs` along `tangents` of `inputs`, as
     /// plain tensors (nothing recorded). Outputs that do not depend on the
     /// inputs get zeros.
+    ///
+    /// ```
+    /// use tapir::prelude::*;
+    ///
+    /// // The derivative of sum(x^2) along v is 2 x . v.
+    /// let jv = Graph::scope(|g| {
+    ///     let x = g.leaf(Tensor::from_vec(vec![1.0f64, 2.0, 3.0], [3])?);
+    ///     let y = x.square()?.sum_all()?;
+    ///     let v = Tensor::from_vec(vec![1.0f64, 0.0, -1.0], [3])?;
+    ///     Ok::<_, Error>(g.jvp(&[y], &[x], &[v])?.remove(0))
+    /// })?;
+    /// assert_eq!(jv.item()?, 2.0 * (1.0 - 3.0));
+    /// # Ok::<(), Error>(())
+    /// ```
     pub fn jvp(&self, outputs: &[Var<'_>], inputs: &[Var<'_>], tangents: &[Tensor]) -> Result<Vec<Tensor>> {
         self.check_own("jvp", outputs)?;
         self.check_own("jvp", inputs)?;

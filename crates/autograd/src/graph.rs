@@ -103,6 +103,41 @@ impl Graph {
     /// for (a, b) in d2.to_vec::<f64>()?.iter().zip(&want) { assert!((a - b).abs() < 1e-12); }
     /// # Ok::<(), tapir_tensor::Error>(())
     /// ```
+    ///
+    /// # Reusing a function across scopes
+    ///
+    /// A closure that takes a `Var<'g>` is tied to the one scope whose
+    /// brand `'g` it names. To use the same computation in several scopes
+    /// (and eagerly, on plain tensors), write it once as a function generic
+    /// over [`Diff`], the trait both [`Tensor`] and every `Var<'g>`
+    /// implement; every op method is available on it:
+    ///
+    /// ```
+    /// use tapir::prelude::*;
+    ///
+    /// // x * sin(x), summed: one definition for tensors and graph values.
+    /// fn energy<T: Diff>(x: &T) -> Result<T> {
+    ///     x.mul(&x.sin()?)?.sum_all()
+    /// }
+    ///
+    /// let x0 = Tensor::from_vec(vec![0.3f64, 1.2], [2])?;
+    /// let e = energy(&x0)?; // eager: no graph at all
+    /// let de = Graph::scope(|g| {
+    ///     let x = g.leaf(x0.clone());
+    ///     Ok::<_, Error>(g.grad(energy(&x)?, &[x])?.remove(0))
+    /// })?;
+    /// let d2e = Graph::scope(|g| {
+    ///     // The same function in another scope, differentiated twice.
+    ///     let x = g.leaf(x0.clone());
+    ///     let de = g.grad_graph(energy(&x)?, &[x])?[0];
+    ///     Ok::<_, Error>(g.grad(de.sum_all()?, &[x])?.remove(0))
+    /// })?;
+    /// let x = 1.2f64;
+    /// assert!((de.to_vec::<f64>()?[1] - (x.sin() + x * x.cos())).abs() < 1e-12);
+    /// assert!((d2e.to_vec::<f64>()?[1] - (2.0 * x.cos() - x * x.sin())).abs() < 1e-12);
+    /// assert!((e.item()? - (0.3f64 * 0.3f64.sin() + x * x.sin())).abs() < 1e-12);
+    /// # Ok::<(), Error>(())
+    /// ```
     pub fn scope<R, E>(f: impl for<'g> FnOnce(&'g Graph) -> Result<R, E>) -> Result<R, E> {
         let g = Graph::new();
         f(&g)

@@ -41,7 +41,21 @@ fn check_points(g: &Graph, op: &'static str, u: &Var<'_>, x: &Var<'_>) -> Result
 
 impl Graph {
     /// Hessian-vector product `H v` of a scalar `f` with respect to `x`, by
-    /// forward-over-reverse, as a plain tensor.
+    /// forward-over-reverse, as a plain tensor: about the cost of two
+    /// gradients, and the Hessian is never formed.
+    ///
+    /// ```
+    /// use tapir::prelude::*;
+    ///
+    /// // f = sum(x^3) has the Hessian diag(6 x).
+    /// let hv = Graph::scope(|g| {
+    ///     let x = g.leaf(Tensor::from_vec(vec![1.0f64, 2.0], [2])?);
+    ///     let f = x.powf(3.0)?.sum_all()?;
+    ///     g.hvp(f, x, &Tensor::from_vec(vec![1.0f64, 1.0], [2])?)
+    /// })?;
+    /// assert_eq!(hv.to_vec::<f64>()?, vec![6.0, 12.0]);
+    /// # Ok::<(), Error>(())
+    /// ```
     pub fn hvp(&self, f: Var<'_>, x: Var<'_>, v: &Tensor) -> Result<Tensor> {
         let (f, x) = (self.same("hvp", f)?, self.same("hvp", x)?);
         let gx = self.grad_graph(f, &[x])?[0];
@@ -139,7 +153,23 @@ impl Graph {
     }
 
     /// The Laplacian per sample (trace of each sample's Hessian), `[N]`,
-    /// recorded so it can sit inside a loss.
+    /// recorded so it can sit inside a loss. `u` is `[N]` or `[N, 1]` and
+    /// `x` the points `[N, d]`; samples must not interact, as in a network
+    /// applied row by row.
+    ///
+    /// ```
+    /// use tapir::prelude::*;
+    ///
+    /// // u = x^2 + 3 y^2 has the Laplacian 2 + 6 = 8 at every point.
+    /// let lap = Graph::scope(|g| {
+    ///     let x = g.leaf(Tensor::from_vec(vec![0.5f64, 1.0, -2.0, 0.25], [2, 2])?);
+    ///     let w = g.constant(Tensor::from_vec(vec![1.0f64, 3.0], [1, 2])?);
+    ///     let u = x.square()?.mul(&w)?.sum(&[1], false)?; // [N]
+    ///     g.laplacian(u, x)?.value()
+    /// })?;
+    /// assert_eq!(lap.to_vec::<f64>()?, vec![8.0, 8.0]);
+    /// # Ok::<(), Error>(())
+    /// ```
     pub fn laplacian<'g>(&'g self, u: Var<'g>, x: Var<'g>) -> Result<Var<'g>> {
         self.hessian_diag(u, x)?.sum(&[1], false)
     }

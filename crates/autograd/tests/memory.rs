@@ -1,4 +1,5 @@
-//! Exact memory invariants of graphs (DESIGN.md invariants 1, 2 and 5),
+//! Exact memory invariants of graphs (nothing outlives its scope, no
+//! gradient lives on a parameter, every byte is counted),
 //! named after the leak patterns they reproduce. The allocator's counters
 //! are process-wide, so the tests in this file run one at a time.
 

@@ -37,6 +37,10 @@ pub struct Args {
     /// Where to write the JSON figures.
     #[arg(long, default_value = "bench.json")]
     pub json: PathBuf,
+    /// Where to write the PNG chart of the tapir / PyTorch time ratios
+    /// (nothing is drawn when the PyTorch side did not run).
+    #[arg(long, default_value = "bench.png")]
+    pub plot: PathBuf,
 }
 
 /// Median wall time of `f` in milliseconds, after one warm-up call.
@@ -294,9 +298,13 @@ fn torch_script() -> Option<PathBuf> {
 
 /// Runs the command.
 pub fn run(a: Args) -> anyhow::Result<()> {
+    let all = cases();
+    if let Some(bad) = a.only.iter().find(|o| !all.iter().any(|c| &c.name == o)) {
+        anyhow::bail!("no case is named {bad:?}; known: {}", all.iter().map(|c| c.name).collect::<Vec<_>>().join(", "));
+    }
     let chosen: Vec<Case> =
-        cases().into_iter().filter(|c| a.only.is_empty() || a.only.iter().any(|o| o == c.name)).collect();
-    anyhow::ensure!(!chosen.is_empty(), "no case matches {:?}", a.only);
+        all.into_iter().filter(|c| a.only.is_empty() || a.only.iter().any(|o| o == c.name)).collect();
+    anyhow::ensure!(!chosen.is_empty(), "no case chosen");
     println!("tapir bench: median of {} repetitions, milliseconds (f32, CPU, {} threads)", a.reps, rayon_threads());
     let script = if a.no_torch {
         None
@@ -403,7 +411,20 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let doc = json!({"schema": "tapir-bench/1", "reps": a.reps, "rounds": rounds, "cases": out,
         "torch_version": version});
     std::fs::write(&a.json, serde_json::to_string_pretty(&doc)?)?;
-    println!("figures: {}", a.json.display());
+    let bars: Vec<(String, f64)> =
+        out.iter().filter_map(|c| Some((c.get("name")?.as_str()?.to_string(), c.get("ratio")?.as_f64()?))).collect();
+    if bars.is_empty() {
+        println!("figures: {} (no chart: no PyTorch times to compare with)", a.json.display());
+    } else {
+        crate::chart::bar_chart(
+            &a.plot,
+            "tapir time / PyTorch time, median per case (below 1: tapir is faster)",
+            "tapir / PyTorch (log scale)",
+            &bars,
+            1.0,
+        )?;
+        println!("figures: {}   chart: {}", a.json.display(), a.plot.display());
+    }
     Ok(())
 }
 

@@ -635,6 +635,8 @@ fn write_chart(path: &Path, start: usize, s: &Summary) -> anyhow::Result<()> {
             points: s.losses.iter().enumerate().map(|(i, &l)| (step(i), l as f64)).collect(),
         }],
         log_y: true,
+        integer_x: true,
+        markers: vec![],
     }];
     panels.push(Panel {
         title: "memory per step (exact allocator counts)".into(),
@@ -651,6 +653,8 @@ fn write_chart(path: &Path, start: usize, s: &Summary) -> anyhow::Result<()> {
             },
         ],
         log_y: false,
+        integer_x: true,
+        markers: vec![],
     });
     if !s.evals.is_empty() {
         panels.push(Panel {
@@ -662,6 +666,8 @@ fn write_chart(path: &Path, start: usize, s: &Summary) -> anyhow::Result<()> {
                 points: s.evals.iter().map(|&(st, a)| (st as f64, 100.0 * a)).collect(),
             }],
             log_y: false,
+            integer_x: true,
+            markers: vec![],
         });
     }
     chart::line_chart(path, &panels)
@@ -690,13 +696,18 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let peak = s.peak.iter().copied().max().unwrap_or(0);
     match (s.live.first(), s.memory_flat) {
         (Some(&b), true) => println!(
-            "memory       live {b} B at every step boundary after the first ({} boundaries, flat); peak {:.2} MiB",
+            "memory       live {} at every step boundary after the first ({} boundaries, flat); peak {}",
+            chart::bytes(b as f64),
             s.live.len(),
-            mib(peak)
+            chart::bytes(peak as f64)
         ),
         (Some(_), false) => {
             let (lo, hi) = (s.live.iter().min().unwrap_or(&0), s.live.iter().max().unwrap_or(&0));
-            println!("memory       NOT flat: live bytes ranged {lo}..{hi} across step boundaries");
+            println!(
+                "memory       NOT flat: live bytes ranged {}..{} across step boundaries",
+                chart::bytes(*lo as f64),
+                chart::bytes(*hi as f64)
+            );
         }
         (None, _) => println!("memory       one step only: nothing to compare"),
     }

@@ -15,16 +15,16 @@ use indicatif::{ProgressBar, ProgressStyle};
 use tapir::nn::{Activation, Adam, Bound, Grads, Lbfgs, Mlp, Optimizer, ParamStore, Schedule};
 use tapir::prelude::*;
 
-use crate::chart::{heatmaps, line_chart, Field, Panel, Series};
+use crate::chart::{bytes, heatmaps, line_chart, num, Field, Marker, Panel, Series};
 
 /// Which PDE.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Problem {
     /// -Laplacian(u) = 2 pi^2 sin(pi x) sin(pi y) on the unit square, u = 0 on its boundary.
     Poisson,
-    /// u_t = alpha u_xx on [0,1] x [0,1], u(x,0) = sin(pi x), u = 0 at x = 0, 1.
+    /// u_t = alpha u_xx for x and t in (0, 1), u(x,0) = sin(pi x), u = 0 at x = 0, 1.
     Heat,
-    /// u_t + u u_x = (0.01/pi) u_xx on [-1,1] x [0,1], u(x,0) = -sin(pi x), u(+-1,t) = 0.
+    /// u_t + u u_x = (0.01/pi) u_xx for x in (-1, 1) and t in (0, 1), u(x,0) = -sin(pi x), u(+-1,t) = 0.
     Burgers,
 }
 
@@ -75,7 +75,8 @@ pub struct Args {
     #[arg(long)]
     pub quiet: bool,
     /// Use a plain network for burgers instead of one odd in x by
-    /// construction (see [`odd_in_x`]).
+    /// construction (`u(x, t) = (N(x, t) - N(-x, t)) / 2`, which pins the
+    /// shock at x = 0).
     #[arg(long)]
     pub plain: bool,
 }
@@ -373,6 +374,9 @@ pub struct Outcome {
     pub live: Vec<usize>,
     /// Loss per step.
     pub losses: Vec<f64>,
+    /// Relative L2 error on the grid at each evaluation: (step, error),
+    /// step 0 before training.
+    pub errors: Vec<(usize, f64)>,
     /// Wall time.
     pub seconds: f64,
 }
@@ -402,12 +406,14 @@ pub fn train(a: &Args) -> anyhow::Result<Outcome> {
     });
     let bar = if a.quiet { ProgressBar::hidden() } else { ProgressBar::new((a.steps + lbfgs_iters) as u64) };
     bar.set_style(
-        ProgressStyle::with_template("{bar:30} {pos}/{len} {elapsed_precise} {msg}").expect("valid template"),
+        ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}")
+            .expect("valid template"),
     );
     let started = Instant::now();
     let mut live = Vec::with_capacity(a.steps + lbfgs_iters);
     let mut losses = Vec::with_capacity(a.steps + lbfgs_iters);
     let mut err = initial_rel_l2;
+    let mut errors = vec![(0, initial_rel_l2)];
     let evaluate = |store: &ParamStore| -> Result<f64> { Ok(grid.rel_l2(&grid.predict(&net, store, mirror)?)) };
     for step in 0..a.steps {
         adam.set_lr(schedule.lr(a.lr, step));
@@ -422,15 +428,18 @@ pub fn train(a: &Args) -> anyhow::Result<Outcome> {
         losses.push(l);
         if (step + 1) % a.eval_every == 0 || step + 1 == a.steps {
             err = evaluate(&store)?;
+            errors.push((step + 1, err));
             bar.suspend(|| {
                 println!(
-                    "adam {:>6}  loss {l:.3e}  rel L2 {err:.3e}  live {} B",
+                    "adam  {:>6}  loss {:<9} rel L2 {:<9} live {}",
                     step + 1,
-                    memory_allocated(Device::Cpu)
+                    num(l),
+                    num(err),
+                    bytes(memory_allocated(Device::Cpu) as f64)
                 )
             });
         }
-        bar.set_message(format!("loss {l:.2e} rel L2 {err:.2e}"));
+        bar.set_message(format!("adam loss {} rel L2 {}", num(l), num(err)));
         bar.inc(1);
     }
     let mut lbfgs = Lbfgs::new(50);
@@ -444,16 +453,30 @@ pub fn train(a: &Args) -> anyhow::Result<Outcome> {
         })?;
         live.push(memory_allocated(Device::Cpu));
         losses.push(st.loss);
-        if (it + 1) % 50 == 0 || it + 1 == lbfgs_iters {
+        let last = it + 1 == lbfgs_iters || st.converged;
+        if (it + 1) % 50 == 0 || last {
             err = evaluate(&store)?;
-            bar.suspend(|| println!("lbfgs {:>5}  loss {:.3e}  rel L2 {err:.3e}", it + 1, st.loss));
+            errors.push((a.steps + it + 1, err));
+            bar.suspend(|| {
+                println!(
+                    "lbfgs {:>6}  loss {:<9} rel L2 {:<9} live {}",
+                    it + 1,
+                    num(st.loss),
+                    num(err),
+                    bytes(memory_allocated(Device::Cpu) as f64)
+                )
+            });
         }
+        bar.set_message(format!("lbfgs loss {} rel L2 {}", num(st.loss), num(err)));
         bar.inc(1);
         if st.converged {
+            // The bar's end is where training ended, so it reads complete.
+            bar.set_length(bar.position());
+            bar.suspend(|| println!("lbfgs converged after {} iterations", it + 1));
             break;
         }
     }
-    bar.finish_and_clear();
+    bar.finish();
     let u = grid.predict(&net, &store, mirror)?;
     let rel_l2 = grid.rel_l2(&u);
     let seconds = started.elapsed().as_secs_f64();
@@ -476,29 +499,52 @@ pub fn train(a: &Args) -> anyhow::Result<Outcome> {
         )?;
     }
     if !a.curves.as_os_str().is_empty() {
-        let pts = |v: &[f64]| v.iter().enumerate().map(|(i, &y)| (i as f64, y)).collect::<Vec<_>>();
+        let pts = |v: &[f64]| v.iter().enumerate().map(|(i, &y)| ((i + 1) as f64, y)).collect::<Vec<_>>();
         let mem: Vec<f64> = live.iter().map(|&b| b as f64 / 1024.0).collect();
+        // Where Adam ends and L-BFGS starts, on every panel.
+        let switch = || {
+            (lbfgs_iters > 0 && a.steps > 0)
+                .then(|| Marker { x: a.steps as f64 + 0.5, label: "Adam ends, L-BFGS starts".into() })
+                .into_iter()
+                .collect::<Vec<_>>()
+        };
         line_chart(
             &a.curves,
             &[
                 Panel {
-                    title: "loss".into(),
-                    x_label: "step".into(),
+                    title: "training loss".into(),
+                    x_label: "step (Adam, then L-BFGS iterations)".into(),
                     y_label: "loss".into(),
                     series: vec![Series { label: "loss".into(), points: pts(&losses) }],
                     log_y: true,
+                    integer_x: true,
+                    markers: switch(),
                 },
                 Panel {
-                    title: "live memory at step boundaries".into(),
+                    title: "relative L2 error on the 101 x 101 grid".into(),
+                    x_label: "step".into(),
+                    y_label: "relative L2 error".into(),
+                    series: vec![Series {
+                        label: "error".into(),
+                        points: errors.iter().map(|&(s, e)| (s as f64, e)).collect(),
+                    }],
+                    log_y: true,
+                    integer_x: true,
+                    markers: switch(),
+                },
+                Panel {
+                    title: "live memory at step boundaries (exact allocator count)".into(),
                     x_label: "step".into(),
                     y_label: "KiB".into(),
                     series: vec![Series { label: "live".into(), points: pts(&mem) }],
                     log_y: false,
+                    integer_x: true,
+                    markers: switch(),
                 },
             ],
         )?;
     }
-    Ok(Outcome { rel_l2, initial_rel_l2, live, losses, seconds })
+    Ok(Outcome { rel_l2, initial_rel_l2, live, losses, errors, seconds })
 }
 
 /// Runs the command.
@@ -516,17 +562,17 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     );
     let o = train(&a).context("training")?;
     let flat = o.live.iter().skip(1).all(|&b| b == o.live[1.min(o.live.len() - 1)]);
-    println!("relative L2 error on a 101 x 101 grid: {:.3e} (initially {:.3e})", o.rel_l2, o.initial_rel_l2);
+    println!("relative L2 error on a 101 x 101 grid: {} (initially {})", num(o.rel_l2), num(o.initial_rel_l2));
     println!(
-        "live memory at every step boundary after the first: {} ({} bytes, {} boundaries)",
+        "live memory at every step boundary after the first: {} ({}, {} boundaries)",
         if flat { "identical" } else { "NOT identical" },
-        o.live.get(1).copied().unwrap_or(0),
+        bytes(o.live.get(1).copied().unwrap_or(0) as f64),
         o.live.len()
     );
     println!(
-        "time: {:.1} s ({:.2} ms/step)   plots: {}, {}",
-        o.seconds,
-        1e3 * o.seconds / o.live.len().max(1) as f64,
+        "time: {} s ({} ms/step)   plots: {}, {}",
+        num(o.seconds),
+        num(1e3 * o.seconds / o.live.len().max(1) as f64),
         a.plot.display(),
         a.curves.display()
     );

@@ -95,14 +95,54 @@ impl Linear {
         self.apply(p, x, Affine::default(), Some(r))
     }
 
+    /// Input and output features, from the weight `[out, in]`.
+    fn features(w: &Var<'_>) -> Option<(usize, usize)> {
+        match w.shape().dims() {
+            &[out, input] => Some((input, out)),
+            _ => None,
+        }
+    }
+
+    /// Checks `x` against the layer before any op runs, so a wrong input
+    /// is reported in the layer's terms (which layer, which dimension, what
+    /// it expects) rather than as the product's operand shapes. `op` and
+    /// `which` name the layer for the message ("Mlp", "layer 0 of 3"; an
+    /// empty `which` for a layer on its own).
+    fn check_input(&self, op: &'static str, which: &str, x: &Var<'_>, w: &Var<'_>) -> Result<()> {
+        let Some((input, out)) = Self::features(w) else {
+            return Err(Error::InvalidShape {
+                op,
+                shape: w.shape(),
+                reason: "the weight must be [out_features, in_features]".into(),
+            });
+        };
+        let layer = if which.is_empty() {
+            format!("Linear {input} -> {out}")
+        } else {
+            format!("{which} (Linear {input} -> {out})")
+        };
+        let shape = x.shape();
+        match shape.dims().last() {
+            None => Err(Error::InvalidShape {
+                op,
+                shape,
+                reason: format!("{layer} needs an input of rank 1 or more, [..., {input}]"),
+            }),
+            Some(&got) if got != input => Err(Error::InvalidShape {
+                op,
+                shape,
+                reason: format!("{layer} expects {input} input features in the last dimension, got {got}"),
+            }),
+            Some(_) => Ok(()),
+        }
+    }
+
     fn apply<'g>(&self, p: &Bound<'g>, x: Var<'g>, mut op: Affine, r: Option<Var<'g>>) -> Result<Var<'g>> {
         let (w, b) = (p.var(self.weight)?, self.bias.map(|b| p.var(b)).transpose()?);
+        self.check_input("Linear", "", &x, &w)?;
         let dims = x.shape().dims().to_vec();
         op.input_grad = x.requires_grad();
         let rank = dims.len();
-        if rank == 0 {
-            return Err(Error::InvalidShape { op: "Linear", shape: x.shape(), reason: "needs rank >= 1".into() });
-        }
         let rows: usize = dims[..rank - 1].iter().product();
         let out_dim = w.shape().dims()[0];
         let flat = |v: Var<'g>, d: usize| if rank == 2 { Ok(v) } else { v.reshape([rows, d]) };
@@ -196,7 +236,28 @@ impl Mlp {
 
     /// Applies the network. A tanh hidden layer is one op
     /// ([`Linear::forward_tanh`]).
+    ///
+    /// An input whose last dimension is not the network's input width is
+    /// an [`Error::InvalidShape`] that says so:
+    ///
+    /// ```
+    /// use tapir::prelude::*;
+    ///
+    /// let mut store = ParamStore::new();
+    /// let net = Mlp::new(&mut store, "net", &[2, 16, 1], Activation::Tanh, &mut Rng::new(0), DType::F32)?;
+    /// let err = Graph::scope(|g| net.forward(&store.bind(g), g.constant(Tensor::zeros([8, 1], DType::F32)?))?.value())
+    ///     .unwrap_err();
+    /// assert_eq!(
+    ///     err.to_string(),
+    ///     "Mlp: invalid shape [8, 1]: layer 0 of 2 (Linear 2 -> 16) expects 2 input features in the last dimension, got 1"
+    /// );
+    /// # Ok::<(), Error>(())
+    /// ```
     pub fn forward<'g>(&self, p: &Bound<'g>, x: Var<'g>) -> Result<Var<'g>> {
+        if let Some(first) = self.layers.first() {
+            let which = format!("layer 0 of {}", self.layers.len());
+            first.check_input("Mlp", &which, &x, &p.var(first.weight)?)?;
+        }
         let mut h = x;
         for (i, l) in self.layers.iter().enumerate() {
             let hidden = i + 1 < self.layers.len();

@@ -11,7 +11,8 @@
 //!   derivative rules beside it: [`Affine`] (linear + bias + residual),
 //!   [`NormOp`] and [`CausalSoftmax`] (the causal mask without a mask tensor).
 //! - Losses in [`loss`]; [`Sgd`] and [`Adam`] (AdamW) with [`Schedule`]s;
-//!   seeded [`init`]; safetensors [`checkpoint`]s, written atomically.
+//!   seeded [`init`]; safetensors [`checkpoint`]s, written atomically;
+//!   seeded shuffling and batching in [`DataLoader`].
 //!
 //! ```
 //! use tapir_nn::{Activation, Adam, Mlp, Optimizer, ParamStore};
@@ -40,6 +41,7 @@
 mod affine;
 mod attention;
 pub mod checkpoint;
+mod data;
 mod gpt;
 pub mod init;
 mod jet;
@@ -53,6 +55,7 @@ mod params;
 pub use affine::{affine, affine_with, Affine};
 pub use attention::{causal_attention, causal_softmax, CausalAttention, CausalSelfAttention, CausalSoftmax};
 pub use checkpoint::{Checkpoint, CheckpointError, Mismatch};
+pub use data::{DataLoader, Epoch};
 pub use gpt::{Block, Gpt, GptConfig};
 pub use jet::Jet;
 pub use layers::{Activation, Dropout, Embedding, Linear, Mlp};

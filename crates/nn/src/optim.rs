@@ -4,7 +4,7 @@
 
 use tapir_tensor::cpu::pool::{self, Disjoint};
 use tapir_tensor::cpu::simd;
-use tapir_tensor::{DType, Error, Result, Tensor};
+use tapir_tensor::{DType, Error, Result, ShapeOps, Tensor};
 
 use crate::params::{Grads, ParamStore};
 
@@ -73,7 +73,12 @@ fn check(store: &ParamStore, grads: &Grads, op: &'static str) -> Result<()> {
 }
 
 /// Runs `f(param, grad, state...)` over f32 or f64 slices of one parameter.
-/// The body is written once and expanded for each float type.
+/// The body is written once and expanded for each float type. Parameters
+/// stored in f16 or bf16 are updated in f32, the dtype their state is kept
+/// in: the parameter and its gradient are widened, the body runs, and the
+/// result is rounded back once. Keeping the moments in the storage dtype
+/// instead would lose Adam's second moment to underflow (a squared gradient
+/// of 1e-4 is below f16's smallest normal number).
 macro_rules! for_each_param {
     ($store:expr, $grads:expr, $states:expr, |$p:ident, $g:ident, $s:ident| $body:block) => {{
         for (id, gt) in $grads.iter() {
@@ -95,23 +100,69 @@ macro_rules! for_each_param {
                     $body
                 }};
             }
+            macro_rules! widened {
+                ($H:ty) => {{
+                    type F = f32;
+                    let gv: Vec<f32> = gt.to_vec::<$H>()?.into_iter().map(|x| x.to_f32()).collect();
+                    let $g: &[F] = &gv;
+                    let mut wide: Vec<f32> = $store.get(id).to_vec::<$H>()?.into_iter().map(|x| x.to_f32()).collect();
+                    {
+                        let mut sl: Vec<&mut [F]> = Vec::new();
+                        for st in states.iter_mut() {
+                            sl.push(st.make_mut::<F>()?);
+                        }
+                        let $s = sl;
+                        let $p: &mut [F] = &mut wide;
+                        $body
+                    }
+                    for (dst, &w) in $store.get_mut(id).make_mut::<$H>()?.iter_mut().zip(&wide) {
+                        *dst = <$H>::from_f32(w);
+                    }
+                }};
+            }
             match gt.dtype() {
                 DType::F32 => typed!(f32),
                 DType::F64 => typed!(f64),
+                DType::F16 => widened!(half::f16),
+                DType::BF16 => widened!(half::bf16),
                 dtype => {
-                    return Err(Error::UnsupportedDType {
-                        op: "optimizer step",
-                        dtype,
-                        expected: "f32 or f64 parameters",
-                    })
+                    return Err(Error::UnsupportedDType { op: "optimizer step", dtype, expected: "float parameters" })
                 }
             }
         }
     }};
 }
 
+/// Zeros for one parameter's optimizer state: the parameter's shape, in the
+/// dtype its update is computed in (f32 for f16 and bf16 parameters).
+fn state_zeros(p: &Tensor) -> Result<Tensor> {
+    Tensor::zeros(p.shape().clone(), p.dtype().compute())
+}
+
+/// Loaded state in the dtype the update computes in: a checkpoint written
+/// with half-precision moments is widened once, here.
+fn widen_state(slots: Vec<Vec<Tensor>>) -> Result<Vec<Vec<Tensor>>> {
+    slots.into_iter().map(|s| s.into_iter().map(|t| t.cast(t.dtype().compute())).collect()).collect()
+}
+
 /// Stochastic gradient descent with momentum, Nesterov and (coupled, L2)
 /// weight decay, with torch.optim.SGD's update rule.
+///
+/// ```
+/// use tapir::prelude::*;
+///
+/// // One step on the loss sum(p^2) from p = [1, -2]: p -= 0.1 * 2p.
+/// let mut store = ParamStore::new();
+/// let p = store.add("p", Tensor::from_vec(vec![1.0f64, -2.0], [2])?)?;
+/// let mut opt = Sgd::new(0.1);
+/// let grads = Graph::scope(|g| {
+///     let b = store.bind(g);
+///     b.grads(b.var(p)?.square()?.sum_all()?)
+/// })?;
+/// opt.step(&mut store, &grads)?;
+/// assert_eq!(store.get(p).to_vec::<f64>()?, vec![0.8, -1.6]);
+/// # Ok::<(), Error>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct Sgd {
     /// Learning rate.
@@ -145,7 +196,7 @@ impl Optimizer for Sgd {
         if first {
             self.state = store
                 .ids()
-                .map(|id| if self.momentum != 0.0 { Ok(vec![store.get(id).zeros_like()?]) } else { Ok(vec![]) })
+                .map(|id| if self.momentum != 0.0 { Ok(vec![state_zeros(store.get(id))?]) } else { Ok(vec![]) })
                 .collect::<Result<_>>()?;
         }
         let (lr, mu, wd, nesterov) = (self.lr, self.momentum, self.weight_decay, self.nesterov);
@@ -197,12 +248,34 @@ impl Optimizer for Sgd {
     fn load_state_dict(&mut self, state: OptimizerState) -> Result<()> {
         let (step, slots) = load_checked("Sgd::load_state_dict", "sgd", &["momentum_buffer"], state)?;
         self.steps = step;
-        self.state = slots;
+        self.state = widen_state(slots)?;
         Ok(())
     }
 }
 
 /// Adam, and AdamW when `decoupled` (torch.optim.Adam / AdamW update rules).
+///
+/// Parameters may be f32, f64, f16 or bf16; the moments of a half-precision
+/// parameter are kept in f32 and its update is computed in f32.
+///
+/// ```
+/// use tapir::prelude::*;
+///
+/// // Minimise (p - 3)^2 from p = 0, with the parameter stored in bf16.
+/// let mut store = ParamStore::new();
+/// let p = store.add("p", Tensor::zeros([1], DType::BF16)?)?;
+/// let mut opt = Adam::new(0.1);
+/// for _ in 0..300 {
+///     let grads = Graph::scope(|g| {
+///         let b = store.bind(g);
+///         b.grads(b.var(p)?.add_scalar(-3.0)?.square()?.sum_all()?)
+///     })?;
+///     opt.step(&mut store, &grads)?;
+/// }
+/// assert!((store.get(p).item()? - 3.0).abs() < 0.05);
+/// assert_eq!(opt.state()[0][0].dtype(), DType::F32); // the first moment
+/// # Ok::<(), Error>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct Adam {
     /// Learning rate.
@@ -263,7 +336,7 @@ impl Optimizer for Adam {
         if self.state.is_empty() {
             self.state = store
                 .ids()
-                .map(|id| Ok(vec![store.get(id).zeros_like()?, store.get(id).zeros_like()?]))
+                .map(|id| Ok(vec![state_zeros(store.get(id))?, state_zeros(store.get(id))?]))
                 .collect::<Result<_>>()?;
         }
         self.t += 1;
@@ -324,7 +397,7 @@ impl Optimizer for Adam {
     fn load_state_dict(&mut self, state: OptimizerState) -> Result<()> {
         let (step, slots) = load_checked("Adam::load_state_dict", "adam", &["exp_avg", "exp_avg_sq"], state)?;
         self.t = step;
-        self.state = slots;
+        self.state = widen_state(slots)?;
         Ok(())
     }
 }

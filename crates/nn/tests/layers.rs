@@ -567,3 +567,29 @@ fn causal_attention_op_matches_its_composition() {
     assert!(causal_attention(&rnd(&[2, 4, 6], 1), &rnd(&[2, 4, 6], 2), &rnd(&[2, 3, 6], 3), 3).is_err());
     assert!(causal_attention(&rnd(&[2, 4, 6], 1), &rnd(&[2, 4, 6], 2), &rnd(&[2, 4, 6], 3), 4).is_err());
 }
+
+/// A wrong input width is reported by the layer, naming it and the
+/// dimension, before any op runs.
+#[test]
+fn shape_errors_name_the_layer_and_the_dimension() {
+    let mut store = ParamStore::new();
+    let mut rng = Rng::new(0);
+    let mlp =
+        tapir_nn::Mlp::new(&mut store, "m", &[2, 16, 8, 1], tapir_nn::Activation::Relu, &mut rng, DType::F32).unwrap();
+    let lin = Linear::new(&mut store, "l", 3, 4, true, &mut rng, DType::F32).unwrap();
+    let run = |f: &dyn for<'g> Fn(&Bound<'g>, Var<'g>) -> R<'g>, x: Tensor| {
+        Graph::scope(|g| f(&store.bind(g), g.constant(x))?.value()).unwrap_err().to_string()
+    };
+    assert_eq!(
+        run(&|p, x| mlp.forward(p, x), Tensor::zeros([16, 1], DType::F32).unwrap()),
+        "Mlp: invalid shape [16, 1]: layer 0 of 3 (Linear 2 -> 16) expects 2 input features in the last dimension, got 1"
+    );
+    assert_eq!(
+        run(&|p, x| lin.forward(p, x), Tensor::zeros([5, 2, 2], DType::F32).unwrap()),
+        "Linear: invalid shape [5, 2, 2]: Linear 3 -> 4 expects 3 input features in the last dimension, got 2"
+    );
+    assert_eq!(
+        run(&|p, x| lin.forward(p, x), Tensor::scalar(1.0)),
+        "Linear: invalid shape []: Linear 3 -> 4 needs an input of rank 1 or more, [..., 3]"
+    );
+}

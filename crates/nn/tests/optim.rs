@@ -178,3 +178,55 @@ fn warmup_cosine_schedule() {
     assert!((s.lr(1.0, 500) - 0.1).abs() < 1e-12, "stays at the floor");
     assert_eq!(Schedule::Constant.lr(0.3, 1000), 0.3);
 }
+
+/// Two Adam (and SGD with momentum) steps on a half-precision parameter:
+/// the state is f32 and the update is the f32 update of the widened
+/// parameter, rounded once per step.
+#[test]
+fn half_precision_parameters_keep_f32_state() {
+    for dtype in [DType::F16, DType::BF16] {
+        for adam in [true, false] {
+            let mut s = ParamStore::new();
+            let id = s.add("p", Tensor::from_vec(P0.to_vec(), [3]).unwrap().cast(dtype).unwrap()).unwrap();
+            let g =
+                |v: &[f64]| Grads::from_tensors(vec![Tensor::from_vec(v.to_vec(), [3]).unwrap().cast(dtype).unwrap()]);
+            let mut reference = ParamStore::new();
+            let rid = reference.add("p", s.get(id).cast(DType::F32).unwrap()).unwrap();
+            let gr = |v: &[f64]| {
+                Grads::from_tensors(vec![Tensor::from_vec(v.to_vec(), [3])
+                    .unwrap()
+                    .cast(dtype)
+                    .unwrap()
+                    .cast(DType::F32)
+                    .unwrap()])
+            };
+            let (mut opt, mut ref_opt): (Box<dyn Optimizer>, Box<dyn Optimizer>) = if adam {
+                (Box::new(Adam::new(1e-2)), Box::new(Adam::new(1e-2)))
+            } else {
+                (Box::new(Sgd::with_momentum(0.1, 0.9, false)), Box::new(Sgd::with_momentum(0.1, 0.9, false)))
+            };
+            for grad in [&G1, &G2] {
+                opt.step(&mut s, &g(grad)).unwrap();
+                ref_opt.step(&mut reference, &gr(grad)).unwrap();
+                // The reference keeps f32 weights; round them as the half
+                // parameter is rounded after each step.
+                let rounded = reference.get(rid).cast(dtype).unwrap().cast(DType::F32).unwrap();
+                reference.set(rid, rounded).unwrap();
+            }
+            assert_eq!(s.get(id).dtype(), dtype);
+            assert_eq!(
+                s.get(id).to_vec_f64(),
+                reference.get(rid).to_vec_f64(),
+                "{dtype} {}",
+                if adam { "adam" } else { "sgd" }
+            );
+            let state = opt.state_dict();
+            assert!(state.slots[0].iter().all(|t| t.dtype() == DType::F32), "{dtype}: state is {:?}", state.slots);
+            // The update moved the parameter.
+            assert_ne!(
+                s.get(id).to_vec_f64(),
+                Tensor::from_vec(P0.to_vec(), [3]).unwrap().cast(dtype).unwrap().to_vec_f64()
+            );
+        }
+    }
+}

@@ -21,6 +21,7 @@ pub mod cache;
 pub mod cpu;
 pub mod cuda;
 mod device;
+mod display;
 mod dtype;
 mod error;
 mod layout;

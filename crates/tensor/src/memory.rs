@@ -1,4 +1,4 @@
-//! Exact memory accounting (DESIGN.md invariant 5).
+//! Exact memory accounting.
 //!
 //! Every tensor storage is allocated through [`track_alloc`] and released
 //! through [`track_free`] when its last handle drops, so the counters below

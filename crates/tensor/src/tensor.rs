@@ -13,6 +13,54 @@ use crate::{DType, Device, Element, Error, Layout, Result, Shape};
 /// strided layout. Cloning shares the storage; views (reshape, permute,
 /// narrow, broadcast) share it too. A tensor carries no graph: that is what
 /// lets it leave a `Graph::scope`.
+///
+/// Ops are methods of the traits in the prelude ([`BinaryOps`],
+/// [`UnaryOps`], [`ReduceOps`], [`ShapeOps`], [`MatmulOps`]...), shared with
+/// graph values, and follow torch's names and semantics. `{}` prints a
+/// tensor as torch does.
+///
+/// ```
+/// use tapir::prelude::*;
+///
+/// // Creation: from data (checked against the shape), or filled.
+/// let a = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], [2, 3])?;
+/// let ones = Tensor::ones([3], DType::F32)?;
+/// let r = Tensor::arange(0.0, 4.0, 1.0, DType::I64)?;
+/// assert_eq!(r.to_vec::<i64>()?, vec![0, 1, 2, 3]);
+/// assert!(Tensor::from_vec(vec![1.0f32; 5], [2, 3]).is_err()); // 5 values cannot be [2, 3]
+///
+/// // Views share storage: no copy.
+/// let t = a.t()?; // [3, 2]
+/// assert!(t.same_storage(&a) && !t.is_contiguous());
+/// assert_eq!(a.narrow(1, 1, 2)?.to_vec::<f32>()?, vec![2.0, 3.0, 5.0, 6.0]);
+/// assert_eq!(a.reshape([3, 2])?.dims(), &[3, 2]);
+///
+/// // Broadcasting as in torch: [2, 3] + [3].
+/// assert_eq!(a.add(&ones)?.to_vec::<f32>()?, vec![2.0, 3.0, 4.0, 5.0, 6.0, 7.0]);
+///
+/// // Matrix products (batched over leading dims too).
+/// let p = a.matmul(&t)?; // [2, 3] @ [3, 2]
+/// assert_eq!(p.to_vec::<f32>()?, vec![14.0, 32.0, 32.0, 77.0]);
+///
+/// // dtype and device: casts are explicit; the CPU is the default device.
+/// let h = a.cast(DType::BF16)?;
+/// assert_eq!((h.dtype(), h.device()), (DType::BF16, Device::Cpu));
+/// assert_eq!(h.to_vec_f64(), vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+/// assert!(a.to_device(Device::Cuda(0)).is_err()); // no CUDA backend yet: an error, not a panic
+///
+/// // Printing.
+/// assert_eq!(r.to_string(), "tensor([0, 1, 2, 3], shape=[4], dtype=int64)");
+///
+/// // Every storage is counted: the live bytes include a's 24.
+/// assert!(memory_allocated(Device::Cpu) >= 24);
+/// # Ok::<(), Error>(())
+/// ```
+///
+/// [`BinaryOps`]: crate::BinaryOps
+/// [`UnaryOps`]: crate::UnaryOps
+/// [`ReduceOps`]: crate::ReduceOps
+/// [`ShapeOps`]: crate::ShapeOps
+/// [`MatmulOps`]: crate::MatmulOps
 #[derive(Clone)]
 pub struct Tensor {
     pub(crate) storage: Arc<Storage>,

@@ -1,5 +1,5 @@
 //! Every error path of tapir-tensor returns the right structured variant,
-//! naming the op and the offending values (DESIGN.md invariant 8). Nothing
+//! naming the op and the offending values. Nothing
 //! here may panic: a panic fails the test as surely as a wrong variant.
 
 use std::sync::{Mutex, MutexGuard};

@@ -1,4 +1,4 @@
-//! Exact memory accounting (DESIGN.md invariant 5): live bytes, peak,
+//! Exact memory accounting: live bytes, peak,
 //! reserved, largest allocation, with torch.cuda's semantics.
 //!
 //! The counters are process-wide, so every test here takes `LOCK` and

@@ -1,4 +1,5 @@
-//! Every kernel file compiles under NVRTC (DESIGN.md invariant 7).
+//! Every kernel file compiles under NVRTC, so a kernel that does not
+//! compile fails CI.
 //!
 //! NVRTC needs no GPU, so CI runs this everywhere: .ci/run installs the
 //! library from PyPI and sets TAPIR_REQUIRE_NVRTC=1. Elsewhere, without the

@@ -74,8 +74,8 @@ pub(crate) fn unavailable_reason(ordinal: usize) -> String {
             format!("the CUDA driver reports {n} device(s), so there is no device {ordinal}")
         }
         DriverProbe::Devices(n) => format!(
-            "the CUDA driver reports {n} device(s), but this build of tapir has no CUDA backend yet \
-             (issue 5); tensors run on the CPU"
+            "the CUDA driver reports {n} device(s), but this build of tapir has no CUDA backend yet; \
+             tensors run on the CPU"
         ),
     }
 }

@@ -4,7 +4,7 @@
 //! Every `kernels/*.cu` file is embedded here with `include_str!` and listed
 //! in [`KERNELS`]; [`compile_kernel`] turns one into PTX for a given
 //! architecture and [`cached_ptx`] does so once per process. NVRTC is found
-//! at run time (DESIGN.md invariants 6 and 7): when the library is absent
+//! at run time, never linked: when the library is absent
 //! the functions return [`NvrtcError::NotFound`] rather than panic, so the
 //! crate builds and runs on a machine with no CUDA at all. The device backend (allocator, launches, cuBLAS) is not built yet;
 //! a probe of the driver lets `Device::cuda` say why no device is available.

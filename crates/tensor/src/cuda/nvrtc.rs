@@ -146,7 +146,7 @@ pub fn nvrtc_library() -> Result<&'static str, NvrtcError> {
 }
 
 /// The PTX of the kernel file `name` for `arch`, compiled on first use and
-/// kept for the rest of the process (DESIGN.md invariant 7). A failed
+/// kept for the rest of the process. A failed
 /// compilation is not cached, so its error is reported on every call.
 pub fn cached_ptx(name: &str, arch: &str) -> Result<Arc<str>, NvrtcError> {
     type Cache = Mutex<HashMap<(String, String), Arc<str>>>;
