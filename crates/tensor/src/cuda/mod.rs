@@ -12,6 +12,8 @@
 pub(crate) mod driver;
 mod nvrtc;
 
+pub use driver::{driver_library, emulated_selected};
+
 pub use nvrtc::{cached_ptx, compile_kernel, compile_source, nvrtc_library, NvrtcError, DEFAULT_ARCH};
 
 /// The prelude prepended to every kernel file before compilation: types,
