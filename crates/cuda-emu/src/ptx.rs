@@ -793,14 +793,49 @@ impl Parser {
 
     fn body(&mut self) -> Result<Vec<Stmt>, String> {
         let mut out = Vec::new();
-        let mut depth = 1;
+        // Registers declared in a nested `{ }` scope (inline asm declares
+        // `%r1` there, shadowing the function's `%r1`) get a name of their own.
+        let mut scopes: Vec<HashMap<String, String>> = vec![HashMap::new()];
+        let mut nscopes = 0usize;
+        let rename = |scopes: &[HashMap<String, String>], mut ri: RawInst| -> RawInst {
+            fn walk(r: &mut Raw, scopes: &[HashMap<String, String>]) {
+                let look = |n: &mut String| {
+                    if let Some(m) = scopes.iter().rev().find_map(|s| s.get(n.as_str())) {
+                        *n = m.clone();
+                    }
+                };
+                match r {
+                    Raw::Reg(n) => look(n),
+                    Raw::Pair(a, b) => {
+                        look(a);
+                        look(b);
+                    }
+                    Raw::Mem(b, _) | Raw::Not(b) => walk(b, scopes),
+                    Raw::Vec(v) => v.iter_mut().for_each(|x| walk(x, scopes)),
+                    Raw::Num(_) | Raw::Sym(_) => {}
+                }
+            }
+            if scopes.len() > 1 {
+                for a in &mut ri.args {
+                    walk(a, scopes);
+                }
+                if let Some((p, _)) = &mut ri.guard {
+                    if let Some(m) = scopes.iter().rev().find_map(|s| s.get(p.as_str())) {
+                        *p = m.clone();
+                    }
+                }
+            }
+            ri
+        };
         loop {
             let line = self.line();
             match self.next()? {
-                Tok::P('{') => depth += 1,
+                Tok::P('{') => {
+                    scopes.push(HashMap::new());
+                }
                 Tok::P('}') => {
-                    depth -= 1;
-                    if depth == 0 {
+                    scopes.pop();
+                    if scopes.is_empty() {
                         return Ok(out);
                     }
                 }
@@ -808,7 +843,19 @@ impl Parser {
                     let neg = self.eat('!');
                     let p = self.id()?;
                     let op = self.id()?;
-                    out.push(Stmt::Inst(self.inst_rest(Some((p, neg)), op, line)?));
+                    let ri = self.inst_rest(Some((p, neg)), op, line)?;
+                    out.push(Stmt::Inst(rename(&scopes, ri)));
+                }
+                Tok::Id(s) if s == ".reg" && scopes.len() > 1 => {
+                    nscopes += 1;
+                    while !self.eat(';') {
+                        if let Tok::Id(n) = self.next()? {
+                            if n.starts_with('%') {
+                                let unique = format!("{n}#{nscopes}");
+                                scopes.last_mut().expect("internal: a scope").insert(n, unique);
+                            }
+                        }
+                    }
                 }
                 Tok::Id(s) if s == ".reg" || s == ".pragma" || s == ".loc" || s == ".file" => self.skip_to_semi()?,
                 Tok::Id(s) if s == ".param" => {
@@ -831,7 +878,8 @@ impl Parser {
                     if self.eat(':') {
                         out.push(Stmt::Label(s));
                     } else {
-                        out.push(Stmt::Inst(self.inst_rest(None, s, line)?));
+                        let ri = self.inst_rest(None, s, line)?;
+                        out.push(Stmt::Inst(rename(&scopes, ri)));
                     }
                 }
                 t => return Err(format!("line {line}: unexpected {t:?} in a function body")),
