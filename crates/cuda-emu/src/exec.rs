@@ -466,7 +466,7 @@ impl<'a> Block<'a> {
     #[inline]
     fn global(&mut self, tid: usize, addr: u64, len: u64, write: bool) -> Result<*mut u8, Fault> {
         if let Some((b, l, p)) = self.last {
-            if addr >= b && addr + len <= b + l {
+            if addr >= b && addr.saturating_add(len) <= b + l {
                 // SAFETY: within the region, which the snapshot keeps alive.
                 return Ok(unsafe { p.add((addr - b) as usize) });
             }
@@ -577,7 +577,7 @@ impl<'a> Block<'a> {
         match sp {
             Space::Global | Space::Const | Space::Generic => self.global(tid, a, len, write),
             Space::Shared => {
-                if a + len > self.shared.len() as u64 {
+                if a.saturating_add(len) > self.shared.len() as u64 {
                     return Err(self.fault(
                         ILLEGAL_ADDRESS,
                         tid,
@@ -594,7 +594,7 @@ impl<'a> Block<'a> {
                 Ok(unsafe { self.shared.as_mut_ptr().add(a as usize) })
             }
             Space::Local => {
-                if a + len > th.local.len() as u64 {
+                if a.saturating_add(len) > th.local.len() as u64 {
                     return Err(self.fault(
                         ILLEGAL_ADDRESS,
                         tid,
@@ -605,7 +605,7 @@ impl<'a> Block<'a> {
                 Ok(unsafe { th.local.as_mut_ptr().add(a as usize) })
             }
             Space::Param => {
-                if a + len > th.params.len() as u64 {
+                if a.saturating_add(len) > th.params.len() as u64 {
                     return Err(self.fault(ILLEGAL_ADDRESS, tid, format!("invalid .param {what} at offset {a:#x}")));
                 }
                 // SAFETY: bounds checked above.
@@ -797,7 +797,7 @@ impl<'a> Block<'a> {
                     let (rsp, _) = Self::resolve(sp, a);
                     let p = if rsp == Space::Shared {
                         let off = a - if sp == Space::Generic { SHARED_WIN } else { 0 };
-                        if off + sz > self.shared.len() as u64 {
+                        if off.saturating_add(sz) > self.shared.len() as u64 {
                             break Err(self.fault(
                                 ILLEGAL_ADDRESS,
                                 tid,

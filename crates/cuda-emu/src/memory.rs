@@ -87,14 +87,14 @@ impl Snapshot {
     /// Describes an address outside every allocation, as memcheck does.
     pub fn describe(&self, addr: u64, len: u64) -> String {
         for &(b, l) in self.freed.iter().rev() {
-            if addr >= b && addr < b + l + GAP {
+            if addr >= b && addr < b.saturating_add(l + GAP) {
                 return format!("the address is inside or just past a {l}-byte allocation at {b:#x} that was freed");
             }
         }
         let k = self.regions.partition_point(|r| r.base <= addr);
         if let Some(r) = k.checked_sub(1).and_then(|k| self.regions.get(k)) {
             if addr < r.base + r.len + GAP {
-                let past = (addr + len).saturating_sub(r.base + r.len);
+                let past = addr.saturating_add(len).saturating_sub(r.base + r.len);
                 return format!(
                     "the access ends {past} bytes past the end of a {}-byte allocation at {:#x}",
                     r.len, r.base
