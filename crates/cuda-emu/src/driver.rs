@@ -371,6 +371,42 @@ pub extern "C" fn cuCtxCreate_v2(pctx: *mut Handle, _flags: c_uint, dev: CUdevic
 }
 
 #[no_mangle]
+pub extern "C" fn cuCtxCreate_v3(
+    pctx: *mut Handle,
+    _p: *mut c_void,
+    _n: c_int,
+    _flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    cuDevicePrimaryCtxRetain(pctx, dev)
+}
+
+#[no_mangle]
+pub extern "C" fn cuCtxCreate_v4(pctx: *mut Handle, _p: *mut c_void, _flags: c_uint, dev: CUdevice) -> CUresult {
+    cuDevicePrimaryCtxRetain(pctx, dev)
+}
+
+#[no_mangle]
+pub extern "C" fn cuProfilerStart() -> CUresult {
+    SUCCESS
+}
+
+#[no_mangle]
+pub extern "C" fn cuProfilerStop() -> CUresult {
+    SUCCESS
+}
+
+#[no_mangle]
+pub extern "C" fn cuOccupancyMaxActiveClusters(_n: *mut c_int, _f: Handle, _cfg: *const c_void) -> CUresult {
+    NOT_SUPPORTED
+}
+
+#[no_mangle]
+pub extern "C" fn cuOccupancyMaxPotentialClusterSize(_n: *mut c_int, _f: Handle, _cfg: *const c_void) -> CUresult {
+    NOT_SUPPORTED
+}
+
+#[no_mangle]
 pub extern "C" fn cuCtxDestroy_v2(_ctx: Handle) -> CUresult {
     SUCCESS
 }

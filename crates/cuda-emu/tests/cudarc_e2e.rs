@@ -116,9 +116,9 @@ fn elementwise_kernel_through_launch_builder() {
 }
 
 #[test]
-fn softmax_and_cross_entropy_kernels() {
-    if !common::emulator_or_skip("softmax_and_cross_entropy_kernels")
-        || !common::nvrtc_or_skip("softmax_and_cross_entropy_kernels")
+fn softmax_kernel_row_by_row() {
+    if !common::emulator_or_skip("softmax_kernel_row_by_row")
+        || !common::nvrtc_or_skip("softmax_kernel_row_by_row")
     {
         return;
     }
@@ -312,4 +312,154 @@ fn cublas_gemm_ex_bf16_and_f16_inputs() {
             assert!((f64::from(got[i]) - want[i]).abs() < 0.25, "{ty:?} element {i}: {} vs {}", got[i], want[i]);
         }
     }
+}
+
+/// Every driver entry point cudarc 0.19's driver module (`result.rs` and the
+/// safe API) can call: cudarc resolves each on first use and panics when
+/// one is missing, so each must exist, even if only to say not supported.
+const CUDARC_DRIVER_SYMBOLS: &[&str] = &[
+    "cuCtxCreate_v3",
+    "cuCtxCreate_v4",
+    "cuCtxDestroy_v2",
+    "cuCtxGetCacheConfig",
+    "cuCtxGetCurrent",
+    "cuCtxGetLimit",
+    "cuCtxGetStreamPriorityRange",
+    "cuCtxSetCacheConfig",
+    "cuCtxSetCurrent",
+    "cuCtxSetFlags",
+    "cuCtxSetLimit",
+    "cuCtxSynchronize",
+    "cuDestroyExternalMemory",
+    "cuDeviceGet",
+    "cuDeviceGetAttribute",
+    "cuDeviceGetCount",
+    "cuDeviceGetDefaultMemPool",
+    "cuDeviceGetMemPool",
+    "cuDeviceGetName",
+    "cuDeviceGetUuid",
+    "cuDeviceGetUuid_v2",
+    "cuDevicePrimaryCtxRelease_v2",
+    "cuDevicePrimaryCtxRetain",
+    "cuDeviceSetMemPool",
+    "cuDeviceTotalMem_v2",
+    "cuEventCreate",
+    "cuEventDestroy_v2",
+    "cuEventElapsedTime",
+    "cuEventElapsedTime_v2",
+    "cuEventQuery",
+    "cuEventRecord",
+    "cuEventSynchronize",
+    "cuExternalMemoryGetMappedBuffer",
+    "cuFuncGetAttribute",
+    "cuFuncSetAttribute",
+    "cuFuncSetCacheConfig",
+    "cuGetErrorName",
+    "cuGetErrorString",
+    "cuGraphDestroy",
+    "cuGraphExecDestroy",
+    "cuGraphInstantiateWithFlags",
+    "cuGraphLaunch",
+    "cuGraphUpload",
+    "cuImportExternalMemory",
+    "cuInit",
+    "cuLaunchCooperativeKernel",
+    "cuLaunchHostFunc",
+    "cuLaunchKernel",
+    "cuMemAdvise_v2",
+    "cuMemAllocAsync",
+    "cuMemAllocFromPoolAsync",
+    "cuMemAllocManaged",
+    "cuMemAlloc_v2",
+    "cuMemFreeAsync",
+    "cuMemFreeHost",
+    "cuMemFree_v2",
+    "cuMemGetInfo_v2",
+    "cuMemHostAlloc",
+    "cuMemPoolCreate",
+    "cuMemPoolDestroy",
+    "cuMemPoolGetAttribute",
+    "cuMemPoolSetAttribute",
+    "cuMemPoolTrimTo",
+    "cuMemPrefetchAsync_v2",
+    "cuMemcpyDtoDAsync_v2",
+    "cuMemcpyDtoD_v2",
+    "cuMemcpyDtoHAsync_v2",
+    "cuMemcpyDtoH_v2",
+    "cuMemcpyHtoDAsync_v2",
+    "cuMemcpyHtoD_v2",
+    "cuMemcpyPeerAsync",
+    "cuMemsetD8Async",
+    "cuMemsetD8_v2",
+    "cuModuleGetFunction",
+    "cuModuleGetGlobal_v2",
+    "cuModuleLoad",
+    "cuModuleLoadData",
+    "cuModuleUnload",
+    "cuOccupancyAvailableDynamicSMemPerBlock",
+    "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+    "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
+    "cuOccupancyMaxActiveClusters",
+    "cuOccupancyMaxPotentialBlockSize",
+    "cuOccupancyMaxPotentialBlockSizeWithFlags",
+    "cuOccupancyMaxPotentialClusterSize",
+    "cuProfilerStart",
+    "cuProfilerStop",
+    "cuStreamAttachMemAsync",
+    "cuStreamBeginCapture_v2",
+    "cuStreamCreate",
+    "cuStreamCreateWithPriority",
+    "cuStreamDestroy_v2",
+    "cuStreamEndCapture",
+    "cuStreamIsCapturing",
+    "cuStreamSynchronize",
+    "cuStreamWaitEvent",
+];
+
+/// The cuBLAS entry points cudarc's cublas module can call.
+const CUDARC_CUBLAS_SYMBOLS: &[&str] = &[
+    "cublasCreate_v2",
+    "cublasDestroy_v2",
+    "cublasSetStream_v2",
+    "cublasSgemm_v2",
+    "cublasDgemm_v2",
+    "cublasGemmEx",
+    "cublasSgemmStridedBatched",
+    "cublasDgemmStridedBatched",
+    "cublasGemmStridedBatchedEx",
+    "cublasGemmGroupedBatchedEx",
+    "cublasGetPointerMode_v2",
+    "cublasSetPointerMode_v2",
+    "cublasSasum_v2",
+    "cublasDasum_v2",
+    "cublasSgemv_v2",
+    "cublasDgemv_v2",
+];
+
+#[test]
+fn every_symbol_cudarc_may_call_is_exported() {
+    if !common::emulator_or_skip("every_symbol_cudarc_may_call_is_exported") {
+        return;
+    }
+    // SAFETY: opening by name finds the emulator the switch loaded.
+    let lib = unsafe { libloading::Library::new("libcuda.so") }.unwrap();
+    let missing: Vec<&str> = CUDARC_DRIVER_SYMBOLS
+        .iter()
+        .copied()
+        // SAFETY: only looks the symbol up.
+        .filter(|s| unsafe { lib.get::<unsafe extern "C" fn()>(s.as_bytes()) }.is_err())
+        .collect();
+    assert!(missing.is_empty(), "driver symbols missing: {missing:?}");
+    if !common::cublas_or_skip("every_symbol_cudarc_may_call_is_exported") {
+        return;
+    }
+    // SAFETY: as above.
+    let blas = unsafe { libloading::Library::new("libcublas.so") }.unwrap();
+    let missing: Vec<&str> = CUDARC_CUBLAS_SYMBOLS
+        .iter()
+        .copied()
+        // SAFETY: only looks the symbol up.
+        .filter(|s| unsafe { blas.get::<unsafe extern "C" fn()>(s.as_bytes()) }.is_err())
+        .collect();
+    assert!(missing.is_empty(), "cuBLAS symbols missing: {missing:?}");
 }

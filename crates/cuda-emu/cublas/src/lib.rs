@@ -165,6 +165,16 @@ pub extern "C" fn cublasSetPointerMode_v2(_handle: *mut c_void, mode: c_int) -> 
 }
 
 #[no_mangle]
+pub unsafe extern "C" fn cublasGetPointerMode_v2(_handle: *mut c_void, mode: *mut c_int) -> Status {
+    if mode.is_null() {
+        return INVALID_VALUE;
+    }
+    // SAFETY: the caller's out-pointer.
+    unsafe { *mode = 0 };
+    SUCCESS
+}
+
+#[no_mangle]
 pub extern "C" fn cublasSetWorkspace_v2(_handle: *mut c_void, _ws: *mut c_void, _bytes: usize) -> Status {
     SUCCESS
 }
@@ -455,4 +465,12 @@ macro_rules! not_supported {
     };
 }
 
-not_supported!(cublasSasum_v2, cublasDasum_v2, cublasSgemv_v2, cublasDgemv_v2, cublasHgemm, cublasHgemmStridedBatched);
+not_supported!(
+    cublasGemmGroupedBatchedEx,
+    cublasSasum_v2,
+    cublasDasum_v2,
+    cublasSgemv_v2,
+    cublasDgemv_v2,
+    cublasHgemm,
+    cublasHgemmStridedBatched
+);
