@@ -117,9 +117,7 @@ fn elementwise_kernel_through_launch_builder() {
 
 #[test]
 fn softmax_kernel_row_by_row() {
-    if !common::emulator_or_skip("softmax_kernel_row_by_row")
-        || !common::nvrtc_or_skip("softmax_kernel_row_by_row")
-    {
+    if !common::emulator_or_skip("softmax_kernel_row_by_row") || !common::nvrtc_or_skip("softmax_kernel_row_by_row") {
         return;
     }
     let s = stream();
