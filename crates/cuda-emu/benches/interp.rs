@@ -99,6 +99,7 @@ fn main() {
             params: p,
             mem: &snap,
             racecheck: true,
+            workers: 1,
         };
         time(m, &l);
     };
@@ -123,6 +124,7 @@ fn main() {
         params: &pm,
         mem: &snap2,
         racecheck: true,
+        workers: 1,
     };
     time("mul_f32 contiguous, 1 Mi elements", &l);
 }

@@ -67,6 +67,8 @@ pub struct Emu {
     next: AtomicUsize,
     primary_refs: AtomicUsize,
     racecheck: bool,
+    /// Host threads a launch runs its blocks on.
+    workers: usize,
     instructions: std::sync::atomic::AtomicU64,
 }
 
@@ -103,6 +105,11 @@ pub fn emu() -> &'static Emu {
             .unwrap_or(DEFAULT_CAPACITY.min(host / 4))
             .min(host);
         let racecheck = std::env::var("TAPIR_CUDA_EMU_RACECHECK").map_or(true, |v| v != "0");
+        let workers = std::env::var("TAPIR_CUDA_EMU_THREADS")
+            .ok()
+            .and_then(|s| s.parse::<usize>().ok())
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get().min(8)))
+            .max(1);
         Emu {
             memory: Memory::new(capacity),
             modules: Mutex::default(),
@@ -112,6 +119,7 @@ pub fn emu() -> &'static Emu {
             next: AtomicUsize::new(1),
             primary_refs: AtomicUsize::new(0),
             racecheck,
+            workers,
             instructions: std::sync::atomic::AtomicU64::new(0),
         }
     })
@@ -1299,6 +1307,7 @@ unsafe fn launch(
         params: &buf,
         mem: &snapshot,
         racecheck: e.racecheck,
+        workers: e.workers,
     };
     match exec::run(&l) {
         Ok(stats) => {

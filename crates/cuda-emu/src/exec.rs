@@ -44,6 +44,8 @@ pub struct Launch<'a> {
     pub mem: &'a Snapshot,
     /// Whether shared-memory hazards fail the launch.
     pub racecheck: bool,
+    /// Host threads to run blocks on (1: one after another on the caller's).
+    pub workers: usize,
 }
 
 /// What a launch did.
@@ -1288,84 +1290,135 @@ unsafe fn atomic(p: *mut u8, op: AtomOp, t: Ty, b: u64, c: u64) -> u64 {
     }
 }
 
-/// Runs the whole launch, block after block.
-pub fn run(l: &Launch) -> Result<Stats, Fault> {
-    let f = &l.module.funcs[l.func];
-    let nthreads = (l.block[0] * l.block[1] * l.block[2]) as usize;
-    let shared_len = (f.shared_size.div_ceil(16) * 16 + l.dyn_shared) as usize;
-    let mut stats = Stats::default();
-    let mut blk = Block {
-        l,
-        ctaid: [0; 3],
-        shared: vec![0u8; shared_len],
-        shadow: vec![Shadow::default(); if l.racecheck { shared_len } else { 0 }],
-        gen: 0,
-        wep: vec![0; nthreads.div_ceil(32)],
-        last: None,
-        count: 0,
-    };
-    let mut threads: Vec<Th> = (0..nthreads)
-        .map(|_| Th {
-            pc: 0,
-            func: l.func as u32,
-            regs: vec![0; f.nregs],
-            params: Vec::new(),
-            local: Vec::new(),
-            frames: Vec::new(),
-            cc: false,
-            st: St::Run,
-        })
-        .collect();
-    for bz in 0..l.grid[2] {
-        for by in 0..l.grid[1] {
-            for bx in 0..l.grid[0] {
-                blk.ctaid = [bx, by, bz];
-                blk.gen += 1;
-                for (tid, th) in threads.iter_mut().enumerate() {
-                    let t = tid as u32;
-                    th.pc = 0;
-                    th.func = l.func as u32;
-                    th.frames.clear();
-                    th.cc = false;
-                    th.st = St::Run;
-                    th.regs.clear();
-                    th.regs.resize(f.nregs, 0);
-                    let x = t % l.block[0];
-                    let y = t / l.block[0] % l.block[1];
-                    let z = t / (l.block[0] * l.block[1]);
-                    let sp = [
-                        x,
-                        y,
-                        z,
-                        l.block[0],
-                        l.block[1],
-                        l.block[2],
-                        bx,
-                        by,
-                        bz,
-                        l.grid[0],
-                        l.grid[1],
-                        l.grid[2],
-                        t % 32,
-                        t / 32,
-                        nthreads.div_ceil(32) as u32,
-                        32,
-                    ];
-                    for (k, v) in sp.iter().enumerate() {
-                        th.regs[k] = u64::from(*v);
-                    }
-                    th.params.clear();
-                    th.params.extend_from_slice(l.params);
-                    th.params.resize((f.param_size as usize).max(l.params.len()), 0);
-                    th.local.clear();
-                    th.local.resize(f.local_size as usize, 0);
-                }
-                run_block(&mut blk, &mut threads)?;
-            }
-        }
+/// A worker's state: a block's shared memory and shadow, and its threads.
+struct Worker<'a> {
+    blk: Block<'a>,
+    threads: Vec<Th>,
+}
+
+impl<'a> Worker<'a> {
+    fn new(l: &'a Launch<'a>) -> Worker<'a> {
+        let f = &l.module.funcs[l.func];
+        let nthreads = (l.block[0] * l.block[1] * l.block[2]) as usize;
+        let shared_len = (f.shared_size.div_ceil(16) * 16 + l.dyn_shared) as usize;
+        let blk = Block {
+            l,
+            ctaid: [0; 3],
+            shared: vec![0u8; shared_len],
+            shadow: vec![Shadow::default(); if l.racecheck { shared_len } else { 0 }],
+            gen: 0,
+            wep: vec![0; nthreads.div_ceil(32)],
+            last: None,
+            count: 0,
+        };
+        let threads = (0..nthreads)
+            .map(|_| Th {
+                pc: 0,
+                func: l.func as u32,
+                regs: vec![0; f.nregs],
+                params: Vec::new(),
+                local: Vec::new(),
+                frames: Vec::new(),
+                cc: false,
+                st: St::Run,
+            })
+            .collect();
+        Worker { blk, threads }
     }
-    stats.instructions = blk.count;
-    Ok(stats)
+
+    /// Runs block number `id` (x fastest, as the hardware numbers them).
+    fn block(&mut self, id: u64) -> Result<(), Fault> {
+        let l = self.blk.l;
+        let f = &l.module.funcs[l.func];
+        let (gx, gy) = (u64::from(l.grid[0]), u64::from(l.grid[1]));
+        let (bx, by, bz) = ((id % gx) as u32, (id / gx % gy) as u32, (id / (gx * gy)) as u32);
+        let nthreads = self.threads.len();
+        self.blk.ctaid = [bx, by, bz];
+        self.blk.gen += 1;
+        for (tid, th) in self.threads.iter_mut().enumerate() {
+            let t = tid as u32;
+            th.pc = 0;
+            th.func = l.func as u32;
+            th.frames.clear();
+            th.cc = false;
+            th.st = St::Run;
+            th.regs.clear();
+            th.regs.resize(f.nregs, 0);
+            let x = t % l.block[0];
+            let y = t / l.block[0] % l.block[1];
+            let z = t / (l.block[0] * l.block[1]);
+            let sp = [
+                x,
+                y,
+                z,
+                l.block[0],
+                l.block[1],
+                l.block[2],
+                bx,
+                by,
+                bz,
+                l.grid[0],
+                l.grid[1],
+                l.grid[2],
+                t % 32,
+                t / 32,
+                nthreads.div_ceil(32) as u32,
+                32,
+            ];
+            for (k, v) in sp.iter().enumerate() {
+                th.regs[k] = u64::from(*v);
+            }
+            th.params.clear();
+            th.params.extend_from_slice(l.params);
+            th.params.resize((f.param_size as usize).max(l.params.len()), 0);
+            th.local.clear();
+            th.local.resize(f.local_size as usize, 0);
+        }
+        run_block(&mut self.blk, &mut self.threads)
+    }
+}
+
+/// Runs the whole launch. Blocks are handed out in order from a shared
+/// counter to `l.workers` host threads; after a fault no block numbered
+/// above it starts, and the fault of the lowest-numbered failing block is
+/// returned, so the report does not depend on the number of workers.
+pub fn run(l: &Launch) -> Result<Stats, Fault> {
+    let nblocks = u64::from(l.grid[0]) * u64::from(l.grid[1]) * u64::from(l.grid[2]);
+    let workers = (l.workers.max(1) as u64).min(nblocks).max(1) as usize;
+    if workers == 1 {
+        let mut w = Worker::new(l);
+        for id in 0..nblocks {
+            w.block(id)?;
+        }
+        return Ok(Stats { instructions: w.blk.count });
+    }
+    let next = AtomicU64::new(0);
+    let first_fault = AtomicU64::new(u64::MAX);
+    let results: Vec<(u64, Option<(u64, Fault)>)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..workers)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut w = Worker::new(l);
+                    loop {
+                        let id = next.fetch_add(1, Ordering::Relaxed);
+                        if id >= nblocks || id > first_fault.load(Ordering::Relaxed) {
+                            return (w.blk.count, None);
+                        }
+                        if let Err(f) = w.block(id) {
+                            first_fault.fetch_min(id, Ordering::Relaxed);
+                            return (w.blk.count, Some((id, f)));
+                        }
+                    }
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("internal: an interpreter worker panicked")).collect()
+    });
+    let instructions = results.iter().map(|r| r.0).sum();
+    match results.into_iter().filter_map(|r| r.1).min_by_key(|(id, _)| *id) {
+        Some((_, f)) => Err(f),
+        None => Ok(Stats { instructions }),
+    }
 }
 
 fn run_block(blk: &mut Block, threads: &mut [Th]) -> Result<(), Fault> {

@@ -36,7 +36,7 @@
 //! let module = ptx::load(src, &|_| Vec::new()).unwrap();
 //! let launch = exec::Launch {
 //!     module: &module, func: 0, grid: [1, 1, 1], block: [64, 1, 1], dyn_shared: 0,
-//!     params: &buf.to_le_bytes(), mem: &mem.snapshot(), racecheck: true,
+//!     params: &buf.to_le_bytes(), mem: &mem.snapshot(), racecheck: true, workers: 1,
 //! };
 //! exec::run(&launch).unwrap();
 //! let p = mem.host_ptr(buf + 4 * 21, 4).unwrap();

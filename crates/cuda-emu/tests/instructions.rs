@@ -34,6 +34,7 @@ fn run_with(extra: &str, body: &str, threads: u32, words: usize) -> Result<Vec<u
         params: &out.to_le_bytes(),
         mem: &mem.snapshot(),
         racecheck: true,
+        workers: 1,
     };
     exec::run(&l)?;
     let p = mem.host_ptr(out, words as u64 * 8).unwrap();
@@ -385,4 +386,40 @@ fn a_shuffle_whose_lane_has_exited_is_reported() {
                 shfl.sync.bfly.b32 %r2, %r1, 1, 31, -1;\n$L_end:\n";
     let err = run_with("", body, 32, 1).expect_err("lane 3 never arrives");
     assert!(err.message.contains("lane 3") && err.message.contains("exited"), "{}", err.message);
+}
+
+#[test]
+fn blocks_on_several_workers_report_the_lowest_failing_block() {
+    // Block b stores b at out[b]; the buffer holds 5 words, so blocks 5.. fault.
+    let src = format!(
+        "{HEAD}.visible .entry t(.param .u64 out)\n{{\n{REGS}ld.param.u64 %rd0, [out];\nmov.u32 %r1, %ctaid.x;\n\
+         mul.wide.u32 %rd1, %r1, 8;\nadd.s64 %rd2, %rd0, %rd1;\ncvt.u64.u32 %rd3, %r1;\nst.global.u64 [%rd2], %rd3;\nret;\n}}\n"
+    );
+    let module = ptx::load(&src, &|_| Vec::new()).unwrap();
+    for workers in [1, 2, 4, 8] {
+        let mem = Memory::new(1 << 20);
+        let out = mem.alloc(5 * 8).unwrap();
+        let snap = mem.snapshot();
+        let l = Launch {
+            module: &module,
+            func: 0,
+            grid: [64, 1, 1],
+            block: [32, 1, 1],
+            dyn_shared: 0,
+            params: &out.to_le_bytes(),
+            mem: &snap,
+            racecheck: true,
+            workers,
+        };
+        let err = exec::run(&l).expect_err("blocks 5 and up write past the buffer");
+        assert!(err.message.contains("block (5, 0, 0)"), "{workers} workers: {}", err.message);
+        let p = mem.host_ptr(out, 40).unwrap();
+        // SAFETY: five words.
+        let got: Vec<u64> = (0..5).map(|k| unsafe { p.cast::<u64>().add(k).read() }).collect();
+        assert_eq!(got, vec![0, 1, 2, 3, 4], "{workers} workers");
+        // Without the faulting blocks, all workers agree on the result and the count.
+        let l = Launch { grid: [5, 1, 1], ..l };
+        let stats = exec::run(&l).unwrap();
+        assert_eq!(stats.instructions, 5 * 32 * 7, "{workers} workers: seven instructions a thread");
+    }
 }
