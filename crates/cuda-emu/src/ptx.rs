@@ -1256,6 +1256,18 @@ fn decode(ri: &RawInst, cx: &mut FnCtx, labels: &HashMap<String, u32>) -> Result
         };
         Ok(Some(Ins::Un { op, t, ftz, d, a: opnd(arg(1)?, cx)? }))
     };
+    // Packed types (f16x2, bf16x2, u16x2) and special registers the
+    // interpreter does not provide are unsupported, not silently wrong.
+    if mods.iter().any(|m| m.ends_with("x2") || m.ends_with("x4")) || uses_unknown_special(&ri.args) {
+        return Ok(None);
+    }
+    // Half-precision arithmetic (add.f16, fma.rn.bf16, ...) is not emitted
+    // for these kernels, which compute in f32; only moves, negation,
+    // absolute value, comparisons, selects and conversions are.
+    let half = matches!(t, Ty::F16 | Ty::Bf16);
+    if half && !matches!(base, "mov" | "neg" | "abs" | "setp" | "selp" | "cvt" | "ld" | "st") {
+        return Ok(None);
+    }
     let ins = match base {
         "add" | "sub" => {
             let op = match (base, has("cc")) {
@@ -1581,6 +1593,32 @@ fn decode(ri: &RawInst, cx: &mut FnCtx, labels: &HashMap<String, u32>) -> Result
         _ => return Ok(None),
     };
     Ok(Some(ins))
+}
+
+/// Special registers of PTX that the interpreter does not model (clocks,
+/// SM ids, lane masks, timers, cluster ids).
+const UNKNOWN_SPECIALS: [&str; 11] = [
+    "%clock",
+    "%smid",
+    "%nsmid",
+    "%gridid",
+    "%lanemask",
+    "%globaltimer",
+    "%envreg",
+    "%dynamic_smem_size",
+    "%total_smem_size",
+    "%cluster",
+    "%is_explicit_cluster",
+];
+
+fn uses_unknown_special(args: &[Raw]) -> bool {
+    let perf = |n: &str| n.strip_prefix("%pm").is_some_and(|r| r.starts_with(|c: char| c.is_ascii_digit()));
+    args.iter().any(|a| match a {
+        Raw::Reg(n) => UNKNOWN_SPECIALS.iter().any(|s| n.starts_with(s)) || perf(n),
+        Raw::Mem(b, _) | Raw::Not(b) => uses_unknown_special(std::slice::from_ref(b)),
+        Raw::Vec(v) => uses_unknown_special(v),
+        _ => false,
+    })
 }
 
 fn opnd(r: &Raw, cx: &mut FnCtx) -> Result<Opnd, String> {
