@@ -94,12 +94,9 @@ unsafe fn store(p: *mut u8, t: c_int, i: usize, v: f64) {
     }
 }
 
+/// Records and prints the message, as a failed launch does.
 fn fail(msg: String) -> c_int {
-    eprintln!("========= tapir-cuda-emu (cuBLAS): {msg}");
-    // SAFETY: a NUL-terminated message.
-    let c = std::ffi::CString::new(msg).unwrap_or_default();
-    // SAFETY: the pointer is valid for the call.
-    unsafe { crate::driver::tapirEmuSetError(c.as_ptr()) };
+    crate::driver::record_failure(format!("cuBLAS: {msg}"));
     STATUS_EXECUTION_FAILED
 }
 

@@ -142,6 +142,11 @@ fn fail(code: CUresult, msg: String) -> CUresult {
     code
 }
 
+/// Records a failure message without a driver result code.
+pub fn record_failure(msg: String) {
+    fail(SUCCESS, msg);
+}
+
 /// The calling thread's last failure message, in words.
 pub fn last_error() -> String {
     LAST_ERROR.with(|e| e.borrow().clone())
@@ -1467,5 +1472,5 @@ pub unsafe extern "C" fn tapirEmuSetError(msg: *const c_char) {
     }
     // SAFETY: a NUL-terminated message.
     let m = unsafe { CStr::from_ptr(msg) }.to_string_lossy().into_owned();
-    fail(0, m);
+    record_failure(m);
 }

@@ -1198,95 +1198,75 @@ fn un(op: UnOp, t: Ty, ftz: bool, a: u64) -> u64 {
     }
 }
 
+/// The new value of an atomic read-modify-write on `old` (`t`'s width).
+fn rmw(op: AtomOp, t: Ty, old: u64, b: u64, c: u64) -> u64 {
+    let w = bits(t);
+    let m = mask_of(w);
+    let (so, sb) = (sext(old, w), sext(b, w));
+    let float = |f: fn(f64, f64) -> f64| -> u64 {
+        if t == Ty::F32 {
+            u64::from((f(to_f64(t, old), to_f64(t, b)) as f32).to_bits())
+        } else {
+            f(f64b(old), f64b(b)).to_bits()
+        }
+    };
+    let v = match op {
+        AtomOp::Add if t.float() => float(|x, y| x + y),
+        AtomOp::Min if t.float() => float(|x, y| fminmax(x, y, false)),
+        AtomOp::Max if t.float() => float(|x, y| fminmax(x, y, true)),
+        AtomOp::Add => old.wrapping_add(b),
+        AtomOp::Min if t.signed() => so.min(sb) as u64,
+        AtomOp::Max if t.signed() => so.max(sb) as u64,
+        AtomOp::Min => (old & m).min(b & m),
+        AtomOp::Max => (old & m).max(b & m),
+        AtomOp::And => old & b,
+        AtomOp::Or => old | b,
+        AtomOp::Xor => old ^ b,
+        AtomOp::Exch => b,
+        AtomOp::Cas => {
+            if old & m == b & m {
+                c
+            } else {
+                old
+            }
+        }
+        AtomOp::Inc => {
+            if old & m >= b & m {
+                0
+            } else {
+                old + 1
+            }
+        }
+        AtomOp::Dec => {
+            if old & m == 0 || old & m > b & m {
+                b
+            } else {
+                old - 1
+            }
+        }
+    };
+    v & m
+}
+
 /// Performs an atomic read-modify-write at `p`, returning the old value.
 ///
 /// # Safety
 /// `p` must be valid and aligned for the type's size.
 unsafe fn atomic(p: *mut u8, op: AtomOp, t: Ty, b: u64, c: u64) -> u64 {
-    if t.size() == 8 {
+    let f = |old: u64| Some(rmw(op, t, old, b, c));
+    match t.size() {
         // SAFETY: the caller guarantees alignment and validity.
-        let a = unsafe { AtomicU64::from_ptr(p.cast()) };
-        let f = |old: u64| -> u64 {
-            match op {
-                AtomOp::Add if t == Ty::F64 => (f64b(old) + f64b(b)).to_bits(),
-                AtomOp::Add => old.wrapping_add(b),
-                AtomOp::Min if t.signed() => (old as i64).min(b as i64) as u64,
-                AtomOp::Max if t.signed() => (old as i64).max(b as i64) as u64,
-                AtomOp::Min => old.min(b),
-                AtomOp::Max => old.max(b),
-                AtomOp::And => old & b,
-                AtomOp::Or => old | b,
-                AtomOp::Xor => old ^ b,
-                AtomOp::Exch => b,
-                AtomOp::Cas => {
-                    if old == b {
-                        c
-                    } else {
-                        old
-                    }
-                }
-                AtomOp::Inc => {
-                    if old >= b {
-                        0
-                    } else {
-                        old + 1
-                    }
-                }
-                AtomOp::Dec => {
-                    if old == 0 || old > b {
-                        b
-                    } else {
-                        old - 1
-                    }
-                }
-            }
-        };
-        a.fetch_update(Ordering::AcqRel, Ordering::Acquire, |o| Some(f(o))).unwrap_or_else(|o| o)
-    } else if t.size() == 4 {
+        8 => unsafe { AtomicU64::from_ptr(p.cast()) }
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, f)
+            .unwrap_or_else(|o| o),
         // SAFETY: as above.
-        let a = unsafe { AtomicU32::from_ptr(p.cast()) };
-        let (b, c) = (b as u32, c as u32);
-        let f = |old: u32| -> u32 {
-            match op {
-                AtomOp::Add if t == Ty::F32 => (f32::from_bits(old) + f32::from_bits(b)).to_bits(),
-                AtomOp::Add => old.wrapping_add(b),
-                AtomOp::Min if t.signed() => (old as i32).min(b as i32) as u32,
-                AtomOp::Max if t.signed() => (old as i32).max(b as i32) as u32,
-                AtomOp::Min if t == Ty::F32 => fminmax32(f32::from_bits(old), f32::from_bits(b), false).to_bits(),
-                AtomOp::Max if t == Ty::F32 => fminmax32(f32::from_bits(old), f32::from_bits(b), true).to_bits(),
-                AtomOp::Min => old.min(b),
-                AtomOp::Max => old.max(b),
-                AtomOp::And => old & b,
-                AtomOp::Or => old | b,
-                AtomOp::Xor => old ^ b,
-                AtomOp::Exch => b,
-                AtomOp::Cas => {
-                    if old == b {
-                        c
-                    } else {
-                        old
-                    }
-                }
-                AtomOp::Inc => {
-                    if old >= b {
-                        0
-                    } else {
-                        old + 1
-                    }
-                }
-                AtomOp::Dec => {
-                    if old == 0 || old > b {
-                        b
-                    } else {
-                        old - 1
-                    }
-                }
-            }
-        };
-        u64::from(a.fetch_update(Ordering::AcqRel, Ordering::Acquire, |o| Some(f(o))).unwrap_or_else(|o| o))
-    } else {
+        4 => u64::from(
+            unsafe { AtomicU32::from_ptr(p.cast()) }
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |o| f(u64::from(o)).map(|v| v as u32))
+                .unwrap_or_else(|o| o),
+        ),
         // 16-bit atomics (cas/exch/add on f16 pairs) are not emitted for these kernels.
-        0
+        _ => 0,
     }
 }
 

@@ -15,19 +15,6 @@ fn stream() -> Arc<CudaStream> {
     CudaContext::new(0).expect("the emulated device gives a context").default_stream()
 }
 
-/// A small deterministic sequence in [-2, 2).
-fn data(n: usize, seed: u32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(2654435761).wrapping_add(1);
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 17;
-            s ^= s << 5;
-            (s % 4000) as f32 / 1000.0 - 2.0
-        })
-        .collect()
-}
-
 #[test]
 fn context_device_and_copies() {
     if !common::emulator_or_skip("context_device_and_copies") {
@@ -85,8 +72,8 @@ fn elementwise_kernel_through_launch_builder() {
     let ptx = compile_kernel("elementwise.cu", DEFAULT_ARCH).unwrap();
     let module = s.context().load_module(Ptx::from_src(ptx)).unwrap();
     let n = 1000usize;
-    let a = data(n, 1);
-    let b = data(n, 2);
+    let a = common::data(n, 1, 2.0);
+    let b = common::data(n, 2, 2.0);
     let (da, db) = (s.clone_htod(&a).unwrap(), s.clone_htod(&b).unwrap());
     let mut out = s.alloc_zeros::<f32>(n).unwrap();
     // mul_f32(n, ndim, info, a, a_off, b, b_off, out), contiguous (info null).
@@ -122,7 +109,7 @@ fn softmax_kernel_row_by_row() {
     }
     let s = stream();
     let (rows, cols) = (8usize, 1000usize);
-    let x = data(rows * cols, 3);
+    let x = common::data(rows * cols, 3, 2.0);
     let dx = s.clone_htod(&x).unwrap();
     let module = s.context().load_module(Ptx::from_src(compile_kernel("softmax.cu", DEFAULT_ARCH).unwrap())).unwrap();
     let f = module.load_function("softmax_f32").unwrap();
@@ -185,8 +172,8 @@ fn cublas_gemm_against_a_naive_product() {
     let (m, n, k) = (37usize, 23usize, 41usize);
     for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
         let (lda, ldb) = (if ta { k } else { m }, if tb { n } else { k });
-        let a = data(m * k, 5);
-        let b = data(k * n, 6);
+        let a = common::data(m * k, 5, 2.0);
+        let b = common::data(k * n, 6, 2.0);
         let (da, db) = (s.clone_htod(&a).unwrap(), s.clone_htod(&b).unwrap());
         let mut dc = s.alloc_zeros::<f32>(m * n).unwrap();
         let op = |t: bool| if t { cublasOperation_t::CUBLAS_OP_T } else { cublasOperation_t::CUBLAS_OP_N };
@@ -262,8 +249,8 @@ fn cublas_gemm_ex_bf16_and_f16_inputs() {
     let s = stream();
     let blas = CudaBlas::new(s.clone()).unwrap();
     let (m, n, k) = (16usize, 9usize, 33usize);
-    let a = data(m * k, 7);
-    let b = data(k * n, 8);
+    let a = common::data(m * k, 7, 2.0);
+    let b = common::data(k * n, 8, 2.0);
     let want = naive(false, false, m, n, k, &a, m, &b, k);
     for (ty, bits) in [
         (cudaDataType::CUDA_R_16BF, (|x: f32| half::bf16::from_f32(x).to_bits()) as fn(f32) -> u16),

@@ -29,23 +29,11 @@ fn cfg(grid: u32, block: (u32, u32)) -> LaunchConfig {
     LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (block.0, block.1, 1), shared_mem_bytes: 0 }
 }
 
-fn data(n: usize, seed: u32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(2654435761).wrapping_add(1);
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 17;
-            s ^= s << 5;
-            (s % 8000) as f32 / 1000.0 - 4.0
-        })
-        .collect()
-}
-
 #[test]
 fn reductions_sum_max_argmax_and_column_sums() {
     let Some(s) = setup("reductions_sum_max_argmax_and_column_sums") else { return };
     let (rows, cols) = (5usize, 300usize);
-    let mut x = data(rows * cols, 11);
+    let mut x = common::data(rows * cols, 11, 4.0);
     x[2 * cols + 17] = f32::NAN;
     let dx = s.clone_htod(&x).unwrap();
     let (r, c) = (rows as i64, cols as i64);
@@ -89,7 +77,7 @@ fn reductions_sum_max_argmax_and_column_sums() {
         assert_eq!(got[row], want, "argmax row {row}");
     }
     // Column sums with blockDim (32, 8): threads walk columns and rows, shared memory finishes.
-    let x: Vec<f32> = data(rows * cols, 12);
+    let x: Vec<f32> = common::data(rows * cols, 12, 4.0);
     let dx = s.clone_htod(&x).unwrap();
     let f = func(&s, "reduce.cu", "sum_cols_f32");
     let mut out = s.alloc_zeros::<f32>(cols).unwrap();
@@ -108,7 +96,7 @@ fn reductions_sum_max_argmax_and_column_sums() {
 fn cross_entropy_forward_and_backward() {
     let Some(s) = setup("cross_entropy_forward_and_backward") else { return };
     let (rows, v) = (6usize, 700usize);
-    let x = data(rows * v, 21);
+    let x = common::data(rows * v, 21, 4.0);
     let labels: Vec<i64> = vec![3, 699, -100, 0, 250, 512];
     let dx = s.clone_htod(&x).unwrap();
     let dl = s.clone_htod(&labels).unwrap();
@@ -190,7 +178,7 @@ fn index_and_cast_kernels() {
     let Some(s) = setup("index_and_cast_kernels") else { return };
     // embedding(rows, dim, n, table, ids, out, bad)
     let (rows, dim) = (10usize, 7usize);
-    let table = data(rows * dim, 31);
+    let table = common::data(rows * dim, 31, 4.0);
     let ids: Vec<i64> = vec![3, 0, 9, 3];
     let (dt, di) = (s.clone_htod(&table).unwrap(), s.clone_htod(&ids).unwrap());
     let mut out = s.alloc_zeros::<f32>(ids.len() * dim).unwrap();

@@ -69,3 +69,17 @@ pub fn last_error() -> String {
         String::from_utf8_lossy(&buf).into_owned()
     }
 }
+
+/// A deterministic sequence in [-range, range), three decimals.
+pub fn data(n: usize, seed: u32, range: f32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(2654435761).wrapping_add(1);
+    let steps = (2000.0 * range) as u32;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            (s % steps) as f32 / 1000.0 - range
+        })
+        .collect()
+}

@@ -55,24 +55,31 @@ fn emu_candidates(var: &str, file: &str) -> Vec<PathBuf> {
     out
 }
 
-/// Opens the first candidate that exists; the handle is leaked so the
-/// library stays loaded for cudarc.
+/// Opens a library and leaks the handle, so it stays loaded for cudarc;
+/// the loader's reason when it cannot.
+fn open_leaked(name: &std::ffi::OsStr) -> Result<(), String> {
+    // SAFETY: opening the driver (or the emulator) runs its initialisers,
+    // which have no preconditions.
+    match unsafe { libloading::Library::new(name) } {
+        Ok(lib) => {
+            std::mem::forget(lib);
+            Ok(())
+        }
+        // libloading's message is "dlopen failed"; the loader's reason is its source.
+        Err(e) => Err(std::error::Error::source(&e).map_or_else(|| e.to_string(), |s| s.to_string())),
+    }
+}
+
+/// Opens the first candidate that exists.
 fn open_first(candidates: &[PathBuf], tried: &mut Vec<String>) -> Option<PathBuf> {
     for path in candidates {
         if !path.is_file() {
             tried.push(format!("{} (no such file)", path.display()));
             continue;
         }
-        // SAFETY: the emulator's initialisers have no preconditions.
-        match unsafe { libloading::Library::new(path) } {
-            Ok(lib) => {
-                std::mem::forget(lib);
-                return Some(path.clone());
-            }
-            Err(e) => {
-                let why = std::error::Error::source(&e).map_or_else(|| e.to_string(), |s| s.to_string());
-                tried.push(format!("{} ({why})", path.display()));
-            }
+        match open_leaked(path.as_os_str()) {
+            Ok(()) => return Some(path.clone()),
+            Err(why) => tried.push(format!("{} ({why})", path.display())),
         }
     }
     None
@@ -119,16 +126,9 @@ pub fn driver_library() -> Result<String, String> {
         }
         let mut tried = Vec::new();
         for name in ["libcuda.so", "libcuda.so.1"] {
-            // SAFETY: as in `probe`.
-            match unsafe { libloading::Library::new(name) } {
-                Ok(lib) => {
-                    std::mem::forget(lib);
-                    return Ok(name.to_string());
-                }
-                Err(e) => {
-                    let why = std::error::Error::source(&e).map_or_else(|| e.to_string(), |s| s.to_string());
-                    tried.push(why);
-                }
+            match open_leaked(name.as_ref()) {
+                Ok(()) => return Ok(name.to_string()),
+                Err(why) => tried.push(why),
             }
         }
         Err(tried.join("; "))
