@@ -1265,8 +1265,8 @@ unsafe fn atomic(p: *mut u8, op: AtomOp, t: Ty, b: u64, c: u64) -> u64 {
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |o| f(u64::from(o)).map(|v| v as u32))
                 .unwrap_or_else(|o| o),
         ),
-        // 16-bit atomics (cas/exch/add on f16 pairs) are not emitted for these kernels.
-        _ => 0,
+        // The decoder rejects narrower atomics.
+        _ => unreachable!("internal: a {}-byte atomic", t.size()),
     }
 }
 

@@ -1497,6 +1497,10 @@ fn decode(ri: &RawInst, cx: &mut FnCtx, labels: &HashMap<String, u32>) -> Result
                 Some(op) => op,
                 None => return Ok(None),
             };
+            // 8- and 16-bit atomics are not emitted for these kernels.
+            if t.size() < 4 {
+                return Ok(None);
+            }
             if base == "atom" {
                 let d = dst!(0);
                 let addr = addr_of(arg(1)?, sp, cx)?;

@@ -428,8 +428,12 @@ fn blocks_on_several_workers_report_the_lowest_failing_block() {
 fn what_the_interpreter_lacks_is_listed_not_run() {
     let src = format!(
         "{HEAD}.visible .entry t(.param .u64 out)\n{{\n{REGS}mov.u32 %r1, %clock;\nadd.rn.f16x2 %r2, %r1, %r1;\n\
-         add.f16 %h1, %h2, %h3;\nfma.rn.bf16 %h1, %h2, %h3, %h4;\ntestp.finite.f32 %p1, %f1;\nret;\n}}\n"
+         add.f16 %h1, %h2, %h3;\nfma.rn.bf16 %h1, %h2, %h3, %h4;\ntestp.finite.f32 %p1, %f1;\n\
+         atom.global.cas.b16 %h1, [%rd0], %h2, %h3;\nret;\n}}\n"
     );
     let m = ptx::load(&src, &|_| Vec::new()).unwrap();
-    assert_eq!(m.unsupported, vec!["add.f16", "add.rn.f16x2", "fma.rn.bf16", "mov.u32", "testp.finite.f32"]);
+    assert_eq!(
+        m.unsupported,
+        vec!["add.f16", "add.rn.f16x2", "atom.global.cas.b16", "fma.rn.bf16", "mov.u32", "testp.finite.f32"]
+    );
 }
