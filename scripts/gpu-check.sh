@@ -13,7 +13,12 @@
 #   3. cargo build --release (the workspace and its tests);
 #   4. cargo test --release --workspace with TAPIR_REQUIRE_CUDA=1 and
 #      TAPIR_REQUIRE_NVRTC=1 (a skipped CUDA or NVRTC test is a failure);
-#   5. tapir bench and tapir memcheck, each beside its PyTorch mirror.
+#   5. the differential check: the same kernels, inputs and launches on the
+#      emulated device (TAPIR_CUDA=emulated) and on the GPU, compared bit for
+#      bit except kernels using .approx instructions, which must agree
+#      within those instructions' documented error (the example
+#      crates/cuda-emu/examples/differential.rs);
+#   6. tapir bench and tapir memcheck, each beside its PyTorch mirror.
 # Every step writes $OUT/<step>.log; $OUT/summary.json gathers the exit
 # codes, times, and the JSON figures of bench and memcheck. The exit status
 # is non-zero when any step failed or timed out.
@@ -104,7 +109,14 @@ step build 240 bash -c 'cargo build --release --workspace && cargo test --releas
 # 4. The whole suite, CUDA and NVRTC required.
 step test 180 cargo test --release --workspace
 
-# 5. Benches and memcheck, PyTorch mirrors included.
+# 5. The emulator against the GPU: each side writes its outputs, then the
+# two are compared (a non-zero exit lists the kernels that differ).
+DIFF=(cargo run --release -q -p tapir-cuda-emu --example differential --)
+step differential_emu 60 env TAPIR_CUDA=emulated "${DIFF[@]}" run "$OUT/differential-emu.txt"
+step differential_gpu 30 env -u TAPIR_CUDA "${DIFF[@]}" run "$OUT/differential-gpu.txt"
+step differential 20 "${DIFF[@]}" compare "$OUT/differential-emu.txt" "$OUT/differential-gpu.txt"
+
+# 6. Benches and memcheck, PyTorch mirrors included.
 step bench 120 cargo run --release -q -p tapir-cli -- bench --json "$OUT/bench.json"
 step memcheck 90 cargo run --release -q -p tapir-cli -- memcheck --json "$OUT/memcheck.json" --plot "$OUT/memcheck.png"
 

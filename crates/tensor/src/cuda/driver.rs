@@ -1,8 +1,16 @@
 //! A probe of the CUDA driver, without cudarc (whose driver module panics
-//! when libcuda is missing): open libcuda.so.1, call cuInit and
+//! when libcuda is missing): open the driver, call cuInit and
 //! cuDeviceGetCount. Enough for `Device::cuda` to say precisely why it
 //! cannot give a device until the backend exists.
+//!
+//! The driver is the system's libcuda unless the emulated device is
+//! selected with `TAPIR_CUDA=emulated`: then the emulator's library (from
+//! `TAPIR_CUDA_EMU_LIB`, else beside the running executable) is opened by
+//! path first, and so is its cuBLAS stand-in. Their sonames are the names
+//! cudarc opens (`libcuda.so`, `libcublas.so`), so the dynamic loader
+//! hands cudarc's later open by name the objects already loaded.
 
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 /// What the machine offers, found once per process.
@@ -20,12 +28,124 @@ pub(crate) enum DriverProbe {
 type CuInit = unsafe extern "C" fn(flags: u32) -> u32;
 type CuDeviceGetCount = unsafe extern "C" fn(count: *mut i32) -> u32;
 
+/// The file names of the emulator's two libraries, as cargo builds them.
+const EMU_DRIVER: &str = "libtapir_cuda_emu.so";
+const EMU_CUBLAS: &str = "libtapir_cuda_emu_cublas.so";
+
+/// Whether the emulated device is selected (`TAPIR_CUDA=emulated`).
+pub fn emulated_selected() -> bool {
+    std::env::var("TAPIR_CUDA").is_ok_and(|v| v == "emulated")
+}
+
+/// Where to look for one of the emulator's libraries: the path variable
+/// (a file, or a folder holding it), then the running executable's folder
+/// and its parent (cargo puts test binaries in `target/<profile>/deps`
+/// and the libraries in both).
+fn emu_candidates(var: &str, file: &str) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Some(p) = std::env::var_os(var).map(PathBuf::from) {
+        out.push(if p.is_dir() { p.join(file) } else { p });
+        return out;
+    }
+    if let Ok(exe) = std::env::current_exe() {
+        for dir in exe.ancestors().skip(1).take(2) {
+            out.push(dir.join(file));
+        }
+    }
+    out
+}
+
+/// Opens a library and leaks the handle, so it stays loaded for cudarc;
+/// the loader's reason when it cannot.
+fn open_leaked(name: &std::ffi::OsStr) -> Result<(), String> {
+    // SAFETY: opening the driver (or the emulator) runs its initialisers,
+    // which have no preconditions.
+    match unsafe { libloading::Library::new(name) } {
+        Ok(lib) => {
+            std::mem::forget(lib);
+            Ok(())
+        }
+        // libloading's message is "dlopen failed"; the loader's reason is its source.
+        Err(e) => Err(std::error::Error::source(&e).map_or_else(|| e.to_string(), |s| s.to_string())),
+    }
+}
+
+/// Opens the first candidate that exists.
+fn open_first(candidates: &[PathBuf], tried: &mut Vec<String>) -> Option<PathBuf> {
+    for path in candidates {
+        if !path.is_file() {
+            tried.push(format!("{} (no such file)", path.display()));
+            continue;
+        }
+        match open_leaked(path.as_os_str()) {
+            Ok(()) => return Some(path.clone()),
+            Err(why) => tried.push(format!("{} ({why})", path.display())),
+        }
+    }
+    None
+}
+
+/// Opens the emulator's libraries by path; the driver's path or why not.
+fn load_emulator() -> Result<PathBuf, String> {
+    let mut tried = Vec::new();
+    let Some(driver) = open_first(&emu_candidates("TAPIR_CUDA_EMU_LIB", EMU_DRIVER), &mut tried) else {
+        return Err(format!(
+            "TAPIR_CUDA=emulated but the emulator library was not found (build it with \
+             `cargo build -p tapir-cuda-emu`, or set TAPIR_CUDA_EMU_LIB); tried {}",
+            tried.join(", ")
+        ));
+    };
+    // Check that cudarc's lookup by name will find this object, not a system driver.
+    // SAFETY: opening by name returns the object already loaded (its soname matches).
+    let by_name = unsafe { libloading::Library::new("libcuda.so") };
+    // SAFETY: only probes for the emulator's own symbol.
+    let ours = by_name
+        .as_ref()
+        .is_ok_and(|l| unsafe { l.get::<unsafe extern "C" fn() -> u64>(b"tapirEmuInstructions\0") }.is_ok());
+    if !ours {
+        return Err(format!(
+            "{} opened, but its soname is not libcuda.so, so cudarc would not find it",
+            driver.display()
+        ));
+    }
+    let cublas_dir = driver.parent().map(Path::to_path_buf).unwrap_or_default();
+    let mut cublas = emu_candidates("TAPIR_CUDA_EMU_CUBLAS_LIB", EMU_CUBLAS);
+    cublas.insert(0, cublas_dir.join(EMU_CUBLAS));
+    // cuBLAS is optional here: without its stand-in, cuBLAS calls fail in cudarc, not the driver.
+    let _ = open_first(&cublas, &mut Vec::new());
+    Ok(driver)
+}
+
+/// The driver library in use: the emulator's path when it is selected,
+/// else the name the system's driver opened under; or why none opened.
+pub fn driver_library() -> Result<String, String> {
+    static LIB: OnceLock<Result<String, String>> = OnceLock::new();
+    LIB.get_or_init(|| {
+        if emulated_selected() {
+            return load_emulator().map(|p| p.display().to_string());
+        }
+        let mut tried = Vec::new();
+        for name in ["libcuda.so", "libcuda.so.1"] {
+            match open_leaked(name.as_ref()) {
+                Ok(()) => return Ok(name.to_string()),
+                Err(why) => tried.push(why),
+            }
+        }
+        Err(tried.join("; "))
+    })
+    .clone()
+}
+
 /// Probes the driver the first time it is called.
 pub(crate) fn probe() -> &'static DriverProbe {
     static PROBE: OnceLock<DriverProbe> = OnceLock::new();
     PROBE.get_or_init(|| {
         let mut tried = Vec::new();
-        for name in ["libcuda.so.1", "libcuda.so"] {
+        let names: Vec<String> = match driver_library() {
+            Ok(name) => vec![name],
+            Err(why) => return DriverProbe::NoDriver(why),
+        };
+        for name in &names {
             // SAFETY: opening the driver runs its initialisers, which have no
             // preconditions. The handle is leaked: the driver stays loaded
             // for the process, as it would once the backend uses it.

@@ -8,9 +8,14 @@
 //! the functions return [`NvrtcError::NotFound`] rather than panic, so the
 //! crate builds and runs on a machine with no CUDA at all. The device backend (allocator, launches, cuBLAS) is not built yet;
 //! a probe of the driver lets `Device::cuda` say why no device is available.
+//!
+//! `TAPIR_CUDA=emulated` selects the emulated device of `crates/cuda-emu`
+//! instead of the system's driver ([`driver_library`] says which is in use).
 
 pub(crate) mod driver;
 mod nvrtc;
+
+pub use driver::{driver_library, emulated_selected};
 
 pub use nvrtc::{cached_ptx, compile_kernel, compile_source, nvrtc_library, NvrtcError, DEFAULT_ARCH};
 

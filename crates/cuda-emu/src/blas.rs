@@ -1,0 +1,240 @@
+//! Matrix products for the cuBLAS stand-in, computed on the CPU with f32
+//! (or f64) accumulation, column-major as cuBLAS is.
+//!
+//! The stand-in library (`tapir-cuda-emu-cublas`) validates nothing
+//! itself: it fills a [`GemmDesc`] and calls [`tapirEmuGemm`], which checks
+//! the arguments as cuBLAS does and every matrix against the live device
+//! allocations.
+
+#![allow(non_snake_case)]
+
+use std::ffi::{c_int, c_void};
+
+use half::{bf16, f16};
+
+use crate::driver::emu;
+
+/// cublasStatus_t values.
+pub const STATUS_SUCCESS: c_int = 0;
+pub const STATUS_INVALID_VALUE: c_int = 7;
+pub const STATUS_EXECUTION_FAILED: c_int = 13;
+pub const STATUS_NOT_SUPPORTED: c_int = 15;
+
+/// cudaDataType values.
+const R_32F: c_int = 0;
+const R_64F: c_int = 1;
+const R_16F: c_int = 2;
+const R_16BF: c_int = 14;
+
+/// One (strided-batched) product `C = alpha op(A) op(B) + beta C`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct GemmDesc {
+    pub transa: c_int,
+    pub transb: c_int,
+    pub m: c_int,
+    pub n: c_int,
+    pub k: c_int,
+    /// Host pointers to the scalars, of the compute type.
+    pub alpha: *const c_void,
+    pub beta: *const c_void,
+    pub a: u64,
+    pub a_type: c_int,
+    pub lda: c_int,
+    pub stride_a: i64,
+    pub b: u64,
+    pub b_type: c_int,
+    pub ldb: c_int,
+    pub stride_b: i64,
+    pub c: u64,
+    pub c_type: c_int,
+    pub ldc: c_int,
+    pub stride_c: i64,
+    pub batch: c_int,
+    /// cublasComputeType_t, or a cudaDataType for the legacy forms.
+    pub compute: c_int,
+}
+
+fn elem_size(t: c_int) -> Option<usize> {
+    match t {
+        R_32F => Some(4),
+        R_64F => Some(8),
+        R_16F | R_16BF => Some(2),
+        _ => None,
+    }
+}
+
+/// Reads element `i` of a matrix of type `t` as f64.
+///
+/// # Safety
+/// `p` must point at more than `i` elements of type `t`.
+unsafe fn read(p: *const u8, t: c_int, i: usize) -> f64 {
+    // SAFETY: the caller checked the range.
+    unsafe {
+        match t {
+            R_32F => f64::from(p.cast::<f32>().add(i).read_unaligned()),
+            R_64F => p.cast::<f64>().add(i).read_unaligned(),
+            R_16F => f64::from(f16::from_bits(p.cast::<u16>().add(i).read_unaligned()).to_f32()),
+            _ => f64::from(bf16::from_bits(p.cast::<u16>().add(i).read_unaligned()).to_f32()),
+        }
+    }
+}
+
+/// # Safety
+/// As for [`read`].
+unsafe fn store(p: *mut u8, t: c_int, i: usize, v: f64) {
+    // SAFETY: the caller checked the range.
+    unsafe {
+        match t {
+            R_32F => p.cast::<f32>().add(i).write_unaligned(v as f32),
+            R_64F => p.cast::<f64>().add(i).write_unaligned(v),
+            R_16F => p.cast::<u16>().add(i).write_unaligned(f16::from_f64(v).to_bits()),
+            _ => p.cast::<u16>().add(i).write_unaligned(bf16::from_f64(v).to_bits()),
+        }
+    }
+}
+
+/// Records and prints the message, as a failed launch does.
+fn fail(msg: String) -> c_int {
+    crate::driver::record_failure(format!("cuBLAS: {msg}"));
+    STATUS_EXECUTION_FAILED
+}
+
+/// Runs one product; returns a cublasStatus_t.
+///
+/// # Safety
+/// `d` must point at a valid descriptor whose scalar pointers are valid.
+#[no_mangle]
+pub unsafe extern "C" fn tapirEmuGemm(d: *const GemmDesc) -> c_int {
+    if d.is_null() {
+        return STATUS_INVALID_VALUE;
+    }
+    // SAFETY: the caller's descriptor.
+    let d = unsafe { *d };
+    let op = |t: c_int| match t {
+        0 => Some(false),
+        1 | 2 => Some(true),
+        _ => None,
+    };
+    let (Some(ta), Some(tb)) = (op(d.transa), op(d.transb)) else { return STATUS_INVALID_VALUE };
+    if d.m < 0 || d.n < 0 || d.k < 0 || d.batch < 0 {
+        return STATUS_INVALID_VALUE;
+    }
+    let (m, n, k) = (d.m as usize, d.n as usize, d.k as usize);
+    // Rows of A and B as stored: op(A) is m x k, op(B) is k x n.
+    let (a_rows, a_cols) = if ta { (k, m) } else { (m, k) };
+    let (b_rows, b_cols) = if tb { (n, k) } else { (k, n) };
+    if (d.lda as i64) < a_rows.max(1) as i64
+        || (d.ldb as i64) < b_rows.max(1) as i64
+        || (d.ldc as i64) < m.max(1) as i64
+    {
+        return STATUS_INVALID_VALUE;
+    }
+    // The type combinations GemmEx supports here: f32 and f64 throughout,
+    // and f16/bf16 inputs with f32 compute, written as f16, bf16 or f32.
+    let f64_mode = match (d.a_type, d.b_type, d.c_type, d.compute) {
+        (R_32F, R_32F, R_32F, 0 | 68 | 69 | 74 | 75 | 77) => false,
+        (R_64F, R_64F, R_64F, 1 | 70 | 71) => true,
+        (R_16F, R_16F, R_16F | R_32F, 0 | 68 | 69) => false,
+        (R_16BF, R_16BF, R_16BF | R_32F, 0 | 68 | 69) => false,
+        _ => return STATUS_NOT_SUPPORTED,
+    };
+    if d.alpha.is_null() || d.beta.is_null() {
+        return STATUS_INVALID_VALUE;
+    }
+    // SAFETY: the scalars are of the compute type (host pointer mode).
+    let (alpha, beta) = unsafe {
+        if f64_mode {
+            (d.alpha.cast::<f64>().read(), d.beta.cast::<f64>().read())
+        } else {
+            (f64::from(d.alpha.cast::<f32>().read()), f64::from(d.beta.cast::<f32>().read()))
+        }
+    };
+    if m == 0 || n == 0 || d.batch == 0 {
+        return STATUS_SUCCESS;
+    }
+    let batch = d.batch as usize;
+    let span = |rows: usize, cols: usize, ld: c_int, stride: i64| -> Option<u64> {
+        if rows == 0 || cols == 0 {
+            return Some(0);
+        }
+        let one = (cols as u64 - 1).checked_mul(ld as u64)?.checked_add(rows as u64)?;
+        let stride = u64::try_from(stride).ok()?;
+        (batch as u64 - 1).checked_mul(stride)?.checked_add(one)
+    };
+    let mem = &emu().memory;
+    let mut ptrs = [std::ptr::null_mut::<u8>(); 3];
+    for (slot, (name, addr, t, rows, cols, ld, stride)) in [
+        ("A", d.a, d.a_type, a_rows, a_cols, d.lda, d.stride_a),
+        ("B", d.b, d.b_type, b_rows, b_cols, d.ldb, d.stride_b),
+        ("C", d.c, d.c_type, m, n, d.ldc, d.stride_c),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        if slot < 2 && k == 0 {
+            continue;
+        }
+        let Some(elems) = span(rows, cols, ld, if batch > 1 { stride } else { 0 }) else {
+            return STATUS_INVALID_VALUE;
+        };
+        let bytes = elems * elem_size(t).expect("internal: type checked") as u64;
+        match mem.host_ptr(addr, bytes) {
+            Some(p) => ptrs[slot] = p,
+            None => {
+                return fail(format!(
+                "gemm: matrix {name} ({rows} x {cols}, ld {ld}, {batch} batch(es)) needs {bytes} bytes at {addr:#x}, \
+                     which are not inside one live device allocation"
+            ))
+            }
+        }
+    }
+    let mut col = vec![0f64; k];
+    let mut arow = vec![0f64; k * m];
+    for bi in 0..batch {
+        let (oa, ob, oc) = (bi * d.stride_a as usize, bi * d.stride_b as usize, bi * d.stride_c as usize);
+        // op(A) row i, gathered once per batch: arow[i * k + l].
+        for i in 0..m {
+            for l in 0..k {
+                let idx = if ta { l + i * d.lda as usize } else { i + l * d.lda as usize };
+                // SAFETY: inside the span checked above.
+                arow[i * k + l] = unsafe { read(ptrs[0], d.a_type, oa + idx) };
+            }
+        }
+        for j in 0..n {
+            for (l, c) in col.iter_mut().enumerate() {
+                let idx = if tb { j + l * d.ldb as usize } else { l + j * d.ldb as usize };
+                // SAFETY: as above.
+                *c = unsafe { read(ptrs[1], d.b_type, ob + idx) };
+            }
+            for i in 0..m {
+                let a = &arow[i * k..(i + 1) * k];
+                let acc = if f64_mode {
+                    a.iter().zip(&col).map(|(x, y)| x * y).sum::<f64>()
+                } else {
+                    let mut s = 0f32;
+                    for (x, y) in a.iter().zip(&col) {
+                        s = (*x as f32).mul_add(*y as f32, s);
+                    }
+                    f64::from(s)
+                };
+                let ci = oc + i + j * d.ldc as usize;
+                // cuBLAS does not read C when beta is zero, so NaNs there do not propagate.
+                let old = if beta == 0.0 {
+                    0.0
+                } else {
+                    // SAFETY: as above.
+                    unsafe { read(ptrs[2], d.c_type, ci) }
+                };
+                let v = if f64_mode {
+                    alpha * acc + beta * old
+                } else {
+                    f64::from((alpha as f32).mul_add(acc as f32, beta as f32 * old as f32))
+                };
+                // SAFETY: as above.
+                unsafe { store(ptrs[2], d.c_type, ci, v) };
+            }
+        }
+    }
+    STATUS_SUCCESS
+}

@@ -1,0 +1,228 @@
+//! Device memory: host buffers behind made-up device addresses.
+//!
+//! Addresses are handed out from a counter and never reused, with a gap
+//! after every allocation, so an access one past the end, or to a freed
+//! buffer, falls outside every live allocation and the sanitizer sees it.
+
+use std::alloc::Layout;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+/// Where device addresses start (high, like a real driver's, so a host
+/// pointer or a small integer passed as a device pointer is caught).
+pub const GLOBAL_BASE: u64 = 0x7f00_0000_0000;
+/// Generic addresses of shared memory: `SHARED_WIN + offset`.
+pub const SHARED_WIN: u64 = 0x1000_0000_0000;
+/// Generic addresses of local memory: `LOCAL_WIN + offset`.
+pub const LOCAL_WIN: u64 = 0x2000_0000_0000;
+/// Size of each of those windows.
+pub const WIN_SIZE: u64 = 1 << 32;
+/// Alignment of every allocation, as cudaMalloc guarantees.
+const ALIGN: u64 = 256;
+/// Unmapped bytes after each allocation.
+const GAP: u64 = 4096;
+
+/// A zeroed host buffer with the alignment of a device allocation.
+pub struct HostBuf {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the buffer is plain memory; concurrent access is governed by the
+// kernels that use it, as on a device.
+unsafe impl Send for HostBuf {}
+// SAFETY: as above.
+unsafe impl Sync for HostBuf {}
+
+impl HostBuf {
+    /// Allocates `len` zeroed bytes, or None when the host has no memory.
+    fn new(len: usize) -> Option<HostBuf> {
+        let layout = Layout::from_size_align(len.max(1), ALIGN as usize).ok()?;
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        (!ptr.is_null()).then_some(HostBuf { ptr, len })
+    }
+
+    /// The buffer's first byte.
+    pub fn ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+}
+
+impl Drop for HostBuf {
+    fn drop(&mut self) {
+        let layout = Layout::from_size_align(self.len.max(1), ALIGN as usize).expect("internal: layout was valid");
+        // SAFETY: allocated with this layout in `new`.
+        unsafe { std::alloc::dealloc(self.ptr, layout) }
+    }
+}
+
+/// One live allocation in a snapshot.
+#[derive(Clone)]
+pub struct Region {
+    pub base: u64,
+    pub len: u64,
+    pub buf: Arc<HostBuf>,
+}
+
+/// The live allocations at one moment, sorted by address: what a launch
+/// checks its accesses against. The buffers are kept alive by the
+/// snapshot, so a free during a launch cannot pull memory from under it.
+#[derive(Clone, Default)]
+pub struct Snapshot {
+    pub regions: Vec<Region>,
+    /// Recently freed ranges, for messages: `(base, len)`.
+    pub freed: Vec<(u64, u64)>,
+}
+
+impl Snapshot {
+    /// The region holding `[addr, addr + len)`, if one does.
+    #[inline]
+    pub fn find(&self, addr: u64, len: u64) -> Option<&Region> {
+        let k = self.regions.partition_point(|r| r.base <= addr);
+        let r = self.regions.get(k.checked_sub(1)?)?;
+        (addr.checked_add(len)? <= r.base + r.len).then_some(r)
+    }
+
+    /// Describes an address outside every allocation, as memcheck does.
+    pub fn describe(&self, addr: u64, len: u64) -> String {
+        for &(b, l) in self.freed.iter().rev() {
+            if addr >= b && addr < b.saturating_add(l + GAP) {
+                return format!("the address is inside or just past a {l}-byte allocation at {b:#x} that was freed");
+            }
+        }
+        let k = self.regions.partition_point(|r| r.base <= addr);
+        if let Some(r) = k.checked_sub(1).and_then(|k| self.regions.get(k)) {
+            if addr < r.base + r.len + GAP {
+                let past = addr.saturating_add(len).saturating_sub(r.base + r.len);
+                return format!(
+                    "the access ends {past} bytes past the end of a {}-byte allocation at {:#x}",
+                    r.len, r.base
+                );
+            }
+        }
+        if let Some(r) = self.regions.get(k) {
+            if r.base - addr < GAP {
+                return format!(
+                    "the address is {} bytes before a {}-byte allocation at {:#x}",
+                    r.base - addr,
+                    r.len,
+                    r.base
+                );
+            }
+        }
+        "the address is not in any allocation".into()
+    }
+}
+
+/// Why an allocation failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AllocError {
+    /// Past the device's capacity, or the host had no memory.
+    OutOfMemory,
+}
+
+struct State {
+    live: BTreeMap<u64, Arc<HostBuf>>,
+    lens: BTreeMap<u64, u64>,
+    next: u64,
+    used: u64,
+    freed: Vec<(u64, u64)>,
+    snapshot: Option<Arc<Snapshot>>,
+}
+
+/// The device's memory.
+pub struct Memory {
+    capacity: u64,
+    state: Mutex<State>,
+}
+
+impl Memory {
+    /// An empty device memory of `capacity` bytes.
+    pub fn new(capacity: u64) -> Memory {
+        Memory {
+            capacity,
+            state: Mutex::new(State {
+                live: BTreeMap::new(),
+                lens: BTreeMap::new(),
+                next: GLOBAL_BASE,
+                used: 0,
+                freed: Vec::new(),
+                snapshot: None,
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The capacity in bytes.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Bytes in live allocations.
+    pub fn used(&self) -> u64 {
+        self.lock().used
+    }
+
+    /// Allocates `len` bytes; zero bytes is an error, as in the driver
+    /// (the caller checks that).
+    pub fn alloc(&self, len: u64) -> Result<u64, AllocError> {
+        let mut s = self.lock();
+        let rounded = len.div_ceil(ALIGN) * ALIGN;
+        if s.used.checked_add(rounded).is_none_or(|u| u > self.capacity) {
+            return Err(AllocError::OutOfMemory);
+        }
+        let buf = usize::try_from(len).ok().and_then(HostBuf::new).ok_or(AllocError::OutOfMemory)?;
+        let base = s.next;
+        s.next = base + rounded + GAP;
+        s.used += rounded;
+        s.live.insert(base, Arc::new(buf));
+        s.lens.insert(base, len);
+        s.snapshot = None;
+        Ok(base)
+    }
+
+    /// Frees the allocation at `base`; false when there is none.
+    pub fn free(&self, base: u64) -> bool {
+        let mut s = self.lock();
+        if s.live.remove(&base).is_none() {
+            return false;
+        }
+        let len = s.lens.remove(&base).unwrap_or(0);
+        s.used -= len.div_ceil(ALIGN) * ALIGN;
+        s.freed.push((base, len));
+        if s.freed.len() > 4096 {
+            s.freed.remove(0);
+        }
+        s.snapshot = None;
+        true
+    }
+
+    /// The live allocations now.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        let mut s = self.lock();
+        if let Some(snap) = &s.snapshot {
+            return snap.clone();
+        }
+        let regions = s.live.iter().map(|(&base, buf)| Region { base, len: s.lens[&base], buf: buf.clone() }).collect();
+        let snap = Arc::new(Snapshot { regions, freed: s.freed.clone() });
+        s.snapshot = Some(snap.clone());
+        snap
+    }
+
+    /// A host pointer to `[addr, addr + len)` when it lies in one live
+    /// allocation. The pointer stays valid while the allocation lives.
+    pub fn host_ptr(&self, addr: u64, len: u64) -> Option<*mut u8> {
+        let s = self.lock();
+        let (&base, buf) = s.live.range(..=addr).next_back()?;
+        let end = base + s.lens[&base];
+        if addr.checked_add(len)? > end {
+            return None;
+        }
+        // SAFETY: addr - base is within the buffer.
+        Some(unsafe { buf.ptr().add((addr - base) as usize) })
+    }
+}
