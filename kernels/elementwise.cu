@@ -30,6 +30,8 @@ __device__ __forceinline__ double t_cos(double x) { return cos(x); }
 __device__ __forceinline__ float t_erf(float x) { return erff(x); }
 __device__ __forceinline__ double t_erf(double x) { return erf(x); }
 __device__ __forceinline__ float t_pow(float x, float y) { return powf(x, y); }
+__device__ __forceinline__ float t_log1p(float x) { return log1pf(x); }
+__device__ __forceinline__ double t_log1p(double x) { return log1p(x); }
 __device__ __forceinline__ double t_pow(double x, double y) { return pow(x, y); }
 
 // d/dx gelu_tanh, as in unary.rs.
@@ -72,6 +74,7 @@ UNARY_OP(mul_scalar, x * p0)
 UNARY_OP(clamp, x < p0 ? p0 : (x > p1 ? p1 : x))
 UNARY_OP(erf, t_erf(x))
 UNARY_OP(sign, x > A(0) ? A(1) : (x < A(0) ? A(-1) : x))
+UNARY_OP(softplus, (x > A(0) ? x : A(0)) + t_log1p(t_exp(x < A(0) ? x : -x)))
 
 template <typename T, typename F>
 __device__ __forceinline__ void unary(i64 n, int ndim, const i64* info, const T* x, i64 x_off, double p0,
@@ -117,6 +120,7 @@ UNARY_ALL(mul_scalar)
 UNARY_ALL(clamp)
 UNARY_ALL(erf)
 UNARY_ALL(sign)
+UNARY_ALL(softplus)
 
 // Binary functors: `A operator()(A a, A b)`.
 #define BINARY_OP(NAME, EXPR)                                                              \

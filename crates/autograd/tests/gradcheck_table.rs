@@ -135,8 +135,26 @@ case!(
     [rnd(&[2, 3], 66), rnd(&[2, 2], 67)]
 );
 
+case!(softplus, |_g, v| v[0].mul_scalar(3.0)?.softplus(), [rnd(&[3, 4], 75)]);
+
+// ----- losses ------------------------------------------------------------
+case!(
+    sparse_cross_entropy,
+    |_g, v| v[0].sparse_cross_entropy_with(
+        &idx(&[2, 0, -100, 4]),
+        tapir_tensor::ops::CrossEntropyOptions { label_smoothing: 0.1, ..Default::default() }
+    ),
+    [rnd(&[4, 5], 71)]
+);
+case!(
+    linear_cross_entropy,
+    |_g, v| v[0].linear_cross_entropy(&v[1], Some(&v[2]), &idx(&[1, 3, 0, 2]), Default::default(), Some(3)),
+    [rnd(&[4, 3], 72), rnd(&[5, 3], 73), rnd(&[5], 74)]
+);
+
 /// Every differentiable op in tapir-tensor appears in at least one case
-/// above (ops reached only as another op's rule count too).
+/// above (ops reached only as another op's rule count too), and every op
+/// the cases ran is in `ops::registry`.
 #[test]
 fn every_op_has_a_gradient_test() {
     // Run the whole table once more in this test so the check does not
@@ -195,12 +213,21 @@ fn every_op_has_a_gradient_test() {
         embedding,
         gather,
         scatter_add,
+        softplus,
+        sparse_cross_entropy,
+        linear_cross_entropy,
     ];
     for f in all {
         f();
     }
     let seen = SEEN.lock().unwrap().clone();
+    // Every differentiable op of the registry has a case...
     let missing: Vec<&str> =
-        tapir_tensor::ops::DIFFERENTIABLE_OPS.iter().copied().filter(|n| !seen.contains(n)).collect();
+        tapir_tensor::ops::differentiable_ops().into_iter().filter(|n| !seen.contains(n)).collect();
     assert!(missing.is_empty(), "ops without a gradient-check case: {missing:?}");
+    // ...and every op the cases ran is in the registry, so an op its family
+    // forgot to list is found here too.
+    let registered: BTreeSet<&str> = tapir_tensor::ops::registry().iter().map(|op| op.name()).collect();
+    let unlisted: Vec<&str> = seen.iter().copied().filter(|n| !registered.contains(n)).collect();
+    assert!(unlisted.is_empty(), "ops missing from their family's list (ops::registry): {unlisted:?}");
 }

@@ -60,6 +60,18 @@ impl DType {
             DType::I64 => "int64",
         }
     }
+
+    /// The dtype's suffix in CUDA kernel names (`f32`, `bf16`, `i64`...).
+    pub fn cuda_suffix(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F64 => "f64",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+            DType::I32 => "i32",
+            DType::I64 => "i64",
+        }
+    }
 }
 
 impl std::fmt::Display for DType {
@@ -146,6 +158,8 @@ pub trait Float:
     fn is_nan(self) -> bool;
     /// Error function.
     fn erf(self) -> Self;
+    /// ln(1 + x), accurate near zero.
+    fn ln_1p(self) -> Self;
 }
 
 macro_rules! float {
@@ -214,6 +228,10 @@ macro_rules! float {
             #[inline]
             fn erf(self) -> Self {
                 crate::cpu::math::erf(self as f64) as $t
+            }
+            #[inline]
+            fn ln_1p(self) -> Self {
+                <$t>::ln_1p(self)
             }
         }
     };

@@ -120,6 +120,24 @@ fn the_kernels_the_backend_will_launch_are_entries() {
     }
 }
 
+/// Every kernel name the op families give (`ops::cuda_kernels`, made from
+/// `Unary::ALL`, `Binary::ALL` and the comparisons) is an entry of its
+/// file: a function added to a family without its `.cu` line fails here.
+#[test]
+fn every_kernel_an_op_family_names_is_an_entry() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let names = tapir_tensor::ops::cuda_kernels();
+    assert!(names.len() > 100, "{} names", names.len());
+    let mut missing = Vec::new();
+    for file in names.iter().map(|(f, _)| *f).collect::<std::collections::BTreeSet<_>>() {
+        let ptx = cached_ptx(file, DEFAULT_ARCH).unwrap_or_else(|e| panic!("{e}"));
+        missing.extend(names.iter().filter(|(f, n)| *f == file && !ptx.contains(&format!(".entry {n}("))).cloned());
+    }
+    assert!(missing.is_empty(), "kernels named by ops but not in kernels/: {missing:?}");
+}
+
 #[test]
 fn ptx_is_compiled_once_per_process() {
     if !nvrtc_or_skip() {

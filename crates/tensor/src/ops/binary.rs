@@ -251,6 +251,38 @@ impl Op for Where {
     }
 }
 
+impl Binary {
+    /// The CUDA kernel computing this function on `dtype` (an entry of
+    /// `kernels/elementwise.cu`).
+    pub fn cuda_kernel(self, dtype: DType) -> String {
+        format!("{}_{}", Op::name(&self), dtype.cuda_suffix())
+    }
+
+    /// Every two-operand function, once.
+    pub const ALL: &'static [Binary] =
+        &[Binary::Add, Binary::Sub, Binary::Mul, Binary::Div, Binary::Pow, Binary::Maximum, Binary::Minimum];
+}
+
+impl Cmp {
+    /// The CUDA kernel running every comparison on `dtype` (the test is an
+    /// argument).
+    pub fn cuda_kernel(dtype: DType) -> String {
+        format!("compare_{}", dtype.cuda_suffix())
+    }
+
+    /// Every comparison, once.
+    pub const ALL: &'static [Cmp] = &[Cmp::Eq, Cmp::Ne, Cmp::Lt, Cmp::Le, Cmp::Gt, Cmp::Ge];
+}
+
+/// This family's ops, each once (see [`crate::ops::registry`]).
+pub(crate) fn family() -> Vec<Box<dyn super::DynOp>> {
+    let mut ops: Vec<Box<dyn super::DynOp>> =
+        Binary::ALL.iter().map(|&b| Box::new(b) as Box<dyn super::DynOp>).collect();
+    ops.extend(Cmp::ALL.iter().map(|&cmp| Box::new(Compare { cmp, scalar: None }) as Box<dyn super::DynOp>));
+    ops.push(Box::new(Where { mask: Tensor::scalar(1.0) }));
+    ops
+}
+
 /// Two-operand elementwise ops, comparisons and `where`.
 pub trait BinaryOps: Diff {
     /// a + b (broadcasting).
@@ -352,3 +384,38 @@ pub trait BinaryOps: Diff {
 }
 
 impl<T: Diff> BinaryOps for T {}
+
+#[cfg(test)]
+mod tests {
+    use super::{Binary, Cmp};
+
+    /// As `unary`'s test: no wildcard, so a new variant needs a place.
+    fn place(b: Binary) -> usize {
+        match b {
+            Binary::Add => 0,
+            Binary::Sub => 1,
+            Binary::Mul => 2,
+            Binary::Div => 3,
+            Binary::Pow => 4,
+            Binary::Maximum => 5,
+            Binary::Minimum => 6,
+        }
+    }
+
+    fn cmp_place(c: Cmp) -> usize {
+        match c {
+            Cmp::Eq => 0,
+            Cmp::Ne => 1,
+            Cmp::Lt => 2,
+            Cmp::Le => 3,
+            Cmp::Gt => 4,
+            Cmp::Ge => 5,
+        }
+    }
+
+    #[test]
+    fn all_lists_every_variant_once_in_order() {
+        assert_eq!(Binary::ALL.iter().map(|&b| place(b)).collect::<Vec<_>>(), (0..7).collect::<Vec<_>>());
+        assert_eq!(Cmp::ALL.iter().map(|&c| cmp_place(c)).collect::<Vec<_>>(), (0..6).collect::<Vec<_>>());
+    }
+}

@@ -1004,6 +1004,23 @@ impl Op for LinearCrossEntropy {
     }
 }
 
+/// This family's ops, each once (see [`crate::ops::registry`]).
+pub(crate) fn family() -> Vec<Box<dyn crate::ops::DynOp>> {
+    let labels = || Tensor::scalar_of(0.0, DType::I64);
+    let options = CrossEntropyOptions::default();
+    vec![
+        Box::new(SparseCrossEntropy { labels: labels(), options, lse: Mutex::new(None) }),
+        Box::new(LinearCrossEntropy {
+            labels: labels(),
+            options,
+            chunk: None,
+            precompute: false,
+            lse: Mutex::new(None),
+            grads: Mutex::new(None),
+        }),
+    ]
+}
+
 /// Cross-entropy losses, on tensors and graph handles alike.
 pub trait CrossEntropyOps: Diff {
     /// Cross-entropy of logits `[..., V]` against integer `labels` `[...]`

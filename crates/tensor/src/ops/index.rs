@@ -343,3 +343,14 @@ pub trait IndexOps: Diff {
 }
 
 impl<T: Diff> IndexOps for T {}
+
+/// This family's ops, each once (see [`crate::ops::registry`]).
+pub(crate) fn family() -> Vec<Box<dyn super::DynOp>> {
+    let idx = || Tensor::scalar_of(0.0, DType::I64);
+    vec![
+        Box::new(IndexSelect { axis: 0, idx: idx() }),
+        Box::new(IndexAdd { axis: 0, idx: idx(), size: 1 }),
+        Box::new(Gather { axis: 0, idx: idx() }),
+        Box::new(ScatterAdd { axis: 0, idx: idx() }),
+    ]
+}

@@ -784,3 +784,8 @@ pub(crate) fn gemm_into<T: Float>(
         .run()
     }
 }
+
+/// This family's ops, each once (see [`crate::ops::registry`]).
+pub(crate) fn family() -> Vec<Box<dyn super::DynOp>> {
+    vec![Box::new(Matmul)]
+}

@@ -23,59 +23,45 @@ pub mod shape;
 pub mod softmax;
 pub mod unary;
 
-/// The name of every differentiable op, so a test can check that each has a
-/// gradient-check case.
-pub const DIFFERENTIABLE_OPS: &[&str] = &[
-    "neg",
-    "abs",
-    "exp",
-    "log",
-    "sqrt",
-    "rsqrt",
-    "tanh",
-    "tanh_backward",
-    "sigmoid",
-    "relu",
-    "gelu",
-    "gelu_tanh",
-    "sin",
-    "cos",
-    "square",
-    "powf",
-    "recip",
-    "add_scalar",
-    "mul_scalar",
-    "clamp",
-    "erf",
-    "add",
-    "sub",
-    "mul",
-    "div",
-    "pow",
-    "maximum",
-    "minimum",
-    "where",
-    "sum",
-    "max",
-    "min",
-    "logsumexp",
-    "sum_to",
-    "reshape",
-    "permute",
-    "narrow",
-    "pad",
-    "broadcast_to",
-    "contiguous",
-    "concat",
-    "cast",
-    "matmul",
-    "softmax",
-    "log_softmax",
-    "index_select",
-    "index_add",
-    "gather",
-    "scatter_add",
-];
+/// Every op of this crate, each once, family by family: each op file lists
+/// its own members (`family()`, and `ALL` for the enums), and names come
+/// from the ops themselves, so this cannot drift from them. The
+/// gradient-check table is checked against it in both directions, and a
+/// unit test that every enum variant is listed.
+pub fn registry() -> Vec<Box<dyn DynOp>> {
+    [
+        unary::family,
+        binary::family,
+        reduce::family,
+        shape::family,
+        matmul::family,
+        softmax::family,
+        index::family,
+        cross_entropy::family,
+    ]
+    .into_iter()
+    .flat_map(|family| family())
+    .collect()
+}
+
+/// Every CUDA kernel the op families name, as `(file of kernels/, entry)`:
+/// the NVRTC test checks each is an entry of its file's PTX, so a
+/// function added to a family without its `.cu` line fails there.
+pub fn cuda_kernels() -> Vec<(&'static str, String)> {
+    let floats = [DType::F32, DType::F64, DType::F16, DType::BF16];
+    let mut out = Vec::new();
+    for dt in floats {
+        out.extend(unary::Unary::ALL.iter().map(|u| ("elementwise.cu", u.cuda_kernel(dt))));
+        out.extend(binary::Binary::ALL.iter().map(|b| ("elementwise.cu", b.cuda_kernel(dt))));
+        out.push(("elementwise.cu", binary::Cmp::cuda_kernel(dt)));
+    }
+    out
+}
+
+/// The names of the differentiable ops of [`registry`].
+pub fn differentiable_ops() -> Vec<&'static str> {
+    registry().iter().filter(|op| op.is_differentiable()).map(|op| op.name()).collect()
+}
 
 /// Gradients of an op's inputs: `None` for an input that gets no gradient
 /// (a constant operand, or an input the op is not differentiable in).

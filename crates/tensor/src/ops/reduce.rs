@@ -448,6 +448,24 @@ impl Op for SumTo {
     }
 }
 
+impl ReduceKind {
+    /// Every reduction, once.
+    pub const ALL: &'static [ReduceKind] = &[ReduceKind::Sum, ReduceKind::Max, ReduceKind::Min, ReduceKind::LogSumExp];
+}
+
+/// This family's ops, each once (see [`crate::ops::registry`]).
+pub(crate) fn family() -> Vec<Box<dyn super::DynOp>> {
+    let mut ops: Vec<Box<dyn super::DynOp>> = ReduceKind::ALL
+        .iter()
+        .map(|kind| Box::new(Reduce { kind: kind.clone(), axes: Axes::new(), keepdim: false }) as Box<dyn super::DynOp>)
+        .collect();
+    for min in [false, true] {
+        ops.push(Box::new(ArgReduce { axis: 0, keepdim: false, min }));
+    }
+    ops.push(Box::new(SumTo { shape: Shape::from(()) }));
+    ops
+}
+
 /// Reductions, on tensors and graph handles alike. An empty `axes` slice
 /// means every axis.
 pub trait ReduceOps: Diff {

@@ -346,6 +346,20 @@ impl Op for Cast {
     }
 }
 
+/// This family's ops, each once (see [`crate::ops::registry`]).
+pub(crate) fn family() -> Vec<Box<dyn super::DynOp>> {
+    vec![
+        Box::new(Reshape(Shape::from(()))),
+        Box::new(Permute(SmallVec::new())),
+        Box::new(Narrow { axis: 0, start: 0, len: 0 }),
+        Box::new(Pad { axis: 0, start: 0, size: 0 }),
+        Box::new(BroadcastTo(Shape::from(()))),
+        Box::new(Contiguous),
+        Box::new(Concat { axis: 0 }),
+        Box::new(Cast(DType::F32)),
+    ]
+}
+
 /// Layout ops, on tensors and graph handles alike.
 pub trait ShapeOps: Diff {
     /// Same elements, new shape (a view when the layout allows, else a copy).

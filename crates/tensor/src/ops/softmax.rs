@@ -133,3 +133,8 @@ pub trait SoftmaxOps: Diff {
 }
 
 impl<T: Diff> SoftmaxOps for T {}
+
+/// This family's ops, each once (see [`crate::ops::registry`]).
+pub(crate) fn family() -> Vec<Box<dyn super::DynOp>> {
+    vec![Box::new(Softmax { axis: 0, log: false }), Box::new(Softmax { axis: 0, log: true })]
+}

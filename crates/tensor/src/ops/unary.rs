@@ -10,7 +10,7 @@
 use smallvec::SmallVec;
 
 use crate::ops::{check_pair, one, Arity, Diff, InputGrads, Op, Saved};
-use crate::{cpu, Error, Result, Tensor};
+use crate::{cpu, DType, Error, Result, Tensor};
 
 use super::binary::BinaryOps;
 use super::reduce::ReduceOps;
@@ -61,6 +61,8 @@ pub enum Unary {
     Erf,
     /// sign x (no derivative)
     Sign,
+    /// ln(1 + e^x), torch's softplus with beta 1: a smooth relu
+    Softplus,
 }
 
 pub(crate) const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
@@ -101,7 +103,14 @@ impl Unary {
         Unary::Clamp(-0.5, 0.5),
         Unary::Erf,
         Unary::Sign,
+        Unary::Softplus,
     ];
+
+    /// The CUDA kernel computing this function on `dtype` (an entry of
+    /// `kernels/elementwise.cu`): the name, then the dtype.
+    pub fn cuda_kernel(self, dtype: DType) -> String {
+        format!("{}_{}", self.name(), dtype.cuda_suffix())
+    }
 
     /// The op's name, as errors and graph diagnostics show it.
     pub fn name(self) -> &'static str {
@@ -127,6 +136,7 @@ impl Unary {
             Unary::Clamp(..) => "clamp",
             Unary::Erf => "erf",
             Unary::Sign => "sign",
+            Unary::Softplus => "softplus",
         }
     }
 
@@ -169,6 +179,7 @@ impl Unary {
             Unary::Clamp(lo, hi) => Tensor(x.ge_scalar(lo)?.mul(&x.le_scalar(hi)?)?),
             Unary::Erf => Tensor(x.square()?.neg()?.exp()?.mul_scalar(std::f64::consts::FRAC_2_SQRT_PI)?),
             Unary::Sign => Const(0.0),
+            Unary::Softplus => Tensor(x.sigmoid()?),
         })
     }
 }
@@ -196,7 +207,8 @@ impl Op for Unary {
             | Unary::Square
             | Unary::Powf(_)
             | Unary::Clamp(..)
-            | Unary::Erf => Saved::input(0),
+            | Unary::Erf
+            | Unary::Softplus => Saved::input(0),
         }
     }
 
@@ -329,6 +341,14 @@ impl TanhBackward {
     }
 }
 
+/// This family's ops, each once (see [`crate::ops::registry`]).
+pub(crate) fn family() -> Vec<Box<dyn super::DynOp>> {
+    let mut ops: Vec<Box<dyn super::DynOp>> =
+        Unary::ALL.iter().map(|&u| Box::new(u) as Box<dyn super::DynOp>).collect();
+    ops.push(Box::new(TanhBackward));
+    ops
+}
+
 /// Elementwise functions, on tensors and graph handles alike.
 pub trait UnaryOps: Diff {
     /// -x
@@ -427,6 +447,12 @@ pub trait UnaryOps: Diff {
     fn erf(&self) -> Result<Self> {
         Self::apply(Unary::Erf, &[self])
     }
+    /// ln(1 + e^x) (torch.nn.functional.softplus), computed without
+    /// overflow for large x and without losing small values for very
+    /// negative x; its derivative is sigmoid(x).
+    fn softplus(&self) -> Result<Self> {
+        Self::apply(Unary::Softplus, &[self])
+    }
     /// -1, 0 or 1 (zero gradient).
     fn sign(&self) -> Result<Self> {
         Self::apply(Unary::Sign, &[self])
@@ -434,3 +460,50 @@ pub trait UnaryOps: Diff {
 }
 
 impl<T: Diff> UnaryOps for T {}
+
+#[cfg(test)]
+mod tests {
+    use super::Unary;
+
+    /// Each variant's place in [`Unary::ALL`]. The match has no wildcard:
+    /// a new variant does not compile until it has a place here, which is
+    /// the reminder to add it to `ALL` (and to the gradient-check table,
+    /// whose test then asks for it).
+    fn place(u: Unary) -> usize {
+        match u {
+            Unary::Neg => 0,
+            Unary::Abs => 1,
+            Unary::Exp => 2,
+            Unary::Log => 3,
+            Unary::Sqrt => 4,
+            Unary::Rsqrt => 5,
+            Unary::Tanh => 6,
+            Unary::Sigmoid => 7,
+            Unary::Relu => 8,
+            Unary::GeluTanh => 9,
+            Unary::GeluErf => 10,
+            Unary::Sin => 11,
+            Unary::Cos => 12,
+            Unary::Square => 13,
+            Unary::Powf(_) => 14,
+            Unary::Recip => 15,
+            Unary::AddScalar(_) => 16,
+            Unary::MulScalar(_) => 17,
+            Unary::Clamp(..) => 18,
+            Unary::Erf => 19,
+            Unary::Sign => 20,
+            Unary::Softplus => 21,
+        }
+    }
+    const VARIANTS: usize = 22;
+
+    #[test]
+    fn all_lists_every_variant_once_in_order() {
+        let places: Vec<usize> = Unary::ALL.iter().map(|&u| place(u)).collect();
+        assert_eq!(places, (0..VARIANTS).collect::<Vec<_>>());
+        let mut names: Vec<&str> = Unary::ALL.iter().map(|u| u.name()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), VARIANTS, "every function has its own name");
+    }
+}
