@@ -76,11 +76,11 @@ pub type CheckFn<'a> = dyn for<'g> Fn(&'g Graph, &[Var<'g>]) -> tapir_tensor::Re
 /// `opts.order`, in the modes asked, JAX `check_grads`-style.
 ///
 /// ```
-/// use tapir_autograd::{check_grads, CheckOptions};
-/// use tapir_tensor::prelude::*;
+/// use tapir::prelude::*;
+///
 /// let x = Tensor::from_vec(vec![0.3f64, -0.7, 1.1], [3])?;
 /// check_grads(&|_g, v| v[0].tanh()?.mul(&v[0])?.sum_all(), &[x], &CheckOptions::default()).unwrap();
-/// # Ok::<(), tapir_tensor::Error>(())
+/// # Ok::<(), Error>(())
 /// ```
 pub fn check_grads(f: &CheckFn<'_>, inputs: &[Tensor], opts: &CheckOptions) -> Result<(), CheckError> {
     let inputs = inputs.iter().map(|t| t.cast(DType::F64)).collect::<tapir_tensor::Result<Vec<_>>>()?;

@@ -51,10 +51,9 @@ pub struct Graph {
 /// [`Tensor`]s, through [`Var::value`].
 ///
 /// ```compile_fail
-/// use tapir_autograd::Graph;
-/// use tapir_tensor::Tensor;
+/// use tapir::prelude::*;
 /// // A Var cannot escape its scope.
-/// let escaped = Graph::scope(|g| Ok::<_, tapir_tensor::Error>(g.leaf(Tensor::scalar(1.0)))).unwrap();
+/// let escaped = Graph::scope(|g| Ok::<_, Error>(g.leaf(Tensor::scalar(1.0)))).unwrap();
 /// ```
 #[derive(Clone, Copy)]
 pub struct Var<'g> {
@@ -88,8 +87,7 @@ impl Graph {
     /// tensors or numbers from `f`.
     ///
     /// ```
-    /// use tapir_autograd::Graph;
-    /// use tapir_tensor::prelude::*;
+    /// use tapir::prelude::*;
     ///
     /// let x0 = Tensor::from_vec(vec![0.5f64, -1.0], [2])?;
     /// let d2 = Graph::scope(|g| {
@@ -101,7 +99,7 @@ impl Graph {
     /// })?;
     /// let want: Vec<f64> = [0.5f64, -1.0].iter().map(|x| -2.0 * x.tanh() * (1.0 - x.tanh().powi(2))).collect();
     /// for (a, b) in d2.to_vec::<f64>()?.iter().zip(&want) { assert!((a - b).abs() < 1e-12); }
-    /// # Ok::<(), tapir_tensor::Error>(())
+    /// # Ok::<(), Error>(())
     /// ```
     ///
     /// # Reusing a function across scopes

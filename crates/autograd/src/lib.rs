@@ -2,8 +2,7 @@
 //! their scope ends — including the graphs built for higher derivatives.
 //!
 //! ```
-//! use tapir_autograd::Graph;
-//! use tapir_tensor::prelude::*;
+//! use tapir::prelude::*;
 //!
 //! // d²/dx² of x³ at x = 2 is 12; only a plain tensor leaves the scope.
 //! let h = Graph::scope(|g| {

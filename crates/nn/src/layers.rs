@@ -131,7 +131,10 @@ impl Linear {
             Some(&got) if got != input => Err(Error::InvalidShape {
                 op,
                 shape,
-                reason: format!("{layer} expects {input} input features in the last dimension, got {got}"),
+                reason: format!(
+                    "{layer} expects {input} input feature{} in the last dimension, got {got}",
+                    if input == 1 { "" } else { "s" }
+                ),
             }),
             Some(_) => Ok(()),
         }

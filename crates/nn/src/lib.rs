@@ -15,9 +15,7 @@
 //!   seeded shuffling and batching in [`DataLoader`].
 //!
 //! ```
-//! use tapir_nn::{Activation, Adam, Mlp, Optimizer, ParamStore};
-//! use tapir_autograd::Graph;
-//! use tapir_tensor::prelude::*;
+//! use tapir::prelude::*;
 //!
 //! let mut rng = Rng::new(0);
 //! let mut store = ParamStore::new();

@@ -6,14 +6,14 @@
 //! the same call records on a graph handle in tapir-autograd:
 //!
 //! ```
-//! use tapir_tensor::prelude::*;
+//! use tapir::prelude::*;
 //!
 //! let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], [2, 2])?;
 //! let y = x.matmul(&x.t()?)?.tanh()?.sum(&[1], false)?;
 //! assert_eq!(y.shape().dims(), &[2]);
 //! // Memory is counted exactly: y's 8 bytes are live.
 //! assert!(memory_allocated(Device::Cpu) >= 8);
-//! # Ok::<(), tapir_tensor::Error>(())
+//! # Ok::<(), Error>(())
 //! ```
 #![deny(missing_docs)]
 
