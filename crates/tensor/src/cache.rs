@@ -17,6 +17,7 @@
 
 use std::alloc::Layout;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use crate::memory::{track_release, track_reuse};
@@ -32,15 +33,18 @@ struct Cache {
     /// Free buffers by (bytes, alignment): their addresses.
     free: BTreeMap<(usize, usize), Vec<usize>>,
     bytes: usize,
+    /// Buffers `take` handed out from the cache that no storage has adopted
+    /// yet: their provenance, so the storage that adopts one counts a
+    /// reuse, not a system allocation, however many are in flight at once
+    /// and on whichever thread they become tensors.
+    lent: Vec<usize>,
 }
 
-static CACHE: Mutex<Cache> = Mutex::new(Cache { free: BTreeMap::new(), bytes: 0 });
+static CACHE: Mutex<Cache> = Mutex::new(Cache { free: BTreeMap::new(), bytes: 0, lent: Vec::new() });
 
-thread_local! {
-    /// The address `take` last handed out from the cache, so the storage
-    /// that adopts it counts a reuse, not a system allocation.
-    static REUSED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
-}
+/// How many buffers are lent: while none is (a loop of small tensors), a
+/// storage's adoption check is one atomic load, without the lock.
+static LENT: AtomicUsize = AtomicUsize::new(0);
 
 fn lock() -> std::sync::MutexGuard<'static, Cache> {
     CACHE.lock().unwrap_or_else(|e| e.into_inner())
@@ -57,14 +61,15 @@ pub(crate) fn take<T>(n: usize) -> crate::Result<Vec<T>> {
         let hit = {
             let mut c = lock();
             let p = c.free.get_mut(&(bytes, align)).and_then(|v| v.pop());
-            if p.is_some() {
+            if let Some(p) = p {
                 c.bytes -= bytes;
+                c.lent.push(p);
+                LENT.fetch_add(1, Ordering::Relaxed);
             }
             p
         };
         if let Some(p) = hit {
             track_reuse(Device::Cpu, bytes);
-            REUSED.with(|r| r.set(p));
             // SAFETY: `p` came from a `Vec` whose allocation had exactly this
             // layout (`bytes` = capacity * size, `align`), given up by `give`
             // and owned by nobody since; a capacity of `n` elements of `T`
@@ -92,16 +97,32 @@ pub fn filled<T: Copy>(n: usize, value: T) -> crate::Result<Vec<T>> {
     Ok(v)
 }
 
-/// True when `ptr` is the buffer `take` last reused on this thread (and
-/// forgets it): the storage adopting it is not a system allocation.
-pub(crate) fn adopt(ptr: usize) -> bool {
-    REUSED.with(|r| {
-        let hit = ptr != 0 && r.get() == ptr;
-        if hit {
-            r.set(0);
-        }
-        hit
-    })
+/// True when `ptr` (of a buffer of `bytes`) is a buffer `take` lent from
+/// the cache, which it then forgets: the storage adopting it is not a
+/// system allocation.
+pub(crate) fn adopt(ptr: usize, bytes: usize) -> bool {
+    if ptr == 0 || bytes < MIN_CACHED_BYTES || LENT.load(Ordering::Relaxed) == 0 {
+        return false;
+    }
+    forget_lent(&mut lock(), ptr)
+}
+
+/// Removes `ptr` from the lent buffers; true when it was one.
+fn forget_lent(c: &mut Cache, ptr: usize) -> bool {
+    let Some(i) = c.lent.iter().position(|&p| p == ptr) else { return false };
+    c.lent.swap_remove(i);
+    LENT.fetch_sub(1, Ordering::Relaxed);
+    true
+}
+
+/// A fresh allocation at `ptr` of `bytes`: if a lent buffer at that
+/// address was dropped without becoming a storage (an error between
+/// `take` and the tensor), its entry is stale and goes, so the fresh
+/// buffer is not mistaken for a reused one.
+pub(crate) fn fresh(ptr: usize, bytes: usize) {
+    if ptr != 0 && bytes >= MIN_CACHED_BYTES && LENT.load(Ordering::Relaxed) > 0 {
+        forget_lent(&mut lock(), ptr);
+    }
 }
 
 /// Keeps `v`'s buffer for reuse if it is large enough and the cache has
@@ -119,6 +140,8 @@ pub(crate) fn give<T>(v: Vec<T>) -> bool {
     if c.bytes + bytes > MAX_CACHED_BYTES {
         return false;
     }
+    // A lent buffer back before any storage adopted it is simply cached.
+    forget_lent(&mut c, v.as_ptr() as usize);
     let mut v = std::mem::ManuallyDrop::new(v);
     c.free.entry((bytes, align)).or_default().push(v.as_mut_ptr() as usize);
     c.bytes += bytes;

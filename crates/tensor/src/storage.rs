@@ -11,7 +11,9 @@ use crate::{DType, Device, Element, Result};
 /// allocated through here or [`CpuBuffer::zeros`].
 pub(crate) fn try_vec<T>(n: usize) -> Result<Vec<T>> {
     let mut v = Vec::new();
-    v.try_reserve_exact(n).map_err(|_| out_of_memory(Device::Cpu, n.saturating_mul(std::mem::size_of::<T>())))?;
+    let bytes = n.saturating_mul(std::mem::size_of::<T>());
+    v.try_reserve_exact(n).map_err(|_| out_of_memory(Device::Cpu, bytes))?;
+    crate::cache::fresh(v.as_ptr() as usize, bytes);
     Ok(v)
 }
 
@@ -56,6 +58,7 @@ unsafe fn try_zeroed<T>(n: usize) -> Result<Vec<T>> {
     if ptr.is_null() {
         return Err(oom());
     }
+    crate::cache::fresh(ptr as usize, bytes);
     // SAFETY: `ptr` comes from the global allocator with T's array layout for
     // `n` elements (what Vec frees with), and its n zeroed elements are valid
     // values by the caller's promise.
@@ -219,7 +222,7 @@ impl Storage {
         let bytes = buf.len() * buf.dtype().size_in_bytes();
         // A buffer from the cache is reserved again, but is no system
         // allocation.
-        let reused = crate::cache::adopt(buf.addr());
+        let reused = crate::cache::adopt(buf.addr(), bytes);
         track_alloc(Device::Cpu, bytes, true);
         if reused {
             crate::memory::track_adopted(Device::Cpu);

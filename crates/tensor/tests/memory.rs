@@ -328,3 +328,38 @@ fn freed_large_buffers_are_cached_reserved_and_reused() -> R {
     assert_eq!(s3.reserved, s0.reserved);
     Ok(())
 }
+
+/// Each cached buffer carries its provenance until a storage adopts it:
+/// two taken from the cache before either becomes a tensor, adopted in the
+/// other order, are both reuses (no system allocation, reserved flat).
+#[test]
+fn two_cached_buffers_taken_before_either_is_adopted_count_exactly() -> R {
+    let _g = lock();
+    tapir_tensor::cache::empty_cache();
+    let n = 64 * 1024; // 256 KiB of f32, cached when freed
+    let bytes = n * 4;
+    let x = Tensor::ones([n], DType::F32)?;
+    drop((x.exp()?, x.tanh()?));
+    assert_eq!(tapir_tensor::cache::cached_bytes(), 2 * bytes);
+    let s0 = stats();
+    let first = tapir_tensor::cache::filled(n, 1.0f32)?;
+    let second = tapir_tensor::cache::filled(n, 2.0f32)?;
+    assert_eq!(tapir_tensor::cache::cached_bytes(), 0);
+    let b = Tensor::from_vec(second, [n])?;
+    let a = Tensor::from_vec(first, [n])?;
+    let s1 = stats();
+    assert_eq!(s1.allocated, s0.allocated + 2 * bytes);
+    assert_eq!(s1.reserved, s0.reserved, "both bytes were reserved already, in the cache");
+    assert_eq!(s1.allocations, s0.allocations + 2);
+    assert_eq!(s1.system_allocations, s0.system_allocations, "neither is a system allocation");
+    assert_eq!((a.to_vec::<f32>()?[0], b.to_vec::<f32>()?[n - 1]), (1.0, 2.0));
+    // A fresh buffer is still a system allocation.
+    let c = Tensor::from_vec(tapir_tensor::cache::filled(n, 3.0f32)?, [n])?;
+    assert_eq!(stats().system_allocations, s1.system_allocations + 1);
+    drop((a, b, c));
+    tapir_tensor::cache::empty_cache();
+    let s2 = stats();
+    assert_eq!((s2.allocated, s2.reserved), (s0.allocated, s0.allocated));
+    drop(x);
+    Ok(())
+}
