@@ -24,7 +24,9 @@ pub mod math;
 pub(crate) mod matmul_tn;
 pub mod pool;
 pub(crate) mod rows;
+pub(crate) mod shape;
 pub mod simd;
+pub(crate) mod softmax;
 pub(crate) mod unary;
 
 use crate::{DType, Error, Result, Tensor};

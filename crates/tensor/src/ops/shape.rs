@@ -3,25 +3,11 @@
 
 use smallvec::SmallVec;
 
-use crate::cpu::iter::Nd;
 use crate::layout::check_axis;
 use crate::ops::reduce::ReduceOps;
 use crate::ops::{one, Arity, Diff, InputGrads, Op, Saved};
-use crate::storage::{try_filled, CpuBuffer, CpuElement};
-use crate::{resolve_axis, with_dtype, DType, Element, Error, Result, Shape, Tensor};
-
-/// Copies `src` into the contiguous buffer `dst` (of shape `dst_shape`) at
-/// element `offset`, placing `src`'s elements at `dst_shape`'s strides.
-pub(crate) fn copy_into<T: CpuElement>(dst: &mut [T], dst_shape: &Shape, offset: usize, src: &Tensor) {
-    let ds = dst_shape.contiguous_strides();
-    let data = src.storage_slice::<T>();
-    let nd = Nd::new(src.dims(), [&ds, &src.layout.strides], [offset, src.layout.offset]);
-    nd.runs(0, nd.numel(), |_, [od, os], len, [sd, ss]| {
-        for i in 0..len {
-            dst[od + i * sd] = data[os + i * ss];
-        }
-    });
-}
+use crate::storage::{CpuBuffer, CpuElement};
+use crate::{cpu, resolve_axis, with_dtype, DType, Element, Error, Result, Shape, Tensor};
 
 /// A new shape with the same elements.
 #[derive(Debug, Clone)]
@@ -159,14 +145,9 @@ impl Op for Pad {
             ));
         }
         shape.0[self.axis] = self.size;
-        let n = shape.check("pad", x.dtype())?;
+        shape.check("pad", x.dtype())?;
         let offset = self.start * shape.contiguous_strides()[self.axis];
-        let buf = with_dtype!(x.dtype(), T => {
-            let mut out = try_filled(n, T::from_f64(0.0))?;
-            copy_into(&mut out, &shape, offset, x);
-            T::wrap(out)
-        });
-        Tensor::from_buffer(buf, shape)
+        cpu::shape::place(&[(x, offset)], shape)
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         let len = xs[0].shape().dims()[self.axis];
@@ -277,18 +258,18 @@ impl Op for Concat {
             };
         }
         shape.0[self.axis] = total;
-        let n = shape.check("concat", first.dtype())?;
+        shape.check("concat", first.dtype())?;
         let stride = shape.contiguous_strides()[self.axis];
-        let buf = with_dtype!(first.dtype(), T => {
-            let mut out = try_filled(n, T::from_f64(0.0))?;
-            let mut at = 0;
-            for x in xs {
-                copy_into(&mut out, &shape, at * stride, x);
+        let mut at = 0;
+        let parts: Vec<(&Tensor, usize)> = xs
+            .iter()
+            .map(|&x| {
+                let part = (x, at * stride);
                 at += x.dims()[self.axis];
-            }
-            T::wrap(out)
-        });
-        Tensor::from_buffer(buf, shape)
+                part
+            })
+            .collect();
+        cpu::shape::place(&parts, shape)
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         let mut at = 0;
