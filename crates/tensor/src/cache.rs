@@ -3,8 +3,8 @@
 //! A graph frees all its values when its scope ends, and the next step
 //! allocates the same sizes again. Handed back to the system, every one of
 //! those buffers is faulted in and zeroed afresh by the kernel page by page:
-//! measured on a two-core VM, about 100 us for a 256 KiB tensor whose
-//! elementwise pass takes 15 us, and a fifth of an exact Laplacian's time.
+//! several times the cost of the elementwise pass that fills it
+//! (docs/performance.md).
 //! So buffers of 64 KiB and more are kept here when freed, keyed by their
 //! exact size and alignment, and handed out again by the kernels that fill
 //! fresh outputs. Smaller ones go back to malloc, whose bins already reuse

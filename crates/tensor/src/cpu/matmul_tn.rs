@@ -2,14 +2,13 @@
 //! a weight gradient, `g^T x` summed over a batch, is this product.
 //!
 //! The gemm crate packs `a` into panels before its microkernel runs; read
-//! transposed, that packing cost more than the products here (a
-//! 64 x 512 x 64 chunk took 55.8 us there, 75 GFLOP/s on one core, against
-//! 109 GFLOP/s for the same work with `a` row-major). Stored this way the
+//! transposed, that packing cost more than the products here
+//! (docs/performance.md). Stored this way the
 //! operands need no packing at all: row `p` of `a` holds the `p`-th term's
 //! left factors for all output rows and row `p` of `b` its right factors
 //! for all columns, so the product is a sum of outer products. Each output
 //! tile of 6 rows by up to 64 columns lives in 24 AVX-512 registers while
-//! the kernel walks `p` (36.3 us for that chunk, 116 GFLOP/s).
+//! the kernel walks `p`.
 //!
 //! Rows of `p` are taken in blocks of [`P_BLOCK`], so a block of `b`
 //! (64 columns x 64 rows, 16 KiB) stays in the L1 cache for every tile.

@@ -4,8 +4,7 @@
 //!
 //! rayon puts idle workers to sleep within microseconds, and waking one
 //! takes an inter-processor interrupt that costs tens of microseconds on a
-//! virtual machine; splitting an 80 us product that way measured slower
-//! than running it on one thread. Here a helper that has just finished a
+//! virtual machine (docs/performance.md has the measurements). Here a helper that has just finished a
 //! part keeps polling for the next job for 2 ms (`SPIN`) before it parks,
 //! the way OpenMP runtimes keep their threads (torch's CPU kernels get
 //! their speed-up on small products from exactly that). A step's kernels come a
@@ -18,10 +17,10 @@
 //! even when no helper shows up (a helper descheduled by another process
 //! costs at most the parts it took).
 //!
-//! A job costs a few cache-line transfers between cores; a line's round
-//! trip took 60 ns on one placement of this project's virtual machine and
-//! 330 ns on another (its two cores on different dies), and a
-//! Hessian-vector product makes 34 jobs. So the job is published in one line of the pool
+//! A job costs a few cache-line transfers between cores, and a round trip
+//! of a line between cores on different dies is several times one between
+//! neighbours (docs/performance.md), while a Hessian-vector product makes
+//! dozens of jobs. So the job is published in one line of the pool
 //! (the closure, and a ticket that holds the job's number, its part count
 //! and the next unclaimed part: a helper claims a part by one
 //! compare-and-swap on it), the count of finished parts has a line of its

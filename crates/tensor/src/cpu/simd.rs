@@ -6,8 +6,8 @@
 //! `#[target_feature]` copy for AVX-512 or AVX2 + FMA, whichever the
 //! processor has: the body is an `#[inline(always)]` closure, so its loops
 //! (and the scalar math they call, such as [`tanh_f32`](crate::cpu::math::tanh_f32))
-//! are vectorised for the wider registers. A tanh over 64 Ki floats drops
-//! from about 2.2 ns to 0.6 ns an element on AVX-512.
+//! are vectorised for the wider registers (docs/performance.md: several
+//! times faster for a tanh).
 //!
 //! Results do not depend on the copy that runs: Rust never contracts
 //! `a * b + c` into a fused multiply-add on its own, so each element sees
