@@ -19,6 +19,7 @@
 //! tensors, so the kernels read host slices without checking the device.
 
 pub(crate) mod binary;
+pub(crate) mod index;
 pub mod iter;
 pub mod math;
 pub(crate) mod matmul_tn;

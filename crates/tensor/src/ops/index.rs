@@ -4,8 +4,7 @@
 
 use crate::layout::check_axis;
 use crate::ops::{one, Arity, Diff, InputGrads, Op, Saved};
-use crate::storage::{try_filled, try_vec, CpuElement};
-use crate::{resolve_axis, with_dtype, DType, Element, Error, Result, Shape, Tensor};
+use crate::{cpu, resolve_axis, DType, Error, Result, Shape, Tensor};
 
 /// The indices of `idx` as usize, each checked against `size`.
 pub(crate) fn checked_indices(op: &'static str, idx: &Tensor, size: usize) -> Result<Vec<usize>> {
@@ -67,18 +66,8 @@ impl Op for IndexSelect {
         let ids = checked_indices("index_select", &self.idx, size)?;
         let mut shape = x.shape().clone();
         shape.0[self.axis] = ids.len();
-        let buf = with_dtype!(x.dtype(), T => {
-            let src = x.as_slice::<T>().expect("internal: contiguous");
-            let mut out = try_vec(shape.check("index_select", x.dtype())?)?;
-            for o in 0..outer {
-                for &i in &ids {
-                    let at = (o * size + i) * inner;
-                    out.extend_from_slice(&src[at..at + inner]);
-                }
-            }
-            T::wrap(out)
-        });
-        Tensor::from_buffer(buf, shape)
+        shape.check("index_select", x.dtype())?;
+        cpu::index::select(&x, &ids, [outer, size, inner], shape)
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         let size = xs[0].shape().dims()[self.axis];
@@ -129,21 +118,8 @@ impl Op for IndexAdd {
         }
         let mut shape = g.shape().clone();
         shape.0[self.axis] = self.size;
-        let total = shape.check("index_add", g.dtype())?;
-        let buf = with_dtype!(g.dtype(), T => {
-            let src = g.as_slice::<T>().expect("internal: contiguous");
-            let mut out = try_filled(total, T::from_f64(0.0))?;
-            for o in 0..outer {
-                for (j, &i) in ids.iter().enumerate() {
-                    let (d, s) = ((o * self.size + i) * inner, (o * n + j) * inner);
-                    for k in 0..inner {
-                        out[d + k] = T::from_f64(out[d + k].to_f64() + src[s + k].to_f64());
-                    }
-                }
-            }
-            T::wrap(out)
-        });
-        Tensor::from_buffer(buf, shape)
+        shape.check("index_add", g.dtype())?;
+        cpu::index::add(&g, &ids, [outer, n, inner], shape)
     }
     fn vjp<T: Diff>(&self, _: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         Ok(one(T::apply(IndexSelect { axis: self.axis, idx: self.idx.clone() }, &[g])?))
@@ -213,11 +189,7 @@ impl Op for Gather {
     fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let x = xs[0].contiguous()?;
         let offs = scatter_offsets("gather", x.shape(), self.axis, &self.idx)?;
-        let buf = with_dtype!(x.dtype(), T => {
-            let src = x.as_slice::<T>().expect("internal: contiguous");
-            T::wrap(offs.iter().map(|&o| src[o]).collect())
-        });
-        Tensor::from_buffer(buf, self.idx.shape().clone())
+        cpu::index::gather(&x, &offs, self.idx.shape().clone())
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         let zeros = g.lift(Tensor::zeros(xs[0].shape(), g.dtype())?);
@@ -266,15 +238,7 @@ impl Op for ScatterAdd {
             });
         }
         let offs = scatter_offsets("scatter_add", base.shape(), self.axis, &self.idx)?;
-        let buf = with_dtype!(base.dtype(), T => {
-            let mut out = base.to_vec::<T>()?;
-            let s = src.as_slice::<T>().expect("internal: contiguous");
-            for (&o, &v) in offs.iter().zip(s) {
-                out[o] = T::from_f64(out[o].to_f64() + v.to_f64());
-            }
-            T::wrap(out)
-        });
-        Tensor::from_buffer(buf, base.shape().clone())
+        cpu::index::scatter_add(base, &src, &offs)
     }
     fn vjp<T: Diff>(&self, _: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         let gsrc = T::apply(Gather { axis: self.axis, idx: self.idx.clone() }, &[g])?;
