@@ -22,6 +22,7 @@ pub(crate) mod binary;
 pub(crate) mod index;
 pub mod iter;
 pub mod math;
+pub(crate) mod matmul;
 pub(crate) mod matmul_tn;
 pub mod pool;
 pub(crate) mod rows;

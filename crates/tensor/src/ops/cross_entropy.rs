@@ -14,9 +14,10 @@ use std::sync::Mutex;
 use rayon::prelude::*;
 
 use crate::cpu::math::exp_f32;
+use crate::cpu::matmul::{gemm_into, MatRef};
 use crate::ops::binary::BinaryOps;
 use crate::ops::index::IndexOps;
-use crate::ops::matmul::{gemm_into, MatRef, MatmulOps};
+use crate::ops::matmul::MatmulOps;
 use crate::ops::reduce::ReduceOps;
 use crate::ops::shape::ShapeOps;
 use crate::ops::softmax::SoftmaxOps;
