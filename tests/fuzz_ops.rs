@@ -76,3 +76,18 @@ proptest! {
         run_checkpoint(&bytes);
     }
 }
+
+// ----- crashes the fuzzer found, kept as named cases ----------------------
+
+/// `fuzz/artifacts/checkpoint/crash-0846...`: a header length near
+/// `u64::MAX` written over a valid file, then the header text replaced.
+/// It overflowed the harness's own arithmetic (the loader returned its
+/// error); kept so the edit path stays covered.
+#[test]
+fn checkpoint_with_a_header_length_near_u64_max() {
+    run_checkpoint(&[
+        33, 176, 47, 255, 127, 127, 127, 19, 61, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255,
+        255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 158, 173, 33, 36, 255, 255, 255,
+        255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 158, 173, 33, 10, 127,
+    ]);
+}

@@ -92,7 +92,7 @@ fn edit(bytes: &mut Vec<u8>, e: &Edit) {
         Edit::HeaderLen(n) if bytes.len() >= 8 => bytes[..8].copy_from_slice(&n.to_le_bytes()),
         Edit::Header(text) if bytes.len() >= 8 => {
             let len = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")) as usize;
-            let end = (8 + len).min(bytes.len());
+            let end = 8usize.saturating_add(len).min(bytes.len());
             let mut h: Vec<u8> = text.bytes().take(end - 8).collect();
             h.resize(end - 8, b' ');
             bytes[8..end].copy_from_slice(&h);
