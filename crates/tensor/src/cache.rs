@@ -28,9 +28,18 @@ pub const MIN_CACHED_BYTES: usize = 64 << 10;
 /// to the system.
 pub const MAX_CACHED_BYTES: usize = 1 << 30;
 
+/// A cached buffer's pointer. Kept as a pointer, not an address, so the
+/// buffer handed out again carries the provenance of its allocation (Miri
+/// checks accesses through it; a pointer made from an integer it cannot).
+struct FreeBuf(*mut u8);
+
+// SAFETY: a cached buffer is owned by the cache alone (behind its mutex)
+// until `take` hands it to exactly one vector.
+unsafe impl Send for FreeBuf {}
+
 struct Cache {
-    /// Free buffers by (bytes, alignment): their addresses.
-    free: BTreeMap<(usize, usize), Vec<usize>>,
+    /// Free buffers by (bytes, alignment).
+    free: BTreeMap<(usize, usize), Vec<FreeBuf>>,
     bytes: usize,
 }
 
@@ -64,12 +73,12 @@ pub(crate) fn take<T>(n: usize) -> crate::Result<Vec<T>> {
         };
         if let Some(p) = hit {
             track_reuse(Device::Cpu, bytes);
-            REUSED.with(|r| r.set(p));
+            REUSED.with(|r| r.set(p.0 as usize));
             // SAFETY: `p` came from a `Vec` whose allocation had exactly this
             // layout (`bytes` = capacity * size, `align`), given up by `give`
             // and owned by nobody since; a capacity of `n` elements of `T`
             // describes that same layout.
-            return Ok(unsafe { Vec::from_raw_parts(p as *mut T, 0, n) });
+            return Ok(unsafe { Vec::from_raw_parts(p.0.cast::<T>(), 0, n) });
         }
     }
     // Out of memory with buffers cached: give them back and try once more.
@@ -120,7 +129,7 @@ pub(crate) fn give<T>(v: Vec<T>) -> bool {
         return false;
     }
     let mut v = std::mem::ManuallyDrop::new(v);
-    c.free.entry((bytes, align)).or_default().push(v.as_mut_ptr() as usize);
+    c.free.entry((bytes, align)).or_default().push(FreeBuf(v.as_mut_ptr().cast::<u8>()));
     c.bytes += bytes;
     true
 }
@@ -141,9 +150,9 @@ pub fn empty_cache() {
     for ((bytes, align), ptrs) in free {
         let layout = Layout::from_size_align(bytes, align).expect("internal: a layout a Vec had");
         for p in ptrs {
-            // SAFETY: each address is a live allocation of the global
+            // SAFETY: each pointer is a live allocation of the global
             // allocator with this layout, owned by the cache alone.
-            unsafe { std::alloc::dealloc(p as *mut u8, layout) };
+            unsafe { std::alloc::dealloc(p.0, layout) };
             track_release(Device::Cpu, bytes);
         }
     }
