@@ -42,6 +42,11 @@ fn causal_rows<T: tapir_tensor::Float + tapir_tensor::CpuElement>(
     tk: usize,
     scale: T,
 ) {
+    if tk == 0 {
+        // No keys, so no queries either: nothing to write (chunks of zero
+        // elements do not exist).
+        return;
+    }
     for (r, (xi, oi)) in x.chunks(tk).zip(out.chunks_mut(tk)).enumerate() {
         let i = r % tq;
         let n = (i + 1 + tk - tq).min(tk);

@@ -253,6 +253,21 @@ pub fn save_with_hook(
     metadata: &BTreeMap<String, String>,
     before_rename: impl FnOnce(&Path) -> std::io::Result<()>,
 ) -> Result<(), CheckpointError> {
+    save_with_io(path, store, optim, metadata, |f, bytes| f.write_all(bytes), before_rename)
+}
+
+/// [`save_with_hook`], writing the temporary file's bytes with `write`
+/// instead of one `write_all`: a test passes a writer that fails halfway,
+/// as a full disk or a killed process would leave it.
+#[doc(hidden)]
+pub fn save_with_io(
+    path: impl AsRef<Path>,
+    store: &ParamStore,
+    optim: Option<&dyn Optimizer>,
+    metadata: &BTreeMap<String, String>,
+    write: impl FnOnce(&mut File, &[u8]) -> std::io::Result<()>,
+    before_rename: impl FnOnce(&Path) -> std::io::Result<()>,
+) -> Result<(), CheckpointError> {
     let path = path.as_ref();
     let mut tensors: Vec<(String, Raw)> = Vec::with_capacity(store.len());
     for (_, name, value) in store.iter() {
@@ -281,7 +296,7 @@ pub fn save_with_hook(
     let tmp = temp_path(path);
     let result = (|| {
         let mut f = File::create(&tmp).map_err(io_err(&tmp))?;
-        f.write_all(&bytes).map_err(io_err(&tmp))?;
+        write(&mut f, &bytes).map_err(io_err(&tmp))?;
         f.sync_all().map_err(io_err(&tmp))?;
         drop(f);
         before_rename(&tmp).map_err(io_err(&tmp))?;

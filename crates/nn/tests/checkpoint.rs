@@ -4,6 +4,7 @@
 //! checkpoint loadable.
 
 use std::collections::BTreeMap;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use tapir_autograd::Graph;
@@ -264,4 +265,37 @@ fn interrupted_save_leaves_the_old_checkpoint_loadable() {
     assert_ne!(new, old);
     assert_eq!(new, store.iter().map(|(_, _, t)| bits(t)).collect::<Vec<_>>());
     assert!(seen.is_some());
+}
+
+#[test]
+fn a_write_failing_halfway_leaves_the_old_checkpoint_intact() {
+    let dir = TempDir::new("halfway");
+    let path = dir.file("ck.safetensors");
+    let (mut store, gpt) = model(8, 2);
+    let mut opt = Adam::new(1e-2);
+    checkpoint::save(&path, &store, Some(&opt), &meta(0)).unwrap();
+    let old = load_bits(&path);
+    let old_bytes = std::fs::read(&path).unwrap();
+    train_step(&mut store, &gpt, &mut opt, 0);
+    let mut written = 0;
+    let err = checkpoint::save_with_io(
+        &path,
+        &store,
+        Some(&opt),
+        &meta(1),
+        |f, bytes| {
+            // Half the file reaches the disk, then the device fills up.
+            written = bytes.len() / 2;
+            f.write_all(&bytes[..written])?;
+            f.sync_all()?;
+            Err(std::io::Error::new(std::io::ErrorKind::StorageFull, "injected: no space left"))
+        },
+        |_| panic!("a failed write never reaches the rename"),
+    )
+    .unwrap_err();
+    assert!(written > 0);
+    assert!(err.to_string().contains("no space left"), "{err}");
+    assert_eq!(std::fs::read(&path).unwrap(), old_bytes, "the old file, byte for byte");
+    assert_eq!(load_bits(&path), old);
+    assert_eq!(dir.entries(), vec!["ck.safetensors"], "the half-written temporary file is gone");
 }

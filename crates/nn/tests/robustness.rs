@@ -140,3 +140,15 @@ fn adam_and_lbfgs_agree_on_what_fits() {
     let ok = Grads::from_tensors(vec![Tensor::ones([3], DType::F64).expect("g")]);
     assert!(ok.check_fits(&store, "test").is_ok());
 }
+
+#[test]
+fn causal_softmax_over_no_keys_is_empty_not_a_panic() {
+    // Found by the op_structs fuzz target: a [.., 0, 0] score block asked
+    // for rows of zero keys, which `chunks` cannot make.
+    let _g = lock();
+    let x = Tensor::zeros([2, 0, 0], DType::F32).expect("empty scores");
+    let y = Tensor::apply(tapir_nn::CausalSoftmax { scale: 1.0 }, &[&x]).expect("empty result");
+    assert_eq!(y.dims(), [2, 0, 0]);
+    let y = tapir_nn::causal_softmax(&x.cast(DType::F64).expect("f64"), 0.5).expect("f64 too");
+    assert_eq!(y.dims(), [2, 0, 0]);
+}

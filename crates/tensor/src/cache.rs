@@ -29,9 +29,18 @@ pub const MIN_CACHED_BYTES: usize = 64 << 10;
 /// to the system.
 pub const MAX_CACHED_BYTES: usize = 1 << 30;
 
+/// A cached buffer's pointer. Kept as a pointer, not an address, so the
+/// buffer handed out again carries the provenance of its allocation (Miri
+/// checks accesses through it; a pointer made from an integer it cannot).
+struct FreeBuf(*mut u8);
+
+// SAFETY: a cached buffer is owned by the cache alone (behind its mutex)
+// until `take` hands it to exactly one vector.
+unsafe impl Send for FreeBuf {}
+
 struct Cache {
-    /// Free buffers by (bytes, alignment): their addresses.
-    free: BTreeMap<(usize, usize), Vec<usize>>,
+    /// Free buffers by (bytes, alignment).
+    free: BTreeMap<(usize, usize), Vec<FreeBuf>>,
     bytes: usize,
     /// Buffers `take` handed out from the cache that no storage has adopted
     /// yet: their provenance, so the storage that adopts one counts a
@@ -61,9 +70,9 @@ pub(crate) fn take<T>(n: usize) -> crate::Result<Vec<T>> {
         let hit = {
             let mut c = lock();
             let p = c.free.get_mut(&(bytes, align)).and_then(|v| v.pop());
-            if let Some(p) = p {
+            if let Some(p) = &p {
                 c.bytes -= bytes;
-                c.lent.push(p);
+                c.lent.push(p.0 as usize);
                 LENT.fetch_add(1, Ordering::Relaxed);
             }
             p
@@ -74,7 +83,7 @@ pub(crate) fn take<T>(n: usize) -> crate::Result<Vec<T>> {
             // layout (`bytes` = capacity * size, `align`), given up by `give`
             // and owned by nobody since; a capacity of `n` elements of `T`
             // describes that same layout.
-            return Ok(unsafe { Vec::from_raw_parts(p as *mut T, 0, n) });
+            return Ok(unsafe { Vec::from_raw_parts(p.0.cast::<T>(), 0, n) });
         }
     }
     // Out of memory with buffers cached: give them back and try once more.
@@ -143,7 +152,7 @@ pub(crate) fn give<T>(v: Vec<T>) -> bool {
     // A lent buffer back before any storage adopted it is simply cached.
     forget_lent(&mut c, v.as_ptr() as usize);
     let mut v = std::mem::ManuallyDrop::new(v);
-    c.free.entry((bytes, align)).or_default().push(v.as_mut_ptr() as usize);
+    c.free.entry((bytes, align)).or_default().push(FreeBuf(v.as_mut_ptr().cast::<u8>()));
     c.bytes += bytes;
     true
 }
@@ -164,9 +173,9 @@ pub fn empty_cache() {
     for ((bytes, align), ptrs) in free {
         let layout = Layout::from_size_align(bytes, align).expect("internal: a layout a Vec had");
         for p in ptrs {
-            // SAFETY: each address is a live allocation of the global
+            // SAFETY: each pointer is a live allocation of the global
             // allocator with this layout, owned by the cache alone.
-            unsafe { std::alloc::dealloc(p as *mut u8, layout) };
+            unsafe { std::alloc::dealloc(p.0, layout) };
             track_release(Device::Cpu, bytes);
         }
     }

@@ -29,7 +29,9 @@ pub enum Isa {
 /// The widest instruction set this processor supports. Cached by the
 /// standard library's detection macro: each call is a few loads and tests.
 pub fn isa() -> Isa {
-    #[cfg(target_arch = "x86_64")]
+    // Miri interprets the portable copy only: it does not run the vector
+    // intrinsics, and the unsafe code it checks is the same in every copy.
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
     {
         let avx2 = std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma");
         if avx2 && std::arch::is_x86_feature_detected!("avx512f") {

@@ -114,7 +114,7 @@ impl CeFloat for f32 {
         exp_f32(self)
     }
     fn lse_row(x: &[f32], want_sum: bool) -> (f32, f32) {
-        #[cfg(target_arch = "x86_64")]
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
         if std::arch::is_x86_feature_detected!("avx2") {
             #[target_feature(enable = "avx2")]
             unsafe fn avx2(x: &[f32], want_sum: bool) -> (f32, f32) {
@@ -126,7 +126,7 @@ impl CeFloat for f32 {
         row_lse(x, want_sum)
     }
     fn grad_row(xr: &mut [f32], k: GradRow<f32>) {
-        #[cfg(target_arch = "x86_64")]
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
         if std::arch::is_x86_feature_detected!("avx2") {
             #[target_feature(enable = "avx2")]
             unsafe fn avx2(xr: &mut [f32], k: GradRow<f32>) {
