@@ -5,7 +5,7 @@
 use std::collections::{HashMap, HashSet};
 
 use smallvec::SmallVec;
-use tapir_tensor::{BinaryOps, Diff, Error, Result, Saved, ShapeOps, Tensor, Traced};
+use tapir_tensor::{BinaryOps, Diff, DynOp, Error, Result, Saved, ShapeOps, Tape, Tensor, Traced};
 
 use slotmap::SlotMap;
 
@@ -23,31 +23,43 @@ pub struct GradOptions {
     pub retain_graph: bool,
 }
 
-/// The nodes between `outputs` and `inputs` that a backward pass must visit,
-/// in topological order (inputs first).
-pub(crate) fn path(g: &Graph, outputs: &[NodeId], inputs: &[NodeId]) -> Vec<NodeId> {
+/// Which way a pass walks the tape, which decides the nodes it visits.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Direction {
+    /// Backward: only nodes requiring grad carry a gradient, and the walk
+    /// goes on past a requested input, which may itself depend on another.
+    Reverse,
+    /// Forward: any node may carry a tangent, and the walk stops at a
+    /// requested input, whose tangent is given.
+    Forward,
+}
+
+/// The nodes on which `outputs` depend and which depend on `inputs`, in
+/// topological order (inputs first): what a pass in direction `dir` must
+/// visit.
+pub(crate) fn path(g: &Graph, outputs: &[NodeId], inputs: &[NodeId], dir: Direction) -> Vec<NodeId> {
     let nodes = g.nodes.borrow();
-    // Iterative DFS post-order from the outputs, over nodes requiring grad.
+    let visits = |n: NodeId| dir == Direction::Forward || nodes[n].requires_grad;
+    // Iterative DFS post-order from the outputs.
     let mut order = Vec::new();
-    let mut state: HashMap<NodeId, bool> = HashMap::new(); // false = open, true = done
+    let mut seen: HashSet<NodeId> = HashSet::new();
     let mut stack: Vec<(NodeId, usize)> = Vec::new();
     for &o in outputs {
-        if state.contains_key(&o) || !nodes[o].requires_grad {
+        if seen.contains(&o) || !visits(o) {
             continue;
         }
-        state.insert(o, false);
+        seen.insert(o);
         stack.push((o, 0));
         while let Some(&mut (n, ref mut next)) = stack.last_mut() {
-            let ins = &nodes[n].inputs;
+            let stop = dir == Direction::Forward && inputs.contains(&n);
+            let ins: &[NodeId] = if stop { &[] } else { &nodes[n].inputs };
             if *next < ins.len() {
                 let c = ins[*next];
                 *next += 1;
-                if nodes[c].requires_grad && !state.contains_key(&c) {
-                    state.insert(c, false);
+                if visits(c) && seen.insert(c) {
                     stack.push((c, 0));
                 }
             } else {
-                state.insert(n, true);
                 order.push(n);
                 stack.pop();
             }
@@ -66,7 +78,7 @@ fn check_inputs(g: &Graph, vars: &[Var<'_>]) -> Result<()> {
     g.check_own("grad", vars)
 }
 
-fn seeds(outputs: &[Var<'_>], grad_outputs: Option<&Vec<Tensor>>) -> Result<Vec<Tensor>> {
+fn seeds(outputs: &[Var<'_>], grad_outputs: Option<Vec<Tensor>>) -> Result<Vec<Tensor>> {
     match grad_outputs {
         None => outputs.iter().map(|o| Tensor::ones(o.shape(), o.dtype())).collect(),
         Some(s) => {
@@ -76,12 +88,12 @@ fn seeds(outputs: &[Var<'_>], grad_outputs: Option<&Vec<Tensor>>) -> Result<Vec<
                     format!("{} grad_outputs for {} outputs", s.len(), outputs.len()),
                 ));
             }
-            for (o, s) in outputs.iter().zip(s) {
+            for (o, s) in outputs.iter().zip(&s) {
                 if o.shape() != *s.shape() {
                     return Err(Error::ShapeMismatch { op: "grad", lhs: o.shape(), rhs: s.shape().clone() });
                 }
             }
-            Ok(s.clone())
+            Ok(s)
         }
     }
 }
@@ -159,65 +171,12 @@ impl Graph {
     pub fn grad_with(&self, outputs: &[Var<'_>], inputs: &[Var<'_>], opts: GradOptions) -> Result<Vec<Tensor>> {
         check_inputs(self, outputs)?;
         check_inputs(self, inputs)?;
-        let seeds = seeds(outputs, opts.grad_outputs.as_ref())?;
+        let seeds = seeds(outputs, opts.grad_outputs)?;
         let out_ids: Vec<NodeId> = outputs.iter().map(|v| v.id).collect();
         let in_ids: Vec<NodeId> = inputs.iter().map(|v| v.id).collect();
-        let order = path(self, &out_ids, &in_ids);
-        let mut grads: HashMap<NodeId, Tensor> = HashMap::new();
-        for (&o, s) in out_ids.iter().zip(seeds) {
-            accumulate(&mut grads, o, s)?;
-        }
-        let mut saved = if opts.retain_graph { None } else { Some(SavedValues::new(self, &order, &out_ids, &in_ids)) };
-        let mut results: HashMap<NodeId, Tensor> = HashMap::new();
-        for &n in order.iter().rev() {
-            // A node no gradient reached keeps its values: another pass may
-            // still run its rule.
-            let Some(gn) = grads.remove(&n) else { continue };
-            if in_ids.contains(&n) {
-                results.insert(n, gn.clone());
-            }
-            let (op, input_ids) = {
-                let nodes = self.nodes.borrow();
-                let Some(op) = nodes[n].op.clone() else { continue };
-                (op, nodes[n].inputs.clone())
-            };
-            let (xs, y) = match saved.as_mut() {
-                Some(s) => s.take_for(self, n, &input_ids, op.saves())?,
-                None => {
-                    let nodes = self.nodes.borrow();
-                    let value = |i: NodeId| nodes[i].value.clone().ok_or_else(|| released(op.name()));
-                    (input_ids.iter().map(|&i| value(i)).collect::<Result<_>>()?, value(n)?)
-                }
-            };
-            let gin = op.vjp_eager(xs, y, gn)?;
-            if saved.is_some() {
-                // The rule is spent: what the op saved beyond values goes too.
-                op.release();
-            }
-            for (i, gi) in input_ids.iter().zip(gin) {
-                if let Some(gi) = gi {
-                    if self.nodes.borrow()[*i].requires_grad {
-                        accumulate(&mut grads, *i, gi)?;
-                    }
-                }
-            }
-        }
-        inputs
-            .iter()
-            .map(|v| match results.remove(&v.id) {
-                Some(g) => Ok(g),
-                None => Tensor::zeros(v.shape(), v.dtype()),
-            })
-            .collect::<Result<Vec<_>>>()
-            .map(|mut v| {
-                // The same input listed twice gets its gradient twice.
-                for (i, a) in inputs.iter().enumerate() {
-                    if let Some(j) = inputs[..i].iter().position(|b| b.id == a.id) {
-                        v[i] = v[j].clone();
-                    }
-                }
-                v
-            })
+        let order = path(self, &out_ids, &in_ids, Direction::Reverse);
+        let saved = if opts.retain_graph { None } else { Some(SavedValues::new(self, &order, &out_ids, &in_ids)) };
+        self.backward(&order, &out_ids, inputs, seeds, saved)
     }
 
     /// Recorded backward from several outputs, seeded by `grad_outputs`
@@ -233,10 +192,10 @@ impl Graph {
         check_inputs(self, grad_outputs.unwrap_or_default())?;
         let out_ids: Vec<NodeId> = outputs.iter().map(|v| v.id).collect();
         let in_ids: Vec<NodeId> = inputs.iter().map(|v| v.id).collect();
-        let order = path(self, &out_ids, &in_ids);
-        let mut grads: HashMap<NodeId, Traced<'g>> = HashMap::new();
+        let order = path(self, &out_ids, &in_ids, Direction::Reverse);
+        let mut seeds = Vec::with_capacity(outputs.len());
         for (k, o) in outputs.iter().enumerate() {
-            let seed = match grad_outputs {
+            seeds.push(match grad_outputs {
                 Some(s) => {
                     let s =
                         s.get(k).ok_or_else(|| Error::invalid_arg("grad_graph", "fewer grad_outputs than outputs"))?;
@@ -246,41 +205,179 @@ impl Graph {
                     s.traced()
                 }
                 None => o.traced().lift(Tensor::ones(o.shape(), o.dtype())?),
-            };
-            accumulate_traced(&mut grads, o.id, seed)?;
+            });
         }
-        let mut results: HashMap<NodeId, Traced<'g>> = HashMap::new();
+        let grads = self.backward(&order, &out_ids, inputs, seeds, None)?;
+        Ok(grads.into_iter().map(|t| self.var(from_raw(t.id))).collect())
+    }
+
+    /// The reverse walk both passes share: seeds the outputs, runs each
+    /// reached node's rule in reverse topological `order`, adds up what
+    /// flows into each node, and returns the gradient of each of `inputs`
+    /// (zeros where none arrived). `saved` is what releases values as
+    /// their last reader runs; without it every value stays.
+    fn backward<'g, V: Value<'g>>(
+        &'g self,
+        order: &[NodeId],
+        out_ids: &[NodeId],
+        inputs: &[Var<'_>],
+        seeds: Vec<V>,
+        mut saved: Option<SavedValues>,
+    ) -> Result<Vec<V>> {
+        let mut grads: HashMap<NodeId, V> = HashMap::new();
+        for (&o, s) in out_ids.iter().zip(seeds) {
+            accumulate(&mut grads, o, s)?;
+        }
+        let mut results: HashMap<NodeId, V> = HashMap::new();
         for &n in order.iter().rev() {
+            // A node no gradient reached keeps its values: another pass may
+            // still run its rule.
             let Some(gn) = grads.remove(&n) else { continue };
-            if in_ids.contains(&n) {
-                results.insert(n, gn);
+            if inputs.iter().any(|v| v.id == n) {
+                results.insert(n, gn.clone());
             }
             let (op, input_ids) = {
                 let nodes = self.nodes.borrow();
                 let Some(op) = nodes[n].op.clone() else { continue };
                 (op, nodes[n].inputs.clone())
             };
-            let xs: SmallVec<[Traced<'g>; 3]> =
-                input_ids.iter().map(|&i| Traced { tape: self, id: to_raw(i) }).collect();
-            let refs: SmallVec<[&Traced<'g>; 3]> = xs.iter().collect();
-            let y = Traced { tape: self as &dyn tapir_tensor::Tape, id: to_raw(n) };
-            let gin = op.vjp_traced(&refs, &y, &gn)?;
+            let gin = V::reverse(self, &*op, n, &input_ids, gn, saved.as_mut())?;
+            if saved.is_some() {
+                // The rule is spent: what the op saved beyond values goes too.
+                op.release();
+            }
             for (i, gi) in input_ids.iter().zip(gin) {
                 if let Some(gi) = gi {
                     if self.nodes.borrow()[*i].requires_grad {
-                        accumulate_traced(&mut grads, *i, gi)?;
+                        accumulate(&mut grads, *i, gi)?;
                     }
                 }
             }
         }
-        inputs
-            .iter()
-            .map(|v| match results.get(&v.id) {
-                Some(t) => Ok(self.var(from_raw(t.id))),
-                None => Ok(self.constant(Tensor::zeros(v.shape(), v.dtype())?)),
-            })
-            .collect()
+        let mut out: Vec<V> = Vec::with_capacity(inputs.len());
+        for (i, v) in inputs.iter().enumerate() {
+            // The same input listed twice gets its gradient twice.
+            let g = match inputs[..i].iter().position(|b| b.id == v.id) {
+                Some(j) => out[j].clone(),
+                None => match results.remove(&v.id) {
+                    Some(g) => g,
+                    None => V::zeros(self, v)?,
+                },
+            };
+            out.push(g);
+        }
+        Ok(out)
     }
+}
+
+/// A value a pass carries along the tape: a plain [`Tensor`] (nothing
+/// recorded, the ops' eager rules with their fused kernels) or a
+/// [`Traced`] handle (every step recorded on the graph, so the result can
+/// be differentiated again). The walks are written once over this trait;
+/// what differs is how a rule gets its operands and which of its compiled
+/// forms runs.
+pub(crate) trait Value<'g>: Diff {
+    /// Runs the reverse rule of node `n` (op `op`, inputs `input_ids`) on
+    /// the gradient `g` of its output. `saved`, when given, decides which
+    /// values the rule gets and which it takes over.
+    fn reverse(
+        graph: &'g Graph,
+        op: &dyn DynOp,
+        n: NodeId,
+        input_ids: &[NodeId],
+        g: Self,
+        saved: Option<&mut SavedValues>,
+    ) -> Result<SmallVec<[Option<Self>; 3]>>;
+
+    /// Runs the forward rule of node `n` on its inputs' tangents `ts`
+    /// (`None` for zero).
+    fn forward(
+        graph: &'g Graph,
+        op: &dyn DynOp,
+        n: NodeId,
+        input_ids: &[NodeId],
+        ts: &[Option<&Self>],
+    ) -> Result<Option<Self>>;
+
+    /// Zeros shaped like `like`: what a pass returns where nothing flowed.
+    fn zeros(graph: &'g Graph, like: &Var<'_>) -> Result<Self>;
+}
+
+impl<'g> Value<'g> for Tensor {
+    fn reverse(
+        graph: &'g Graph,
+        op: &dyn DynOp,
+        n: NodeId,
+        input_ids: &[NodeId],
+        g: Tensor,
+        saved: Option<&mut SavedValues>,
+    ) -> Result<SmallVec<[Option<Tensor>; 3]>> {
+        let (xs, y) = match saved {
+            Some(s) => s.take_for(graph, n, input_ids, op.saves())?,
+            None => {
+                let nodes = graph.nodes.borrow();
+                let value = |i: NodeId| nodes[i].value.clone().ok_or_else(|| released(op.name()));
+                (input_ids.iter().map(|&i| value(i)).collect::<Result<_>>()?, value(n)?)
+            }
+        };
+        op.vjp_eager(xs, y, g)
+    }
+
+    fn forward(
+        graph: &'g Graph,
+        op: &dyn DynOp,
+        n: NodeId,
+        input_ids: &[NodeId],
+        ts: &[Option<&Tensor>],
+    ) -> Result<Option<Tensor>> {
+        // An eager rule records nothing, so the values can stay borrowed
+        // from the graph while it runs.
+        let nodes = graph.nodes.borrow();
+        let value = |i: NodeId| nodes[i].value.as_ref().ok_or_else(|| released(op.name()));
+        let xs = input_ids.iter().map(|&i| value(i)).collect::<Result<SmallVec<[&Tensor; 3]>>>()?;
+        op.jvp_eager(&xs, value(n)?, ts)
+    }
+
+    fn zeros(_: &'g Graph, like: &Var<'_>) -> Result<Tensor> {
+        Tensor::zeros(like.shape(), like.dtype())
+    }
+}
+
+impl<'g> Value<'g> for Traced<'g> {
+    fn reverse(
+        graph: &'g Graph,
+        op: &dyn DynOp,
+        n: NodeId,
+        input_ids: &[NodeId],
+        g: Traced<'g>,
+        _: Option<&mut SavedValues>,
+    ) -> Result<SmallVec<[Option<Traced<'g>>; 3]>> {
+        let (xs, y) = handles(graph, n, input_ids);
+        let refs: SmallVec<[&Traced<'g>; 3]> = xs.iter().collect();
+        op.vjp_traced(&refs, &y, &g)
+    }
+
+    fn forward(
+        graph: &'g Graph,
+        op: &dyn DynOp,
+        n: NodeId,
+        input_ids: &[NodeId],
+        ts: &[Option<&Traced<'g>>],
+    ) -> Result<Option<Traced<'g>>> {
+        let (xs, y) = handles(graph, n, input_ids);
+        let refs: SmallVec<[&Traced<'g>; 3]> = xs.iter().collect();
+        op.jvp_traced(&refs, &y, ts)
+    }
+
+    fn zeros(graph: &'g Graph, like: &Var<'_>) -> Result<Traced<'g>> {
+        Ok(graph.constant(Tensor::zeros(like.shape(), like.dtype())?).traced())
+    }
+}
+
+/// Recording handles on node `n`'s inputs and on `n` itself.
+fn handles<'g>(graph: &'g Graph, n: NodeId, input_ids: &[NodeId]) -> (SmallVec<[Traced<'g>; 3]>, Traced<'g>) {
+    let handle = |i: NodeId| Traced { tape: graph as &dyn Tape, id: to_raw(i) };
+    (input_ids.iter().map(|&i| handle(i)).collect(), handle(n))
 }
 
 /// The bookkeeping that lets a first-order backward free each value as soon
@@ -289,7 +386,7 @@ impl Graph {
 /// outside this pass count too (another loss's backward may still run
 /// them), so only values no rule will ever read again go. The outputs, the
 /// requested inputs, leaves and constants keep their values.
-struct SavedValues {
+pub(crate) struct SavedValues {
     /// Reads still to come, per node, by the rules not yet spent.
     readers: HashMap<NodeId, usize>,
     /// Nodes whose values stay.
@@ -388,15 +485,7 @@ fn stand_in(zeros: &mut Vec<Tensor>, node: &Node) -> Result<Tensor> {
     zero.broadcast_to(node.shape.clone())
 }
 
-fn accumulate(grads: &mut HashMap<NodeId, Tensor>, id: NodeId, g: Tensor) -> Result<()> {
-    match grads.remove(&id) {
-        Some(prev) => grads.insert(id, prev.add(&g)?),
-        None => grads.insert(id, g),
-    };
-    Ok(())
-}
-
-fn accumulate_traced<'g>(grads: &mut HashMap<NodeId, Traced<'g>>, id: NodeId, g: Traced<'g>) -> Result<()> {
+fn accumulate<V: Diff>(grads: &mut HashMap<NodeId, V>, id: NodeId, g: V) -> Result<()> {
     match grads.remove(&id) {
         Some(prev) => grads.insert(id, prev.add(&g)?),
         None => grads.insert(id, g),
