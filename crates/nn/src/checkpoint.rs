@@ -126,7 +126,7 @@ impl fmt::Display for Mismatch {
                 write!(f, "{name}: shape {found} in the file, {expected} in the model")
             }
             Mismatch::DType { name, expected, found } => {
-                write!(f, "{name}: dtype {found} in the file, {expected:?} in the model")
+                write!(f, "{name}: dtype {found} in the file, {expected} in the model")
             }
             Mismatch::Optimizer { expected, found } => write!(f, "optimizer: {found} in the file, {expected} given"),
         }
@@ -141,6 +141,24 @@ fn to_st(d: DType) -> Dtype {
         DType::BF16 => Dtype::BF16,
         DType::I32 => Dtype::I32,
         DType::I64 => Dtype::I64,
+    }
+}
+
+/// A file dtype by torch's name for it, so a mismatch reads the same
+/// whichever side it comes from.
+fn st_name(d: Dtype) -> String {
+    match from_st(d) {
+        Some(d) => d.name().to_string(),
+        None => match d {
+            Dtype::BOOL => "bool".to_string(),
+            Dtype::U8 => "uint8".to_string(),
+            Dtype::I8 => "int8".to_string(),
+            Dtype::I16 => "int16".to_string(),
+            Dtype::U16 => "uint16".to_string(),
+            Dtype::U32 => "uint32".to_string(),
+            Dtype::U64 => "uint64".to_string(),
+            other => format!("{other:?}").to_lowercase(),
+        },
     }
 }
 
@@ -350,11 +368,7 @@ impl Checkpoint {
                 Some(d) => {
                     tensors.insert(name, tensor_from_bytes(d, view.shape(), view.data())?);
                 }
-                None => unsupported.push(Mismatch::DType {
-                    expected: DType::F32,
-                    found: format!("{:?}", view.dtype()),
-                    name,
-                }),
+                None => unsupported.push(Mismatch::DType { expected: DType::F32, found: st_name(view.dtype()), name }),
             }
         }
         if !unsupported.is_empty() {
@@ -401,7 +415,7 @@ pub fn load(
                 mismatches.push(Mismatch::DType {
                     name: name.to_string(),
                     expected: want.dtype(),
-                    found: format!("{:?}", to_st(t.dtype())),
+                    found: t.dtype().name().to_string(),
                 });
             }
         }

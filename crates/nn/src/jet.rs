@@ -265,7 +265,7 @@ mod tests {
             let x = Rng::new(4).uniform([37, 3, 300], -1.0, 1.0, dtype).unwrap();
             let a = sum_squares_mid(&x).unwrap().to_vec_f64();
             let b = x.square().unwrap().sum(&[1], false).unwrap().to_vec_f64();
-            assert!(a.iter().zip(&b).all(|(p, q)| (p - q).abs() < 1e-6), "{dtype:?}");
+            assert!(a.iter().zip(&b).all(|(p, q)| (p - q).abs() < 1e-6), "{dtype}");
         }
         let pieces: Vec<(usize, usize)> = split_rows(&mut [0u8; 700], 250, 300).map(|(at, p)| (at, p.len())).collect();
         assert_eq!(pieces, [(250, 50), (300, 300), (600, 300), (900, 50)]);

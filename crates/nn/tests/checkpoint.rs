@@ -210,7 +210,7 @@ fn mismatched_checkpoint_lists_every_mismatch_and_changes_nothing() {
     assert_eq!(
         mismatches,
         &vec![
-            Mismatch::DType { name: "b".into(), expected: DType::F32, found: "F64".into() },
+            Mismatch::DType { name: "b".into(), expected: DType::F32, found: "float64".into() },
             Mismatch::Missing { name: "c".into() },
             Mismatch::Optimizer { expected: "adam".into(), found: "sgd".into() },
             Mismatch::Unexpected { name: "extra".into() },

@@ -33,7 +33,7 @@ pub enum Error {
         reason: String,
     },
     /// Operands of different dtypes.
-    #[error("{op}: dtype mismatch between {lhs:?} and {rhs:?}")]
+    #[error("{op}: dtype mismatch between {lhs} and {rhs}")]
     DTypeMismatch {
         /// The op that failed.
         op: &'static str,
@@ -43,7 +43,7 @@ pub enum Error {
         rhs: DType,
     },
     /// The op is not defined for this dtype.
-    #[error("{op}: dtype {dtype:?} is not supported ({expected})")]
+    #[error("{op}: dtype {dtype} is not supported ({expected})")]
     UnsupportedDType {
         /// The op that failed.
         op: &'static str,
