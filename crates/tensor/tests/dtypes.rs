@@ -243,3 +243,82 @@ fn int_dtypes_for_indices_and_labels() -> R {
     );
     Ok(())
 }
+
+// The integer tests below assert torch 2.x's results (CPU), printed by:
+//
+//   import torch
+//   a = torch.tensor([[1, -2, 3], [2147483647, 5, -6]], dtype=torch.int32)
+//   print(a.sum().dtype, a.sum().item(), a.sum(0).tolist(), a.sum(1, keepdim=True).tolist())
+//   b = torch.tensor([9007199254740993, 1, -3], dtype=torch.int64)
+//   print(b.sum().dtype, b.sum().item())
+//   m = torch.tensor([-2147483648, -7, 0, 7], dtype=torch.int32)
+//   print(torch.neg(m).tolist(), torch.abs(m).tolist(), torch.neg(m).dtype)
+//   x = torch.tensor([9007199254740993, 2, 3]); y = torch.tensor([9007199254740992, 2, 4])
+//   print((x > y).tolist(), (x == y).tolist(), (x <= y).tolist())
+//   a.mean()
+//
+// torch.int64 2147483648 [2147483648, 3, -3] [[2], [2147483646]]
+// torch.int64 9007199254740991
+// [-2147483648, 7, 0, -7] [-2147483648, 7, 0, 7] torch.int32
+// [True, False, False] [False, True, False] [False, True, True]
+// RuntimeError: mean(): could not infer output dtype. Input dtype must be
+// either a floating point or complex dtype. Got: Int
+
+#[test]
+fn integer_sums_are_exact_int64_sums() -> R {
+    let a = Tensor::from_vec(vec![1i32, -2, 3, i32::MAX, 5, -6], [2, 3])?;
+    let all = a.sum_all()?;
+    assert_eq!((all.dtype(), all.to_vec::<i64>()?), (DType::I64, vec![2147483648]));
+    assert_eq!(a.sum(&[0], false)?.to_vec::<i64>()?, vec![2147483648, 3, -3]);
+    let rows = a.sum(&[1], true)?;
+    assert_eq!((rows.dims().to_vec(), rows.to_vec::<i64>()?), (vec![2, 1], vec![2, 2147483646]));
+    // A strided view sums the same as its copy.
+    assert_eq!(a.t()?.sum(&[0], false)?.to_vec::<i64>()?, vec![2, 2147483646]);
+    // Past 2^53, where a sum through f64 would round.
+    let b = Tensor::from_vec(vec![9007199254740993i64, 1, -3], [3])?;
+    let s = b.sum_all()?;
+    assert_eq!((s.dtype(), s.to_vec::<i64>()?), (DType::I64, vec![9007199254740991]));
+    // An empty sum is zero, as for floats.
+    assert_eq!(Tensor::from_vec(Vec::<i32>::new(), [0])?.sum_all()?.to_vec::<i64>()?, vec![0]);
+    Ok(())
+}
+
+#[test]
+fn integer_neg_and_abs_keep_their_dtype_and_wrap_like_torch() -> R {
+    let m = Tensor::from_vec(vec![i32::MIN, -7, 0, 7], [4])?;
+    let (n, a) = (m.neg()?, m.abs()?);
+    assert_eq!((n.dtype(), a.dtype()), (DType::I32, DType::I32));
+    assert_eq!(n.to_vec::<i32>()?, vec![i32::MIN, 7, 0, -7]);
+    assert_eq!(a.to_vec::<i32>()?, vec![i32::MIN, 7, 0, 7]);
+    let l = Tensor::from_vec(vec![-9007199254740993i64, 4], [2])?;
+    assert_eq!(l.abs()?.to_vec::<i64>()?, vec![9007199254740993, 4]);
+    assert_eq!(l.neg()?.to_vec::<i64>()?, vec![9007199254740993, -4]);
+    Ok(())
+}
+
+#[test]
+fn integer_comparisons_are_exact_masks_in_the_operands_dtype() -> R {
+    let x = Tensor::from_vec(vec![9007199254740993i64, 2, 3], [3])?;
+    let y = Tensor::from_vec(vec![9007199254740992i64, 2, 4], [3])?;
+    let gt = x.gt(&y)?;
+    assert_eq!((gt.dtype(), gt.to_vec::<i64>()?), (DType::I64, vec![1, 0, 0]));
+    assert_eq!(x.eq(&y)?.to_vec::<i64>()?, vec![0, 1, 0]);
+    assert_eq!(x.le(&y)?.to_vec::<i64>()?, vec![0, 1, 1]);
+    // Counting labels equal to a class needs no cast.
+    let labels = Tensor::from_vec(vec![0i32, 2, 2, 1, 2], [5])?;
+    let class = Tensor::from_vec(vec![2i32], [1])?;
+    assert_eq!(labels.eq(&class)?.sum_all()?.to_vec::<i64>()?, vec![3]);
+    Ok(())
+}
+
+#[test]
+fn the_mean_of_integers_is_an_error_that_says_to_cast() -> R {
+    let a = Tensor::from_vec(vec![1i32, 2, 3, 4], [2, 2])?;
+    for r in [a.mean_all(), a.mean(&[0], false)] {
+        let e = r.expect_err("mean of int32");
+        assert!(matches!(e, Error::UnsupportedDType { op: "mean", dtype: DType::I32, .. }), "{e}");
+        assert!(e.to_string().contains("cast"), "{e}");
+    }
+    assert_eq!(a.cast(DType::F32)?.mean_all()?.to_vec::<f32>()?, vec![2.5]);
+    Ok(())
+}
