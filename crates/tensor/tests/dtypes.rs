@@ -130,8 +130,8 @@ fn half_ops_compute_in_f32_and_keep_their_dtype() -> R {
         let m = x.gt_scalar(0.0)?;
         assert_eq!(m.dtype(), dtype);
         assert_eq!(m.to_vec_f32(), vec![0., 0., 0., 1., 1., 1.]);
-        // Mixing a half dtype with f32 is a dtype mismatch, not a silent cast.
-        assert!(matches!(x.add(&Tensor::zeros([2, 3], DType::F32).expect("alloc")), Err(Error::DTypeMismatch { .. })));
+        // A half dtype with f32 promotes to f32, as in torch.
+        assert_eq!(x.add(&Tensor::zeros([2, 3], DType::F32)?)?.dtype(), DType::F32);
     }
     Ok(())
 }
@@ -320,5 +320,91 @@ fn the_mean_of_integers_is_an_error_that_says_to_cast() -> R {
         assert!(e.to_string().contains("cast"), "{e}");
     }
     assert_eq!(a.cast(DType::F32)?.mean_all()?.to_vec::<f32>()?, vec![2.5]);
+    Ok(())
+}
+
+// Promotion as torch's, whose table (rows and columns in the order of
+// `ALL` below) and results were printed by:
+//
+//   import torch
+//   ds = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64]
+//   for a in ds: print([str(torch.promote_types(a, b)) for b in ds])
+//   f32 = torch.tensor([1.5, -2.0, 3.0]); i = torch.tensor([1, 2, 3], dtype=torch.int32)
+//   print(f32 + i, i > torch.tensor([1.5, 2.0, 2.5], dtype=torch.float64))
+//   print(torch.tensor([1, 2], dtype=torch.int32) < torch.tensor([2, 2]))
+//   h = torch.tensor([1.5, 2.25], dtype=torch.float16); g = torch.tensor([0.5, 4.0], dtype=torch.bfloat16)
+//   print(h * g)
+//   print((torch.tensor([1.0, 2.0], dtype=torch.float16) * 2.5).dtype, (i * 2).dtype)
+//   print(torch.where(torch.tensor([True, False]), torch.tensor([1.0, 2.0]),
+//                     torch.tensor([3.0, 4.0], dtype=torch.float64)))
+//
+// ['float32', 'float64', 'float32', 'float32', 'float32', 'float32']
+// ['float64', 'float64', 'float64', 'float64', 'float64', 'float64']
+// ['float32', 'float64', 'float16', 'float32', 'float16', 'float16']
+// ['float32', 'float64', 'float32', 'bfloat16', 'bfloat16', 'bfloat16']
+// ['float32', 'float64', 'float16', 'bfloat16', 'int32', 'int64']
+// ['float32', 'float64', 'float16', 'bfloat16', 'int64', 'int64']
+// tensor([2.5000, 0.0000, 6.0000]) tensor([False, False,  True])
+// tensor([ True, False])
+// tensor([0.7500, 9.0000])  (float32)
+// torch.float16 torch.int32
+// tensor([1., 4.], dtype=torch.float64)
+
+#[test]
+fn promotion_follows_torchs_table() {
+    use DType::*;
+    const ALL: [DType; 6] = [F32, F64, F16, BF16, I32, I64];
+    let torch = [
+        [F32, F64, F32, F32, F32, F32],
+        [F64, F64, F64, F64, F64, F64],
+        [F32, F64, F16, F32, F16, F16],
+        [F32, F64, F32, BF16, BF16, BF16],
+        [F32, F64, F16, BF16, I32, I64],
+        [F32, F64, F16, BF16, I64, I64],
+    ];
+    for (i, &a) in ALL.iter().enumerate() {
+        for (j, &b) in ALL.iter().enumerate() {
+            assert_eq!(DType::promote(a, b), torch[i][j], "promote({a}, {b})");
+        }
+    }
+}
+
+#[test]
+fn binary_ops_promote_mixed_dtypes() -> R {
+    let x = Tensor::from_vec(vec![1.5f32, -2.0, 3.0], [3])?;
+    let i = Tensor::from_vec(vec![1i32, 2, 3], [3])?;
+    let y = x.add(&i)?;
+    assert_eq!((y.dtype(), y.to_vec::<f32>()?), (DType::F32, vec![2.5, 0.0, 6.0]));
+    // The order of the operands does not matter, nor does broadcasting.
+    let d = Tensor::from_vec(vec![2.0f64, 0.5], [2, 1])?;
+    let z = d.mul(&x)?;
+    assert_eq!((z.dtype(), z.dims().to_vec()), (DType::F64, vec![2, 3]));
+    assert_eq!(z.to_vec::<f64>()?, vec![3.0, -4.0, 6.0, 0.75, -1.0, 1.5]);
+    assert_eq!(x.mul(&d)?.to_vec::<f64>()?, z.to_vec::<f64>()?);
+    // Neither half type holds the other: float32.
+    let h = Tensor::from_vec(h(&[1.5, 2.25]), [2])?;
+    let b = Tensor::from_vec(bh(&[0.5, 4.0]), [2])?;
+    let p = h.mul(&b)?;
+    assert_eq!((p.dtype(), p.to_vec::<f32>()?), (DType::F32, vec![0.75, 9.0]));
+    // A Rust scalar keeps the tensor's dtype.
+    assert_eq!(h.mul_scalar(2.5)?.dtype(), DType::F16);
+    assert_eq!(x.add_scalar(1.0)?.dtype(), DType::F32);
+    Ok(())
+}
+
+#[test]
+fn comparisons_and_where_promote_too() -> R {
+    let i = Tensor::from_vec(vec![1i32, 2, 3], [3])?;
+    let f = Tensor::from_vec(vec![1.5f64, 2.0, 2.5], [3])?;
+    let m = i.gt(&f)?;
+    assert_eq!((m.dtype(), m.to_vec::<f64>()?), (DType::F64, vec![0.0, 0.0, 1.0]));
+    let l = Tensor::from_vec(vec![2i64, 2], [2])?;
+    let lt = Tensor::from_vec(vec![1i32, 2], [2])?.lt(&l)?;
+    assert_eq!((lt.dtype(), lt.to_vec::<i64>()?), (DType::I64, vec![1, 0]));
+    let mask = Tensor::from_vec(vec![1.0f32, 0.0], [2])?;
+    let a = Tensor::from_vec(vec![1.0f32, 2.0], [2])?;
+    let b = Tensor::from_vec(vec![3.0f64, 4.0], [2])?;
+    let w = a.where_(&mask, &b)?;
+    assert_eq!((w.dtype(), w.to_vec::<f64>()?), (DType::F64, vec![1.0, 4.0]));
     Ok(())
 }
