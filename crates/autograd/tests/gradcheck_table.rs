@@ -111,6 +111,59 @@ fn cast() {
     check_with("cast", &|_g, v| v[0].cast(DType::F32)?.cast(DType::F64)?.square(), &[rnd(&[3], 54)], opts);
 }
 
+/// Mixed dtypes promote forward, and each gradient comes back in its own
+/// input's dtype. The figures are torch's, printed by:
+///
+/// ```text
+/// a = torch.tensor([1.5, -2.0, 3.0], requires_grad=True)
+/// b = torch.tensor([[2.0], [0.5]], dtype=torch.float64, requires_grad=True)
+/// y = a * b + a / b; print(y.dtype); y.sum().backward(); print(a.grad, b.grad)
+/// x = torch.tensor([2.0, 3.0], requires_grad=True); p = torch.tensor([2, 3])
+/// z = x ** p; print(z.dtype, z); z.sum().backward(); print(x.grad)
+/// ```
+///
+/// torch.float64; tensor([5., 5., 5.]) tensor([[1.8750], [-7.5000]], dtype=torch.float64);
+/// torch.float32 tensor([4., 27.]); tensor([4., 27.])
+#[test]
+fn mixed_dtypes_give_each_input_its_own_dtype_of_gradient() {
+    Graph::scope(|g| {
+        let a = g.leaf(Tensor::from_vec(vec![1.5f32, -2.0, 3.0], [3])?);
+        let b = g.leaf(Tensor::from_vec(vec![2.0f64, 0.5], [2, 1])?);
+        let y = a.mul(&b)?.add(&a.div(&b)?)?;
+        assert_eq!(y.dtype(), DType::F64);
+        let gs = g.grad(y.sum_all()?, &[a, b])?;
+        assert_eq!((gs[0].dtype(), gs[0].to_vec::<f32>()?), (DType::F32, vec![5.0, 5.0, 5.0]));
+        assert_eq!((gs[1].dtype(), gs[1].to_vec::<f64>()?), (DType::F64, vec![1.875, -7.5]));
+        // An integer exponent: the base's gradient, and none for the integers.
+        let x = g.leaf(Tensor::from_vec(vec![2.0f32, 3.0], [2])?);
+        let p = g.leaf(Tensor::from_vec(vec![2i64, 3], [2])?);
+        let z = x.pow(&p)?;
+        assert_eq!((z.dtype(), z.value()?.to_vec::<f32>()?), (DType::F32, vec![4.0, 27.0]));
+        let gs = g.grad(z.sum_all()?, &[x, p])?;
+        assert_eq!((gs[0].dtype(), gs[0].to_vec::<f32>()?), (DType::F32, vec![4.0, 27.0]));
+        assert_eq!((gs[1].dtype(), gs[1].to_vec::<i64>()?), (DType::I64, vec![0, 0]));
+        Ok::<_, Error>(())
+    })
+    .unwrap();
+}
+
+/// The checker's inputs are f64; half of each product runs through f32, so
+/// both orders of promotion, and their second derivatives, are checked.
+/// The f32 round trip needs the cast case's wider step.
+#[test]
+fn mixed_dtype_gradients_check() {
+    let opts = CheckOptions { eps: 1e-2, rtol: 1e-3, atol: 1e-5, ..CheckOptions::default() };
+    check_with(
+        "mixed_dtypes",
+        &|_g, v| {
+            let a32 = v[0].cast(DType::F32)?;
+            a32.mul(&v[1])?.add(&v[1].cast(DType::F32)?.square()?.div(&v[0])?)?.sub(&a32.maximum(&v[1])?)
+        },
+        &[pos(&[2, 3], 76), pos(&[3], 77)],
+        opts,
+    );
+}
+
 // ----- products and normalisations ---------------------------------------------
 case!(matmul, |_g, v| v[0].matmul(&v[1])?.tanh(), [rnd(&[3, 4], 55), rnd(&[4, 2], 56)]);
 case!(matmul_batched, |_g, v| v[0].matmul(&v[1])?.tanh(), [rnd(&[2, 3, 4], 57), rnd(&[4, 2], 58)]);

@@ -49,6 +49,23 @@ impl DType {
         }
     }
 
+    /// The dtype of a binary op's result on operands of dtypes `a` and `b`,
+    /// as torch's `promote_types`: a float beats an integer (whatever their
+    /// widths), the wider of two floats or two integers wins, and float16
+    /// with bfloat16, neither of which holds the other, gives float32.
+    /// The one promotion rule: binary ops, comparisons and `where` use it.
+    pub fn promote(a: DType, b: DType) -> DType {
+        use DType::*;
+        match (a, b) {
+            _ if a == b => a,
+            (I32 | I64, I32 | I64) => I64,
+            (I32 | I64, f) | (f, I32 | I64) => f,
+            (F64, _) | (_, F64) => F64,
+            // F32 with a half type, or F16 with BF16.
+            _ => F32,
+        }
+    }
+
     /// torch's name for the dtype.
     pub fn name(self) -> &'static str {
         match self {

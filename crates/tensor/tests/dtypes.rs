@@ -130,8 +130,8 @@ fn half_ops_compute_in_f32_and_keep_their_dtype() -> R {
         let m = x.gt_scalar(0.0)?;
         assert_eq!(m.dtype(), dtype);
         assert_eq!(m.to_vec_f32(), vec![0., 0., 0., 1., 1., 1.]);
-        // Mixing a half dtype with f32 is a dtype mismatch, not a silent cast.
-        assert!(matches!(x.add(&Tensor::zeros([2, 3], DType::F32).expect("alloc")), Err(Error::DTypeMismatch { .. })));
+        // A half dtype with f32 promotes to f32, as in torch.
+        assert_eq!(x.add(&Tensor::zeros([2, 3], DType::F32)?)?.dtype(), DType::F32);
     }
     Ok(())
 }
@@ -241,5 +241,170 @@ fn int_dtypes_for_indices_and_labels() -> R {
         Tensor::from_vec(vec![i64::MAX, i64::MIN], [2])?.cast(DType::I32)?.to_vec::<i32>()?,
         vec![i32::MAX, i32::MIN]
     );
+    Ok(())
+}
+
+// The integer tests below assert torch 2.x's results (CPU), printed by:
+//
+//   import torch
+//   a = torch.tensor([[1, -2, 3], [2147483647, 5, -6]], dtype=torch.int32)
+//   print(a.sum().dtype, a.sum().item(), a.sum(0).tolist(), a.sum(1, keepdim=True).tolist())
+//   b = torch.tensor([9007199254740993, 1, -3], dtype=torch.int64)
+//   print(b.sum().dtype, b.sum().item())
+//   m = torch.tensor([-2147483648, -7, 0, 7], dtype=torch.int32)
+//   print(torch.neg(m).tolist(), torch.abs(m).tolist(), torch.neg(m).dtype)
+//   x = torch.tensor([9007199254740993, 2, 3]); y = torch.tensor([9007199254740992, 2, 4])
+//   print((x > y).tolist(), (x == y).tolist(), (x <= y).tolist())
+//   a.mean()
+//
+// torch.int64 2147483648 [2147483648, 3, -3] [[2], [2147483646]]
+// torch.int64 9007199254740991
+// [-2147483648, 7, 0, -7] [-2147483648, 7, 0, 7] torch.int32
+// [True, False, False] [False, True, False] [False, True, True]
+// RuntimeError: mean(): could not infer output dtype. Input dtype must be
+// either a floating point or complex dtype. Got: Int
+
+#[test]
+fn integer_sums_are_exact_int64_sums() -> R {
+    let a = Tensor::from_vec(vec![1i32, -2, 3, i32::MAX, 5, -6], [2, 3])?;
+    let all = a.sum_all()?;
+    assert_eq!((all.dtype(), all.to_vec::<i64>()?), (DType::I64, vec![2147483648]));
+    assert_eq!(a.sum(&[0], false)?.to_vec::<i64>()?, vec![2147483648, 3, -3]);
+    let rows = a.sum(&[1], true)?;
+    assert_eq!((rows.dims().to_vec(), rows.to_vec::<i64>()?), (vec![2, 1], vec![2, 2147483646]));
+    // A strided view sums the same as its copy.
+    assert_eq!(a.t()?.sum(&[0], false)?.to_vec::<i64>()?, vec![2, 2147483646]);
+    // Past 2^53, where a sum through f64 would round.
+    let b = Tensor::from_vec(vec![9007199254740993i64, 1, -3], [3])?;
+    let s = b.sum_all()?;
+    assert_eq!((s.dtype(), s.to_vec::<i64>()?), (DType::I64, vec![9007199254740991]));
+    // An empty sum is zero, as for floats.
+    assert_eq!(Tensor::from_vec(Vec::<i32>::new(), [0])?.sum_all()?.to_vec::<i64>()?, vec![0]);
+    Ok(())
+}
+
+#[test]
+fn integer_neg_and_abs_keep_their_dtype_and_wrap_like_torch() -> R {
+    let m = Tensor::from_vec(vec![i32::MIN, -7, 0, 7], [4])?;
+    let (n, a) = (m.neg()?, m.abs()?);
+    assert_eq!((n.dtype(), a.dtype()), (DType::I32, DType::I32));
+    assert_eq!(n.to_vec::<i32>()?, vec![i32::MIN, 7, 0, -7]);
+    assert_eq!(a.to_vec::<i32>()?, vec![i32::MIN, 7, 0, 7]);
+    let l = Tensor::from_vec(vec![-9007199254740993i64, 4], [2])?;
+    assert_eq!(l.abs()?.to_vec::<i64>()?, vec![9007199254740993, 4]);
+    assert_eq!(l.neg()?.to_vec::<i64>()?, vec![9007199254740993, -4]);
+    Ok(())
+}
+
+#[test]
+fn integer_comparisons_are_exact_masks_in_the_operands_dtype() -> R {
+    let x = Tensor::from_vec(vec![9007199254740993i64, 2, 3], [3])?;
+    let y = Tensor::from_vec(vec![9007199254740992i64, 2, 4], [3])?;
+    let gt = x.gt(&y)?;
+    assert_eq!((gt.dtype(), gt.to_vec::<i64>()?), (DType::I64, vec![1, 0, 0]));
+    assert_eq!(x.eq(&y)?.to_vec::<i64>()?, vec![0, 1, 0]);
+    assert_eq!(x.le(&y)?.to_vec::<i64>()?, vec![0, 1, 1]);
+    // Counting labels equal to a class needs no cast.
+    let labels = Tensor::from_vec(vec![0i32, 2, 2, 1, 2], [5])?;
+    let class = Tensor::from_vec(vec![2i32], [1])?;
+    assert_eq!(labels.eq(&class)?.sum_all()?.to_vec::<i64>()?, vec![3]);
+    Ok(())
+}
+
+#[test]
+fn the_mean_of_integers_is_an_error_that_says_to_cast() -> R {
+    let a = Tensor::from_vec(vec![1i32, 2, 3, 4], [2, 2])?;
+    for r in [a.mean_all(), a.mean(&[0], false)] {
+        let e = r.expect_err("mean of int32");
+        assert!(matches!(e, Error::UnsupportedDType { op: "mean", dtype: DType::I32, .. }), "{e}");
+        assert!(e.to_string().contains("cast"), "{e}");
+    }
+    assert_eq!(a.cast(DType::F32)?.mean_all()?.to_vec::<f32>()?, vec![2.5]);
+    Ok(())
+}
+
+// Promotion as torch's, whose table (rows and columns in the order of
+// `ALL` below) and results were printed by:
+//
+//   import torch
+//   ds = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64]
+//   for a in ds: print([str(torch.promote_types(a, b)) for b in ds])
+//   f32 = torch.tensor([1.5, -2.0, 3.0]); i = torch.tensor([1, 2, 3], dtype=torch.int32)
+//   print(f32 + i, i > torch.tensor([1.5, 2.0, 2.5], dtype=torch.float64))
+//   print(torch.tensor([1, 2], dtype=torch.int32) < torch.tensor([2, 2]))
+//   h = torch.tensor([1.5, 2.25], dtype=torch.float16); g = torch.tensor([0.5, 4.0], dtype=torch.bfloat16)
+//   print(h * g)
+//   print((torch.tensor([1.0, 2.0], dtype=torch.float16) * 2.5).dtype, (i * 2).dtype)
+//   print(torch.where(torch.tensor([True, False]), torch.tensor([1.0, 2.0]),
+//                     torch.tensor([3.0, 4.0], dtype=torch.float64)))
+//
+// ['float32', 'float64', 'float32', 'float32', 'float32', 'float32']
+// ['float64', 'float64', 'float64', 'float64', 'float64', 'float64']
+// ['float32', 'float64', 'float16', 'float32', 'float16', 'float16']
+// ['float32', 'float64', 'float32', 'bfloat16', 'bfloat16', 'bfloat16']
+// ['float32', 'float64', 'float16', 'bfloat16', 'int32', 'int64']
+// ['float32', 'float64', 'float16', 'bfloat16', 'int64', 'int64']
+// tensor([2.5000, 0.0000, 6.0000]) tensor([False, False,  True])
+// tensor([ True, False])
+// tensor([0.7500, 9.0000])  (float32)
+// torch.float16 torch.int32
+// tensor([1., 4.], dtype=torch.float64)
+
+#[test]
+fn promotion_follows_torchs_table() {
+    use DType::*;
+    const ALL: [DType; 6] = [F32, F64, F16, BF16, I32, I64];
+    let torch = [
+        [F32, F64, F32, F32, F32, F32],
+        [F64, F64, F64, F64, F64, F64],
+        [F32, F64, F16, F32, F16, F16],
+        [F32, F64, F32, BF16, BF16, BF16],
+        [F32, F64, F16, BF16, I32, I64],
+        [F32, F64, F16, BF16, I64, I64],
+    ];
+    for (i, &a) in ALL.iter().enumerate() {
+        for (j, &b) in ALL.iter().enumerate() {
+            assert_eq!(DType::promote(a, b), torch[i][j], "promote({a}, {b})");
+        }
+    }
+}
+
+#[test]
+fn binary_ops_promote_mixed_dtypes() -> R {
+    let x = Tensor::from_vec(vec![1.5f32, -2.0, 3.0], [3])?;
+    let i = Tensor::from_vec(vec![1i32, 2, 3], [3])?;
+    let y = x.add(&i)?;
+    assert_eq!((y.dtype(), y.to_vec::<f32>()?), (DType::F32, vec![2.5, 0.0, 6.0]));
+    // The order of the operands does not matter, nor does broadcasting.
+    let d = Tensor::from_vec(vec![2.0f64, 0.5], [2, 1])?;
+    let z = d.mul(&x)?;
+    assert_eq!((z.dtype(), z.dims().to_vec()), (DType::F64, vec![2, 3]));
+    assert_eq!(z.to_vec::<f64>()?, vec![3.0, -4.0, 6.0, 0.75, -1.0, 1.5]);
+    assert_eq!(x.mul(&d)?.to_vec::<f64>()?, z.to_vec::<f64>()?);
+    // Neither half type holds the other: float32.
+    let h = Tensor::from_vec(h(&[1.5, 2.25]), [2])?;
+    let b = Tensor::from_vec(bh(&[0.5, 4.0]), [2])?;
+    let p = h.mul(&b)?;
+    assert_eq!((p.dtype(), p.to_vec::<f32>()?), (DType::F32, vec![0.75, 9.0]));
+    // A Rust scalar keeps the tensor's dtype.
+    assert_eq!(h.mul_scalar(2.5)?.dtype(), DType::F16);
+    assert_eq!(x.add_scalar(1.0)?.dtype(), DType::F32);
+    Ok(())
+}
+
+#[test]
+fn comparisons_and_where_promote_too() -> R {
+    let i = Tensor::from_vec(vec![1i32, 2, 3], [3])?;
+    let f = Tensor::from_vec(vec![1.5f64, 2.0, 2.5], [3])?;
+    let m = i.gt(&f)?;
+    assert_eq!((m.dtype(), m.to_vec::<f64>()?), (DType::F64, vec![0.0, 0.0, 1.0]));
+    let l = Tensor::from_vec(vec![2i64, 2], [2])?;
+    let lt = Tensor::from_vec(vec![1i32, 2], [2])?.lt(&l)?;
+    assert_eq!((lt.dtype(), lt.to_vec::<i64>()?), (DType::I64, vec![1, 0]));
+    let mask = Tensor::from_vec(vec![1.0f32, 0.0], [2])?;
+    let a = Tensor::from_vec(vec![1.0f32, 2.0], [2])?;
+    let b = Tensor::from_vec(vec![3.0f64, 4.0], [2])?;
+    let w = a.where_(&mask, &b)?;
+    assert_eq!((w.dtype(), w.to_vec::<f64>()?), (DType::F64, vec![1.0, 4.0]));
     Ok(())
 }

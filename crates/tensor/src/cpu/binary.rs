@@ -39,7 +39,8 @@ pub(crate) fn compare(cmp: Cmp, a: &Tensor, b: &Tensor, shape: &Shape) -> Result
     let buf = with_dtype!(a.dtype(), T => {
         let (x, y) = (a.storage_slice::<T>(), b.storage_slice::<T>());
         let (one, zero) = (T::from_f64(1.0), T::from_f64(0.0));
-        T::wrap(map2(x, y, &nd, move |p: T, q: T| if cmp.test(p.to_f64(), q.to_f64()) { one } else { zero })?)
+        // In the operands' own type, so int64 values past 2^53 compare exactly.
+        T::wrap(map2(x, y, &nd, move |p: T, q: T| if cmp.test(p, q) { one } else { zero })?)
     });
     Tensor::from_buffer(buf, shape.clone())
 }

@@ -7,15 +7,35 @@ use super::float_map;
 use super::iter::{map1, map2, nd2};
 use crate::ops::unary::{Unary, FRAC_1_SQRT_2PI, GELU_C, SQRT_2_OVER_PI};
 use crate::storage::CpuElement;
-use crate::{with_float, Device, Float, Result, Shape, Tensor};
+use crate::{with_float, DType, Device, Float, Result, Shape, Tensor};
 
 /// `op` applied to every element of `x` (f16/bf16 through f32).
 pub(crate) fn forward(op: Unary, x: &Tensor) -> Result<Tensor> {
+    if x.dtype().is_int() && matches!(op, Unary::Neg | Unary::Abs) {
+        return int_sign_op(op, x);
+    }
     float_map(
         op.name(),
         x,
         |x| with_float!(x.dtype(), T => Tensor::from_vec(kernel::<T>(op, x)?, x.shape().clone()), _ => unreachable!()),
     )
+}
+
+/// `neg` and `abs` of an integer tensor, exact and in its dtype. They wrap
+/// at the most negative value as torch's do (-(-2^31) is -2^31 in int32).
+fn int_sign_op(op: Unary, x: &Tensor) -> Result<Tensor> {
+    let nd = x.nd();
+    let neg = op == Unary::Neg;
+    match x.dtype() {
+        DType::I32 => {
+            let f = move |v: i32| if neg { v.wrapping_neg() } else { v.wrapping_abs() };
+            Tensor::from_vec(map1(x.storage_slice::<i32>(), &nd, f)?, x.shape().clone())
+        }
+        _ => {
+            let f = move |v: i64| if neg { v.wrapping_neg() } else { v.wrapping_abs() };
+            Tensor::from_vec(map1(x.storage_slice::<i64>(), &nd, f)?, x.shape().clone())
+        }
+    }
 }
 
 fn kernel<T: Float + CpuElement>(op: Unary, x: &Tensor) -> Result<Vec<T>> {

@@ -3,11 +3,14 @@
 //!
 //! Rules compute each input's gradient at the broadcast shape and reduce it
 //! back with `sum_to`, so broadcasting needs no special case anywhere else.
+//! Operands of different dtypes are promoted as torch promotes them
+//! ([`DType::promote`]); each gradient is cast back to its input's dtype,
+//! so an optimizer never meets a parameter and a gradient that disagree.
 
 use crate::ops::reduce::ReduceOps;
 use crate::ops::shape::ShapeOps;
 use crate::ops::unary::UnaryOps;
-use crate::ops::{add_opt, check_pair, Arity, Diff, InputGrads, Op, Saved};
+use crate::ops::{add_opt, check_pair, promote_pair, Arity, Diff, InputGrads, Op, Saved};
 use crate::{cpu, DType, Result, Shape, Tensor};
 
 /// Which two-operand function.
@@ -56,30 +59,39 @@ impl Op for Binary {
 
     fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let shape = check_pair(self.name(), xs[0], xs[1])?;
-        cpu::binary::forward(*self, xs[0], xs[1], &shape)
+        let (a, b) = promote_pair(xs[0], xs[1])?;
+        cpu::binary::forward(*self, &a, &b, &shape)
     }
 
     fn vjp<T: Diff>(&self, xs: &[&T], y: &T, g: &T) -> Result<InputGrads<T>> {
+        // The inputs a rule reads, in the output's (promoted) dtype; a no-op
+        // unless the dtypes differ. Only read inputs are cast: the others
+        // may be stand-ins holding no values.
+        let up = |x: &T| x.cast(y.dtype());
         let (a, b) = (xs[0], xs[1]);
         let (ga, gb) = match self {
             Binary::Add => (g.clone(), g.clone()),
             Binary::Sub => (g.clone(), g.neg()?),
-            Binary::Mul => (g.mul(b)?, g.mul(a)?),
+            Binary::Mul => (g.mul(&up(b)?)?, g.mul(&up(a)?)?),
             Binary::Div => {
-                let gb_ = g.mul(y)?.div(b)?.neg()?;
-                (g.div(b)?, gb_)
+                let b = up(b)?;
+                let gb_ = g.mul(y)?.div(&b)?.neg()?;
+                (g.div(&b)?, gb_)
             }
             Binary::Pow => {
                 // d/da a^b = b a^(b-1); d/db a^b = a^b ln a
-                let da = b.mul(&a.pow(&b.sub_scalar(1.0)?)?)?;
-                (g.mul(&da)?, g.mul(&y.mul(&a.log()?)?)?)
+                let (a_, b_) = (up(a)?, up(b)?);
+                let da = b_.mul(&a_.pow(&b_.sub_scalar(1.0)?)?)?;
+                // An integer exponent gets no gradient: skip its ln a.
+                let gb_ = if b.dtype().is_int() { g.clone() } else { g.mul(&y.mul(&a_.log()?)?)? };
+                (g.mul(&da)?, gb_)
             }
             Binary::Maximum | Binary::Minimum => {
-                let m = self.select_mask(a, b)?;
+                let m = self.select_mask(&up(a)?, &up(b)?)?;
                 (g.mul(&m)?, g.mul(&m.neg()?.add_scalar(1.0)?)?)
             }
         };
-        Ok(smallvec::smallvec![Some(ga.sum_to(a.shape())?), Some(gb.sum_to(b.shape())?)])
+        Ok(smallvec::smallvec![grad_back(ga, a)?, grad_back(gb, b)?])
     }
 
     fn jvp<T: Diff>(&self, xs: &[&T], y: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
@@ -93,18 +105,40 @@ impl Op for Binary {
             Binary::Div => {
                 add_opt(ta.map(|t| t.div(b)).transpose()?, tb.map(|t| t.mul(y)?.div(b)?.neg()).transpose()?)?
             }
-            Binary::Pow => add_opt(
-                ta.map(|t| t.mul(&b.mul(&a.pow(&b.sub_scalar(1.0)?)?)?)).transpose()?,
-                tb.map(|t| t.mul(&y.mul(&a.log()?)?)).transpose()?,
-            )?,
+            Binary::Pow => {
+                let (a, b) = (a.cast(y.dtype())?, b.cast(y.dtype())?);
+                add_opt(
+                    ta.map(|t| t.mul(&b.mul(&a.pow(&b.sub_scalar(1.0)?)?)?)).transpose()?,
+                    tb.map(|t| t.mul(&y.mul(&a.log()?)?)).transpose()?,
+                )?
+            }
             Binary::Maximum | Binary::Minimum => {
                 let m = self.select_mask(a, b)?;
                 add_opt(ta.map(|t| t.mul(&m)).transpose()?, tb.map(|t| t.mul(&m.neg()?.add_scalar(1.0)?)).transpose()?)?
             }
         };
-        // A tangent of a broadcast input must itself be broadcast.
-        out.map(|t| if t.shape() == shape { Ok(t) } else { t.broadcast_to(shape.clone()) }).transpose()
+        // A tangent of a broadcast input must itself be broadcast, and one
+        // input's tangent alone (of add, say) has that input's dtype.
+        out.map(|t| {
+            let t = t.cast(y.dtype())?;
+            if t.shape() == shape {
+                Ok(t)
+            } else {
+                t.broadcast_to(shape.clone())
+            }
+        })
+        .transpose()
     }
+}
+
+/// An input's gradient from one at the broadcast shape and the promoted
+/// dtype: summed back to the input's shape, then cast back to its dtype.
+/// `None` for an integer input, which carries no gradient.
+fn grad_back<T: Diff>(g: T, x: &T) -> Result<Option<T>> {
+    if x.dtype().is_int() {
+        return Ok(None);
+    }
+    Ok(Some(g.sum_to(x.shape())?.cast(x.dtype())?))
 }
 
 impl Binary {
@@ -116,7 +150,8 @@ impl Binary {
     }
 }
 
-/// A comparison, giving a mask of 1 and 0 in the operand's dtype.
+/// A comparison, giving a mask of 1 and 0 in the operands' promoted dtype
+/// (the tensor's own dtype against a scalar).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Cmp {
     /// ==
@@ -187,11 +222,15 @@ impl Op for Compare {
             // dtype would not. f64 holds every i32 (and i64 below 2^53).
             return self.forward_cpu(&[&a.cast_raw(DType::F64)?])?.cast_raw(a.dtype());
         }
-        let (b, shape) = match self.scalar {
-            Some(s) => (Tensor::scalar_of(s, a.dtype()), a.shape().clone()),
-            None => (xs[1].clone(), check_pair(self.name(), a, xs[1])?),
+        let (a, b, shape) = match self.scalar {
+            Some(s) => (a.clone(), Tensor::scalar_of(s, a.dtype()), a.shape().clone()),
+            None => {
+                let shape = check_pair(self.name(), a, xs[1])?;
+                let (a, b) = promote_pair(a, xs[1])?;
+                (a, b, shape)
+            }
         };
-        cpu::binary::compare(cmp, a, &b, &shape)
+        cpu::binary::compare(cmp, &a, &b, &shape)
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, _: &T) -> Result<InputGrads<T>> {
         Ok(xs.iter().map(|_| None).collect())
@@ -228,16 +267,16 @@ impl Op for Where {
         Saved::NOTHING
     }
     fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        let (a, b) = (xs[0], xs[1]);
-        let ab = check_pair("where", a, b)?;
+        let ab = check_pair("where", xs[0], xs[1])?;
         let shape = Shape::broadcast("where", &ab, self.mask.shape())?;
-        cpu::binary::select(&self.mask, a, b, &shape)
+        let (a, b) = promote_pair(xs[0], xs[1])?;
+        cpu::binary::select(&self.mask, &a, &b, &shape)
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         let m = g.lift(self.mask.ne_scalar(0.0)?.cast(g.dtype())?);
-        let ga = g.mul(&m)?.sum_to(xs[0].shape())?;
-        let gb = g.mul(&m.neg()?.add_scalar(1.0)?)?.sum_to(xs[1].shape())?;
-        Ok(smallvec::smallvec![Some(ga), Some(gb)])
+        let ga = grad_back(g.mul(&m)?, xs[0])?;
+        let gb = grad_back(g.mul(&m.neg()?.add_scalar(1.0)?)?, xs[1])?;
+        Ok(smallvec::smallvec![ga, gb])
     }
     fn jvp<T: Diff>(&self, xs: &[&T], y: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
         if ts.iter().all(|t| t.is_none()) {

@@ -218,16 +218,21 @@ pub trait Op: Debug + Send + Sync + 'static {
     }
 }
 
-/// Checks that two operands' dtypes agree and returns their broadcast
-/// shape (their devices are checked by [`forward`] before a kernel runs).
+/// Checks that two operands share a device and returns their broadcast
+/// shape. Their dtypes may differ: binary ops promote them
+/// ([`promote_pair`]).
 pub(crate) fn check_pair(op: &'static str, a: &Tensor, b: &Tensor) -> Result<Shape> {
-    if a.dtype() != b.dtype() {
-        return Err(Error::DTypeMismatch { op, lhs: a.dtype(), rhs: b.dtype() });
-    }
     if a.device() != b.device() {
         return Err(Error::DeviceMismatch { op, lhs: a.device(), rhs: b.device() });
     }
     Shape::broadcast(op, a.shape(), b.shape())
+}
+
+/// Both operands in their promoted dtype ([`DType::promote`]); handles
+/// on the operands themselves when their dtypes already agree.
+pub(crate) fn promote_pair(a: &Tensor, b: &Tensor) -> Result<(Tensor, Tensor)> {
+    let dtype = DType::promote(a.dtype(), b.dtype());
+    Ok((a.cast_raw(dtype)?, b.cast_raw(dtype)?))
 }
 
 /// Runs `op` forward on `inputs`: every input and every operand the op

@@ -316,6 +316,18 @@ impl Op for Reduce {
             }
         }
         let shape = reduced_shape(x.shape(), &self.axes, self.keepdim);
+        if self.kind == ReduceKind::Sum && x.dtype().is_int() {
+            // As torch: an integer sum is an int64 sum, so counting int32
+            // labels cannot overflow at 2^31, and it wraps past 2^63.
+            shape.check(self.name(), DType::I64)?;
+            let out = match x.dtype() {
+                DType::I32 => {
+                    reduce_rows(x, &self.axes, |r: &[i32]| r.iter().fold(0i64, |a, &v| a.wrapping_add(v as i64)))
+                }
+                _ => reduce_rows(x, &self.axes, |r: &[i64]| r.iter().fold(0i64, |a, &v| a.wrapping_add(v))),
+            }?;
+            return Tensor::from_vec(out, shape);
+        }
         // Reducing an empty axis can leave more elements than the input
         // had: zeros([0, usize::MAX]).sum(0) would be usize::MAX zeros.
         shape.check(self.name(), x.dtype())?;
@@ -328,6 +340,9 @@ impl Op for Reduce {
 
     fn vjp<T: Diff>(&self, xs: &[&T], y: &T, g: &T) -> Result<InputGrads<T>> {
         let x = xs[0];
+        if x.dtype().is_int() {
+            return Ok(smallvec::smallvec![None]);
+        }
         let xs_shape = x.shape();
         let gk = self.keep(g, &xs_shape)?;
         Ok(one(match self.kind {
@@ -340,6 +355,9 @@ impl Op for Reduce {
     fn jvp<T: Diff>(&self, xs: &[&T], y: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
         let Some(t) = ts[0] else { return Ok(None) };
         let x = xs[0];
+        if x.dtype().is_int() {
+            return Ok(None);
+        }
         let axes: Vec<isize> = self.axes.iter().map(|&a| a as isize).collect();
         let weighted = match self.kind {
             ReduceKind::Sum => t.clone(),
@@ -480,6 +498,14 @@ pub trait ReduceOps: Diff {
     }
     /// Mean over `axes`.
     fn mean(&self, axes: &[isize], keepdim: bool) -> Result<Self> {
+        if self.dtype().is_int() {
+            // torch refuses too: the mean of integers has no integer dtype.
+            return Err(Error::UnsupportedDType {
+                op: "mean",
+                dtype: self.dtype(),
+                expected: "a float dtype; cast first, e.g. x.cast(DType::F32)?.mean(..)",
+            });
+        }
         let norm = normalize_axes("mean", axes, self.rank())?;
         let n: usize = norm.iter().map(|&a| self.shape().dims()[a]).product();
         self.sum(axes, keepdim)?.mul_scalar(1.0 / n as f64)

@@ -227,6 +227,10 @@ impl Op for Unary {
     }
 
     fn vjp<T: Diff>(&self, xs: &[&T], y: &T, g: &T) -> Result<InputGrads<T>> {
+        if xs[0].dtype().is_int() {
+            // neg and abs run on integers; integers carry no gradient.
+            return Ok(smallvec::smallvec![None]);
+        }
         if *self == Unary::Tanh {
             // One recorded node instead of the four of `deriv`'s line.
             return Ok(one(y.tanh_backward(g)?));
@@ -240,6 +244,9 @@ impl Op for Unary {
 
     fn jvp<T: Diff>(&self, xs: &[&T], y: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
         let Some(t) = ts[0] else { return Ok(None) };
+        if xs[0].dtype().is_int() {
+            return Ok(None);
+        }
         if *self == Unary::Tanh {
             return Ok(Some(y.tanh_backward(t)?));
         }
