@@ -225,6 +225,9 @@ impl Op for Contiguous {
     fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         xs[0].contiguous()
     }
+    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
+        crate::cuda::ops::contiguous(xs[0])
+    }
     fn vjp<T: Diff>(&self, _: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         Ok(one(g.clone()))
     }
