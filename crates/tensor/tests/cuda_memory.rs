@@ -104,7 +104,10 @@ fn cuda_memory_peaks_reset_and_empty_cache_returns_idle_segments() {
     assert_eq!(s.system_allocations, base.system_allocations + 1);
     drop(t);
     let s = memory_stats(dev);
-    assert_eq!((s.allocated, s.peak, s.reserved), (base.allocated, base.allocated + (4 << 20), base.reserved + (20 << 20)));
+    assert_eq!(
+        (s.allocated, s.peak, s.reserved),
+        (base.allocated, base.allocated + (4 << 20), base.reserved + (20 << 20))
+    );
     reset_peak_memory_stats(dev);
     assert_eq!(memory_stats(dev).peak, base.allocated);
     empty_cache(dev);

@@ -73,7 +73,7 @@ fn cuda_to_device_round_trips_every_dtype_and_views() {
         let v = t.t().unwrap().narrow(0, 1, 3).unwrap();
         let dv = v.to_device(dev).unwrap();
         assert_eq!(dv.to_vec_f64(), v.to_vec_f64(), "{dtype:?} view");
-        assert_eq!(dv.to_device(dev).unwrap().same_storage(&dv), true, "already there: the same handle");
+        assert!(dv.to_device(dev).unwrap().same_storage(&dv), "already there: the same handle");
     }
     let empty = Tensor::from_vec(Vec::<f32>::new(), [0, 3]).unwrap().to_device(dev).unwrap();
     assert_eq!((empty.dims(), empty.to_vec_f64().len()), (&[0usize, 3][..], 0));
