@@ -200,6 +200,32 @@ fn cuda_contiguous_copies_strided_views_of_every_dtype() {
 }
 
 #[test]
+fn cuda_casts_between_all_six_dtypes_match_the_cpu() {
+    let Some(dev) = cuda("cuda_casts_between_all_six_dtypes_match_the_cpu") else { return };
+    let all = [DType::F32, DType::F64, DType::F16, DType::BF16, DType::I32, DType::I64];
+    // Fractions, negatives, values past f16's range and past i32's, NaN and
+    // infinities: rounding, truncation and saturation all show.
+    let special =
+        vec![0.5, -1.75, 2.5, 1e5, -7e4, 3e9, -3e9, f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 1.0 / 3.0, 65519.0];
+    for from in all {
+        let x = Tensor::from_vec(special.clone(), [3, 4]).unwrap().cast(from).unwrap();
+        let dx = x.to_device(dev).unwrap();
+        for to in all {
+            let cpu = x.cast(to).unwrap();
+            let gpu = dx.cast(to).unwrap();
+            assert_eq!(gpu.dtype(), to);
+            let (a, b) = (cpu.to_vec_f64(), gpu.to_vec_f64());
+            let same = a.iter().zip(&b).all(|(p, q)| p == q || (p.is_nan() && q.is_nan()));
+            assert!(same, "{from:?} -> {to:?}: cpu {a:?} vs cuda {b:?}");
+            // A transposed view casts to the same values.
+            let (ct, gt) = (x.t().unwrap().cast(to).unwrap(), dx.t().unwrap().cast(to).unwrap());
+            let (a, b) = (ct.to_vec_f64(), gt.to_vec_f64());
+            assert!(a.iter().zip(&b).all(|(p, q)| p == q || (p.is_nan() && q.is_nan())), "{from:?} -> {to:?} view");
+        }
+    }
+}
+
+#[test]
 fn cuda_mixing_devices_is_a_device_mismatch_naming_both() {
     let Some(dev) = cuda("cuda_mixing_devices_is_a_device_mismatch_naming_both") else { return };
     let c = Tensor::from_vec(vec![1.0f32, 2.0], [2]).unwrap();
@@ -266,7 +292,7 @@ fn cuda_an_op_without_a_kernel_is_unsupported_and_the_rest_are_listed() {
     }
     println!("ops with a CUDA kernel: {}", done.join(", "));
     println!("ops with no CUDA kernel yet ({}): {}", missing.len(), missing.join(", "));
-    for name in ["neg", "add", "tanh_backward", "gt", "contiguous"] {
+    for name in ["neg", "add", "tanh_backward", "gt", "contiguous", "cast"] {
         assert!(done.contains(&name), "{name} has a CUDA kernel");
     }
 }

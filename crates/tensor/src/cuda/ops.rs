@@ -266,3 +266,39 @@ pub(crate) fn contiguous(x: &Tensor) -> Result<Tensor> {
     }
     Ok(tensor_of(out, x.shape().clone()))
 }
+
+/// The kernel-name suffix of any dtype.
+fn any_suffix(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F32 => "f32",
+        DType::F64 => "f64",
+        DType::F16 => "f16",
+        DType::BF16 => "bf16",
+        DType::I32 => "i32",
+        DType::I64 => "i64",
+    }
+}
+
+/// `x` converted to `dtype` (strided views are made contiguous first, as
+/// the cast kernels read dense input).
+pub(crate) fn cast(x: &Tensor, dtype: DType) -> Result<Tensor> {
+    if dtype == x.dtype() {
+        return Ok(x.clone());
+    }
+    if (x.dtype(), dtype) == (DType::I32, DType::I64) && super::emulated_selected() {
+        // The emulator zero-extends `ld.global.s32` into a 64-bit register
+        // (PTX sign-extends), which the direct kernel's load compiles to;
+        // through f64, exact for every i32, it gives the right values.
+        return cast(&cast(x, DType::F64)?, DType::I64);
+    }
+    let x = contiguous(x)?;
+    let (dev, xp) = device_of("cast", &x)?;
+    let n = x.numel();
+    let (out, _) = CudaBuffer::alloc(&dev, dtype, n)?;
+    if n > 0 {
+        let at = xp + (x.layout().offset * x.dtype().size_in_bytes()) as u64;
+        let name = format!("cast_{}_{}", any_suffix(x.dtype()), any_suffix(dtype));
+        launch(&dev, "cast.cu", &name, n, &[Arg::I64(n as i64), Arg::Ptr(at), Arg::Ptr(out.ptr())])?;
+    }
+    Ok(tensor_of(out, x.shape().clone()))
+}

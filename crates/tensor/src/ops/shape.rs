@@ -334,6 +334,9 @@ impl Op for Cast {
     fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         xs[0].cast_raw(self.0)
     }
+    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
+        crate::cuda::ops::cast(xs[0], self.0)
+    }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         let from = xs[0].dtype();
         Ok(smallvec::smallvec![if from.is_float() && self.0.is_float() { Some(g.cast(from)?) } else { None }])
