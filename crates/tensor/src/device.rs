@@ -1,6 +1,6 @@
 //! Devices.
 
-use crate::{Error, Result};
+use crate::Result;
 
 /// Where a tensor's storage lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -16,15 +16,13 @@ impl Device {
     /// The CUDA device `ordinal`, or an error when no driver or device is
     /// present. Never panics.
     ///
-    /// The CUDA backend is not built yet, so this is always
-    /// [`Error::DeviceUnavailable`]; its reason says which of "no CUDA
-    /// driver found", "no device", "no device `ordinal`" or "no backend yet"
-    /// holds on this machine.
+    /// The device's context and default stream are created on the first
+    /// call, once per process. When it cannot be had, the error is
+    /// [`Error::DeviceUnavailable`], whose reason says which of "no CUDA
+    /// driver found", "no device" or "no device `ordinal`" holds on this
+    /// machine (or why the context could not be created).
     pub fn cuda(ordinal: usize) -> Result<Device> {
-        Err(Error::DeviceUnavailable {
-            device: Device::Cuda(ordinal),
-            reason: crate::cuda::driver::unavailable_reason(ordinal),
-        })
+        crate::cuda::CudaDevice::get(ordinal).map(|_| Device::Cuda(ordinal))
     }
 
     /// The fastest device present: CUDA 0 when it can be used, else the CPU.

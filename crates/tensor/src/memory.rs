@@ -31,6 +31,18 @@ pub struct MemoryStats {
     /// Number of allocations that went to the system (the driver on CUDA);
     /// a caching allocator keeps this flat in a steady loop.
     pub system_allocations: u64,
+    /// Highest `reserved` since the last reset (`max_memory_reserved`).
+    /// Kept by the CUDA allocator; 0 on the CPU.
+    pub peak_reserved: usize,
+    /// Segments the CUDA allocator returned to its driver
+    /// (`num_device_free`); 0 on the CPU.
+    pub system_frees: u64,
+    /// Requests retried after the CUDA cache was emptied for lack of
+    /// memory (`num_alloc_retries`); 0 on the CPU.
+    pub alloc_retries: u64,
+    /// Requests that failed for lack of memory after the retry
+    /// (`num_ooms`); 0 on the CPU.
+    pub ooms: u64,
 }
 
 impl std::fmt::Display for MemoryStats {
@@ -46,6 +58,10 @@ struct Counters {
     largest: AtomicUsize,
     allocations: AtomicU64,
     system_allocations: AtomicU64,
+    peak_reserved: AtomicUsize,
+    system_frees: AtomicU64,
+    alloc_retries: AtomicU64,
+    ooms: AtomicU64,
 }
 
 impl Counters {
@@ -57,6 +73,10 @@ impl Counters {
             largest: AtomicUsize::new(0),
             allocations: AtomicU64::new(0),
             system_allocations: AtomicU64::new(0),
+            peak_reserved: AtomicUsize::new(0),
+            system_frees: AtomicU64::new(0),
+            alloc_retries: AtomicU64::new(0),
+            ooms: AtomicU64::new(0),
         }
     }
 }
@@ -112,7 +132,37 @@ pub fn memory_stats(device: Device) -> MemoryStats {
         largest_allocation: c.largest.load(Ordering::Relaxed),
         allocations: c.allocations.load(Ordering::Relaxed),
         system_allocations: c.system_allocations.load(Ordering::Relaxed),
+        peak_reserved: c.peak_reserved.load(Ordering::Relaxed),
+        system_frees: c.system_frees.load(Ordering::Relaxed),
+        alloc_retries: c.alloc_retries.load(Ordering::Relaxed),
+        ooms: c.ooms.load(Ordering::Relaxed),
     }
+}
+
+/// A caching device allocator took a segment of `bytes` from its driver:
+/// reserved, and one system allocation, though no tensor holds it yet.
+pub(crate) fn track_segment_alloc(device: Device, bytes: usize) {
+    let c = counters(device);
+    let now = c.reserved.fetch_add(bytes, Ordering::Relaxed) + bytes;
+    c.peak_reserved.fetch_max(now, Ordering::Relaxed);
+    c.system_allocations.fetch_add(1, Ordering::Relaxed);
+}
+
+/// A caching device allocator returned a segment of `bytes` to its driver.
+pub(crate) fn track_segment_free(device: Device, bytes: usize) {
+    let c = counters(device);
+    c.reserved.fetch_sub(bytes, Ordering::Relaxed);
+    c.system_frees.fetch_add(1, Ordering::Relaxed);
+}
+
+/// A device request was retried after its allocator emptied its cache.
+pub(crate) fn track_alloc_retry(device: Device) {
+    counters(device).alloc_retries.fetch_add(1, Ordering::Relaxed);
+}
+
+/// A device request failed for lack of memory after the retry.
+pub(crate) fn track_oom(device: Device) {
+    counters(device).ooms.fetch_add(1, Ordering::Relaxed);
 }
 
 /// A cached buffer leaves the cache to be filled: it is no longer reserved
@@ -148,5 +198,11 @@ pub fn max_memory_allocated(device: Device) -> usize {
 pub fn reset_peak_memory_stats(device: Device) {
     let c = counters(device);
     c.peak.store(c.allocated.load(Ordering::Relaxed), Ordering::Relaxed);
+    c.peak_reserved.store(c.reserved.load(Ordering::Relaxed), Ordering::Relaxed);
     c.largest.store(0, Ordering::Relaxed);
+    if let Device::Cuda(i) = device {
+        if let Some(dev) = crate::cuda::CudaDevice::opened(i) {
+            dev.reset_peaks();
+        }
+    }
 }

@@ -485,18 +485,15 @@ impl Tensor {
 
     /// A copy on `device` (the same handle when already there). To the CPU
     /// from a device: the storage is copied to the host and the layout kept.
-    /// To a CUDA device: [`Error::DeviceUnavailable`], whose reason says
-    /// what this machine lacks, while the CUDA backend is not built.
+    /// To a CUDA device: a contiguous copy in its memory, or
+    /// [`Error::DeviceUnavailable`] saying what this machine lacks.
     pub fn to_device(&self, device: Device) -> Result<Tensor> {
         if device == self.device() {
             return Ok(self.clone());
         }
         match device {
             Device::Cpu => Ok(self.on_host()?.into_owned()),
-            Device::Cuda(i) => {
-                Device::cuda(i)?;
-                Err(Error::DeviceUnavailable { device, reason: "no CUDA backend in this build".into() })
-            }
+            Device::Cuda(i) => crate::cuda::to_cuda(self, i),
         }
     }
 

@@ -1,7 +1,7 @@
 //! A probe of the CUDA driver, without cudarc (whose driver module panics
 //! when libcuda is missing): open the driver, call cuInit and
 //! cuDeviceGetCount. Enough for `Device::cuda` to say precisely why it
-//! cannot give a device until the backend exists.
+//! cannot give a device, before cudarc is asked for a context.
 //!
 //! The driver is the system's libcuda unless the emulated device is
 //! selected with `TAPIR_CUDA=emulated`: then the emulator's library (from
@@ -193,10 +193,9 @@ pub(crate) fn unavailable_reason(ordinal: usize) -> String {
         DriverProbe::Devices(n) if ordinal >= *n => {
             format!("the CUDA driver reports {n} device(s), so there is no device {ordinal}")
         }
-        DriverProbe::Devices(n) => format!(
-            "the CUDA driver reports {n} device(s), but this build of tapir has no CUDA backend yet; \
-             tensors run on the CPU"
-        ),
+        DriverProbe::Devices(n) => {
+            format!("the CUDA driver reports {n} device(s), but tapir addresses at most 16 (no device {ordinal})")
+        }
     }
 }
 
@@ -208,7 +207,7 @@ mod tests {
     #[test]
     fn device_cuda_says_what_is_missing_on_this_machine() {
         let Err(Error::DeviceUnavailable { device, reason }) = Device::cuda(7) else {
-            panic!("Device::cuda must be an error until the backend exists");
+            panic!("no machine here has 8 CUDA devices");
         };
         assert_eq!(device, Device::Cuda(7));
         println!("{reason}");
@@ -216,7 +215,7 @@ mod tests {
             DriverProbe::NoDriver(_) => assert!(reason.starts_with("no CUDA driver found"), "{reason}"),
             DriverProbe::InitFailed(_) => assert!(reason.contains("cuInit"), "{reason}"),
             DriverProbe::Devices(n) if *n <= 7 => assert!(reason.contains("no device 7"), "{reason}"),
-            DriverProbe::Devices(_) => assert!(reason.contains("no CUDA backend yet"), "{reason}"),
+            DriverProbe::Devices(_) => assert!(reason.contains("no device 7"), "{reason}"),
         }
     }
 }

@@ -1,19 +1,28 @@
-//! The CUDA side of tapir-tensor, as far as it goes without a GPU: the
-//! kernel sources and their compilation by NVRTC.
+//! The CUDA side of tapir-tensor: the kernel sources and their compilation
+//! by NVRTC, the device contexts, the caching allocator, and the launches
+//! of the ops that have CUDA kernels.
 //!
 //! Every `kernels/*.cu` file is embedded here with `include_str!` and listed
 //! in [`KERNELS`]; [`compile_kernel`] turns one into PTX for a given
 //! architecture and [`cached_ptx`] does so once per process. NVRTC is found
 //! at run time, never linked: when the library is absent
 //! the functions return [`NvrtcError::NotFound`] rather than panic, so the
-//! crate builds and runs on a machine with no CUDA at all. The device backend (allocator, launches, cuBLAS) is not built yet;
-//! a probe of the driver lets `Device::cuda` say why no device is available.
+//! crate builds and runs on a machine with no CUDA at all. A probe of the
+//! driver lets `Device::cuda` say why no device is available.
 //!
 //! `TAPIR_CUDA=emulated` selects the emulated device of `crates/cuda-emu`
 //! instead of the system's driver ([`driver_library`] says which is in use).
 
+pub mod alloc;
+mod buffer;
+mod context;
 pub(crate) mod driver;
 mod nvrtc;
+pub(crate) mod ops;
+
+pub(crate) use buffer::to_cuda;
+pub use buffer::CudaBuffer;
+pub use context::CudaDevice;
 
 pub use driver::{driver_library, emulated_selected};
 
@@ -33,3 +42,49 @@ pub const KERNELS: &[(&str, &str)] = &[
     ("index.cu", include_str!("../../../../kernels/index.cu")),
     ("cast.cu", include_str!("../../../../kernels/cast.cu")),
 ];
+
+/// Returns every cached block of `device` that no tensor uses to the
+/// driver (`torch.cuda.empty_cache`); reserved memory drops to what live
+/// blocks' segments hold. Nothing to do on the CPU's CUDA-less devices.
+pub fn empty_cache(device: crate::Device) {
+    if let crate::Device::Cuda(i) = device {
+        if let Ok(dev) = CudaDevice::get(i) {
+            dev.empty_cache();
+        }
+    }
+}
+
+/// A table of `device`'s allocator statistics, in the manner of
+/// `torch.cuda.memory_summary()`: live and reserved bytes with their peaks,
+/// the cached blocks of each pool, and the driver calls.
+pub fn memory_summary(device: crate::Device) -> String {
+    use std::fmt::Write;
+    let s = crate::memory_stats(device);
+    let mut out = String::new();
+    let line = "=".repeat(64);
+    let _ = writeln!(out, "{line}\n tapir memory summary, device {device}\n{line}");
+    let row = |out: &mut String, name: &str, cur: usize, peak: usize| {
+        let _ = writeln!(out, " {name:<28} {cur:>15} B {peak:>15} B");
+    };
+    let _ = writeln!(out, " {:<28} {:>17} {:>17}", "metric", "current", "peak");
+    row(&mut out, "allocated (tensors)", s.allocated, s.peak);
+    row(&mut out, "reserved (segments)", s.reserved, s.peak_reserved);
+    if let crate::Device::Cuda(i) = device {
+        if let Ok(dev) = CudaDevice::get(i) {
+            let (a, cached) = dev.alloc_stats();
+            row(&mut out, "allocated (rounded blocks)", a.allocated, a.peak_allocated);
+            let _ = writeln!(out, " {:<28} {:>17}", "active blocks", a.active_blocks);
+            let _ = writeln!(out, " {:<28} {:>17}", "segments", a.segments);
+            for (name, (bytes, n)) in ["cached, small pool", "cached, large pool"].iter().zip(cached) {
+                let _ = writeln!(out, " {name:<28} {bytes:>15} B in {n} blocks");
+            }
+        }
+    }
+    let _ = writeln!(out, " {:<28} {:>17}", "tensor allocations", s.allocations);
+    let _ = writeln!(out, " {:<28} {:>17}", "driver allocations", s.system_allocations);
+    let _ = writeln!(out, " {:<28} {:>17}", "driver frees", s.system_frees);
+    let _ = writeln!(out, " {:<28} {:>17}", "alloc retries", s.alloc_retries);
+    let _ = writeln!(out, " {:<28} {:>17}", "out of memory", s.ooms);
+    let _ = write!(out, "{line}");
+    out
+}

@@ -63,6 +63,11 @@ impl Op for Binary {
         cpu::binary::forward(*self, &a, &b, &shape)
     }
 
+    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
+        let shape = check_pair(self.name(), xs[0], xs[1])?;
+        crate::cuda::ops::binary(*self, xs[0], xs[1], &shape)
+    }
+
     fn vjp<T: Diff>(&self, xs: &[&T], y: &T, g: &T) -> Result<InputGrads<T>> {
         // The inputs a rule reads, in the output's (promoted) dtype; a no-op
         // unless the dtypes differ. Only read inputs are cast: the others
@@ -231,6 +236,13 @@ impl Op for Compare {
             }
         };
         cpu::binary::compare(cmp, &a, &b, &shape)
+    }
+    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
+        let (b, shape) = match self.scalar {
+            Some(_) => (None, xs[0].shape().clone()),
+            None => (Some(xs[1]), check_pair(self.name(), xs[0], xs[1])?),
+        };
+        crate::cuda::ops::compare(self.name(), self.cmp, xs[0], b, self.scalar.unwrap_or(0.0), &shape)
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, _: &T) -> Result<InputGrads<T>> {
         Ok(xs.iter().map(|_| None).collect())

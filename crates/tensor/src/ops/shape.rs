@@ -206,6 +206,9 @@ impl Op for Contiguous {
     fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         xs[0].contiguous()
     }
+    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
+        crate::cuda::ops::contiguous(xs[0])
+    }
     fn vjp<T: Diff>(&self, _: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         Ok(one(g.clone()))
     }
@@ -311,6 +314,9 @@ impl Op for Cast {
     }
     fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         xs[0].cast_raw(self.0)
+    }
+    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
+        crate::cuda::ops::cast(xs[0], self.0)
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         let from = xs[0].dtype();

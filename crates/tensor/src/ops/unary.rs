@@ -216,6 +216,10 @@ impl Op for Unary {
         cpu::unary::forward(*self, xs[0])
     }
 
+    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
+        crate::cuda::ops::unary(*self, xs[0])
+    }
+
     /// `g * dy/dx` in one pass for the activations whose derivative line
     /// takes several passes and as many temporaries (a training step's
     /// backward): relu, tanh, sigmoid, both GELUs.
@@ -292,6 +296,11 @@ impl Op for TanhBackward {
     fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let shape = check_pair("tanh_backward", xs[0], xs[1])?;
         cpu::unary::tanh_backward(xs[0], xs[1], &shape)
+    }
+
+    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
+        let shape = check_pair("tanh_backward", xs[0], xs[1])?;
+        crate::cuda::ops::tanh_backward(xs[0], xs[1], &shape)
     }
 
     fn vjp_eager(&self, xs: SmallVec<[Tensor; 3]>, _: Tensor, gbar: Tensor) -> Result<InputGrads<Tensor>> {

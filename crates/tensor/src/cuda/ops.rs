@@ -1,0 +1,304 @@
+//! The CUDA launches of the tensor ops: operands described as the kernels
+//! of `kernels/` expect them (dims and strides in a small device array, a
+//! base offset), an output allocated from the caching allocator, one launch.
+
+use std::sync::Arc;
+
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+use half::{bf16, f16};
+
+use super::buffer::{buffer_of, tensor_of, CudaBuffer};
+use super::context::{driver_error, CudaDevice};
+use crate::ops::binary::{Binary, Cmp};
+use crate::ops::unary::Unary;
+use crate::{DType, Error, Result, Shape, Tensor};
+
+/// Threads a block for the elementwise kernels.
+const BLOCK: u32 = 256;
+/// Blocks at most: the kernels loop over the rest with a grid stride.
+const MAX_BLOCKS: usize = 4096;
+
+/// A kernel argument by value.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Arg {
+    I64(i64),
+    I32(i32),
+    Ptr(u64),
+    F64(f64),
+}
+
+/// The device a CUDA op runs on, from its first input.
+fn device_of(op: &'static str, t: &Tensor) -> Result<(Arc<CudaDevice>, u64)> {
+    // A device buffer of another backend (a test's stand-in) has no kernels here.
+    let buf = buffer_of(t).ok_or(Error::Unsupported { op, device: t.device() })?;
+    Ok((buf.dev.clone(), buf.ptr()))
+}
+
+/// Launches `name` of `file` over `n` elements with `args`.
+pub(crate) fn launch(dev: &CudaDevice, file: &'static str, name: &str, n: usize, args: &[Arg]) -> Result<()> {
+    let f = dev.function(file, name)?;
+    let blocks = n.div_ceil(BLOCK as usize).clamp(1, MAX_BLOCKS) as u32;
+    let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
+    let mut b = dev.stream.launch_builder(&f);
+    for a in args {
+        match a {
+            Arg::I64(v) => b.arg(v),
+            Arg::I32(v) => b.arg(v),
+            Arg::Ptr(v) => b.arg(v),
+            Arg::F64(v) => b.arg(v),
+        };
+    }
+    // SAFETY: each kernel's argument list is the one its file's header
+    // documents, and every pointer is a live block at least as large as
+    // the kernel reads or writes (the sizes are computed from the layouts).
+    unsafe { b.launch(cfg) }.map_err(|e| driver_error(&format!("launching {name}"), e))?;
+    Ok(())
+}
+
+/// The kernel-name suffix of a float dtype.
+fn float_suffix(op: &'static str, dtype: DType) -> Result<&'static str> {
+    match dtype {
+        DType::F32 => Ok("f32"),
+        DType::F64 => Ok("f64"),
+        DType::F16 => Ok("f16"),
+        DType::BF16 => Ok("bf16"),
+        _ => Err(Error::UnsupportedDType { op, dtype, expected: "f32, f64, f16 or bf16 on CUDA" }),
+    }
+}
+
+/// `t`'s strides as seen from `out` (numpy broadcasting: leading dims
+/// missing and size-1 dims that broadcast get stride 0).
+fn broadcast_strides(t: &Tensor, out: &Shape) -> Vec<i64> {
+    let (r, rt) = (out.rank(), t.rank());
+    (0..r)
+        .map(|i| {
+            if i < r - rt {
+                return 0;
+            }
+            let j = i - (r - rt);
+            if t.dims()[j] == 1 && out.dims()[i] != 1 {
+                0
+            } else {
+                t.strides()[j] as i64
+            }
+        })
+        .collect()
+}
+
+/// A device array of i64 (the kernels' `info`), freed when dropped.
+fn info_array(dev: &Arc<CudaDevice>, values: &[i64]) -> Result<CudaBuffer> {
+    let (buf, _) = CudaBuffer::alloc(dev, DType::I64, values.len())?;
+    dev.bind()?;
+    // SAFETY: the block holds `values.len()` i64s.
+    unsafe { cudarc::driver::result::memcpy_htod_sync(buf.ptr(), values) }
+        .map_err(|e| driver_error("copy of kernel dims", e))?;
+    Ok(buf)
+}
+
+fn dims_i64(shape: &Shape) -> Vec<i64> {
+    shape.dims().iter().map(|&d| d as i64).collect()
+}
+
+/// An elementwise function of one tensor.
+pub(crate) fn unary(op: Unary, x: &Tensor) -> Result<Tensor> {
+    let name = op.name();
+    let suffix = float_suffix(name, x.dtype())?;
+    let (dev, xp) = device_of(name, x)?;
+    let n = x.numel();
+    let (out, _) = CudaBuffer::alloc(&dev, x.dtype(), n)?;
+    if n > 0 {
+        let (p0, p1) = match op {
+            Unary::Powf(p) | Unary::AddScalar(p) | Unary::MulScalar(p) => (p, 0.0),
+            Unary::Clamp(lo, hi) => (lo, hi),
+            _ => (0.0, 0.0),
+        };
+        let info = if x.is_contiguous() {
+            None
+        } else {
+            let mut v = dims_i64(x.shape());
+            v.extend(x.strides().iter().map(|&s| s as i64));
+            Some(info_array(&dev, &v)?)
+        };
+        let args = [
+            Arg::I64(n as i64),
+            Arg::I32(x.rank() as i32),
+            Arg::Ptr(info.as_ref().map_or(0, CudaBuffer::ptr)),
+            Arg::Ptr(xp),
+            Arg::I64(x.layout().offset as i64),
+            Arg::F64(p0),
+            Arg::F64(p1),
+            Arg::Ptr(out.ptr()),
+        ];
+        launch(&dev, "elementwise.cu", &format!("{name}_{suffix}"), n, &args)?;
+    }
+    Ok(tensor_of(out, x.shape().clone()))
+}
+
+/// The `info` of a two-operand kernel (dims, a's strides, b's strides), or
+/// none when both operands are contiguous in the output's shape.
+fn pair_info(dev: &Arc<CudaDevice>, a: &Tensor, b: Option<&Tensor>, shape: &Shape) -> Result<Option<CudaBuffer>> {
+    let plain = |t: &Tensor| t.is_contiguous() && t.shape() == shape;
+    if plain(a) && b.is_none_or(plain) {
+        return Ok(None);
+    }
+    let mut v = dims_i64(shape);
+    v.extend(broadcast_strides(a, shape));
+    match b {
+        Some(b) => v.extend(broadcast_strides(b, shape)),
+        None => v.extend(std::iter::repeat_n(0, shape.rank())),
+    }
+    Ok(Some(info_array(dev, &v)?))
+}
+
+/// A two-operand kernel of elementwise.cu named `kernel`, broadcasting to `shape`.
+fn pair(op: &'static str, kernel: &str, a: &Tensor, b: &Tensor, shape: &Shape) -> Result<Tensor> {
+    let suffix = float_suffix(op, a.dtype())?;
+    let (dev, ap) = device_of(op, a)?;
+    let (_, bp) = device_of(op, b)?;
+    let n = shape.numel();
+    let (out, _) = CudaBuffer::alloc(&dev, a.dtype(), n)?;
+    if n > 0 {
+        let info = pair_info(&dev, a, Some(b), shape)?;
+        let args = [
+            Arg::I64(n as i64),
+            Arg::I32(shape.rank() as i32),
+            Arg::Ptr(info.as_ref().map_or(0, CudaBuffer::ptr)),
+            Arg::Ptr(ap),
+            Arg::I64(a.layout().offset as i64),
+            Arg::Ptr(bp),
+            Arg::I64(b.layout().offset as i64),
+            Arg::Ptr(out.ptr()),
+        ];
+        launch(&dev, "elementwise.cu", &format!("{kernel}_{suffix}"), n, &args)?;
+    }
+    Ok(tensor_of(out, shape.clone()))
+}
+
+/// An elementwise function of two tensors, broadcast to `shape`.
+pub(crate) fn binary(op: Binary, a: &Tensor, b: &Tensor, shape: &Shape) -> Result<Tensor> {
+    let name = crate::ops::Op::name(&op);
+    pair(name, name, a, b, shape)
+}
+
+/// `g * (1 - y^2)`, broadcast to `shape`.
+pub(crate) fn tanh_backward(y: &Tensor, g: &Tensor, shape: &Shape) -> Result<Tensor> {
+    pair("tanh_backward", "tanh_bwd", y, g, shape)
+}
+
+/// A comparison with a second tensor (broadcast to `shape`) or a scalar,
+/// as 1 and 0 in the operands' dtype.
+pub(crate) fn compare(
+    op: &'static str,
+    cmp: Cmp,
+    a: &Tensor,
+    b: Option<&Tensor>,
+    scalar: f64,
+    shape: &Shape,
+) -> Result<Tensor> {
+    let suffix = float_suffix(op, a.dtype())?;
+    let (dev, ap) = device_of(op, a)?;
+    let bp = b.map(|b| device_of(op, b)).transpose()?.map_or(0, |(_, p)| p);
+    // The scalar rounded to the dtype, as the CPU compares it.
+    let scalar = match a.dtype() {
+        DType::F32 => scalar as f32 as f64,
+        DType::F16 => f16::from_f64(scalar).to_f64(),
+        DType::BF16 => bf16::from_f64(scalar).to_f64(),
+        _ => scalar,
+    };
+    let code = match cmp {
+        Cmp::Eq => 0,
+        Cmp::Ne => 1,
+        Cmp::Lt => 2,
+        Cmp::Le => 3,
+        Cmp::Gt => 4,
+        Cmp::Ge => 5,
+    };
+    let n = shape.numel();
+    let (out, _) = CudaBuffer::alloc(&dev, a.dtype(), n)?;
+    if n > 0 {
+        let info = pair_info(&dev, a, b, shape)?;
+        let args = [
+            Arg::I64(n as i64),
+            Arg::I32(shape.rank() as i32),
+            Arg::Ptr(info.as_ref().map_or(0, CudaBuffer::ptr)),
+            Arg::I32(code),
+            Arg::Ptr(ap),
+            Arg::I64(a.layout().offset as i64),
+            Arg::Ptr(bp),
+            Arg::I64(b.map_or(0, |b| b.layout().offset as i64)),
+            Arg::F64(scalar),
+            Arg::Ptr(out.ptr()),
+        ];
+        launch(&dev, "elementwise.cu", &format!("compare_{suffix}"), n, &args)?;
+    }
+    Ok(tensor_of(out, shape.clone()))
+}
+
+/// A contiguous copy of a (strided) tensor; the same handle when it is
+/// contiguous already, as on the CPU.
+pub(crate) fn contiguous(x: &Tensor) -> Result<Tensor> {
+    if x.is_contiguous() {
+        return Ok(x.clone());
+    }
+    let suffix = match x.dtype() {
+        DType::F32 => "f32",
+        DType::F64 => "f64",
+        DType::F16 | DType::BF16 => "u16",
+        DType::I32 => "i32",
+        DType::I64 => "i64",
+    };
+    let (dev, xp) = device_of("contiguous", x)?;
+    let n = x.numel();
+    let (out, _) = CudaBuffer::alloc(&dev, x.dtype(), n)?;
+    if n > 0 {
+        let mut v = dims_i64(x.shape());
+        v.extend(x.strides().iter().map(|&s| s as i64));
+        let info = info_array(&dev, &v)?;
+        let args = [
+            Arg::I64(n as i64),
+            Arg::I32(x.rank() as i32),
+            Arg::Ptr(info.ptr()),
+            Arg::Ptr(xp),
+            Arg::I64(x.layout().offset as i64),
+            Arg::Ptr(out.ptr()),
+        ];
+        launch(&dev, "elementwise.cu", &format!("copy_strided_{suffix}"), n, &args)?;
+    }
+    Ok(tensor_of(out, x.shape().clone()))
+}
+
+/// The kernel-name suffix of any dtype.
+fn any_suffix(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F32 => "f32",
+        DType::F64 => "f64",
+        DType::F16 => "f16",
+        DType::BF16 => "bf16",
+        DType::I32 => "i32",
+        DType::I64 => "i64",
+    }
+}
+
+/// `x` converted to `dtype` (strided views are made contiguous first, as
+/// the cast kernels read dense input).
+pub(crate) fn cast(x: &Tensor, dtype: DType) -> Result<Tensor> {
+    if dtype == x.dtype() {
+        return Ok(x.clone());
+    }
+    if (x.dtype(), dtype) == (DType::I32, DType::I64) && super::emulated_selected() {
+        // The emulator zero-extends `ld.global.s32` into a 64-bit register
+        // (PTX sign-extends), which the direct kernel's load compiles to;
+        // through f64, exact for every i32, it gives the right values.
+        return cast(&cast(x, DType::F64)?, DType::I64);
+    }
+    let x = contiguous(x)?;
+    let (dev, xp) = device_of("cast", &x)?;
+    let n = x.numel();
+    let (out, _) = CudaBuffer::alloc(&dev, dtype, n)?;
+    if n > 0 {
+        let at = xp + (x.layout().offset * x.dtype().size_in_bytes()) as u64;
+        let name = format!("cast_{}_{}", any_suffix(x.dtype()), any_suffix(dtype));
+        launch(&dev, "cast.cu", &name, n, &[Arg::I64(n as i64), Arg::Ptr(at), Arg::Ptr(out.ptr())])?;
+    }
+    Ok(tensor_of(out, x.shape().clone()))
+}

@@ -1,0 +1,298 @@
+//! CPU-vs-CUDA parity of the ops that have CUDA kernels, copies to and from
+//! the device, and the ops that have none yet.
+//!
+//! Every test needs a CUDA device (a GPU, or the emulated one with
+//! `TAPIR_CUDA=emulated`); without one it says so and passes, unless
+//! `TAPIR_REQUIRE_CUDA=1` makes the skip a failure.
+
+use tapir_tensor::ops::binary::{Binary, Cmp, Compare};
+use tapir_tensor::ops::unary::Unary;
+use tapir_tensor::ops::{forward, Op};
+use tapir_tensor::prelude::*;
+
+/// The CUDA device, or `None` after saying why the test skips.
+fn cuda(test: &str) -> Option<Device> {
+    match Device::cuda(0) {
+        Ok(d) => Some(d),
+        Err(e) if std::env::var("TAPIR_REQUIRE_CUDA").is_ok_and(|v| v == "1") => {
+            panic!("{test}: TAPIR_REQUIRE_CUDA=1 but no CUDA device: {e}")
+        }
+        Err(e) => {
+            println!("{test}: skipped, no CUDA device ({e})");
+            None
+        }
+    }
+}
+
+/// Deterministic values in `[lo, hi)`, irregular enough to catch a wrong index.
+fn values(n: usize, lo: f64, hi: f64, seed: u64) -> Vec<f64> {
+    (0..n).map(|i| lo + (hi - lo) * (((i as u64 * 7919 + seed * 104_729) % 1000) as f64 / 1000.0)).collect()
+}
+
+fn tensor(v: Vec<f64>, shape: &[usize], dtype: DType) -> Tensor {
+    Tensor::from_vec(v, shape.to_vec()).unwrap().cast(dtype).unwrap()
+}
+
+/// Asserts two results agree elementwise (NaNs in the same places).
+fn assert_close(what: &str, cpu: &Tensor, gpu: &Tensor) {
+    assert_eq!(cpu.shape(), gpu.shape(), "{what}: shape");
+    assert_eq!(cpu.dtype(), gpu.dtype(), "{what}: dtype");
+    assert!(matches!(gpu.device(), Device::Cuda(_)), "{what}: the result stays on the device");
+    let tol = match cpu.dtype() {
+        DType::F64 => 1e-12,
+        DType::F32 => 2e-6,
+        _ => 1e-2,
+    };
+    let (a, b) = (cpu.to_vec_f64(), gpu.to_device(Device::Cpu).unwrap().to_vec_f64());
+    for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+        let ok = (x.is_nan() && y.is_nan()) || x == y || (x - y).abs() <= tol * (1.0 + x.abs());
+        assert!(ok, "{what}: element {i}: cpu {x} vs cuda {y}");
+    }
+}
+
+/// The views every elementwise test runs on: contiguous, transposed, and
+/// a narrowed transpose (an offset and gaps).
+fn views(base: &Tensor) -> Vec<(&'static str, Tensor)> {
+    vec![
+        ("contiguous [4, 6]", base.clone()),
+        ("transposed [6, 4]", base.t().unwrap()),
+        ("narrowed [3, 4]", base.t().unwrap().narrow(0, 2, 3).unwrap()),
+        ("column [4, 1]", base.narrow(1, 5, 1).unwrap()),
+    ]
+}
+
+#[test]
+fn cuda_to_device_round_trips_every_dtype_and_views() {
+    let Some(dev) = cuda("cuda_to_device_round_trips_every_dtype_and_views") else { return };
+    for dtype in [DType::F32, DType::F64, DType::F16, DType::BF16, DType::I32, DType::I64] {
+        let t = tensor(values(24, -50.0, 50.0, 1), &[4, 6], dtype);
+        let d = t.to_device(dev).unwrap();
+        assert_eq!((d.device(), d.dtype(), d.dims()), (dev, dtype, &[4usize, 6][..]));
+        assert_eq!(d.to_device(Device::Cpu).unwrap().to_vec_f64(), t.to_vec_f64(), "{dtype:?}");
+        // A strided view goes over as its values, contiguous.
+        let v = t.t().unwrap().narrow(0, 1, 3).unwrap();
+        let dv = v.to_device(dev).unwrap();
+        assert_eq!(dv.to_vec_f64(), v.to_vec_f64(), "{dtype:?} view");
+        assert!(dv.to_device(dev).unwrap().same_storage(&dv), "already there: the same handle");
+    }
+    let empty = Tensor::from_vec(Vec::<f32>::new(), [0, 3]).unwrap().to_device(dev).unwrap();
+    assert_eq!((empty.dims(), empty.to_vec_f64().len()), (&[0usize, 3][..], 0));
+}
+
+#[test]
+fn cuda_device_is_usable_and_best_picks_it() {
+    let Some(dev) = cuda("cuda_device_is_usable_and_best_picks_it") else { return };
+    assert_eq!(dev, Device::Cuda(0));
+    assert_eq!(Device::best(), dev);
+    // Opened once: asking again is the same device.
+    assert_eq!(Device::cuda(0).unwrap(), dev);
+    // An ordinal past the driver's count is an error naming it.
+    let err = Device::cuda(15).unwrap_err();
+    assert!(matches!(err, Error::DeviceUnavailable { device: Device::Cuda(15), .. }), "{err}");
+}
+
+#[test]
+fn cuda_unary_matches_the_cpu_on_views_in_f32_and_f64() {
+    let Some(dev) = cuda("cuda_unary_matches_the_cpu_on_views_in_f32_and_f64") else { return };
+    for dtype in [DType::F32, DType::F64] {
+        // Positive inputs for log, sqrt, rsqrt, powf and recip; signed for the rest.
+        for (lo, hi) in [(0.05, 3.0), (-3.0, 3.0)] {
+            let base = tensor(values(24, lo, hi, 2), &[4, 6], dtype);
+            let on_dev = base.to_device(dev).unwrap();
+            for &op in Unary::ALL {
+                if lo < 0.0 && matches!(op, Unary::Log | Unary::Sqrt | Unary::Rsqrt | Unary::Powf(_)) {
+                    continue;
+                }
+                for ((what, x), (_, dx)) in views(&base).into_iter().zip(views(&on_dev)) {
+                    let cpu = forward(&op, &[&x]).unwrap();
+                    let gpu = forward(&op, &[&dx]).unwrap();
+                    assert_close(&format!("{} {dtype:?} {what}", op.name()), &cpu, &gpu);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn cuda_unary_on_half_types_rounds_once_as_the_cpu() {
+    let Some(dev) = cuda("cuda_unary_on_half_types_rounds_once_as_the_cpu") else { return };
+    for dtype in [DType::F16, DType::BF16] {
+        let x = tensor(values(24, -2.0, 2.0, 3), &[4, 6], dtype);
+        for op in [Unary::Neg, Unary::Square, Unary::MulScalar(-2.0), Unary::Relu, Unary::Exp, Unary::Tanh] {
+            let (cpu, gpu) = (forward(&op, &[&x]).unwrap(), forward(&op, &[&x.to_device(dev).unwrap()]).unwrap());
+            assert_close(&format!("{} {dtype:?}", op.name()), &cpu, &gpu);
+        }
+    }
+}
+
+#[test]
+fn cuda_binary_matches_the_cpu_with_broadcasting_and_views() {
+    let Some(dev) = cuda("cuda_binary_matches_the_cpu_with_broadcasting_and_views") else { return };
+    let ops = [Binary::Add, Binary::Sub, Binary::Mul, Binary::Div, Binary::Pow, Binary::Maximum, Binary::Minimum];
+    for dtype in [DType::F32, DType::F64] {
+        let pairs: Vec<(Tensor, Tensor)> = vec![
+            (tensor(values(12, 0.1, 2.0, 4), &[3, 4], dtype), tensor(values(12, 0.1, 2.0, 5), &[3, 4], dtype)),
+            (tensor(values(12, 0.1, 2.0, 6), &[4, 1, 3], dtype), tensor(values(5, -1.0, 1.0, 7), &[5, 1], dtype)),
+            (tensor(values(6, 0.1, 2.0, 8), &[2, 3], dtype), tensor(vec![1.5], &[], dtype)),
+            (
+                tensor(values(12, 0.1, 2.0, 9), &[4, 3], dtype).t().unwrap(),
+                tensor(values(24, 0.1, 2.0, 10), &[4, 6], dtype).narrow(1, 1, 4).unwrap().narrow(0, 1, 3).unwrap(),
+            ),
+        ];
+        for (a, b) in &pairs {
+            let (da, db) = (a.to_device(dev).unwrap(), b.to_device(dev).unwrap());
+            for op in ops {
+                let cpu = forward(&op, &[a, b]).unwrap();
+                let gpu = forward(&op, &[&da, &db]).unwrap();
+                assert_close(&format!("{} {dtype:?} {} {}", op.name(), a.shape(), b.shape()), &cpu, &gpu);
+            }
+            let (cpu, gpu) = (a.tanh_backward(b).unwrap(), da.tanh_backward(&db).unwrap());
+            assert_close(&format!("tanh_backward {dtype:?}"), &cpu, &gpu);
+        }
+    }
+}
+
+#[test]
+fn cuda_comparisons_match_the_cpu_with_tensors_and_scalars() {
+    let Some(dev) = cuda("cuda_comparisons_match_the_cpu_with_tensors_and_scalars") else { return };
+    for dtype in [DType::F32, DType::F64, DType::BF16] {
+        // Few distinct values, so ties are common.
+        let a = tensor(values(24, 0.0, 4.0, 11).into_iter().map(f64::floor).collect(), &[2, 3, 4], dtype);
+        let b = tensor(values(4, 0.0, 4.0, 12).into_iter().map(f64::floor).collect(), &[4], dtype);
+        let (da, db) = (a.to_device(dev).unwrap(), b.to_device(dev).unwrap());
+        for cmp in [Cmp::Eq, Cmp::Ne, Cmp::Lt, Cmp::Le, Cmp::Gt, Cmp::Ge] {
+            let with_tensor = Compare { cmp, scalar: None };
+            let cpu = forward(&with_tensor, &[&a, &b]).unwrap();
+            assert_close(&format!("{cmp:?} {dtype:?}"), &cpu, &forward(&with_tensor, &[&da, &db]).unwrap());
+            let with_scalar = Compare { cmp, scalar: Some(2.0) };
+            let (x, dx) = (a.t().unwrap(), da.t().unwrap());
+            let cpu = forward(&with_scalar, &[&x]).unwrap();
+            assert_close(&format!("{cmp:?} 2.0 {dtype:?}"), &cpu, &forward(&with_scalar, &[&dx]).unwrap());
+        }
+    }
+}
+
+#[test]
+fn cuda_contiguous_copies_strided_views_of_every_dtype() {
+    let Some(dev) = cuda("cuda_contiguous_copies_strided_views_of_every_dtype") else { return };
+    for dtype in [DType::F32, DType::F64, DType::F16, DType::BF16, DType::I32, DType::I64] {
+        let base = tensor(values(60, -9.0, 9.0, 13).into_iter().map(f64::round).collect(), &[3, 4, 5], dtype);
+        let d = base.to_device(dev).unwrap();
+        let cases = [
+            (base.permute(&[2, 0, 1]).unwrap(), d.permute(&[2, 0, 1]).unwrap()),
+            (
+                base.narrow(2, 1, 3).unwrap().narrow(0, 1, 2).unwrap(),
+                d.narrow(2, 1, 3).unwrap().narrow(0, 1, 2).unwrap(),
+            ),
+            (
+                base.narrow(1, 2, 1).unwrap().broadcast_to([3, 6, 5]).unwrap(),
+                d.narrow(1, 2, 1).unwrap().broadcast_to([3, 6, 5]).unwrap(),
+            ),
+        ];
+        for (x, dx) in cases {
+            let c = dx.contiguous_().unwrap();
+            assert!(c.is_contiguous() && !c.same_storage(&dx));
+            assert_eq!(c.to_vec_f64(), x.to_vec_f64(), "{dtype:?} {}", x.shape());
+        }
+        // Already contiguous: the same handle, as on the CPU.
+        assert!(d.contiguous_().unwrap().same_storage(&d));
+    }
+}
+
+#[test]
+fn cuda_casts_between_all_six_dtypes_match_the_cpu() {
+    let Some(dev) = cuda("cuda_casts_between_all_six_dtypes_match_the_cpu") else { return };
+    let all = [DType::F32, DType::F64, DType::F16, DType::BF16, DType::I32, DType::I64];
+    // Fractions, negatives, values past f16's range and past i32's, NaN and
+    // infinities: rounding, truncation and saturation all show.
+    let special =
+        vec![0.5, -1.75, 2.5, 1e5, -7e4, 3e9, -3e9, f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 1.0 / 3.0, 65519.0];
+    for from in all {
+        let x = Tensor::from_vec(special.clone(), [3, 4]).unwrap().cast(from).unwrap();
+        let dx = x.to_device(dev).unwrap();
+        for to in all {
+            let cpu = x.cast(to).unwrap();
+            let gpu = dx.cast(to).unwrap();
+            assert_eq!(gpu.dtype(), to);
+            let (a, b) = (cpu.to_vec_f64(), gpu.to_vec_f64());
+            let same = a.iter().zip(&b).all(|(p, q)| p == q || (p.is_nan() && q.is_nan()));
+            assert!(same, "{from:?} -> {to:?}: cpu {a:?} vs cuda {b:?}");
+            // A transposed view casts to the same values.
+            let (ct, gt) = (x.t().unwrap().cast(to).unwrap(), dx.t().unwrap().cast(to).unwrap());
+            let (a, b) = (ct.to_vec_f64(), gt.to_vec_f64());
+            assert!(a.iter().zip(&b).all(|(p, q)| p == q || (p.is_nan() && q.is_nan())), "{from:?} -> {to:?} view");
+        }
+    }
+}
+
+#[test]
+fn cuda_mixing_devices_is_a_device_mismatch_naming_both() {
+    let Some(dev) = cuda("cuda_mixing_devices_is_a_device_mismatch_naming_both") else { return };
+    let c = Tensor::from_vec(vec![1.0f32, 2.0], [2]).unwrap();
+    let d = c.to_device(dev).unwrap();
+    assert_eq!(c.add(&d).unwrap_err(), Error::DeviceMismatch { op: "add", lhs: Device::Cpu, rhs: dev });
+    assert_eq!(d.mul(&c).unwrap_err(), Error::DeviceMismatch { op: "mul", lhs: dev, rhs: Device::Cpu });
+    // A shape mismatch is the CPU's error.
+    let e = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], [3]).unwrap().to_device(dev).unwrap();
+    assert!(matches!(d.add(&e).unwrap_err(), Error::ShapeMismatch { op: "add", .. }));
+    // An int tensor has no float kernel: a dtype error naming the op.
+    let i = Tensor::from_vec(vec![1i64, 2], [2]).unwrap().to_device(dev).unwrap();
+    assert!(matches!(i.exp().unwrap_err(), Error::UnsupportedDType { op: "exp", dtype: DType::I64, .. }));
+}
+
+/// One call of every op family of the tensor crate on a CUDA tensor.
+type Case = (&'static str, fn(&Tensor, &Tensor) -> Result<Tensor>);
+
+fn every_op() -> Vec<Case> {
+    vec![
+        ("neg", |x, _| x.neg()),
+        ("add", |x, _| x.add(x)),
+        ("tanh_backward", |x, _| x.tanh_backward(x)),
+        ("gt", |x, _| x.gt_scalar(0.0)),
+        ("where", |x, m| x.where_(m, x)),
+        ("contiguous", |x, _| x.t()?.contiguous_()),
+        ("cast", |x, _| x.cast(DType::F64)),
+        ("sum", |x, _| x.sum(&[1], false)),
+        ("mean", |x, _| x.mean(&[0], true)),
+        ("max", |x, _| x.max(&[1], false)),
+        ("min", |x, _| x.min(&[1], false)),
+        ("argmax", |x, _| x.argmax(1, false)),
+        ("logsumexp", |x, _| x.logsumexp(&[1], false)),
+        ("sum_to", |x, _| x.sum_to([1, 3])),
+        ("softmax", |x, _| x.softmax(-1)),
+        ("log_softmax", |x, _| x.log_softmax(-1)),
+        ("matmul", |x, _| x.matmul(&x.t()?)),
+        ("concat", |x, _| ShapeOps::concat(&[x, x], 0)),
+        ("stack", |x, _| ShapeOps::stack(&[x, x], 0)),
+        ("pad", |x, _| forward(&tapir_tensor::ops::shape::Pad { axis: 1, start: 1, size: 5 }, &[x])),
+        ("index_select", |x, _| x.index_select(0, &Tensor::from_vec(vec![1i64, 0], [2])?.to_device(x.device())?)),
+        ("gather", |x, _| x.gather(1, &Tensor::from_vec(vec![0i64, 2], [2, 1])?.to_device(x.device())?)),
+    ]
+}
+
+#[test]
+fn cuda_an_op_without_a_kernel_is_unsupported_and_the_rest_are_listed() {
+    let Some(dev) = cuda("cuda_an_op_without_a_kernel_is_unsupported_and_the_rest_are_listed") else { return };
+    let x = tensor(values(6, -1.0, 1.0, 14), &[2, 3], DType::F32).to_device(dev).unwrap();
+    let mask = tensor(vec![1.0, 0.0, 1.0, 0.0, 1.0, 1.0], &[2, 3], DType::F32).to_device(dev).unwrap();
+    assert_eq!(x.sum(&[0], false).unwrap_err(), Error::Unsupported { op: "sum", device: dev });
+    let (mut missing, mut done) = (Vec::new(), Vec::new());
+    for (name, call) in every_op() {
+        match call(&x, &mask) {
+            Ok(y) => {
+                assert_eq!(y.device(), dev, "{name}");
+                done.push(name);
+            }
+            Err(Error::Unsupported { device, .. }) => {
+                assert_eq!(device, dev);
+                missing.push(name);
+            }
+            Err(e) => panic!("{name}: neither a result nor Unsupported: {e}"),
+        }
+    }
+    println!("ops with a CUDA kernel: {}", done.join(", "));
+    println!("ops with no CUDA kernel yet ({}): {}", missing.len(), missing.join(", "));
+    for name in ["neg", "add", "tanh_backward", "gt", "contiguous", "cast"] {
+        assert!(done.contains(&name), "{name} has a CUDA kernel");
+    }
+}
