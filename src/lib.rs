@@ -146,10 +146,14 @@
 //!
 //! # Where things run
 //!
-//! Everything runs on the CPU today. [`Device::cuda`] returns
-//! [`Error::DeviceUnavailable`] (never a panic) saying why, and
-//! [`Device::best`] therefore picks the CPU: the CUDA backend is not done
-//! yet.
+//! The CPU runs every op. The CUDA backend is being built: on a machine
+//! with a driver (or the emulated device, `TAPIR_CUDA=emulated`),
+//! [`Device::cuda`] gives a device with a caching allocator, `to_device`
+//! copies both ways, and the elementwise ops, comparisons, casts and copies
+//! run there; any other op on a CUDA tensor is [`Error::Unsupported`]
+//! (move it back with `to_device(Device::Cpu)`). Without a driver,
+//! [`Device::cuda`] is [`Error::DeviceUnavailable`] (never a panic) and
+//! [`Device::best`] picks the CPU.
 #![deny(missing_docs)]
 
 #[doc(inline)]

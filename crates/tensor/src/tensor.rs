@@ -46,7 +46,11 @@ use crate::{DType, Device, Element, Error, Layout, Result, Shape};
 /// let h = a.cast(DType::BF16)?;
 /// assert_eq!((h.dtype(), h.device()), (DType::BF16, Device::Cpu));
 /// assert_eq!(h.to_vec_f64(), vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
-/// assert!(a.to_device(Device::Cuda(0)).is_err()); // no CUDA backend yet: an error, not a panic
+/// // To a GPU: a copy when one is present, else an error saying why (never a panic).
+/// match a.to_device(Device::Cuda(0)) {
+///     Ok(g) => assert_eq!(g.to_vec::<f32>()?, a.to_vec::<f32>()?),
+///     Err(e) => assert!(matches!(e, Error::DeviceUnavailable { .. })),
+/// }
 ///
 /// // Printing.
 /// assert_eq!(r.to_string(), "tensor([0, 1, 2, 3], shape=[4], dtype=int64)");

@@ -65,7 +65,8 @@ impl Op for Binary {
 
     fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let shape = check_pair(self.name(), xs[0], xs[1])?;
-        crate::cuda::ops::binary(*self, xs[0], xs[1], &shape)
+        let (a, b) = promote_pair(xs[0], xs[1])?;
+        crate::cuda::ops::binary(*self, &a, &b, &shape)
     }
 
     fn vjp<T: Diff>(&self, xs: &[&T], y: &T, g: &T) -> Result<InputGrads<T>> {
@@ -238,11 +239,14 @@ impl Op for Compare {
         cpu::binary::compare(cmp, &a, &b, &shape)
     }
     fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        let (b, shape) = match self.scalar {
-            Some(_) => (None, xs[0].shape().clone()),
-            None => (Some(xs[1]), check_pair(self.name(), xs[0], xs[1])?),
-        };
-        crate::cuda::ops::compare(self.name(), self.cmp, xs[0], b, self.scalar.unwrap_or(0.0), &shape)
+        match self.scalar {
+            Some(s) => crate::cuda::ops::compare(self.name(), self.cmp, xs[0], None, s, xs[0].shape()),
+            None => {
+                let shape = check_pair(self.name(), xs[0], xs[1])?;
+                let (a, b) = promote_pair(xs[0], xs[1])?;
+                crate::cuda::ops::compare(self.name(), self.cmp, &a, Some(&b), 0.0, &shape)
+            }
+        }
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, _: &T) -> Result<InputGrads<T>> {
         Ok(xs.iter().map(|_| None).collect())

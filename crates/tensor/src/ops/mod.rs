@@ -232,7 +232,9 @@ pub(crate) fn check_pair(op: &'static str, a: &Tensor, b: &Tensor) -> Result<Sha
 /// on the operands themselves when their dtypes already agree.
 pub(crate) fn promote_pair(a: &Tensor, b: &Tensor) -> Result<(Tensor, Tensor)> {
     let dtype = DType::promote(a.dtype(), b.dtype());
-    Ok((a.cast_raw(dtype)?, b.cast_raw(dtype)?))
+    // Through the cast op, so the cast runs on the operands' device.
+    let to = |x: &Tensor| if x.dtype() == dtype { Ok(x.clone()) } else { forward(&shape::Cast(dtype), &[x]) };
+    Ok((to(a)?, to(b)?))
 }
 
 /// Runs `op` forward on `inputs`: every input and every operand the op
@@ -573,8 +575,10 @@ mod seam_tests {
         assert_eq!(host.device(), Device::Cpu);
         assert_eq!(host.exp().unwrap().to_vec_f32(), vec![3.0f32.exp(), 6.0f32.exp()]);
         assert_eq!(d.narrow(1, 1, 1).unwrap().narrow(0, 1, 1).unwrap().item().unwrap(), 5.0);
-        // No backend for a real CUDA device in this build: an error naming it.
-        let err = host.to_device(Device::Cuda(0)).unwrap_err();
-        assert!(matches!(err, Error::DeviceUnavailable { device: Device::Cuda(0), .. }), "{err}");
+        // A CUDA device: a copy where one is present, else an error naming it.
+        match host.to_device(Device::Cuda(0)) {
+            Ok(t) => assert_eq!((t.device(), t.to_vec_f64()), (Device::Cuda(0), host.to_vec_f64())),
+            Err(err) => assert!(matches!(err, Error::DeviceUnavailable { device: Device::Cuda(0), .. }), "{err}"),
+        }
     }
 }
