@@ -401,7 +401,9 @@ pub fn load(
     let path = path.as_ref();
     let mut ck = Checkpoint::read(path)?;
     let mut mismatches = Vec::new();
-    let mut check = |name: &str, want: &Tensor, ck: &Checkpoint| match ck.tensors.get(name) {
+    // `slot`: an optimizer's state for `want`, which the optimizers keep in
+    // the compute dtype (f32 for f16/bf16 parameters) and widen on load.
+    let mut check = |name: &str, want: &Tensor, slot: bool, ck: &Checkpoint| match ck.tensors.get(name) {
         None => mismatches.push(Mismatch::Missing { name: name.to_string() }),
         Some(t) => {
             if t.shape() != want.shape() {
@@ -411,7 +413,8 @@ pub fn load(
                     found: t.shape().clone(),
                 });
             }
-            if t.dtype() != want.dtype() {
+            let fits = t.dtype() == want.dtype() || (slot && t.dtype() == want.dtype().compute());
+            if !fits {
                 mismatches.push(Mismatch::DType {
                     name: name.to_string(),
                     expected: want.dtype(),
@@ -421,7 +424,7 @@ pub fn load(
         }
     };
     for (_, name, value) in store.iter() {
-        check(name, value, &ck);
+        check(name, value, false, &ck);
     }
     // The optimizer: the same kind, and either no state yet or one tensor
     // per parameter and slot.
@@ -438,7 +441,7 @@ pub fn load(
             if any {
                 for (_, name, value) in store.iter() {
                     for s in mine.slot_names {
-                        check(&slot_key(s, name), value, &ck);
+                        check(&slot_key(s, name), value, true, &ck);
                     }
                 }
             }

@@ -134,6 +134,38 @@ fn sgd_momentum_round_trip() {
     same_params(&store, &store2);
 }
 
+/// Adam keeps f32 state for half-precision parameters; a checkpoint of
+/// them loads and training resumes identically.
+#[test]
+fn half_precision_parameters_with_f32_optimizer_state_round_trip() {
+    let dir = TempDir::new("half-adam");
+    let path = dir.file("half.safetensors");
+    let make = |v: f64| {
+        let mut store = ParamStore::new();
+        let id = store.add("w", Tensor::full([4], v, DType::BF16).unwrap()).unwrap();
+        (store, id)
+    };
+    let step = |store: &mut ParamStore, opt: &mut Adam, id| {
+        let grads = Graph::scope(|g| {
+            let b = store.bind(g);
+            b.grads(b.var(id)?.cast(DType::F32)?.square()?.sum_all()?)
+        })
+        .unwrap();
+        opt.step(store, &grads).unwrap();
+    };
+    let (mut store, id) = make(1.5);
+    let mut opt = Adam::new(0.1);
+    step(&mut store, &mut opt, id);
+    checkpoint::save(&path, &store, Some(&opt), &BTreeMap::new()).unwrap();
+    let (mut store2, id2) = make(0.0);
+    let mut opt2 = Adam::new(0.1);
+    checkpoint::load(&path, &mut store2, Some(&mut opt2)).unwrap();
+    step(&mut store, &mut opt, id);
+    step(&mut store2, &mut opt2, id2);
+    assert_eq!(store.get(id).to_vec_f64(), store2.get(id2).to_vec_f64());
+    assert_eq!(store2.get(id2).dtype(), DType::BF16);
+}
+
 #[test]
 fn every_float_dtype_round_trips() {
     let dir = TempDir::new("dtypes");
