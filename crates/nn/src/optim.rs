@@ -56,22 +56,6 @@ fn load_checked(
     Ok((state.step, state.slots))
 }
 
-fn check(store: &ParamStore, grads: &Grads, op: &'static str) -> Result<()> {
-    if store.len() != grads.len() {
-        return Err(Error::invalid_arg(op, format!("{} gradients for {} parameters", grads.len(), store.len())));
-    }
-    for (id, g) in grads.iter() {
-        let p = store.get(id);
-        if p.shape() != g.shape() {
-            return Err(Error::ShapeMismatch { op, lhs: p.shape().clone(), rhs: g.shape().clone() });
-        }
-        if p.dtype() != g.dtype() {
-            return Err(Error::DTypeMismatch { op, lhs: p.dtype(), rhs: g.dtype() });
-        }
-    }
-    Ok(())
-}
-
 /// Runs `f(param, grad, state...)` over f32 or f64 slices of one parameter.
 /// The body is written once and expanded for each float type. Parameters
 /// stored in f16 or bf16 are updated in f32, the dtype their state is kept
@@ -190,7 +174,7 @@ impl Sgd {
 
 impl Optimizer for Sgd {
     fn step(&mut self, store: &mut ParamStore, grads: &Grads) -> Result<()> {
-        check(store, grads, "Sgd::step")?;
+        grads.check_fits(store, "Sgd::step")?;
         let first = self.state.is_empty();
         self.steps += 1;
         if first {
@@ -332,7 +316,7 @@ impl Adam {
 
 impl Optimizer for Adam {
     fn step(&mut self, store: &mut ParamStore, grads: &Grads) -> Result<()> {
-        check(store, grads, "Adam::step")?;
+        grads.check_fits(store, "Adam::step")?;
         if self.state.is_empty() {
             self.state = store
                 .ids()
