@@ -12,18 +12,9 @@ use tapir_tensor::prelude::*;
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
-fn cuda(test: &str) -> Option<Device> {
-    match Device::cuda(0) {
-        Ok(d) => Some(d),
-        Err(e) if std::env::var("TAPIR_REQUIRE_CUDA").is_ok_and(|v| v == "1") => {
-            panic!("{test}: TAPIR_REQUIRE_CUDA=1 but no CUDA device: {e}")
-        }
-        Err(e) => {
-            println!("{test}: skipped, no CUDA device ({e})");
-            None
-        }
-    }
-}
+#[path = "support/cuda.rs"]
+mod support;
+use support::cuda;
 
 /// A small elementwise "step" on the device: a few temporaries, one result.
 fn step(x: &Tensor, w: &Tensor) -> Result<Tensor> {

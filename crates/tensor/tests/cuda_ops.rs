@@ -10,19 +10,9 @@ use tapir_tensor::ops::unary::Unary;
 use tapir_tensor::ops::{forward, Op};
 use tapir_tensor::prelude::*;
 
-/// The CUDA device, or `None` after saying why the test skips.
-fn cuda(test: &str) -> Option<Device> {
-    match Device::cuda(0) {
-        Ok(d) => Some(d),
-        Err(e) if std::env::var("TAPIR_REQUIRE_CUDA").is_ok_and(|v| v == "1") => {
-            panic!("{test}: TAPIR_REQUIRE_CUDA=1 but no CUDA device: {e}")
-        }
-        Err(e) => {
-            println!("{test}: skipped, no CUDA device ({e})");
-            None
-        }
-    }
-}
+#[path = "support/cuda.rs"]
+mod support;
+use support::cuda;
 
 /// Deterministic values in `[lo, hi)`, irregular enough to catch a wrong index.
 fn values(n: usize, lo: f64, hi: f64, seed: u64) -> Vec<f64> {
