@@ -753,7 +753,7 @@ impl<'a> Block<'a> {
                     };
                     th.regs[d as usize] = if to { a.wrapping_sub(win) } else { a.wrapping_add(win) };
                 }
-                Ins::Ld { sp, t, n, d, addr } => {
+                Ins::Ld { sp, t, n, d, addr, wide } => {
                     let a = rd!(addr.base).wrapping_add(addr.off as u64);
                     let sz = u64::from(t.size());
                     let p = match self.ptr(th, tid, sp, a, sz * u64::from(n), false, inst.line) {
@@ -765,8 +765,10 @@ impl<'a> Block<'a> {
                         // SAFETY: `ptr` checked the whole vector's bytes.
                         unsafe { std::ptr::copy_nonoverlapping(p.add(k * sz as usize), buf.as_mut_ptr(), sz as usize) };
                         let mut v = u64::from_le_bytes(buf);
-                        if t.signed() && sz < 4 {
-                            v = (sext(v, bits(t)) as u64) & 0xffff_ffff;
+                        // PTX extends a signed load to the destination's width.
+                        let dw: u64 = if wide { 8 } else { 4 };
+                        if t.signed() && sz < dw {
+                            v = (sext(v, bits(t)) as u64) & mask_of(dw as u32 * 8);
                         }
                         th.regs[dk as usize] = v;
                     }

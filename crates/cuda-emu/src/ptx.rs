@@ -307,6 +307,9 @@ pub enum Ins {
         n: u8,
         d: [u16; 4],
         addr: Addr,
+        /// The destination is a 64-bit register: a signed load narrower
+        /// than that sign-extends to 64 bits, not 32.
+        wide: bool,
     },
     St {
         sp: Space,
@@ -610,6 +613,9 @@ enum Stmt {
     Param(String, u32, u32),
     Local(String, u32, u32),
     Shared(String, u32, u32),
+    /// A `.reg` declaration: the width in bytes of the registers named
+    /// (a `%rd<12>` range is recorded by its prefix, `%rd`).
+    Regs(u32, Vec<String>),
 }
 
 struct RawFunc {
@@ -846,18 +852,30 @@ impl Parser {
                     let ri = self.inst_rest(Some((p, neg)), op, line)?;
                     out.push(Stmt::Inst(rename(&scopes, ri)));
                 }
-                Tok::Id(s) if s == ".reg" && scopes.len() > 1 => {
-                    nscopes += 1;
+                Tok::Id(s) if s == ".reg" => {
+                    // Register widths matter where PTX extends a value into
+                    // a wider register (a signed load sign-extends).
+                    let nested = scopes.len() > 1;
+                    if nested {
+                        nscopes += 1;
+                    }
+                    let (mut width, mut names) = (4u32, Vec::new());
                     while !self.eat(';') {
                         if let Tok::Id(n) = self.next()? {
-                            if n.starts_with('%') {
+                            if let Some(t) = n.strip_prefix('.').and_then(Ty::parse) {
+                                width = t.size().max(1);
+                            } else if n.starts_with('%') && nested {
                                 let unique = format!("{n}#{nscopes}");
-                                scopes.last_mut().expect("internal: a scope").insert(n, unique);
+                                scopes.last_mut().expect("internal: a scope").insert(n, unique.clone());
+                                names.push(unique);
+                            } else if n.starts_with('%') {
+                                names.push(n);
                             }
                         }
                     }
+                    out.push(Stmt::Regs(width, names));
                 }
-                Tok::Id(s) if s == ".reg" || s == ".pragma" || s == ".loc" || s == ".file" => self.skip_to_semi()?,
+                Tok::Id(s) if s == ".pragma" || s == ".loc" || s == ".file" => self.skip_to_semi()?,
                 Tok::Id(s) if s == ".param" => {
                     let (name, ty, count, align) = self.var_decl()?;
                     self.expect(';')?;
@@ -1089,9 +1107,21 @@ struct FnCtx<'a> {
     syms: &'a Syms<'a>,
     shared_dyn_off: u32,
     shared_local: HashMap<String, u32>,
+    /// Declared register width in bytes, by name or by range prefix.
+    widths: HashMap<String, u32>,
 }
 
 impl FnCtx<'_> {
+    /// The declared width in bytes of register `name` (4 when undeclared):
+    /// `%rd7` is found through its range prefix `%rd`.
+    fn width(&self, name: &str) -> u32 {
+        if let Some(&w) = self.widths.get(name) {
+            return w;
+        }
+        let prefix = name.trim_end_matches(|c: char| c.is_ascii_digit());
+        self.widths.get(prefix).copied().unwrap_or(4)
+    }
+
     fn reg(&mut self, name: &str) -> u16 {
         if let Some(k) = SPECIALS.iter().position(|s| *s == name) {
             return k as u16;
@@ -1118,9 +1148,15 @@ fn decode_func(raw: &RawFunc, syms: &Syms, unsupported: &mut Vec<String>) -> Res
     let mut depot = None;
     let mut shared_size = syms.shared_size;
     let mut shared_local = HashMap::new();
+    let mut widths = HashMap::new();
     let body = raw.body.as_deref().unwrap_or(&[]);
     for st in body {
         match st {
+            Stmt::Regs(w, names) => {
+                for n in names {
+                    widths.insert(n.clone(), *w);
+                }
+            }
             Stmt::Param(n, s, a) => {
                 place(n, *s, *a, &mut params);
             }
@@ -1142,7 +1178,7 @@ fn decode_func(raw: &RawFunc, syms: &Syms, unsupported: &mut Vec<String>) -> Res
         }
     }
     let shared_dyn_off = shared_size.div_ceil(16) * 16;
-    let mut cx = FnCtx { regs: HashMap::new(), params, depot, syms, shared_dyn_off, shared_local };
+    let mut cx = FnCtx { regs: HashMap::new(), params, depot, syms, shared_dyn_off, shared_local, widths };
     // Labels first, so forward branches resolve.
     let mut labels = HashMap::new();
     let mut n = 0u32;
@@ -1465,7 +1501,12 @@ fn decode(ri: &RawInst, cx: &mut FnCtx, labels: &HashMap<String, u32>) -> Result
                     Raw::Reg(r) => d[0] = cx.reg(r),
                     o => return Err(format!("bad load destination {o:?}")),
                 }
-                Ins::Ld { sp, t, n, d, addr }
+                let wide = match arg(mv)? {
+                    Raw::Reg(r) => cx.width(r) == 8,
+                    Raw::Vec(v) => v.iter().any(|r| matches!(r, Raw::Reg(r) if cx.width(r) == 8)),
+                    _ => false,
+                };
+                Ins::Ld { sp, t, n, d, addr, wide }
             } else {
                 let mut v = [Opnd::I(0); 4];
                 match arg(mv)? {

@@ -437,3 +437,24 @@ fn what_the_interpreter_lacks_is_listed_not_run() {
         vec!["add.f16", "add.rn.f16x2", "atom.global.cas.b16", "fma.rn.bf16", "mov.u32", "testp.finite.f32"]
     );
 }
+
+#[test]
+fn signed_loads_extend_to_the_destination_register_width() {
+    // Word 0 holds 0xffff_fff6 (-10 as s32) in its low half and 0x80 in
+    // byte 4: a signed load sign-extends into a 64-bit register (the
+    // i32 -> i64 cast kernel compiles to `ld.global.s32 %rd, ...`) and to
+    // 32 bits in a 32-bit one; an unsigned load zero-extends.
+    let body = "mov.u64 %rd1, 0x00000080fffffff6;\nst.global.b64 [%rd0], %rd1;\n\
+                ld.global.s32 %rd2, [%rd0];\nld.global.u32 %rd3, [%rd0];\nld.global.s8 %rd4, [%rd0+4];\n\
+                ld.global.s16 %r1, [%rd0];\nmov.u64 %rd5, 0;\nmov.b64 {%r2, %r3}, %rd5;\n\
+                ld.global.v2.s32 {%rd6, %rd7}, [%rd0];\n"
+        .to_string()
+        + &stores_at(1, &["%rd2", "%rd3", "%rd4", "%rd6", "%rd7"])
+        + &stores32_at(6, &["%r1"]);
+    let r = run(&body, 7);
+    assert_eq!(r[1] as i64, -10, "ld.s32 into a 64-bit register sign-extends");
+    assert_eq!(r[2], 0xffff_fff6, "ld.u32 zero-extends");
+    assert_eq!(r[3] as i64, -128, "ld.s8 into a 64-bit register");
+    assert_eq!((r[4] as i64, r[5]), (-10, 0x80), "vector loads extend each element");
+    assert_eq!(r[6] as u32, 0xffff_fff6, "ld.s16 into a 32-bit register stays 32 bits");
+}
