@@ -229,3 +229,42 @@ COPY_KERNEL(double, f64)
 COPY_KERNEL(u16, u16)
 COPY_KERNEL(int, i32)
 COPY_KERNEL(i64, i64)
+
+// Integer add, sub and mul wrap on overflow as torch's do; they are computed
+// on the unsigned type U, where overflow is defined. OP: 0 add, 1 sub,
+// 2 mul, 3 maximum, 4 minimum. Same arguments as the float kernels.
+template <typename T, typename U, int OP>
+__device__ __forceinline__ void int_binary(i64 n, int ndim, const i64* info, const T* a, i64 a_off, const T* b,
+                                           i64 b_off, T* out) {
+    for (i64 i = global_id(); i < n; i += global_stride()) {
+        i64 ai = a_off + i, bi = b_off + i;
+        if (info) {
+            ai = a_off + strided_offset(i, ndim, info, info + ndim);
+            bi = b_off + strided_offset(i, ndim, info, info + 2 * ndim);
+        }
+        T x = a[ai], y = b[bi];
+        T r;
+        if (OP == 0) r = (T)((U)x + (U)y);
+        else if (OP == 1) r = (T)((U)x - (U)y);
+        else if (OP == 2) r = (T)((U)x * (U)y);
+        else if (OP == 3) r = x > y ? x : y;
+        else r = x < y ? x : y;
+        out[i] = r;
+    }
+}
+
+#define INT_BINARY(NAME, OP)                                                                                  \
+    extern "C" __global__ void NAME##_i32(i64 n, int ndim, const i64* info, const int* a, i64 a_off,          \
+                                          const int* b, i64 b_off, int* out) {                                \
+        int_binary<int, unsigned, OP>(n, ndim, info, a, a_off, b, b_off, out);                                \
+    }                                                                                                         \
+    extern "C" __global__ void NAME##_i64(i64 n, int ndim, const i64* info, const i64* a, i64 a_off,          \
+                                          const i64* b, i64 b_off, i64* out) {                                \
+        int_binary<i64, u64, OP>(n, ndim, info, a, a_off, b, b_off, out);                                     \
+    }
+
+INT_BINARY(add, 0)
+INT_BINARY(sub, 1)
+INT_BINARY(mul, 2)
+INT_BINARY(maximum, 3)
+INT_BINARY(minimum, 4)

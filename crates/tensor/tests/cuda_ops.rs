@@ -143,6 +143,35 @@ fn cuda_binary_matches_the_cpu_with_broadcasting_and_views() {
 }
 
 #[test]
+fn cuda_integer_arithmetic_wraps_and_matches_the_cpu() {
+    let Some(dev) = cuda("cuda_integer_arithmetic_wraps_and_matches_the_cpu") else { return };
+    let a32 = Tensor::from_vec(vec![i32::MAX, -3, 7, i32::MIN, 0, 12], [2, 3]).unwrap();
+    let b32 = Tensor::from_vec(vec![1i32, 2, -2], [3]).unwrap();
+    let a64 = Tensor::from_vec(vec![i64::MAX, -3, 1 << 40, i64::MIN, 0, 12], [3, 2]).unwrap().t().unwrap();
+    let b64 = Tensor::from_vec(vec![3i64, -1], [2, 1]).unwrap();
+    for (a, b) in [(&a32, &b32), (&a64, &b64)] {
+        let (da, db) = (a.to_device(dev).unwrap(), b.to_device(dev).unwrap());
+        for &op in Binary::INT_KERNELS {
+            let cpu = forward(&op, &[a, b]).unwrap();
+            let gpu = forward(&op, &[&da, &db]).unwrap().to_device(Device::Cpu).unwrap();
+            let what = format!("{} {:?}", op.name(), a.dtype());
+            assert_eq!((cpu.dtype(), cpu.dims()), (gpu.dtype(), gpu.dims()), "{what}");
+            if a.dtype() == DType::I32 {
+                assert_eq!(cpu.to_vec::<i32>().unwrap(), gpu.to_vec::<i32>().unwrap(), "{what}");
+            } else {
+                assert_eq!(cpu.to_vec::<i64>().unwrap(), gpu.to_vec::<i64>().unwrap(), "{what}");
+            }
+        }
+        // Division of integers is true division, in float32, on both devices.
+        let q = forward(&Binary::Div, &[&da, &db]).unwrap();
+        assert_close("div of integers", &forward(&Binary::Div, &[a, b]).unwrap(), &q);
+    }
+    assert_eq!(a32.add(&b32).unwrap().to_vec::<i32>().unwrap()[0], i32::MIN, "the CPU wraps too");
+    let e = forward(&Binary::Pow, &[&a32.to_device(dev).unwrap(), &b32.to_device(dev).unwrap()]).unwrap_err();
+    assert!(matches!(e, Error::UnsupportedDType { op: "pow", .. }), "{e}");
+}
+
+#[test]
 fn cuda_comparisons_match_the_cpu_with_tensors_and_scalars() {
     let Some(dev) = cuda("cuda_comparisons_match_the_cpu_with_tensors_and_scalars") else { return };
     for dtype in [DType::F32, DType::F64, DType::BF16] {

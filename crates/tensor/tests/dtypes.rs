@@ -408,3 +408,52 @@ fn comparisons_and_where_promote_too() -> R {
     assert_eq!((w.dtype(), w.to_vec::<f64>()?), (DType::F64, vec![1.0, 4.0]));
     Ok(())
 }
+
+// Checked against torch 2.x:
+//   a = torch.tensor([2**31 - 1, -3, 7], dtype=torch.int32); b = torch.tensor([1, 2, -2], dtype=torch.int32)
+//   a + b -> [-2147483648, -1, 5]; a - b -> [2147483646, -5, 9]; a * b -> [2147483647, -6, -14]
+//   torch.maximum(a, b) -> [2147483647, 2, 7]; a / b -> float32 [2.1475e+09, -1.5, -3.5]
+//   a ** torch.tensor([2, 3, 0], dtype=torch.int32) -> [1, -27, 1] (wrapped); a ** b with b < 0 -> RuntimeError
+#[test]
+fn integer_arithmetic_wraps_and_divides_in_float_like_torch() -> R {
+    let a = Tensor::from_vec(vec![i32::MAX, -3, 7], [3])?;
+    let b = Tensor::from_vec(vec![1i32, 2, -2], [3])?;
+    assert_eq!(a.add(&b)?.to_vec::<i32>()?, vec![i32::MIN, -1, 5]);
+    assert_eq!(a.sub(&b)?.to_vec::<i32>()?, vec![i32::MAX - 1, -5, 9]);
+    assert_eq!(a.mul(&b)?.to_vec::<i32>()?, vec![i32::MAX, -6, -14]);
+    assert_eq!(a.maximum(&b)?.to_vec::<i32>()?, vec![i32::MAX, 2, 7]);
+    assert_eq!(a.minimum(&b)?.to_vec::<i32>()?, vec![1, -3, -2]);
+    let q = a.div(&b)?;
+    assert_eq!((q.dtype(), q.to_vec::<f32>()?), (DType::F32, vec![i32::MAX as f32, -1.5, -3.5]));
+    let e = Tensor::from_vec(vec![2i32, 3, 0], [3])?;
+    assert_eq!(a.pow(&e)?.to_vec::<i32>()?, vec![1, -27, 1]);
+    let err = a.pow(&b).unwrap_err();
+    assert!(err.to_string().contains("negative integer powers"), "{err}");
+    // int64 keeps its width; broadcasting works as for floats.
+    let big = Tensor::from_vec(vec![1i64 << 40, -5], [2, 1])?;
+    let one = Tensor::from_vec(vec![3i64, 1], [2])?;
+    assert_eq!(big.mul(&one)?.to_vec::<i64>()?, vec![3 << 40, 1 << 40, -15, -5]);
+    Ok(())
+}
+
+// torch.result_type: a 0-d tensor beside a dimensioned one counts only when
+// its kind (integer < float) is higher:
+//   torch.ones(2, dtype=torch.float16) * torch.tensor(2.0, dtype=torch.float64) -> float16
+//   torch.ones(2, dtype=torch.int32) + torch.tensor(2, dtype=torch.int64) -> int32
+//   torch.ones(2, dtype=torch.int32) + torch.tensor(1.5, dtype=torch.float64) -> float64
+//   torch.tensor(1.0, dtype=torch.float16) + torch.tensor(1.0, dtype=torch.float64) -> float64 (both 0-d)
+#[test]
+fn zero_dim_tensors_promote_with_lower_priority_like_torch() -> R {
+    let h = Tensor::from_vec(vec![1.0f32, 2.0], [2])?.cast(DType::F16)?;
+    let y = h.mul(&Tensor::scalar_of(2.0, DType::F64))?;
+    assert_eq!((y.dtype(), y.cast(DType::F32)?.to_vec::<f32>()?), (DType::F16, vec![2.0, 4.0]));
+    let i = Tensor::from_vec(vec![1i32, 2], [2])?;
+    assert_eq!(i.add(&Tensor::scalar_of(2.0, DType::I64))?.dtype(), DType::I32);
+    let f = i.add(&Tensor::scalar_of(1.5, DType::F64))?;
+    assert_eq!((f.dtype(), f.to_vec::<f64>()?), (DType::F64, vec![2.5, 3.5]));
+    let both = Tensor::scalar_of(1.0, DType::F16).add(&Tensor::scalar_of(1.0, DType::F64))?;
+    assert_eq!(both.dtype(), DType::F64);
+    // Comparisons follow the same rule.
+    assert_eq!(h.lt(&Tensor::scalar_of(1.5, DType::F64))?.dtype(), DType::F16);
+    Ok(())
+}

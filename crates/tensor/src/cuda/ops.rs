@@ -151,8 +151,7 @@ fn pair_info(dev: &Arc<CudaDevice>, a: &Tensor, b: Option<&Tensor>, shape: &Shap
 }
 
 /// A two-operand kernel of elementwise.cu named `kernel`, broadcasting to `shape`.
-fn pair(op: &'static str, kernel: &str, a: &Tensor, b: &Tensor, shape: &Shape) -> Result<Tensor> {
-    let suffix = float_suffix(op, a.dtype())?;
+fn pair(op: &'static str, kernel: &str, suffix: &str, a: &Tensor, b: &Tensor, shape: &Shape) -> Result<Tensor> {
     let (dev, ap) = device_of(op, a)?;
     let (_, bp) = device_of(op, b)?;
     let n = shape.numel();
@@ -175,14 +174,21 @@ fn pair(op: &'static str, kernel: &str, a: &Tensor, b: &Tensor, shape: &Shape) -
 }
 
 /// An elementwise function of two tensors, broadcast to `shape`.
+/// Integers: add, sub, mul (wrapping), maximum and minimum have kernels;
+/// pow on integers runs on the CPU only (its negative-exponent error is
+/// not checked on the device yet).
 pub(crate) fn binary(op: Binary, a: &Tensor, b: &Tensor, shape: &Shape) -> Result<Tensor> {
     let name = crate::ops::Op::name(&op);
-    pair(name, name, a, b, shape)
+    let suffix = match a.dtype() {
+        d if d.is_int() && Binary::INT_KERNELS.contains(&op) => d.cuda_suffix(),
+        d => float_suffix(name, d)?,
+    };
+    pair(name, name, suffix, a, b, shape)
 }
 
 /// `g * (1 - y^2)`, broadcast to `shape`.
 pub(crate) fn tanh_backward(y: &Tensor, g: &Tensor, shape: &Shape) -> Result<Tensor> {
-    pair("tanh_backward", "tanh_bwd", y, g, shape)
+    pair("tanh_backward", "tanh_bwd", float_suffix("tanh_backward", y.dtype())?, y, g, shape)
 }
 
 /// A comparison with a second tensor (broadcast to `shape`) or a scalar,

@@ -58,14 +58,12 @@ impl Op for Binary {
     }
 
     fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        let shape = check_pair(self.name(), xs[0], xs[1])?;
-        let (a, b) = promote_pair(xs[0], xs[1])?;
+        let (a, b, shape) = self.operands_of(xs)?;
         cpu::binary::forward(*self, &a, &b, &shape)
     }
 
     fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        let shape = check_pair(self.name(), xs[0], xs[1])?;
-        let (a, b) = promote_pair(xs[0], xs[1])?;
+        let (a, b, shape) = self.operands_of(xs)?;
         crate::cuda::ops::binary(*self, &a, &b, &shape)
     }
 
@@ -312,6 +310,22 @@ impl Binary {
     pub fn cuda_kernel(self, dtype: DType) -> String {
         format!("{}_{}", Op::name(&self), dtype.cuda_suffix())
     }
+
+    /// The operands in their common dtype, and the broadcast shape.
+    /// Integers divide as torch's `/` does, in float32 (true division).
+    fn operands_of(self, xs: &[&Tensor]) -> Result<(Tensor, Tensor, Shape)> {
+        let shape = check_pair(self.name(), xs[0], xs[1])?;
+        let (a, b) = promote_pair(xs[0], xs[1])?;
+        if self == Binary::Div && a.dtype().is_int() {
+            let f = |x: &Tensor| crate::ops::forward(&super::shape::Cast(DType::F32), &[x]);
+            return Ok((f(&a)?, f(&b)?, shape));
+        }
+        Ok((a, b, shape))
+    }
+
+    /// The functions with integer CUDA kernels (`add_i32`...).
+    pub const INT_KERNELS: &'static [Binary] =
+        &[Binary::Add, Binary::Sub, Binary::Mul, Binary::Maximum, Binary::Minimum];
 
     /// Every two-operand function, once.
     pub const ALL: &'static [Binary] =

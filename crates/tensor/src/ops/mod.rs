@@ -55,6 +55,9 @@ pub fn cuda_kernels() -> Vec<(&'static str, String)> {
         out.extend(binary::Binary::ALL.iter().map(|b| ("elementwise.cu", b.cuda_kernel(dt))));
         out.push(("elementwise.cu", binary::Cmp::cuda_kernel(dt)));
     }
+    for dt in [DType::I32, DType::I64] {
+        out.extend(binary::Binary::INT_KERNELS.iter().map(|b| ("elementwise.cu", b.cuda_kernel(dt))));
+    }
     out
 }
 
@@ -231,10 +234,24 @@ pub(crate) fn check_pair(op: &'static str, a: &Tensor, b: &Tensor) -> Result<Sha
 /// Both operands in their promoted dtype ([`DType::promote`]); handles
 /// on the operands themselves when their dtypes already agree.
 pub(crate) fn promote_pair(a: &Tensor, b: &Tensor) -> Result<(Tensor, Tensor)> {
-    let dtype = DType::promote(a.dtype(), b.dtype());
+    let dtype = result_dtype(a, b);
     // Through the cast op, so the cast runs on the operands' device.
     let to = |x: &Tensor| if x.dtype() == dtype { Ok(x.clone()) } else { forward(&shape::Cast(dtype), &[x]) };
     Ok((to(a)?, to(b)?))
+}
+
+/// The dtype two operands compute in, as torch's `result_type`: a 0-d
+/// tensor beside a tensor with dimensions counts only when its kind is
+/// higher (a float scalar with an integer tensor), so `x * scalar(2.0)`
+/// keeps `x`'s float16 and an int tensor plus a float64 scalar is float64.
+/// Otherwise [`DType::promote`].
+pub(crate) fn result_dtype(a: &Tensor, b: &Tensor) -> DType {
+    let kind = |d: DType| u8::from(!d.is_int());
+    match (a.rank() == 0, b.rank() == 0) {
+        (true, false) if kind(a.dtype()) <= kind(b.dtype()) => b.dtype(),
+        (false, true) if kind(b.dtype()) <= kind(a.dtype()) => a.dtype(),
+        _ => DType::promote(a.dtype(), b.dtype()),
+    }
 }
 
 /// Runs `op` forward on `inputs`: every input and every operand the op
