@@ -121,19 +121,9 @@ pub fn num(v: f64) -> String {
     format!("{v:.decimals$}")
 }
 
-/// A byte count in the unit that suits it: B below 1 KiB, then KiB, MiB or
-/// GiB with two decimals (binary units throughout).
+/// A byte count in the unit that suits it (tapir's one format for bytes).
 pub fn bytes(b: f64) -> String {
-    let a = b.abs();
-    if a < 1024.0 {
-        format!("{b:.0} B")
-    } else if a < 1024.0 * 1024.0 {
-        format!("{:.2} KiB", b / 1024.0)
-    } else if a < 1024.0 * 1024.0 * 1024.0 {
-        format!("{:.2} MiB", b / (1024.0 * 1024.0))
-    } else {
-        format!("{:.2} GiB", b / (1024.0 * 1024.0 * 1024.0))
-    }
+    tapir::tensor::format_bytes(b)
 }
 
 const COLORS: [RGBColor; 6] = [

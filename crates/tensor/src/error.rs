@@ -151,7 +151,7 @@ pub enum Error {
         reason: String,
     },
     /// The allocator could not satisfy a request, even after freeing its cache.
-    #[error("out of memory on {device}: requested {requested} bytes ({stats})")]
+    #[error("out of memory on {device}: requested {} ({requested} bytes); {stats}", crate::format_bytes(*.requested as f64))]
     OutOfMemory {
         /// The device.
         device: Device,

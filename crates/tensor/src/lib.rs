@@ -35,7 +35,9 @@ pub use device::Device;
 pub use dtype::{DType, Element, Float};
 pub use error::{Error, Result};
 pub use layout::{resolve_axis, Layout, Shape};
-pub use memory::{max_memory_allocated, memory_allocated, memory_stats, reset_peak_memory_stats, MemoryStats};
+pub use memory::{
+    format_bytes, max_memory_allocated, memory_allocated, memory_stats, reset_peak_memory_stats, MemoryStats,
+};
 pub use ops::{
     Arity, BinaryOps, CrossEntropyOps, Diff, DynOp, IndexOps, MatmulOps, Op, ReduceOps, Saved, ShapeOps, SoftmaxOps,
     Tape, Traced, UnaryOps,

@@ -47,7 +47,31 @@ pub struct MemoryStats {
 
 impl std::fmt::Display for MemoryStats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "allocated {} B, peak {} B, reserved {} B", self.allocated, self.peak, self.reserved)
+        let b = |n: usize| format_bytes(n as f64);
+        write!(f, "allocated {}, peak {}, reserved {}", b(self.allocated), b(self.peak), b(self.reserved))
+    }
+}
+
+/// A byte count in the unit that suits it, as every message and chart of
+/// tapir writes one: B below 1 KiB, then KiB, MiB or GiB with two decimals
+/// (binary units throughout). Negative counts (differences) keep their sign.
+///
+/// ```
+/// use tapir_tensor::format_bytes;
+/// assert_eq!(format_bytes(512.0), "512 B");
+/// assert_eq!(format_bytes(3.0 * 1024.0 * 1024.0), "3.00 MiB");
+/// ```
+pub fn format_bytes(b: f64) -> String {
+    const K: f64 = 1024.0;
+    let a = b.abs();
+    if a < K {
+        format!("{b:.0} B")
+    } else if a < K * K {
+        format!("{:.2} KiB", b / K)
+    } else if a < K * K * K {
+        format!("{:.2} MiB", b / (K * K))
+    } else {
+        format!("{:.2} GiB", b / (K * K * K))
     }
 }
 

@@ -4,6 +4,7 @@
 
 use std::sync::{Mutex, MutexGuard};
 
+use tapir_tensor::format_bytes;
 use tapir_tensor::prelude::*;
 
 /// The memory counters are process-wide, and some tests here assert that a
@@ -597,6 +598,10 @@ fn unallocatable_sizes_are_out_of_memory_and_count_nothing() {
     let e = assert_err_untouched!(Tensor::zeros([HUGE], DType::F32), Error::OutOfMemory { .. });
     assert!(oom(&e, HUGE * 4), "{e}");
     assert!(e.to_string().contains(&(HUGE * 4).to_string()), "{e}");
+    // Sizes in the message read in binary units as well as exact bytes.
+    let msg = e.to_string();
+    assert!(msg.contains(&format!("requested {} ({} bytes)", format_bytes((HUGE * 4) as f64), HUGE * 4)), "{msg}");
+    assert!(msg.contains("; allocated ") && msg.contains(" B") && !msg.contains(" B B"), "{msg}");
     let e = assert_err_untouched!(Tensor::ones([HUGE / 2, 2], DType::F64), Error::OutOfMemory { .. });
     assert!(oom(&e, HUGE * 8), "{e}");
     assert_err_untouched!(Tensor::full([HUGE], 3.0, DType::I32), Error::OutOfMemory { .. });
