@@ -239,44 +239,56 @@ fn check_fits(op: &'static str, target: &Shape, axis: usize, idx: &Tensor) -> Re
     }
 }
 
-/// The `info` of gather and scatter_add: `idx`'s dims, then the strides
-/// and dims of the indexed tensor.
-fn axis_info(dev: &Arc<CudaDevice>, idx: &Tensor, strides: &[usize], dims: &[usize]) -> Result<CudaBuffer> {
+/// Runs gather or scatter_add (`name`, on values of `dtype`) over the
+/// contiguous indices `idx` along `axis`: the indexed tensor has `strides`
+/// and `dims`, `from` and `to` are the kernel's input and output.
+#[allow(clippy::too_many_arguments)]
+fn along_axis(
+    op: &'static str,
+    dev: &Arc<CudaDevice>,
+    dtype: DType,
+    axis: usize,
+    idx: &Tensor,
+    (strides, dims): (&[usize], &[usize]),
+    from: u64,
+    to: u64,
+) -> Result<()> {
+    let n = idx.numel();
+    if n == 0 {
+        return Ok(());
+    }
     let mut v = dims_i64(idx.shape());
     v.extend(strides.iter().map(|&s| s as i64));
     v.extend(dims.iter().map(|&d| d as i64));
-    info_array(dev, &v)
+    let info = info_array(dev, &v)?;
+    let ip = first_element(op, idx)?;
+    let main = |bad: u64| {
+        let args = [
+            Arg::I64(n as i64),
+            Arg::I32(idx.rank() as i32),
+            Arg::I32(axis as i32),
+            Arg::Ptr(info.ptr()),
+            Arg::Ptr(from),
+            Arg::Ptr(ip),
+            Arg::Ptr(to),
+            Arg::Ptr(bad),
+        ];
+        launch(dev, FILE, &kernel(op, dtype, idx.dtype()), n, &args)
+    };
+    checked(op, dev, idx, dims[axis], Some(&main))
 }
 
 /// torch.gather: `x`'s elements with their `axis` coordinate taken from `idx`.
 pub(crate) fn gather(axis: usize, x: &Tensor, idx: &Tensor) -> Result<Tensor> {
     let op = "gather";
     check_fits(op, x.shape(), axis, idx)?;
-    let ld = index_dtype(op, idx)?;
+    index_dtype(op, idx)?;
     let (dev, _) = device_of(op, x)?;
     let idx = contiguous(idx)?;
-    let ip = first_element(op, &idx)?;
-    let n = idx.numel();
-    let (out, _) = CudaBuffer::alloc(&dev, x.dtype(), n)?;
-    if n > 0 {
-        // x is read through its strides, so a view needs no copy.
-        let info = axis_info(&dev, &idx, x.strides(), x.dims())?;
-        let xp = first_element(op, x)?;
-        let main = |bad: u64| {
-            let args = [
-                Arg::I64(n as i64),
-                Arg::I32(idx.rank() as i32),
-                Arg::I32(axis as i32),
-                Arg::Ptr(info.ptr()),
-                Arg::Ptr(xp),
-                Arg::Ptr(ip),
-                Arg::Ptr(out.ptr()),
-                Arg::Ptr(bad),
-            ];
-            launch(&dev, FILE, &kernel("gather", x.dtype(), ld), n, &args)
-        };
-        checked(op, &dev, &idx, x.dims()[axis], Some(&main))?;
-    }
+    let (out, _) = CudaBuffer::alloc(&dev, x.dtype(), idx.numel())?;
+    // x is read through its strides, so a view needs no copy.
+    let xp = first_element(op, x)?;
+    along_axis(op, &dev, x.dtype(), axis, &idx, (x.strides(), x.dims()), xp, out.ptr())?;
     Ok(tensor_of(out, idx.shape().clone()))
 }
 
@@ -290,33 +302,15 @@ pub(crate) fn scatter_add(axis: usize, base: &Tensor, src: &Tensor, idx: &Tensor
         return Err(Error::ShapeMismatch { op, lhs: src.shape().clone(), rhs: idx.shape().clone() });
     }
     check_fits(op, base.shape(), axis, idx)?;
-    let ld = index_dtype(op, idx)?;
+    index_dtype(op, idx)?;
     let (dev, _) = device_of(op, base)?;
     let src = contiguous(src)?;
     let idx = contiguous(idx)?;
-    let ip = first_element(op, &idx)?;
     let strides = base.shape().contiguous_strides();
     let (out, _) = CudaBuffer::alloc(&dev, base.dtype(), base.numel())?;
     place(op, &dev, base, out.ptr(), &strides)?;
-    let n = idx.numel();
-    if n > 0 {
-        let info = axis_info(&dev, &idx, &strides, base.dims())?;
-        let sp = first_element(op, &src)?;
-        let main = |bad: u64| {
-            let args = [
-                Arg::I64(n as i64),
-                Arg::I32(idx.rank() as i32),
-                Arg::I32(axis as i32),
-                Arg::Ptr(info.ptr()),
-                Arg::Ptr(sp),
-                Arg::Ptr(ip),
-                Arg::Ptr(out.ptr()),
-                Arg::Ptr(bad),
-            ];
-            launch(&dev, FILE, &kernel("scatter_add", base.dtype(), ld), n, &args)
-        };
-        checked(op, &dev, &idx, base.dims()[axis], Some(&main))?;
-    }
+    let sp = first_element(op, &src)?;
+    along_axis(op, &dev, base.dtype(), axis, &idx, (&strides, base.dims()), sp, out.ptr())?;
     Ok(tensor_of(out, base.shape().clone()))
 }
 
