@@ -268,3 +268,64 @@ INT_BINARY(sub, 1)
 INT_BINARY(mul, 2)
 INT_BINARY(maximum, 3)
 INT_BINARY(minimum, 4)
+
+// Kernels that move elements without computing on them are named by the
+// width of the value (u16 for f16/bf16, u32 for f32/i32, u64 for f64/i64),
+// so each serves every dtype of that width bit for bit.
+typedef unsigned int u32;
+
+// where(mask, a, b) (binary.rs's Where): `a` where the mask is non-zero,
+// else `b`, all three strided and broadcast to the output's shape:
+// `where_<mask dtype>_<width>(n, ndim, info, m, m_off, a, a_off, b, b_off, out)`;
+// `info` holds dims[ndim], then the strides of m, a and b (0 on broadcast
+// axes). A NaN mask entry is non-zero and -0.0 is zero, as on the CPU.
+__device__ __forceinline__ bool nonzero(float v) { return v != 0.0f; }
+__device__ __forceinline__ bool nonzero(double v) { return v != 0.0; }
+__device__ __forceinline__ bool nonzero(tapir_f16 v) { return to_acc(v) != 0.0f; }
+__device__ __forceinline__ bool nonzero(tapir_bf16 v) { return to_acc(v) != 0.0f; }
+__device__ __forceinline__ bool nonzero(int v) { return v != 0; }
+__device__ __forceinline__ bool nonzero(i64 v) { return v != 0; }
+
+template <typename M, typename V>
+__device__ __forceinline__ void where_select(i64 n, int ndim, const i64* info, const M* m, i64 m_off, const V* a,
+                                             i64 a_off, const V* b, i64 b_off, V* out) {
+    for (i64 i = global_id(); i < n; i += global_stride()) {
+        i64 mi = m_off + strided_offset(i, ndim, info, info + ndim);
+        i64 ai = a_off + strided_offset(i, ndim, info, info + 2 * ndim);
+        i64 bi = b_off + strided_offset(i, ndim, info, info + 3 * ndim);
+        out[i] = nonzero(m[mi]) ? a[ai] : b[bi];
+    }
+}
+#define WHERE_KERNEL(M, MS, V, VS)                                                                              \
+    extern "C" __global__ void where_##MS##_##VS(i64 n, int ndim, const i64* info, const M* m, i64 m_off,       \
+                                                 const V* a, i64 a_off, const V* b, i64 b_off, V* out) {       \
+        where_select<M, V>(n, ndim, info, m, m_off, a, a_off, b, b_off, out);                                   \
+    }
+#define WHERE_ALL(M, MS)          \
+    WHERE_KERNEL(M, MS, u16, u16) \
+    WHERE_KERNEL(M, MS, u32, u32) \
+    WHERE_KERNEL(M, MS, u64, u64)
+WHERE_ALL(float, f32)
+WHERE_ALL(double, f64)
+WHERE_ALL(tapir_f16, f16)
+WHERE_ALL(tapir_bf16, bf16)
+WHERE_ALL(int, i32)
+WHERE_ALL(i64, i64)
+
+// A strided copy into a strided region of the output (concat and pad in
+// shape.rs, which zero the rest first): `place_<width>(n, ndim, info, x, out)`;
+// `info` holds dims[ndim] (x's), then x's strides, then the output's; the
+// host passes both pointers at their first element.
+template <typename V>
+__device__ __forceinline__ void place(i64 n, int ndim, const i64* info, const V* x, V* out) {
+    for (i64 i = global_id(); i < n; i += global_stride()) {
+        out[strided_offset(i, ndim, info, info + 2 * ndim)] = x[strided_offset(i, ndim, info, info + ndim)];
+    }
+}
+#define PLACE_KERNEL(V, VS)                                                                                   \
+    extern "C" __global__ void place_##VS(i64 n, int ndim, const i64* info, const V* x, V* out) {            \
+        place<V>(n, ndim, info, x, out);                                                                      \
+    }
+PLACE_KERNEL(u16, u16)
+PLACE_KERNEL(u32, u32)
+PLACE_KERNEL(u64, u64)

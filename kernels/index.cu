@@ -1,31 +1,42 @@
 // Indexing (crates/tensor/src/ops/index.rs) on contiguous buffers, the
-// indexed tensor split around the axis into (outer, size, inner). Indices
-// are i64 or i32 (`_i64` / `_i32` suffix). A negative or too large index is
-// never read through: the kernel writes 0 there, records the lowest flat
-// position of such an index in *bad (set to ~0 by the host; atomicMin), and
-// the host returns Error::IndexOutOfRange as the CPU does.
+// indexed tensor split around the axis into (outer, size, inner). Values are
+// any of the six dtypes (elements are moved, or added for the `_add` kernels);
+// indices are i64 or i32 (`_i64` / `_i32` suffix). A negative or too large
+// index is never read through: the kernel writes 0 there (or adds nothing),
+// records the lowest flat position of such an index in *bad (set to ~0 by
+// the host; atomicMin), and the host returns Error::IndexOutOfRange as the
+// CPU does, reading the flag once.
 //
 // - index_select(outer, size, inner, n, x, idx, out, bad):
 //     out[o, k, i] = x[o, idx[k], i] for k < n (idx 1-D).
 // - embedding(rows, dim, n, table, ids, out, bad): out[k, :] = table[ids[k], :],
-//   one block per id (the index_select of axis 0, with coalesced rows).
-// - index_add(outer, size, inner, n, g, idx, out): out[o, idx[k], i] += g[o, k, i]
-//   (the transpose of index_select and embedding; atomicAdd).
+//   one block per id at a time (the index_select of axis 0, with no
+//   division per element); any grid size is correct.
+// - index_add(outer, size, inner, n, g, idx, out, bad): out[o, idx[k], i] +=
+//   g[o, k, i] (the transpose of index_select and embedding; atomicAdd, on
+//   an output the host zeroes first).
 // - gather(n, ndim, axis, info, x, idx, out, bad): out and idx share a shape
 //   of `ndim` dims (n elements, contiguous); `info` holds those dims, then
-//   x's strides, then x's dims (device memory). Like torch, idx may be
-//   smaller than x on the other axes:
+//   x's strides, then x's dims (device memory); x may be any strided view.
+//   Like torch, idx may be smaller than x on the other axes:
 //     out[p] = x[p with its `axis` coordinate replaced by idx[p]].
 // - scatter_add(n, ndim, axis, info, src, idx, out, bad): the transpose;
 //   src is contiguous over idx's shape, `info` holds idx's dims, then the
 //   strides and dims of `out` (which the host fills with the base tensor
 //   first):  out[p with its axis coordinate replaced by idx[p]] += src[p]
 //   (atomicAdd).
+// - check_index(n, idx, size, bad): only the check, for the calls whose
+//   main kernel would not visit every index (an empty operand).
+//
+// Integer sums wrap on overflow, where the CPU's (through f64) saturate.
 
 // atomicAdd for every storage type. f16/bf16 by compare-and-swap on the
 // aligned 32-bit word holding the value, adding in float.
 __device__ __forceinline__ void atomic_add(float* p, float v) { atomicAdd(p, v); }
 __device__ __forceinline__ void atomic_add(double* p, double v) { atomicAdd(p, v); }
+__device__ __forceinline__ void atomic_add(int* p, int v) { atomicAdd(p, v); }
+// Two's complement: an unsigned 64-bit add is the signed one.
+__device__ __forceinline__ void atomic_add(i64* p, i64 v) { atomicAdd((u64*)p, (u64)v); }
 template <typename H>
 __device__ __forceinline__ void atomic_add_16(H* p, float v) {
     unsigned* word = (unsigned*)((size_t)p & ~(size_t)3);
@@ -40,8 +51,14 @@ __device__ __forceinline__ void atomic_add_16(H* p, float v) {
         old = atomicCAS(word, assumed, next);
     } while (old != assumed);
 }
-__device__ __forceinline__ void atomic_add(tapir_f16* p, float v) { atomic_add_16(p, v); }
-__device__ __forceinline__ void atomic_add(tapir_bf16* p, float v) { atomic_add_16(p, v); }
+__device__ __forceinline__ void atomic_add(tapir_f16* p, tapir_f16 v) { atomic_add_16(p, to_acc(v)); }
+__device__ __forceinline__ void atomic_add(tapir_bf16* p, tapir_bf16 v) { atomic_add_16(p, to_acc(v)); }
+
+// The zero of a storage type (all bits clear for each of them).
+template <typename T> __device__ __forceinline__ T zero() {
+    T z = T();
+    return z;
+}
 
 // The index at flat position `pos`, or -1 (recorded in *bad) when outside 0..size.
 template <typename L>
@@ -61,7 +78,7 @@ __device__ __forceinline__ void index_select(i64 outer, i64 size, i64 inner, i64
     for (i64 t = global_id(); t < total; t += global_stride()) {
         i64 i = t % inner, k = (t / inner) % n, o = t / (inner * n);
         i64 j = checked(idx, k, size, bad);
-        out[t] = j < 0 ? from_acc<T>(0) : x[(o * size + j) * inner + i];
+        out[t] = j < 0 ? zero<T>() : x[(o * size + j) * inner + i];
     }
 }
 
@@ -71,7 +88,7 @@ __device__ __forceinline__ void embedding(i64 rows, i64 dim, i64 n, const T* tab
         i64 j = checked(ids, k, rows, threadIdx.x == 0 ? bad : (u64*)0);
         T* o = out + k * dim;
         if (j < 0) {
-            for (i64 c = threadIdx.x; c < dim; c += blockDim.x) o[c] = from_acc<T>(0);
+            for (i64 c = threadIdx.x; c < dim; c += blockDim.x) o[c] = zero<T>();
         } else {
             const T* src = table + j * dim;
             for (i64 c = threadIdx.x; c < dim; c += blockDim.x) o[c] = src[c];
@@ -80,12 +97,13 @@ __device__ __forceinline__ void embedding(i64 rows, i64 dim, i64 n, const T* tab
 }
 
 template <typename T, typename L>
-__device__ __forceinline__ void index_add(i64 outer, i64 size, i64 inner, i64 n, const T* g, const L* idx, T* out) {
+__device__ __forceinline__ void index_add(i64 outer, i64 size, i64 inner, i64 n, const T* g, const L* idx, T* out,
+                                          u64* bad) {
     i64 total = outer * n * inner;
     for (i64 t = global_id(); t < total; t += global_stride()) {
         i64 i = t % inner, k = (t / inner) % n, o = t / (inner * n);
-        i64 j = checked(idx, k, size, (u64*)0);
-        if (j >= 0) atomic_add(out + (o * size + j) * inner + i, to_acc(g[t]));
+        i64 j = checked(idx, k, size, bad);
+        if (j >= 0) atomic_add(out + (o * size + j) * inner + i, g[t]);
     }
 }
 
@@ -112,7 +130,7 @@ __device__ __forceinline__ void gather(i64 n, int ndim, int axis, const i64* inf
                                        u64* bad) {
     for (i64 p = global_id(); p < n; p += global_stride()) {
         i64 off = axis_offset(p, ndim, axis, info, info + ndim, info + 2 * ndim, idx, bad);
-        out[p] = off < 0 ? from_acc<T>(0) : x[off];
+        out[p] = off < 0 ? zero<T>() : x[off];
     }
 }
 
@@ -121,7 +139,7 @@ __device__ __forceinline__ void scatter_add(i64 n, int ndim, int axis, const i64
                                             T* out, u64* bad) {
     for (i64 p = global_id(); p < n; p += global_stride()) {
         i64 off = axis_offset(p, ndim, axis, info, info + ndim, info + 2 * ndim, idx, bad);
-        if (off >= 0) atomic_add(out + off, to_acc(src[p]));
+        if (off >= 0) atomic_add(out + off, src[p]);
     }
 }
 
@@ -135,8 +153,8 @@ __device__ __forceinline__ void scatter_add(i64 n, int ndim, int axis, const i64
         embedding<T, L>(rows, dim, n, table, ids, out, bad);                                                        \
     }                                                                                                               \
     extern "C" __global__ void index_add_##S##_##LS(i64 outer, i64 size, i64 inner, i64 n, const T* g, const L* idx, \
-                                                     T* out) {                                                      \
-        index_add<T, L>(outer, size, inner, n, g, idx, out);                                                        \
+                                                     T* out, u64* bad) {                                            \
+        index_add<T, L>(outer, size, inner, n, g, idx, out, bad);                                                   \
     }                                                                                                               \
     extern "C" __global__ void gather_##S##_##LS(i64 n, int ndim, int axis, const i64* info, const T* x,           \
                                                   const L* idx, T* out, u64* bad) {                                 \
@@ -150,7 +168,12 @@ __device__ __forceinline__ void scatter_add(i64 n, int ndim, int axis, const i64
     INDEX_KERNELS(float, f32, L, LS)          \
     INDEX_KERNELS(double, f64, L, LS)         \
     INDEX_KERNELS(tapir_f16, f16, L, LS)      \
-    INDEX_KERNELS(tapir_bf16, bf16, L, LS)
+    INDEX_KERNELS(tapir_bf16, bf16, L, LS)   \
+    INDEX_KERNELS(int, i32, L, LS)           \
+    INDEX_KERNELS(i64, i64, L, LS)           \
+    extern "C" __global__ void check_index_##LS(i64 n, const L* idx, i64 size, u64* bad) { \
+        for (i64 p = global_id(); p < n; p += global_stride()) checked(idx, p, size, bad);  \
+    }
 
 INDEX_ALL(i64, i64)
 INDEX_ALL(int, i32)

@@ -17,8 +17,10 @@ pub mod alloc;
 mod buffer;
 mod context;
 pub(crate) mod driver;
+pub(crate) mod index;
 mod nvrtc;
 pub(crate) mod ops;
+pub(crate) mod shape;
 
 pub(crate) use buffer::to_cuda;
 pub use buffer::CudaBuffer;

@@ -28,7 +28,7 @@ pub(crate) enum Arg {
 }
 
 /// The device a CUDA op runs on, from its first input.
-fn device_of(op: &'static str, t: &Tensor) -> Result<(Arc<CudaDevice>, u64)> {
+pub(crate) fn device_of(op: &'static str, t: &Tensor) -> Result<(Arc<CudaDevice>, u64)> {
     // A device buffer of another backend (a test's stand-in) has no kernels here.
     let buf = buffer_of(t).ok_or(Error::Unsupported { op, device: t.device() })?;
     Ok((buf.dev.clone(), buf.ptr()))
@@ -68,7 +68,7 @@ fn float_suffix(op: &'static str, dtype: DType) -> Result<&'static str> {
 
 /// `t`'s strides as seen from `out` (numpy broadcasting: leading dims
 /// missing and size-1 dims that broadcast get stride 0).
-fn broadcast_strides(t: &Tensor, out: &Shape) -> Vec<i64> {
+pub(crate) fn broadcast_strides(t: &Tensor, out: &Shape) -> Vec<i64> {
     let (r, rt) = (out.rank(), t.rank());
     (0..r)
         .map(|i| {
@@ -86,7 +86,7 @@ fn broadcast_strides(t: &Tensor, out: &Shape) -> Vec<i64> {
 }
 
 /// A device array of i64 (the kernels' `info`), freed when dropped.
-fn info_array(dev: &Arc<CudaDevice>, values: &[i64]) -> Result<CudaBuffer> {
+pub(crate) fn info_array(dev: &Arc<CudaDevice>, values: &[i64]) -> Result<CudaBuffer> {
     let (buf, _) = CudaBuffer::alloc(dev, DType::I64, values.len())?;
     dev.bind()?;
     // SAFETY: the block holds `values.len()` i64s.
@@ -95,7 +95,7 @@ fn info_array(dev: &Arc<CudaDevice>, values: &[i64]) -> Result<CudaBuffer> {
     Ok(buf)
 }
 
-fn dims_i64(shape: &Shape) -> Vec<i64> {
+pub(crate) fn dims_i64(shape: &Shape) -> Vec<i64> {
     shape.dims().iter().map(|&d| d as i64).collect()
 }
 

@@ -286,6 +286,12 @@ impl Op for Where {
         let (a, b) = promote_pair(xs[0], xs[1])?;
         cpu::binary::select(&self.mask, &a, &b, &shape)
     }
+    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
+        let ab = check_pair("where", xs[0], xs[1])?;
+        let shape = Shape::broadcast("where", &ab, self.mask.shape())?;
+        let (a, b) = promote_pair(xs[0], xs[1])?;
+        crate::cuda::index::where_(&self.mask, &a, &b, &shape)
+    }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         let m = g.lift(self.mask.ne_scalar(0.0)?.cast(g.dtype())?);
         let ga = grad_back(g.mul(&m)?, xs[0])?;

@@ -27,7 +27,7 @@ pub(crate) fn checked_indices(op: &'static str, idx: &Tensor, size: usize) -> Re
 
 /// Splits `shape` around `axis` into (outer, size, inner) element counts,
 /// checking the axis and that `idx` is 1-D.
-fn split(op: &'static str, shape: &Shape, axis: usize, idx: &Tensor) -> Result<(usize, usize, usize)> {
+pub(crate) fn split(op: &'static str, shape: &Shape, axis: usize, idx: &Tensor) -> Result<(usize, usize, usize)> {
     let d = shape.dims();
     check_axis(op, axis, d.len())?;
     if idx.rank() != 1 {
@@ -68,6 +68,9 @@ impl Op for IndexSelect {
         shape.0[self.axis] = ids.len();
         shape.check("index_select", x.dtype())?;
         cpu::index::select(&x, &ids, [outer, size, inner], shape)
+    }
+    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
+        crate::cuda::index::index_select(self.axis, xs[0], &self.idx)
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         let size = xs[0].shape().dims()[self.axis];
@@ -120,6 +123,9 @@ impl Op for IndexAdd {
         shape.0[self.axis] = self.size;
         shape.check("index_add", g.dtype())?;
         cpu::index::add(&g, &ids, [outer, n, inner], shape)
+    }
+    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
+        crate::cuda::index::index_add(self.axis, self.size, xs[0], &self.idx)
     }
     fn vjp<T: Diff>(&self, _: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         Ok(one(T::apply(IndexSelect { axis: self.axis, idx: self.idx.clone() }, &[g])?))
@@ -191,6 +197,9 @@ impl Op for Gather {
         let offs = scatter_offsets("gather", x.shape(), self.axis, &self.idx)?;
         cpu::index::gather(&x, &offs, self.idx.shape().clone())
     }
+    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
+        crate::cuda::index::gather(self.axis, xs[0], &self.idx)
+    }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         let zeros = g.lift(Tensor::zeros(xs[0].shape(), g.dtype())?);
         Ok(one(T::apply(ScatterAdd { axis: self.axis, idx: self.idx.clone() }, &[&zeros, g])?))
@@ -239,6 +248,9 @@ impl Op for ScatterAdd {
         }
         let offs = scatter_offsets("scatter_add", base.shape(), self.axis, &self.idx)?;
         cpu::index::scatter_add(base, &src, &offs)
+    }
+    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
+        crate::cuda::index::scatter_add(self.axis, xs[0], xs[1], &self.idx)
     }
     fn vjp<T: Diff>(&self, _: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         let gsrc = T::apply(Gather { axis: self.axis, idx: self.idx.clone() }, &[g])?;

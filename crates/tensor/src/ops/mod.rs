@@ -44,9 +44,10 @@ pub fn registry() -> Vec<Box<dyn DynOp>> {
     .collect()
 }
 
-/// Every CUDA kernel the op families name, as `(file of kernels/, entry)`:
-/// the NVRTC test checks each is an entry of its file's PTX, so a
-/// function added to a family without its `.cu` line fails there.
+/// Every CUDA kernel the op families name, as `(file of kernels/, entry)`,
+/// with those the indexing and joining launches name: the NVRTC test
+/// checks each is an entry of its file's PTX, so a function added to a
+/// family without its `.cu` line fails there.
 pub fn cuda_kernels() -> Vec<(&'static str, String)> {
     let floats = [DType::F32, DType::F64, DType::F16, DType::BF16];
     let mut out = Vec::new();
@@ -58,6 +59,8 @@ pub fn cuda_kernels() -> Vec<(&'static str, String)> {
     for dt in [DType::I32, DType::I64] {
         out.extend(binary::Binary::INT_KERNELS.iter().map(|b| ("elementwise.cu", b.cuda_kernel(dt))));
     }
+    out.extend(crate::cuda::index::kernels());
+    out.extend(crate::cuda::shape::kernels());
     out
 }
 

@@ -149,6 +149,9 @@ impl Op for Pad {
         let offset = self.start * shape.contiguous_strides()[self.axis];
         cpu::shape::place(&[(x, offset)], shape)
     }
+    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
+        crate::cuda::shape::pad(self.axis, self.start, self.size, xs[0])
+    }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         let len = xs[0].shape().dims()[self.axis];
         Ok(one(T::apply(Narrow { axis: self.axis, start: self.start, len }, &[g])?))
@@ -273,6 +276,9 @@ impl Op for Concat {
             })
             .collect();
         cpu::shape::place(&parts, shape)
+    }
+    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
+        crate::cuda::shape::concat(self.axis, xs)
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         let mut at = 0;
