@@ -172,6 +172,19 @@ fn cuda_integer_arithmetic_wraps_and_matches_the_cpu() {
 }
 
 #[test]
+fn cuda_reshape_and_contiguous_of_strided_views_copy_on_the_device() {
+    let Some(dev) = cuda("cuda_reshape_and_contiguous_of_strided_views_copy_on_the_device") else { return };
+    let base = tensor(values(24, -3.0, 3.0, 11), &[4, 6], DType::F32);
+    let d = base.to_device(dev).unwrap();
+    let (cpu, gpu) = (base.t().unwrap().reshape([3, 8]).unwrap(), d.t().unwrap().reshape([3, 8]).unwrap());
+    assert_close("reshape of a transpose", &cpu, &gpu);
+    let (cpu, gpu) =
+        (base.narrow(1, 1, 4).unwrap().contiguous().unwrap(), d.narrow(1, 1, 4).unwrap().contiguous().unwrap());
+    assert!(gpu.is_contiguous());
+    assert_close("contiguous of a narrowed view", &cpu, &gpu);
+}
+
+#[test]
 fn cuda_comparisons_match_the_cpu_with_tensors_and_scalars() {
     let Some(dev) = cuda("cuda_comparisons_match_the_cpu_with_tensors_and_scalars") else { return };
     for dtype in [DType::F32, DType::F64, DType::BF16] {
