@@ -120,6 +120,13 @@ step differential 20 "${DIFF[@]}" compare "$OUT/differential-emu.txt" "$OUT/diff
 step bench 120 cargo run --release -q -p tapir-cli -- bench --json "$OUT/bench.json"
 step memcheck 90 cargo run --release -q -p tapir-cli -- memcheck --json "$OUT/memcheck.json" --plot "$OUT/memcheck.png"
 
+# 7. The CUDA kernels beside PyTorch's on this GPU (matmul 4096 f32/bf16,
+# elementwise and reduction bandwidth against torch's copy, driver
+# allocations per step), both in one process.
+step cuda_bench 150 bash -c "set -o pipefail; cargo build --release -q -p tapir-bench-ffi &&
+    python3 benches/torch/cuda_ops.py \"\${CARGO_TARGET_DIR:-target}/release/libtapir_bench_ffi.so\" --pairs 3 --time 1 |
+    tee \"$OUT/cuda-bench.jsonl\""
+
 # Summary.
 {
     printf '{\n  "date": "%s",\n  "commit": "%s",\n  "gpu": "%s",\n  "nvrtc": "%s",\n' \

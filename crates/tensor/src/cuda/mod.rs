@@ -45,6 +45,17 @@ pub const KERNELS: &[(&str, &str)] = &[
     ("cast.cu", include_str!("../../../../kernels/cast.cu")),
 ];
 
+/// Waits until every launch and copy queued on `device`'s stream has
+/// finished (`torch.cuda.synchronize`): a benchmark's clock must not stop
+/// while kernels are still queued. Nothing to wait for on the CPU.
+pub fn synchronize(device: crate::Device) -> crate::Result<()> {
+    if let crate::Device::Cuda(i) = device {
+        let dev = CudaDevice::get(i)?;
+        dev.stream.synchronize().map_err(|e| context::driver_error("stream synchronize", e))?;
+    }
+    Ok(())
+}
+
 /// Returns every cached block of `device` that no tensor uses to the
 /// driver (`torch.cuda.empty_cache`); reserved memory drops to what live
 /// blocks' segments hold. Nothing to do on the CPU's CUDA-less devices.
