@@ -753,7 +753,7 @@ impl<'a> Block<'a> {
                     };
                     th.regs[d as usize] = if to { a.wrapping_sub(win) } else { a.wrapping_add(win) };
                 }
-                Ins::Ld { sp, t, n, d, addr } => {
+                Ins::Ld { sp, t, n, d, addr, sext64 } => {
                     let a = rd!(addr.base).wrapping_add(addr.off as u64);
                     let sz = u64::from(t.size());
                     let p = match self.ptr(th, tid, sp, a, sz * u64::from(n), false, inst.line) {
@@ -765,7 +765,9 @@ impl<'a> Block<'a> {
                         // SAFETY: `ptr` checked the whole vector's bytes.
                         unsafe { std::ptr::copy_nonoverlapping(p.add(k * sz as usize), buf.as_mut_ptr(), sz as usize) };
                         let mut v = u64::from_le_bytes(buf);
-                        if t.signed() && sz < 4 {
+                        if sext64 {
+                            v = sext(v, bits(t)) as u64;
+                        } else if t.signed() && sz < 4 {
                             v = (sext(v, bits(t)) as u64) & 0xffff_ffff;
                         }
                         th.regs[dk as usize] = v;

@@ -307,6 +307,9 @@ pub enum Ins {
         n: u8,
         d: [u16; 4],
         addr: Addr,
+        /// A signed load narrower than 64 bits into 64-bit registers,
+        /// which PTX sign-extends to the register's width.
+        sext64: bool,
     },
     St {
         sp: Space,
@@ -610,6 +613,9 @@ enum Stmt {
     Param(String, u32, u32),
     Local(String, u32, u32),
     Shared(String, u32, u32),
+    /// Registers declared 64-bit: a name, or a prefix and the count of a
+    /// `%rd<N>` range.
+    Wide(String, Option<u32>),
 }
 
 struct RawFunc {
@@ -846,18 +852,39 @@ impl Parser {
                     let ri = self.inst_rest(Some((p, neg)), op, line)?;
                     out.push(Stmt::Inst(rename(&scopes, ri)));
                 }
-                Tok::Id(s) if s == ".reg" && scopes.len() > 1 => {
-                    nscopes += 1;
+                Tok::Id(s) if s == ".reg" => {
+                    let nested = scopes.len() > 1;
+                    if nested {
+                        nscopes += 1;
+                    }
+                    let mut wide = false;
                     while !self.eat(';') {
-                        if let Tok::Id(n) = self.next()? {
-                            if n.starts_with('%') {
-                                let unique = format!("{n}#{nscopes}");
-                                scopes.last_mut().expect("internal: a scope").insert(n, unique);
+                        match self.next()? {
+                            Tok::Id(t) if matches!(t.as_str(), ".b64" | ".s64" | ".u64") => wide = true,
+                            Tok::Id(n) if n.starts_with('%') => {
+                                let n = if nested {
+                                    let unique = format!("{n}#{nscopes}");
+                                    scopes.last_mut().expect("internal: a scope").insert(n, unique.clone());
+                                    unique
+                                } else {
+                                    n
+                                };
+                                let count = if self.eat('<') {
+                                    let c = self.num()? as u32;
+                                    self.expect('>')?;
+                                    Some(c)
+                                } else {
+                                    None
+                                };
+                                if wide {
+                                    out.push(Stmt::Wide(n, count));
+                                }
                             }
+                            _ => {}
                         }
                     }
                 }
-                Tok::Id(s) if s == ".reg" || s == ".pragma" || s == ".loc" || s == ".file" => self.skip_to_semi()?,
+                Tok::Id(s) if s == ".pragma" || s == ".loc" || s == ".file" => self.skip_to_semi()?,
                 Tok::Id(s) if s == ".param" => {
                     let (name, ty, count, align) = self.var_decl()?;
                     self.expect(';')?;
@@ -1084,6 +1111,8 @@ pub fn load(src: &str, global_addr: &dyn Fn(&[Global]) -> Vec<u64>) -> Result<Mo
 
 struct FnCtx<'a> {
     regs: HashMap<String, u16>,
+    /// The registers declared 64-bit.
+    wide: std::collections::HashSet<String>,
     params: HashMap<String, u32>,
     depot: Option<String>,
     syms: &'a Syms<'a>,
@@ -1118,9 +1147,14 @@ fn decode_func(raw: &RawFunc, syms: &Syms, unsupported: &mut Vec<String>) -> Res
     let mut depot = None;
     let mut shared_size = syms.shared_size;
     let mut shared_local = HashMap::new();
+    let mut wide = std::collections::HashSet::new();
     let body = raw.body.as_deref().unwrap_or(&[]);
     for st in body {
         match st {
+            Stmt::Wide(n, None) => {
+                wide.insert(n.clone());
+            }
+            Stmt::Wide(n, Some(c)) => wide.extend((0..*c).map(|k| format!("{n}{k}"))),
             Stmt::Param(n, s, a) => {
                 place(n, *s, *a, &mut params);
             }
@@ -1142,7 +1176,7 @@ fn decode_func(raw: &RawFunc, syms: &Syms, unsupported: &mut Vec<String>) -> Res
         }
     }
     let shared_dyn_off = shared_size.div_ceil(16) * 16;
-    let mut cx = FnCtx { regs: HashMap::new(), params, depot, syms, shared_dyn_off, shared_local };
+    let mut cx = FnCtx { regs: HashMap::new(), wide, params, depot, syms, shared_dyn_off, shared_local };
     // Labels first, so forward branches resolve.
     let mut labels = HashMap::new();
     let mut n = 0u32;
@@ -1453,19 +1487,27 @@ fn decode(ri: &RawInst, cx: &mut FnCtx, labels: &HashMap<String, u32>) -> Result
             let addr = addr_of(arg(mk)?, sp, cx)?;
             if base == "ld" {
                 let mut d = [0u16; 4];
+                let mut sext64 = false;
+                let mut wide = |r: &str, cx: &FnCtx| sext64 |= t.signed() && t.size() < 8 && cx.wide.contains(r);
                 match arg(mv)? {
                     Raw::Vec(v) => {
                         for (k, r) in v.iter().enumerate().take(4) {
                             d[k] = match r {
-                                Raw::Reg(r) => cx.reg(r),
+                                Raw::Reg(r) => {
+                                    wide(r, cx);
+                                    cx.reg(r)
+                                }
                                 o => return Err(format!("bad vector element {o:?}")),
                             };
                         }
                     }
-                    Raw::Reg(r) => d[0] = cx.reg(r),
+                    Raw::Reg(r) => {
+                        wide(r, cx);
+                        d[0] = cx.reg(r)
+                    }
                     o => return Err(format!("bad load destination {o:?}")),
                 }
-                Ins::Ld { sp, t, n, d, addr }
+                Ins::Ld { sp, t, n, d, addr, sext64 }
             } else {
                 let mut v = [Opnd::I(0); 4];
                 match arg(mv)? {
