@@ -2,25 +2,29 @@
 // reduced axes the last ones (or the leading ones, for column sums) of a
 // contiguous buffer, so two shapes of kernel cover every axis set:
 //
-// - `<op>_last_<dtype>(rows, cols, x, out)`: out[r] = op over x[r, :], one
-//   block per row (grid-stride over rows), blockDim a multiple of 32;
-//   op is sum, max or min (NaN-propagating, as torch). f16/bf16 accumulate
-//   in float, f32 in float, f64 in double.
+// - `<op>_last_<dtype>(rows, cols, x, out)`: out[r] = op over x[r, :], a
+//   block per row, or a warp per row of at most SHORT_ROW elements
+//   (`row_split`), grid-strided, blockDim a multiple of 32;
+//   op is sum, max, min (NaN-propagating, as torch) or logsumexp. f16/bf16
+//   accumulate in float, f32 in float, f64 in double. `sum_last_i32` and
+//   `sum_last_i64` write i64 sums that wrap past 2^63, as the CPU's do.
 // - `sum_cols_<dtype>(rows, cols, x, out)`: out[c] = sum over r of x[r, c]
-//   (the gradient of a broadcast bias), with blockDim (32, k): threadIdx.x
-//   walks columns so loads coalesce, threadIdx.y walks rows, and a shared
-//   array finishes the sum.
+//   (the gradient of a broadcast bias), blockDim a multiple of 32: lane
+//   `threadIdx.x % 32` walks a tile of 32 columns so loads coalesce, the
+//   warp `threadIdx.x / 32` a share of the rows, and shared memory finishes
+//   the sum; the grid strides over column tiles.
 
 template <int K, typename T>
 __device__ __forceinline__ void reduce_last(i64 rows, i64 cols, const T* x, T* out) {
     typedef typename Acc<T>::type A;
     const A identity = K == 0 ? A(0) : (K == 1 ? neg_inf<A>() : pos_inf<A>());
-    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+    const RowSplit s = row_split(cols);
+    for (i64 r = s.first; r < rows; r += s.step) {
         const T* row = x + r * cols;
         A acc = identity;
-        for (i64 c = threadIdx.x; c < cols; c += blockDim.x) acc = combine<K>(acc, to_acc(row[c]));
-        acc = block_reduce<K>(acc, identity);
-        if (threadIdx.x == 0) out[r] = from_acc<T>(acc);
+        for (i64 c = s.lane; c < cols; c += s.width) acc = combine<K>(acc, to_acc(row[c]));
+        acc = s.warp ? warp_reduce<K>(acc) : block_reduce<K>(acc, identity);
+        if (s.lane == 0) out[r] = from_acc<T>(acc);
     }
 }
 
@@ -38,22 +42,87 @@ REDUCE_ALL(sum, 0)
 REDUCE_ALL(max, 1)
 REDUCE_ALL(min, 2)
 
-// Column sums; blockDim.x must be 32 and blockDim.x * blockDim.y <= 1024.
+// log(sum(exp(x))) of each row, in one pass of the online (max, sum) state
+// softmax uses; -inf for an empty or all -inf row, the maximum when it is
+// +inf or NaN, as on the CPU.
+template <typename T>
+__device__ __forceinline__ void lse_last(i64 rows, i64 cols, const T* x, T* out) {
+    typedef typename Acc<T>::type A;
+    const RowSplit s = row_split(cols);
+    for (i64 r = s.first; r < rows; r += s.step) {
+        const T* row = x + r * cols;
+        Lse<A> st;
+        st.m = neg_inf<A>();
+        st.s = A(0);
+        for (i64 c = s.lane; c < cols; c += s.width) st = lse_push(st, to_acc(row[c]));
+        st = s.warp ? warp_lse(st) : block_lse(st);
+        if (s.lane == 0) out[r] = from_acc<T>(lse_value(st));
+    }
+}
+
+#define LSE_KERNEL(T, SUFFIX)                                                                         \
+    extern "C" __global__ void logsumexp_last_##SUFFIX(i64 rows, i64 cols, const T* x, T* out) {      \
+        lse_last<T>(rows, cols, x, out);                                                              \
+    }
+LSE_KERNEL(float, f32)
+LSE_KERNEL(double, f64)
+LSE_KERNEL(tapir_f16, f16)
+LSE_KERNEL(tapir_bf16, bf16)
+
+// Integer sums in 64 bits. The adds are unsigned, so overflow wraps (as
+// the CPU's wrapping_add) instead of being undefined.
+template <typename T>
+__device__ __forceinline__ void sum_int_last(i64 rows, i64 cols, const T* x, i64* out) {
+    __shared__ u64 partial[WARP];
+    int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    const RowSplit s = row_split(cols);
+    for (i64 r = s.first; r < rows; r += s.step) {
+        const T* row = x + r * cols;
+        u64 acc = 0;
+        for (i64 c = s.lane; c < cols; c += s.width) acc += (u64)(i64)row[c];
+        acc = warp_sum(acc);
+        if (s.warp) {
+            if (lane == 0) out[r] = (i64)acc;
+            continue;
+        }
+        if (lane == 0) partial[warp] = acc;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            u64 s = 0;
+            for (int w = 0; w < (int)(blockDim.x / WARP); ++w) s += partial[w];
+            out[r] = (i64)s;
+        }
+        __syncthreads();
+    }
+}
+
+#define SUM_INT_KERNEL(T, SUFFIX)                                                                     \
+    extern "C" __global__ void sum_last_##SUFFIX(i64 rows, i64 cols, const T* x, i64* out) {          \
+        sum_int_last<T>(rows, cols, x, out);                                                          \
+    }
+SUM_INT_KERNEL(int, i32)
+SUM_INT_KERNEL(i64, i64)
+
+// Column sums (see the header for the thread layout).
 template <typename T>
 __device__ __forceinline__ void sum_cols(i64 rows, i64 cols, const T* x, T* out) {
     typedef typename Acc<T>::type A;
     __shared__ A partial[1024];
-    i64 c = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-    A acc = A(0);
-    if (c < cols) {
-        for (i64 r = threadIdx.y; r < rows; r += blockDim.y) acc += to_acc(x[r * cols + c]);
-    }
-    partial[threadIdx.y * blockDim.x + threadIdx.x] = acc;
-    __syncthreads();
-    if (threadIdx.y == 0 && c < cols) {
-        A s = A(0);
-        for (unsigned k = 0; k < blockDim.y; ++k) s += partial[k * blockDim.x + threadIdx.x];
-        out[c] = from_acc<T>(s);
+    int lane = threadIdx.x % WARP, group = threadIdx.x / WARP, groups = blockDim.x / WARP;
+    for (i64 tile = blockIdx.x; tile * WARP < cols; tile += gridDim.x) {
+        i64 c = tile * WARP + lane;
+        A acc = A(0);
+        if (c < cols) {
+            for (i64 r = group; r < rows; r += groups) acc += to_acc(x[r * cols + c]);
+        }
+        partial[threadIdx.x] = acc;
+        __syncthreads();
+        if (group == 0 && c < cols) {
+            A s = A(0);
+            for (int k = 0; k < groups; ++k) s += partial[k * WARP + lane];
+            out[c] = from_acc<T>(s);
+        }
+        __syncthreads();
     }
 }
 
@@ -68,35 +137,48 @@ SUM_COLS_KERNEL(tapir_bf16, bf16)
 
 // argmax / argmin over the last axis, i64 indices; the first occurrence
 // wins and NaN counts as the extreme, like torch and the CPU.
+
+// Whether the candidate (ov, oi) beats (best, bi): a NaN first, then the
+// extreme, then the lower index; `none` marks "no element yet".
+template <bool MIN, typename A>
+__device__ __forceinline__ bool arg_beats(A ov, i64 oi, A best, i64 bi, i64 none) {
+    if (oi == none) return false;
+    if (bi == none) return true;
+    if (t_isnan(ov)) return !t_isnan(best) || oi < bi;
+    if (t_isnan(best)) return false;
+    return (MIN ? ov < best : ov > best) || (ov == best && oi < bi);
+}
+
 template <bool MIN, typename T>
 __device__ __forceinline__ void arg_last(i64 rows, i64 cols, const T* x, i64* out) {
     typedef typename Acc<T>::type A;
     __shared__ A sv[WARP];
     __shared__ i64 si[WARP];
     int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
-    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+    const RowSplit s = row_split(cols);
+    for (i64 r = s.first; r < rows; r += s.step) {
         const T* row = x + r * cols;
         A best = MIN ? pos_inf<A>() : neg_inf<A>();
-        i64 bi = cols;  // "none yet"; loses every comparison below
-        for (i64 c = threadIdx.x; c < cols; c += blockDim.x) {
+        i64 bi = cols;  // "none yet"
+        // Each thread's columns rise, so a later one wins only when strictly better.
+        for (i64 c = s.lane; c < cols; c += s.width) {
             A v = to_acc(row[c]);
-            bool better = bi == cols || (!t_isnan(best) && (t_isnan(v) || (MIN ? v < best : v > best)));
-            if (better) {
+            if (arg_beats<MIN>(v, c, best, bi, cols)) {
                 best = v;
                 bi = c;
             }
         }
-        // (value, index) pairs: prefer NaN, then the extreme, then the lower index.
         for (int o = WARP / 2; o > 0; o /= 2) {
             A ov = __shfl_xor_sync(FULL_MASK, best, o);
             i64 oi = __shfl_xor_sync(FULL_MASK, bi, o);
-            bool take = oi != cols && (bi == cols ||
-                                       (t_isnan(ov) && (!t_isnan(best) || oi < bi)) ||
-                                       (!t_isnan(best) && !t_isnan(ov) && ((MIN ? ov < best : ov > best) || (ov == best && oi < bi))));
-            if (take) {
+            if (arg_beats<MIN>(ov, oi, best, bi, cols)) {
                 best = ov;
                 bi = oi;
             }
+        }
+        if (s.warp) {
+            if (lane == 0) out[r] = bi == cols ? 0 : bi;
+            continue;
         }
         if (lane == 0) {
             sv[warp] = best;
@@ -105,14 +187,9 @@ __device__ __forceinline__ void arg_last(i64 rows, i64 cols, const T* x, i64* ou
         __syncthreads();
         if (threadIdx.x == 0) {
             for (int w = 1; w < (int)(blockDim.x / WARP); ++w) {
-                A ov = sv[w];
-                i64 oi = si[w];
-                bool take = oi != cols && (bi == cols ||
-                                           (t_isnan(ov) && (!t_isnan(best) || oi < bi)) ||
-                                           (!t_isnan(best) && !t_isnan(ov) && ((MIN ? ov < best : ov > best) || (ov == best && oi < bi))));
-                if (take) {
-                    best = ov;
-                    bi = oi;
+                if (arg_beats<MIN>(sv[w], si[w], best, bi, cols)) {
+                    best = sv[w];
+                    bi = si[w];
                 }
             }
             out[r] = bi == cols ? 0 : bi;

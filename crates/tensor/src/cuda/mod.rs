@@ -19,6 +19,7 @@ mod context;
 pub(crate) mod driver;
 mod nvrtc;
 pub(crate) mod ops;
+pub(crate) mod reduce;
 
 pub(crate) use buffer::to_cuda;
 pub use buffer::CudaBuffer;
