@@ -9,10 +9,11 @@
 //   accumulate in float, f32 in float, f64 in double. `sum_last_i32` and
 //   `sum_last_i64` write i64 sums that wrap past 2^63, as the CPU's do.
 // - `sum_cols_<dtype>(rows, cols, x, out)`: out[c] = sum over r of x[r, c]
-//   (the gradient of a broadcast bias), blockDim a multiple of 32: lane
-//   `threadIdx.x % 32` walks a tile of 32 columns so loads coalesce, the
-//   warp `threadIdx.x / 32` a share of the rows, and shared memory finishes
-//   the sum; the grid strides over column tiles.
+//   (the gradient of a broadcast bias), the block's threads counted flat
+//   (t = threadIdx.y * blockDim.x + threadIdx.x, so a 1-D block of 256 or a
+//   (32, k) block) a multiple of 32 and at most 1024: lane `t % 32` walks a
+//   tile of 32 columns so loads coalesce, the warp `t / 32` a share of the
+//   rows, and shared memory finishes the sum; the grid strides over tiles.
 
 template <int K, typename T>
 __device__ __forceinline__ void reduce_last(i64 rows, i64 cols, const T* x, T* out) {
@@ -108,14 +109,15 @@ template <typename T>
 __device__ __forceinline__ void sum_cols(i64 rows, i64 cols, const T* x, T* out) {
     typedef typename Acc<T>::type A;
     __shared__ A partial[1024];
-    int lane = threadIdx.x % WARP, group = threadIdx.x / WARP, groups = blockDim.x / WARP;
+    int t = threadIdx.y * blockDim.x + threadIdx.x;
+    int lane = t % WARP, group = t / WARP, groups = blockDim.x * blockDim.y / WARP;
     for (i64 tile = blockIdx.x; tile * WARP < cols; tile += gridDim.x) {
         i64 c = tile * WARP + lane;
         A acc = A(0);
         if (c < cols) {
             for (i64 r = group; r < rows; r += groups) acc += to_acc(x[r * cols + c]);
         }
-        partial[threadIdx.x] = acc;
+        partial[t] = acc;
         __syncthreads();
         if (group == 0 && c < cols) {
             A s = A(0);
