@@ -214,6 +214,11 @@ fn cuda_reductions_handle_ragged_rows_and_rows_longer_than_a_block() {
     let y = tensor(noise(600 * 2, 1.0, 10, false), &[600, 2], DType::F32);
     let dy = y.to_device(dev).unwrap();
     assert_matches("max [600, 2] axis 1", &y.max(&[1], false).unwrap(), &dy.max(&[1], false).unwrap(), 0.0);
+    // More rows of a block each than the grid has blocks (4,096): the
+    // blocks stride on to later rows.
+    let z = tensor(noise(4100 * 65, 1.0, 11, true), &[4100, 65], DType::F32);
+    let dz = z.to_device(dev).unwrap();
+    assert_matches("argmax [4100, 65] axis 1", &z.argmax(1, false).unwrap(), &dz.argmax(1, false).unwrap(), 0.0);
 }
 
 /// Rows of special values: a NaN first, in the middle and last, +inf,
