@@ -285,12 +285,6 @@ pub(crate) fn cast(x: &Tensor, dtype: DType) -> Result<Tensor> {
     if dtype == x.dtype() {
         return Ok(x.clone());
     }
-    if (x.dtype(), dtype) == (DType::I32, DType::I64) && super::emulated_selected() {
-        // The emulator zero-extends `ld.global.s32` into a 64-bit register
-        // (PTX sign-extends), which the direct kernel's load compiles to;
-        // through f64, exact for every i32, it gives the right values.
-        return cast(&cast(x, DType::F64)?, DType::I64);
-    }
     let x = contiguous(x)?;
     let (dev, xp) = device_of("cast", &x)?;
     let n = x.numel();
