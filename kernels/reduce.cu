@@ -14,14 +14,23 @@
 //   (32, k) block) a multiple of 32 and at most 1024: lane `t % 32` walks a
 //   tile of 32 columns so loads coalesce, the warp `t / 32` a share of the
 //   rows, and shared memory finishes the sum; the grid strides over tiles.
+// - A few long rows would leave most of the device idle with a block per
+//   row, so they take two launches: `<op>_part_<dtype>(rows, cols, chunk,
+//   x, partial)` reduces each chunk of `chunk` elements of a row, a block
+//   a chunk, into `partial[rows, parts]` in the accumulation type (float,
+//   or double for f64), and `<op>_merge_<dtype>(rows, parts, partial, out)`
+//   reduces the partials of each row (the logsumexp of the chunks'
+//   logsumexps is the row's).
 
-template <int K, typename T>
-__device__ __forceinline__ void reduce_last(i64 rows, i64 cols, const T* x, T* out) {
+// Reads TI and writes TO, accumulating in TO's accumulation type: TI = TO
+// for the row kernels, TI = that accumulation type for the merges.
+template <int K, typename TI, typename T>
+__device__ __forceinline__ void reduce_last(i64 rows, i64 cols, const TI* x, T* out) {
     typedef typename Acc<T>::type A;
     const A identity = K == 0 ? A(0) : (K == 1 ? neg_inf<A>() : pos_inf<A>());
     const RowSplit s = row_split(cols);
     for (i64 r = s.first; r < rows; r += s.step) {
-        const T* row = x + r * cols;
+        const TI* row = x + r * cols;
         A acc = identity;
         for (i64 c = s.lane; c < cols; c += s.width) acc = combine<K>(acc, to_acc(row[c]));
         acc = s.warp ? warp_reduce<K>(acc) : block_reduce<K>(acc, identity);
@@ -29,9 +38,32 @@ __device__ __forceinline__ void reduce_last(i64 rows, i64 cols, const T* x, T* o
     }
 }
 
-#define REDUCE_KERNEL(NAME, K, T, SUFFIX)                                                      \
-    extern "C" __global__ void NAME##_last_##SUFFIX(i64 rows, i64 cols, const T* x, T* out) { \
-        reduce_last<K, T>(rows, cols, x, out);                                                 \
+// The chunks of long rows, a block each (see the header).
+template <int K, typename T>
+__device__ __forceinline__ void reduce_part(i64 rows, i64 cols, i64 chunk, const T* x, typename Acc<T>::type* out) {
+    typedef typename Acc<T>::type A;
+    const A identity = K == 0 ? A(0) : (K == 1 ? neg_inf<A>() : pos_inf<A>());
+    i64 parts = (cols + chunk - 1) / chunk;
+    for (i64 b = blockIdx.x; b < rows * parts; b += gridDim.x) {
+        const T* row = x + (b / parts) * cols;
+        i64 start = (b % parts) * chunk, end = start + chunk < cols ? start + chunk : cols;
+        A acc = identity;
+        for (i64 c = start + threadIdx.x; c < end; c += blockDim.x) acc = combine<K>(acc, to_acc(row[c]));
+        acc = block_reduce<K>(acc, identity);
+        if (threadIdx.x == 0) out[b] = acc;
+    }
+}
+
+#define REDUCE_KERNEL(NAME, K, T, SUFFIX)                                                                        \
+    extern "C" __global__ void NAME##_last_##SUFFIX(i64 rows, i64 cols, const T* x, T* out) {                   \
+        reduce_last<K, T, T>(rows, cols, x, out);                                                                \
+    }                                                                                                            \
+    extern "C" __global__ void NAME##_part_##SUFFIX(i64 rows, i64 cols, i64 chunk, const T* x,                  \
+                                                    typename Acc<T>::type* out) {                                \
+        reduce_part<K, T>(rows, cols, chunk, x, out);                                                            \
+    }                                                                                                            \
+    extern "C" __global__ void NAME##_merge_##SUFFIX(i64 rows, i64 cols, const typename Acc<T>::type* x, T* out) { \
+        reduce_last<K, typename Acc<T>::type, T>(rows, cols, x, out);                                            \
     }
 #define REDUCE_ALL(NAME, K)                   \
     REDUCE_KERNEL(NAME, K, float, f32)        \
@@ -46,12 +78,12 @@ REDUCE_ALL(min, 2)
 // log(sum(exp(x))) of each row, in one pass of the online (max, sum) state
 // softmax uses; -inf for an empty or all -inf row, the maximum when it is
 // +inf or NaN, as on the CPU.
-template <typename T>
-__device__ __forceinline__ void lse_last(i64 rows, i64 cols, const T* x, T* out) {
+template <typename TI, typename T>
+__device__ __forceinline__ void lse_last(i64 rows, i64 cols, const TI* x, T* out) {
     typedef typename Acc<T>::type A;
     const RowSplit s = row_split(cols);
     for (i64 r = s.first; r < rows; r += s.step) {
-        const T* row = x + r * cols;
+        const TI* row = x + r * cols;
         Lse<A> st;
         st.m = neg_inf<A>();
         st.s = A(0);
@@ -61,9 +93,33 @@ __device__ __forceinline__ void lse_last(i64 rows, i64 cols, const T* x, T* out)
     }
 }
 
-#define LSE_KERNEL(T, SUFFIX)                                                                         \
-    extern "C" __global__ void logsumexp_last_##SUFFIX(i64 rows, i64 cols, const T* x, T* out) {      \
-        lse_last<T>(rows, cols, x, out);                                                              \
+template <typename T>
+__device__ __forceinline__ void lse_part(i64 rows, i64 cols, i64 chunk, const T* x, typename Acc<T>::type* out) {
+    typedef typename Acc<T>::type A;
+    i64 parts = (cols + chunk - 1) / chunk;
+    for (i64 b = blockIdx.x; b < rows * parts; b += gridDim.x) {
+        const T* row = x + (b / parts) * cols;
+        i64 start = (b % parts) * chunk, end = start + chunk < cols ? start + chunk : cols;
+        Lse<A> st;
+        st.m = neg_inf<A>();
+        st.s = A(0);
+        for (i64 c = start + threadIdx.x; c < end; c += blockDim.x) st = lse_push(st, to_acc(row[c]));
+        st = block_lse(st);
+        if (threadIdx.x == 0) out[b] = lse_value(st);
+    }
+}
+
+#define LSE_KERNEL(T, SUFFIX)                                                                              \
+    extern "C" __global__ void logsumexp_last_##SUFFIX(i64 rows, i64 cols, const T* x, T* out) {           \
+        lse_last<T, T>(rows, cols, x, out);                                                                \
+    }                                                                                                      \
+    extern "C" __global__ void logsumexp_part_##SUFFIX(i64 rows, i64 cols, i64 chunk, const T* x,          \
+                                                       typename Acc<T>::type* out) {                       \
+        lse_part<T>(rows, cols, chunk, x, out);                                                            \
+    }                                                                                                      \
+    extern "C" __global__ void logsumexp_merge_##SUFFIX(i64 rows, i64 cols, const typename Acc<T>::type* x, \
+                                                        T* out) {                                          \
+        lse_last<typename Acc<T>::type, T>(rows, cols, x, out);                                            \
     }
 LSE_KERNEL(float, f32)
 LSE_KERNEL(double, f64)

@@ -221,6 +221,39 @@ fn cuda_reductions_handle_ragged_rows_and_rows_longer_than_a_block() {
     assert_matches("argmax [4100, 65] axis 1", &z.argmax(1, false).unwrap(), &dz.argmax(1, false).unwrap(), 0.0);
 }
 
+#[test]
+fn cuda_a_few_long_rows_reduce_in_chunks_as_on_the_cpu() {
+    let _g = serial();
+    let Some(dev) = cuda("cuda_a_few_long_rows_reduce_in_chunks_as_on_the_cpu") else { return };
+    // Rows of 20,001 elements: several chunks, the last one ragged; all
+    // axes make one row of 40,002.
+    let n = 20_001;
+    let base = tensor(noise(2 * n, 2.0, 12, false), &[2, n], DType::F64);
+    for dtype in FLOATS {
+        let x = base.cast(dtype).unwrap();
+        let dx = x.to_device(dev).unwrap();
+        for kind in kinds() {
+            for axes in [&[1isize][..], &[]] {
+                let (cpu, gpu) = (run(kind, &x, axes, true).unwrap(), run(kind, &dx, axes, true).unwrap());
+                assert_matches(&format!("{kind} {dtype:?} [2, {n}] axes {axes:?}"), &cpu, &gpu, tol_of(kind, dtype));
+            }
+        }
+    }
+    // A NaN in a later chunk wins; an all -inf row stays -inf; +inf is +inf.
+    let mut v = noise(3 * n, 2.0, 13, false);
+    v[2 * 4096 + 5] = f64::NAN;
+    v[n..2 * n].iter_mut().for_each(|e| *e = f64::NEG_INFINITY);
+    v[2 * n + 3 * 4096] = f64::INFINITY;
+    let x = Tensor::from_vec(v, [3, n]).unwrap();
+    let dx = x.to_device(dev).unwrap();
+    for kind in kinds() {
+        let (cpu, gpu) = (run(kind, &x, &[1], false).unwrap(), run(kind, &dx, &[1], false).unwrap());
+        assert_matches(&format!("{kind} specials in long rows"), &cpu, &gpu, tol_of(kind, DType::F64));
+    }
+    let lse = dx.logsumexp(&[1], false).unwrap().to_vec_f64();
+    assert!(lse[0].is_nan() && lse[1] == f64::NEG_INFINITY && lse[2] == f64::INFINITY, "{lse:?}");
+}
+
 /// Rows of special values: a NaN first, in the middle and last, +inf,
 /// -inf entries, an all -inf row, rows with both infinities, and ties.
 fn specials() -> Tensor {
@@ -466,7 +499,11 @@ fn cuda_reductions_free_every_temporary_exactly() {
         let m = x.mean(&[], false).unwrap();
         let live = memory_stats(dev).allocated;
         assert_eq!(live, before + 5 * 6 * 4 + 4 * 6 * 8 + 120 * 4 + (6 + 30 + 6 + 1) * 4);
-        drop((s, a, p, l, c, t, m));
+        // A long row's partials are freed once merged.
+        let long = tensor(noise(9000, 1.0, 8, false), &[9000], DType::F32).to_device(dev).unwrap();
+        let mx = long.max(&[0], false).unwrap();
+        assert_eq!(memory_stats(dev).allocated, live + 9000 * 4 + 4, "the long row and its max");
+        drop((s, a, p, l, c, t, m, long, mx));
     }
     assert_eq!(memory_stats(dev).allocated, before, "every result dropped");
     // Errors free what they allocated too.

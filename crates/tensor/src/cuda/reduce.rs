@@ -7,8 +7,9 @@
 //! last, made contiguous by the copy kernel when it is not already (no copy
 //! for trailing axes of a contiguous tensor). A sum over the leading axes
 //! of a contiguous tensor, a bias gradient, reads it in place with the
-//! column-sum kernel instead. One launch per op after that copy; the
-//! results match the CPU's, checked element by element in the tests.
+//! column-sum kernel instead. One launch per op after that copy, or two
+//! for a few long rows (chunks, then their merge); the results match the
+//! CPU's, checked element by element in the tests.
 
 use smallvec::SmallVec;
 
@@ -25,17 +26,25 @@ const SOFTMAX: &str = "softmax.cu";
 /// The float dtypes every kernel here has a copy for.
 const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
 
-/// The row kernel of `kind` on `dtype` (for an integer sum, the dtype read;
-/// the sum is i64).
-fn row_kernel(kind: &ReduceKind, dtype: DType) -> String {
+/// A kernel of `kind` on `dtype`: `stage` is "last" for the row kernels
+/// (for an integer sum `dtype` is the one read; the sum is i64), "part" and
+/// "merge" for the two launches of a few long rows.
+fn reduce_kernel(kind: &ReduceKind, stage: &str, dtype: DType) -> String {
     let op = match kind {
         ReduceKind::Sum => "sum",
         ReduceKind::Max => "max",
         ReduceKind::Min => "min",
         ReduceKind::LogSumExp => "logsumexp",
     };
-    format!("{op}_last_{}", dtype.cuda_suffix())
+    format!("{op}_{stage}_{}", dtype.cuda_suffix())
 }
+
+/// Elements of a row each block of a split reduction takes.
+const CHUNK: usize = 4096;
+/// At most this many rows, each of at least two chunks, are split: fewer
+/// rows than a device has multiprocessors (132 on an H100 or H200) would
+/// leave most of them idle with a block per row.
+const SPLIT_ROWS: usize = 128;
 
 fn sum_cols_kernel(dtype: DType) -> String {
     format!("sum_cols_{}", dtype.cuda_suffix())
@@ -54,12 +63,14 @@ fn softmax_kernel(log: bool, dtype: DType) -> String {
 pub(crate) fn kernels() -> Vec<(&'static str, String)> {
     let mut out = Vec::new();
     for dt in FLOATS {
-        out.extend(ReduceKind::ALL.iter().map(|k| (REDUCE, row_kernel(k, dt))));
+        for stage in ["last", "part", "merge"] {
+            out.extend(ReduceKind::ALL.iter().map(|k| (REDUCE, reduce_kernel(k, stage, dt))));
+        }
         out.push((REDUCE, sum_cols_kernel(dt)));
         out.extend([false, true].map(|min| (REDUCE, arg_kernel(min, dt))));
         out.extend([false, true].map(|log| (SOFTMAX, softmax_kernel(log, dt))));
     }
-    out.extend([DType::I32, DType::I64].map(|dt| (REDUCE, row_kernel(&ReduceKind::Sum, dt))));
+    out.extend([DType::I32, DType::I64].map(|dt| (REDUCE, reduce_kernel(&ReduceKind::Sum, "last", dt))));
     out
 }
 
@@ -88,24 +99,37 @@ fn rows_last(x: &Tensor, axes: &[usize]) -> Result<(Tensor, usize, usize)> {
 /// themselves and grid-stride, so this only sizes the grid.
 const SHORT_ROW: usize = 64;
 
-/// Launches a `(rows, cols, x, out)` kernel of `file`: a block of [`BLOCK`]
-/// threads a row, or a warp a short row, as many rows at once as the grid
-/// allows.
-fn launch_rows(
-    op: &'static str,
-    file: &'static str,
-    name: &str,
-    x: &Tensor,
-    dims: (usize, usize),
-    out: &CudaBuffer,
-) -> Result<()> {
+/// Launches a `(rows, cols, x, out)` kernel of `file` on the rows at
+/// device address `x`: a block of [`BLOCK`] threads a row, or a warp a
+/// short row, as many rows at once as the grid allows.
+fn launch_rows(file: &'static str, name: &str, x: u64, dims: (usize, usize), out: &CudaBuffer) -> Result<()> {
     let (rows, cols) = dims;
     if rows == 0 {
         return Ok(());
     }
     let per_row = if cols <= SHORT_ROW { 32 } else { BLOCK as usize };
-    let args = [Arg::I64(rows as i64), Arg::I64(cols as i64), Arg::Ptr(first_element(op, x)?), Arg::Ptr(out.ptr())];
+    let args = [Arg::I64(rows as i64), Arg::I64(cols as i64), Arg::Ptr(x), Arg::Ptr(out.ptr())];
     launch(&out.dev, file, name, rows.saturating_mul(per_row), &args)
+}
+
+/// A few long rows of contiguous `v`: each chunk's reduction, a block a
+/// chunk, into partials in the accumulation type (freed on return), then
+/// the partials of each row merged into `out`.
+fn reduce_split(op: &Reduce, v: &Tensor, dims: (usize, usize), out: &CudaBuffer) -> Result<()> {
+    let (rows, cols) = dims;
+    let parts = cols.div_ceil(CHUNK);
+    let acc = if v.dtype() == DType::F64 { DType::F64 } else { DType::F32 };
+    let (partial, _) = CudaBuffer::alloc(&out.dev, acc, rows * parts)?;
+    let args = [
+        Arg::I64(rows as i64),
+        Arg::I64(cols as i64),
+        Arg::I64(CHUNK as i64),
+        Arg::Ptr(first_element(op.name(), v)?),
+        Arg::Ptr(partial.ptr()),
+    ];
+    let threads = (rows * parts).saturating_mul(BLOCK as usize);
+    launch(&out.dev, REDUCE, &reduce_kernel(&op.kind, "part", v.dtype()), threads, &args)?;
+    launch_rows(REDUCE, &reduce_kernel(&op.kind, "merge", v.dtype()), partial.ptr(), (rows, parts), out)
 }
 
 /// A reduction over `op.axes`, with the CPU's checks and errors.
@@ -147,7 +171,12 @@ pub(crate) fn reduce(op: &Reduce, x: &Tensor) -> Result<Tensor> {
         }
     } else {
         let (v, rows, cols) = rows_last(x, &op.axes)?;
-        launch_rows(name, REDUCE, &row_kernel(&op.kind, x.dtype()), &v, (rows, cols), &out)?;
+        if !int_sum && rows <= SPLIT_ROWS && cols >= 2 * CHUNK {
+            reduce_split(op, &v, (rows, cols), &out)?;
+        } else {
+            let kernel = reduce_kernel(&op.kind, "last", x.dtype());
+            launch_rows(REDUCE, &kernel, first_element(name, &v)?, (rows, cols), &out)?;
+        }
     }
     Ok(tensor_of(out, shape))
 }
@@ -165,7 +194,7 @@ pub(crate) fn arg_reduce(op: &ArgReduce, x: &Tensor) -> Result<Tensor> {
     let (dev, _) = device_of(name, &x)?;
     let (out, _) = CudaBuffer::alloc(&dev, DType::I64, shape.numel())?;
     let (v, rows, cols) = rows_last(&x, &[op.axis])?;
-    launch_rows(name, REDUCE, &arg_kernel(op.min, x.dtype()), &v, (rows, cols), &out)?;
+    launch_rows(REDUCE, &arg_kernel(op.min, x.dtype()), first_element(name, &v)?, (rows, cols), &out)?;
     Ok(tensor_of(out, shape))
 }
 
@@ -184,7 +213,7 @@ pub(crate) fn softmax(op: Softmax, x: &Tensor) -> Result<Tensor> {
     let rows = xt.numel().checked_div(cols).unwrap_or(0);
     let (dev, _) = device_of(name, &xt)?;
     let (out, _) = CudaBuffer::alloc(&dev, x.dtype(), xt.numel())?;
-    launch_rows(name, SOFTMAX, &softmax_kernel(op.log, x.dtype()), &xt, (rows, cols), &out)?;
+    launch_rows(SOFTMAX, &softmax_kernel(op.log, x.dtype()), first_element(name, &xt)?, (rows, cols), &out)?;
     let y = tensor_of(out, xt.shape().clone());
     if op.axis == last {
         Ok(y)
