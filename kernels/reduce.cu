@@ -14,6 +14,8 @@
 //   (32, k) block) a multiple of 32 and at most 1024: lane `t % 32` walks a
 //   tile of 32 columns so loads coalesce, the warp `t / 32` a share of the
 //   rows, and shared memory finishes the sum; the grid strides over tiles.
+//   Many rows over few tiles split the rows too: `sum_cols_part_<dtype>(
+//   rows, cols, part_rows, x, partial)` and `sum_cols_merge_<dtype>`.
 // - A few long rows would leave most of the device idle with a block per
 //   row, so they take two launches: `<op>_part_<dtype>(rows, cols, chunk,
 //   x, partial)` reduces each chunk of `chunk` elements of a row, a block
@@ -160,33 +162,70 @@ __device__ __forceinline__ void sum_int_last(i64 rows, i64 cols, const T* x, i64
 SUM_INT_KERNEL(int, i32)
 SUM_INT_KERNEL(i64, i64)
 
-// Column sums (see the header for the thread layout).
-template <typename T>
-__device__ __forceinline__ void sum_cols(i64 rows, i64 cols, const T* x, T* out) {
-    typedef typename Acc<T>::type A;
+// The sum over rows [r0, r1) of the columns of tile `tile`, in the threads
+// of the first warp (lane = column in the tile); every thread of the block
+// calls it.
+template <typename A, typename TI>
+__device__ __forceinline__ A cols_tile_sum(i64 r0, i64 r1, i64 cols, i64 tile, const TI* x) {
     __shared__ A partial[1024];
     int t = threadIdx.y * blockDim.x + threadIdx.x;
     int lane = t % WARP, group = t / WARP, groups = blockDim.x * blockDim.y / WARP;
+    i64 c = tile * WARP + lane;
+    A acc = A(0);
+    if (c < cols) {
+        for (i64 r = r0 + group; r < r1; r += groups) acc += to_acc(x[r * cols + c]);
+    }
+    partial[t] = acc;
+    __syncthreads();
+    A s = A(0);
+    if (group == 0) {
+        for (int k = 0; k < groups; ++k) s += partial[k * WARP + lane];
+    }
+    __syncthreads();
+    return s;
+}
+
+// Column sums (see the header for the thread layout); TI = T, or the
+// accumulation type for the merge of partial sums.
+template <typename TI, typename T>
+__device__ __forceinline__ void sum_cols(i64 rows, i64 cols, const TI* x, T* out) {
+    typedef typename Acc<T>::type A;
+    int t = threadIdx.y * blockDim.x + threadIdx.x;
     for (i64 tile = blockIdx.x; tile * WARP < cols; tile += gridDim.x) {
-        i64 c = tile * WARP + lane;
-        A acc = A(0);
-        if (c < cols) {
-            for (i64 r = group; r < rows; r += groups) acc += to_acc(x[r * cols + c]);
-        }
-        partial[t] = acc;
-        __syncthreads();
-        if (group == 0 && c < cols) {
-            A s = A(0);
-            for (int k = 0; k < groups; ++k) s += partial[k * WARP + lane];
-            out[c] = from_acc<T>(s);
-        }
-        __syncthreads();
+        A s = cols_tile_sum<A>(0, rows, cols, tile, x);
+        i64 c = tile * WARP + t % WARP;
+        if (t < WARP && c < cols) out[c] = from_acc<T>(s);
     }
 }
 
-#define SUM_COLS_KERNEL(T, SUFFIX)                                                              \
-    extern "C" __global__ void sum_cols_##SUFFIX(i64 rows, i64 cols, const T* x, T* out) {      \
-        sum_cols<T>(rows, cols, x, out);                                                        \
+// Many rows over few columns: each block sums `part_rows` rows of one tile
+// into partial[part, c] (accumulation type), and `sum_cols_merge` adds the
+// parts, so that more than a few blocks share the rows.
+template <typename T>
+__device__ __forceinline__ void sum_cols_part(i64 rows, i64 cols, i64 part_rows, const T* x, typename Acc<T>::type* out) {
+    typedef typename Acc<T>::type A;
+    int t = threadIdx.y * blockDim.x + threadIdx.x;
+    i64 tiles = (cols + WARP - 1) / WARP, parts = (rows + part_rows - 1) / part_rows;
+    for (i64 b = blockIdx.x; b < tiles * parts; b += gridDim.x) {
+        i64 tile = b % tiles, part = b / tiles;
+        i64 r0 = part * part_rows, r1 = r0 + part_rows < rows ? r0 + part_rows : rows;
+        A s = cols_tile_sum<A>(r0, r1, cols, tile, x);
+        i64 c = tile * WARP + t % WARP;
+        if (t < WARP && c < cols) out[part * cols + c] = s;
+    }
+}
+
+#define SUM_COLS_KERNEL(T, SUFFIX)                                                                    \
+    extern "C" __global__ void sum_cols_##SUFFIX(i64 rows, i64 cols, const T* x, T* out) {            \
+        sum_cols<T, T>(rows, cols, x, out);                                                           \
+    }                                                                                                 \
+    extern "C" __global__ void sum_cols_part_##SUFFIX(i64 rows, i64 cols, i64 part_rows, const T* x,  \
+                                                      typename Acc<T>::type* out) {                   \
+        sum_cols_part<T>(rows, cols, part_rows, x, out);                                              \
+    }                                                                                                 \
+    extern "C" __global__ void sum_cols_merge_##SUFFIX(i64 rows, i64 cols, const typename Acc<T>::type* x, \
+                                                       T* out) {                                      \
+        sum_cols<typename Acc<T>::type, T>(rows, cols, x, out);                                       \
     }
 SUM_COLS_KERNEL(float, f32)
 SUM_COLS_KERNEL(double, f64)

@@ -210,6 +210,21 @@ fn cuda_reductions_handle_ragged_rows_and_rows_longer_than_a_block() {
     let x = tensor(noise(40 * 70, 1.0, 9, false), &[40, 70], DType::F32);
     let dx = x.to_device(dev).unwrap();
     assert_matches("sum [40, 70] axis 0", &x.sum(&[0], false).unwrap(), &dx.sum(&[0], false).unwrap(), 1e-5);
+    // Leading-axis sums over many rows and few columns split the rows too.
+    // 3,000 terms in [-1, 1] that cancel: in f32 either order's rounding is
+    // within about 3,000 * 2^-24 of the exact sum, more than f32's
+    // tolerance relative to a result near 0.
+    for dtype in FLOATS {
+        let x = tensor(noise(3000 * 40, 1.0, 14, false), &[3000, 40], dtype);
+        let dx = x.to_device(dev).unwrap();
+        let tol = if dtype == DType::F32 { 2e-4 } else { tolerance(dtype) };
+        for kind in ["sum", "mean"] {
+            let (cpu, gpu) = (run(kind, &x, &[0], true).unwrap(), run(kind, &dx, &[0], true).unwrap());
+            assert_matches(&format!("{kind} {dtype:?} [3000, 40] axis 0"), &cpu, &gpu, tol);
+        }
+        let (cpu, gpu) = (x.sum_to([40]).unwrap(), dx.sum_to([40]).unwrap());
+        assert_matches(&format!("sum_to {dtype:?} [3000, 40] to [40]"), &cpu, &gpu, tol);
+    }
     // Many short rows, a warp each, eight to a block: every row gets its own result.
     let y = tensor(noise(600 * 2, 1.0, 10, false), &[600, 2], DType::F32);
     let dy = y.to_device(dev).unwrap();
@@ -499,7 +514,11 @@ fn cuda_reductions_free_every_temporary_exactly() {
         let m = x.mean(&[], false).unwrap();
         let live = memory_stats(dev).allocated;
         assert_eq!(live, before + 5 * 6 * 4 + 4 * 6 * 8 + 120 * 4 + (6 + 30 + 6 + 1) * 4);
-        // A long row's partials are freed once merged.
+        // A long row's partials, and a split column sum's, are freed once merged.
+        let tall = tensor(noise(600 * 3, 1.0, 9, false), &[600, 3], DType::F32).to_device(dev).unwrap();
+        let ts = tall.sum(&[0], false).unwrap();
+        assert_eq!(memory_stats(dev).allocated, live + 600 * 3 * 4 + 3 * 4, "the tall matrix and its column sums");
+        drop((tall, ts));
         let long = tensor(noise(9000, 1.0, 8, false), &[9000], DType::F32).to_device(dev).unwrap();
         let mx = long.max(&[0], false).unwrap();
         assert_eq!(memory_stats(dev).allocated, live + 9000 * 4 + 4, "the long row and its max");

@@ -45,9 +45,15 @@ const CHUNK: usize = 4096;
 /// rows than a device has multiprocessors (132 on an H100 or H200) would
 /// leave most of them idle with a block per row.
 const SPLIT_ROWS: usize = 128;
+/// Rows a block of a split column sum takes at least.
+const PART_ROWS: usize = 256;
+/// Blocks a split column sum aims for: a few per multiprocessor.
+const PART_BLOCKS: usize = 1024;
 
-fn sum_cols_kernel(dtype: DType) -> String {
-    format!("sum_cols_{}", dtype.cuda_suffix())
+/// A column-sum kernel: `stage` is "" for the one launch, "part_" and
+/// "merge_" for the two of many rows.
+fn sum_cols_kernel(stage: &str, dtype: DType) -> String {
+    format!("sum_cols_{stage}{}", dtype.cuda_suffix())
 }
 
 fn arg_kernel(min: bool, dtype: DType) -> String {
@@ -66,7 +72,7 @@ pub(crate) fn kernels() -> Vec<(&'static str, String)> {
         for stage in ["last", "part", "merge"] {
             out.extend(ReduceKind::ALL.iter().map(|k| (REDUCE, reduce_kernel(k, stage, dt))));
         }
-        out.push((REDUCE, sum_cols_kernel(dt)));
+        out.extend(["", "part_", "merge_"].map(|stage| (REDUCE, sum_cols_kernel(stage, dt))));
         out.extend([false, true].map(|min| (REDUCE, arg_kernel(min, dt))));
         out.extend([false, true].map(|log| (SOFTMAX, softmax_kernel(log, dt))));
     }
@@ -110,6 +116,39 @@ fn launch_rows(file: &'static str, name: &str, x: u64, dims: (usize, usize), out
     let per_row = if cols <= SHORT_ROW { 32 } else { BLOCK as usize };
     let args = [Arg::I64(rows as i64), Arg::I64(cols as i64), Arg::Ptr(x), Arg::Ptr(out.ptr())];
     launch(&out.dev, file, name, rows.saturating_mul(per_row), &args)
+}
+
+/// The sum over the leading `rows` of contiguous `x`, viewed as `[rows,
+/// cols]`, into `out`: one launch, a block per tile of 32 columns, or, when
+/// that makes few blocks over many rows, partial sums of row ranges (freed
+/// on return) and their merge.
+fn sum_leading(x: &Tensor, dims: (usize, usize), out: &CudaBuffer) -> Result<()> {
+    let (rows, cols) = dims;
+    if cols == 0 {
+        return Ok(());
+    }
+    let at = first_element("sum", x)?;
+    let tiles = cols.div_ceil(32);
+    let parts = rows.div_ceil(PART_ROWS).min(PART_BLOCKS.div_ceil(tiles));
+    if parts < 2 {
+        let args = [Arg::I64(rows as i64), Arg::I64(cols as i64), Arg::Ptr(at), Arg::Ptr(out.ptr())];
+        return launch(&out.dev, REDUCE, &sum_cols_kernel("", x.dtype()), tiles * BLOCK as usize, &args);
+    }
+    let part_rows = rows.div_ceil(parts);
+    let parts = rows.div_ceil(part_rows);
+    let acc = if x.dtype() == DType::F64 { DType::F64 } else { DType::F32 };
+    let (partial, _) = CudaBuffer::alloc(&out.dev, acc, parts * cols)?;
+    let args = [
+        Arg::I64(rows as i64),
+        Arg::I64(cols as i64),
+        Arg::I64(part_rows as i64),
+        Arg::Ptr(at),
+        Arg::Ptr(partial.ptr()),
+    ];
+    let threads = (tiles * parts).saturating_mul(BLOCK as usize);
+    launch(&out.dev, REDUCE, &sum_cols_kernel("part_", x.dtype()), threads, &args)?;
+    let args = [Arg::I64(parts as i64), Arg::I64(cols as i64), Arg::Ptr(partial.ptr()), Arg::Ptr(out.ptr())];
+    launch(&out.dev, REDUCE, &sum_cols_kernel("merge_", x.dtype()), tiles * BLOCK as usize, &args)
 }
 
 /// A few long rows of contiguous `v`: each chunk's reduction, a block a
@@ -162,13 +201,7 @@ pub(crate) fn reduce(op: &Reduce, x: &Tensor) -> Result<Tensor> {
         // Rows are the reduced (leading) indices, columns the kept ones.
         let rows: usize = x.dims()[..k].iter().product();
         let cols: usize = x.dims()[k..].iter().product();
-        if cols > 0 {
-            let args =
-                [Arg::I64(rows as i64), Arg::I64(cols as i64), Arg::Ptr(first_element(name, x)?), Arg::Ptr(out.ptr())];
-            // One block per tile of 32 columns.
-            let threads = cols.div_ceil(32).saturating_mul(BLOCK as usize);
-            launch(&dev, REDUCE, &sum_cols_kernel(x.dtype()), threads, &args)?;
-        }
+        sum_leading(x, (rows, cols), &out)?;
     } else {
         let (v, rows, cols) = rows_last(x, &op.axes)?;
         if !int_sum && rows <= SPLIT_ROWS && cols >= 2 * CHUNK {
