@@ -211,3 +211,33 @@ template <typename A> __device__ __forceinline__ A lse_value(Lse<A> a) {
     if (a.m == neg_inf<A>() || a.m == pos_inf<A>() || t_isnan(a.m)) return a.m;
     return a.m + t_log(a.s);
 }
+
+// How the rows of a `[rows, cols]` row kernel map onto threads: a block of
+// blockDim.x threads per row, or, for rows of at most SHORT_ROW elements, a
+// warp per row (blockDim.x / 32 rows a block), so that many short rows (a
+// batch of ten logits) do not leave most of each block idle. Either way the
+// rows are grid-strided; a block-wide row loop is uniform over the block
+// (its reductions may synchronise), a warp-wide one over the warp.
+#define SHORT_ROW 64
+struct RowSplit {
+    i64 first, step;  // this thread's first row, and the stride to the next
+    int lane, width;  // index among the threads of a row, and their count
+    bool warp;        // a warp per row
+};
+__device__ __forceinline__ RowSplit row_split(i64 cols) {
+    RowSplit s;
+    s.warp = cols <= SHORT_ROW;
+    if (s.warp) {
+        int per = blockDim.x / WARP;
+        s.first = (i64)blockIdx.x * per + threadIdx.x / WARP;
+        s.step = (i64)gridDim.x * per;
+        s.lane = threadIdx.x % WARP;
+        s.width = WARP;
+    } else {
+        s.first = blockIdx.x;
+        s.step = gridDim.x;
+        s.lane = threadIdx.x;
+        s.width = blockDim.x;
+    }
+    return s;
+}

@@ -2,31 +2,70 @@
 // reduced axes the last ones (or the leading ones, for column sums) of a
 // contiguous buffer, so two shapes of kernel cover every axis set:
 //
-// - `<op>_last_<dtype>(rows, cols, x, out)`: out[r] = op over x[r, :], one
-//   block per row (grid-stride over rows), blockDim a multiple of 32;
-//   op is sum, max or min (NaN-propagating, as torch). f16/bf16 accumulate
-//   in float, f32 in float, f64 in double.
+// - `<op>_last_<dtype>(rows, cols, x, out)`: out[r] = op over x[r, :], a
+//   block per row, or a warp per row of at most SHORT_ROW elements
+//   (`row_split`), grid-strided, blockDim a multiple of 32;
+//   op is sum, max, min (NaN-propagating, as torch) or logsumexp. f16/bf16
+//   accumulate in float, f32 in float, f64 in double. `sum_last_i32` and
+//   `sum_last_i64` write i64 sums that wrap past 2^63, as the CPU's do.
 // - `sum_cols_<dtype>(rows, cols, x, out)`: out[c] = sum over r of x[r, c]
-//   (the gradient of a broadcast bias), with blockDim (32, k): threadIdx.x
-//   walks columns so loads coalesce, threadIdx.y walks rows, and a shared
-//   array finishes the sum.
+//   (the gradient of a broadcast bias), the block's threads counted flat
+//   (t = threadIdx.y * blockDim.x + threadIdx.x, so a 1-D block of 256 or a
+//   (32, k) block) a multiple of 32 and at most 1024: lane `t % 32` walks a
+//   tile of 32 columns so loads coalesce, the warp `t / 32` a share of the
+//   rows, and shared memory finishes the sum; the grid strides over tiles.
+//   Many rows over few tiles split the rows too: `sum_cols_part_<dtype>(
+//   rows, cols, part_rows, x, partial)` and `sum_cols_merge_<dtype>`.
+// - A few long rows would leave most of the device idle with a block per
+//   row, so they take two launches: `<op>_part_<dtype>(rows, cols, chunk,
+//   x, partial)` reduces each chunk of `chunk` elements of a row, a block
+//   a chunk, into `partial[rows, parts]` in the accumulation type (float,
+//   or double for f64), and `<op>_merge_<dtype>(rows, parts, partial, out)`
+//   reduces the partials of each row (the logsumexp of the chunks'
+//   logsumexps is the row's).
 
-template <int K, typename T>
-__device__ __forceinline__ void reduce_last(i64 rows, i64 cols, const T* x, T* out) {
+// Reads TI and writes TO, accumulating in TO's accumulation type: TI = TO
+// for the row kernels, TI = that accumulation type for the merges.
+template <int K, typename TI, typename T>
+__device__ __forceinline__ void reduce_last(i64 rows, i64 cols, const TI* x, T* out) {
     typedef typename Acc<T>::type A;
     const A identity = K == 0 ? A(0) : (K == 1 ? neg_inf<A>() : pos_inf<A>());
-    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
-        const T* row = x + r * cols;
+    const RowSplit s = row_split(cols);
+    for (i64 r = s.first; r < rows; r += s.step) {
+        const TI* row = x + r * cols;
         A acc = identity;
-        for (i64 c = threadIdx.x; c < cols; c += blockDim.x) acc = combine<K>(acc, to_acc(row[c]));
-        acc = block_reduce<K>(acc, identity);
-        if (threadIdx.x == 0) out[r] = from_acc<T>(acc);
+        for (i64 c = s.lane; c < cols; c += s.width) acc = combine<K>(acc, to_acc(row[c]));
+        acc = s.warp ? warp_reduce<K>(acc) : block_reduce<K>(acc, identity);
+        if (s.lane == 0) out[r] = from_acc<T>(acc);
     }
 }
 
-#define REDUCE_KERNEL(NAME, K, T, SUFFIX)                                                      \
-    extern "C" __global__ void NAME##_last_##SUFFIX(i64 rows, i64 cols, const T* x, T* out) { \
-        reduce_last<K, T>(rows, cols, x, out);                                                 \
+// The chunks of long rows, a block each (see the header).
+template <int K, typename T>
+__device__ __forceinline__ void reduce_part(i64 rows, i64 cols, i64 chunk, const T* x, typename Acc<T>::type* out) {
+    typedef typename Acc<T>::type A;
+    const A identity = K == 0 ? A(0) : (K == 1 ? neg_inf<A>() : pos_inf<A>());
+    i64 parts = (cols + chunk - 1) / chunk;
+    for (i64 b = blockIdx.x; b < rows * parts; b += gridDim.x) {
+        const T* row = x + (b / parts) * cols;
+        i64 start = (b % parts) * chunk, end = start + chunk < cols ? start + chunk : cols;
+        A acc = identity;
+        for (i64 c = start + threadIdx.x; c < end; c += blockDim.x) acc = combine<K>(acc, to_acc(row[c]));
+        acc = block_reduce<K>(acc, identity);
+        if (threadIdx.x == 0) out[b] = acc;
+    }
+}
+
+#define REDUCE_KERNEL(NAME, K, T, SUFFIX)                                                                        \
+    extern "C" __global__ void NAME##_last_##SUFFIX(i64 rows, i64 cols, const T* x, T* out) {                   \
+        reduce_last<K, T, T>(rows, cols, x, out);                                                                \
+    }                                                                                                            \
+    extern "C" __global__ void NAME##_part_##SUFFIX(i64 rows, i64 cols, i64 chunk, const T* x,                  \
+                                                    typename Acc<T>::type* out) {                                \
+        reduce_part<K, T>(rows, cols, chunk, x, out);                                                            \
+    }                                                                                                            \
+    extern "C" __global__ void NAME##_merge_##SUFFIX(i64 rows, i64 cols, const typename Acc<T>::type* x, T* out) { \
+        reduce_last<K, typename Acc<T>::type, T>(rows, cols, x, out);                                            \
     }
 #define REDUCE_ALL(NAME, K)                   \
     REDUCE_KERNEL(NAME, K, float, f32)        \
@@ -38,28 +77,155 @@ REDUCE_ALL(sum, 0)
 REDUCE_ALL(max, 1)
 REDUCE_ALL(min, 2)
 
-// Column sums; blockDim.x must be 32 and blockDim.x * blockDim.y <= 1024.
-template <typename T>
-__device__ __forceinline__ void sum_cols(i64 rows, i64 cols, const T* x, T* out) {
+// log(sum(exp(x))) of each row, in one pass of the online (max, sum) state
+// softmax uses; -inf for an empty or all -inf row, the maximum when it is
+// +inf or NaN, as on the CPU.
+template <typename TI, typename T>
+__device__ __forceinline__ void lse_last(i64 rows, i64 cols, const TI* x, T* out) {
     typedef typename Acc<T>::type A;
-    __shared__ A partial[1024];
-    i64 c = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-    A acc = A(0);
-    if (c < cols) {
-        for (i64 r = threadIdx.y; r < rows; r += blockDim.y) acc += to_acc(x[r * cols + c]);
-    }
-    partial[threadIdx.y * blockDim.x + threadIdx.x] = acc;
-    __syncthreads();
-    if (threadIdx.y == 0 && c < cols) {
-        A s = A(0);
-        for (unsigned k = 0; k < blockDim.y; ++k) s += partial[k * blockDim.x + threadIdx.x];
-        out[c] = from_acc<T>(s);
+    const RowSplit s = row_split(cols);
+    for (i64 r = s.first; r < rows; r += s.step) {
+        const TI* row = x + r * cols;
+        Lse<A> st;
+        st.m = neg_inf<A>();
+        st.s = A(0);
+        for (i64 c = s.lane; c < cols; c += s.width) st = lse_push(st, to_acc(row[c]));
+        st = s.warp ? warp_lse(st) : block_lse(st);
+        if (s.lane == 0) out[r] = from_acc<T>(lse_value(st));
     }
 }
 
-#define SUM_COLS_KERNEL(T, SUFFIX)                                                              \
-    extern "C" __global__ void sum_cols_##SUFFIX(i64 rows, i64 cols, const T* x, T* out) {      \
-        sum_cols<T>(rows, cols, x, out);                                                        \
+template <typename T>
+__device__ __forceinline__ void lse_part(i64 rows, i64 cols, i64 chunk, const T* x, typename Acc<T>::type* out) {
+    typedef typename Acc<T>::type A;
+    i64 parts = (cols + chunk - 1) / chunk;
+    for (i64 b = blockIdx.x; b < rows * parts; b += gridDim.x) {
+        const T* row = x + (b / parts) * cols;
+        i64 start = (b % parts) * chunk, end = start + chunk < cols ? start + chunk : cols;
+        Lse<A> st;
+        st.m = neg_inf<A>();
+        st.s = A(0);
+        for (i64 c = start + threadIdx.x; c < end; c += blockDim.x) st = lse_push(st, to_acc(row[c]));
+        st = block_lse(st);
+        if (threadIdx.x == 0) out[b] = lse_value(st);
+    }
+}
+
+#define LSE_KERNEL(T, SUFFIX)                                                                              \
+    extern "C" __global__ void logsumexp_last_##SUFFIX(i64 rows, i64 cols, const T* x, T* out) {           \
+        lse_last<T, T>(rows, cols, x, out);                                                                \
+    }                                                                                                      \
+    extern "C" __global__ void logsumexp_part_##SUFFIX(i64 rows, i64 cols, i64 chunk, const T* x,          \
+                                                       typename Acc<T>::type* out) {                       \
+        lse_part<T>(rows, cols, chunk, x, out);                                                            \
+    }                                                                                                      \
+    extern "C" __global__ void logsumexp_merge_##SUFFIX(i64 rows, i64 cols, const typename Acc<T>::type* x, \
+                                                        T* out) {                                          \
+        lse_last<typename Acc<T>::type, T>(rows, cols, x, out);                                            \
+    }
+LSE_KERNEL(float, f32)
+LSE_KERNEL(double, f64)
+LSE_KERNEL(tapir_f16, f16)
+LSE_KERNEL(tapir_bf16, bf16)
+
+// Integer sums in 64 bits. The adds are unsigned, so overflow wraps (as
+// the CPU's wrapping_add) instead of being undefined.
+template <typename T>
+__device__ __forceinline__ void sum_int_last(i64 rows, i64 cols, const T* x, i64* out) {
+    __shared__ u64 partial[WARP];
+    int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    const RowSplit s = row_split(cols);
+    for (i64 r = s.first; r < rows; r += s.step) {
+        const T* row = x + r * cols;
+        u64 acc = 0;
+        for (i64 c = s.lane; c < cols; c += s.width) acc += (u64)(i64)row[c];
+        acc = warp_sum(acc);
+        if (s.warp) {
+            if (lane == 0) out[r] = (i64)acc;
+            continue;
+        }
+        if (lane == 0) partial[warp] = acc;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            u64 s = 0;
+            for (int w = 0; w < (int)(blockDim.x / WARP); ++w) s += partial[w];
+            out[r] = (i64)s;
+        }
+        __syncthreads();
+    }
+}
+
+#define SUM_INT_KERNEL(T, SUFFIX)                                                                     \
+    extern "C" __global__ void sum_last_##SUFFIX(i64 rows, i64 cols, const T* x, i64* out) {          \
+        sum_int_last<T>(rows, cols, x, out);                                                          \
+    }
+SUM_INT_KERNEL(int, i32)
+SUM_INT_KERNEL(i64, i64)
+
+// The sum over rows [r0, r1) of the columns of tile `tile`, in the threads
+// of the first warp (lane = column in the tile); every thread of the block
+// calls it.
+template <typename A, typename TI>
+__device__ __forceinline__ A cols_tile_sum(i64 r0, i64 r1, i64 cols, i64 tile, const TI* x) {
+    __shared__ A partial[1024];
+    int t = threadIdx.y * blockDim.x + threadIdx.x;
+    int lane = t % WARP, group = t / WARP, groups = blockDim.x * blockDim.y / WARP;
+    i64 c = tile * WARP + lane;
+    A acc = A(0);
+    if (c < cols) {
+        for (i64 r = r0 + group; r < r1; r += groups) acc += to_acc(x[r * cols + c]);
+    }
+    partial[t] = acc;
+    __syncthreads();
+    A s = A(0);
+    if (group == 0) {
+        for (int k = 0; k < groups; ++k) s += partial[k * WARP + lane];
+    }
+    __syncthreads();
+    return s;
+}
+
+// Column sums (see the header for the thread layout); TI = T, or the
+// accumulation type for the merge of partial sums.
+template <typename TI, typename T>
+__device__ __forceinline__ void sum_cols(i64 rows, i64 cols, const TI* x, T* out) {
+    typedef typename Acc<T>::type A;
+    int t = threadIdx.y * blockDim.x + threadIdx.x;
+    for (i64 tile = blockIdx.x; tile * WARP < cols; tile += gridDim.x) {
+        A s = cols_tile_sum<A>(0, rows, cols, tile, x);
+        i64 c = tile * WARP + t % WARP;
+        if (t < WARP && c < cols) out[c] = from_acc<T>(s);
+    }
+}
+
+// Many rows over few columns: each block sums `part_rows` rows of one tile
+// into partial[part, c] (accumulation type), and `sum_cols_merge` adds the
+// parts, so that more than a few blocks share the rows.
+template <typename T>
+__device__ __forceinline__ void sum_cols_part(i64 rows, i64 cols, i64 part_rows, const T* x, typename Acc<T>::type* out) {
+    typedef typename Acc<T>::type A;
+    int t = threadIdx.y * blockDim.x + threadIdx.x;
+    i64 tiles = (cols + WARP - 1) / WARP, parts = (rows + part_rows - 1) / part_rows;
+    for (i64 b = blockIdx.x; b < tiles * parts; b += gridDim.x) {
+        i64 tile = b % tiles, part = b / tiles;
+        i64 r0 = part * part_rows, r1 = r0 + part_rows < rows ? r0 + part_rows : rows;
+        A s = cols_tile_sum<A>(r0, r1, cols, tile, x);
+        i64 c = tile * WARP + t % WARP;
+        if (t < WARP && c < cols) out[part * cols + c] = s;
+    }
+}
+
+#define SUM_COLS_KERNEL(T, SUFFIX)                                                                    \
+    extern "C" __global__ void sum_cols_##SUFFIX(i64 rows, i64 cols, const T* x, T* out) {            \
+        sum_cols<T, T>(rows, cols, x, out);                                                           \
+    }                                                                                                 \
+    extern "C" __global__ void sum_cols_part_##SUFFIX(i64 rows, i64 cols, i64 part_rows, const T* x,  \
+                                                      typename Acc<T>::type* out) {                   \
+        sum_cols_part<T>(rows, cols, part_rows, x, out);                                              \
+    }                                                                                                 \
+    extern "C" __global__ void sum_cols_merge_##SUFFIX(i64 rows, i64 cols, const typename Acc<T>::type* x, \
+                                                       T* out) {                                      \
+        sum_cols<typename Acc<T>::type, T>(rows, cols, x, out);                                       \
     }
 SUM_COLS_KERNEL(float, f32)
 SUM_COLS_KERNEL(double, f64)
@@ -68,35 +234,48 @@ SUM_COLS_KERNEL(tapir_bf16, bf16)
 
 // argmax / argmin over the last axis, i64 indices; the first occurrence
 // wins and NaN counts as the extreme, like torch and the CPU.
+
+// Whether the candidate (ov, oi) beats (best, bi): a NaN first, then the
+// extreme, then the lower index; `none` marks "no element yet".
+template <bool MIN, typename A>
+__device__ __forceinline__ bool arg_beats(A ov, i64 oi, A best, i64 bi, i64 none) {
+    if (oi == none) return false;
+    if (bi == none) return true;
+    if (t_isnan(ov)) return !t_isnan(best) || oi < bi;
+    if (t_isnan(best)) return false;
+    return (MIN ? ov < best : ov > best) || (ov == best && oi < bi);
+}
+
 template <bool MIN, typename T>
 __device__ __forceinline__ void arg_last(i64 rows, i64 cols, const T* x, i64* out) {
     typedef typename Acc<T>::type A;
     __shared__ A sv[WARP];
     __shared__ i64 si[WARP];
     int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
-    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+    const RowSplit s = row_split(cols);
+    for (i64 r = s.first; r < rows; r += s.step) {
         const T* row = x + r * cols;
         A best = MIN ? pos_inf<A>() : neg_inf<A>();
-        i64 bi = cols;  // "none yet"; loses every comparison below
-        for (i64 c = threadIdx.x; c < cols; c += blockDim.x) {
+        i64 bi = cols;  // "none yet"
+        // Each thread's columns rise, so a later one wins only when strictly better.
+        for (i64 c = s.lane; c < cols; c += s.width) {
             A v = to_acc(row[c]);
-            bool better = bi == cols || (!t_isnan(best) && (t_isnan(v) || (MIN ? v < best : v > best)));
-            if (better) {
+            if (arg_beats<MIN>(v, c, best, bi, cols)) {
                 best = v;
                 bi = c;
             }
         }
-        // (value, index) pairs: prefer NaN, then the extreme, then the lower index.
         for (int o = WARP / 2; o > 0; o /= 2) {
             A ov = __shfl_xor_sync(FULL_MASK, best, o);
             i64 oi = __shfl_xor_sync(FULL_MASK, bi, o);
-            bool take = oi != cols && (bi == cols ||
-                                       (t_isnan(ov) && (!t_isnan(best) || oi < bi)) ||
-                                       (!t_isnan(best) && !t_isnan(ov) && ((MIN ? ov < best : ov > best) || (ov == best && oi < bi))));
-            if (take) {
+            if (arg_beats<MIN>(ov, oi, best, bi, cols)) {
                 best = ov;
                 bi = oi;
             }
+        }
+        if (s.warp) {
+            if (lane == 0) out[r] = bi == cols ? 0 : bi;
+            continue;
         }
         if (lane == 0) {
             sv[warp] = best;
@@ -105,14 +284,9 @@ __device__ __forceinline__ void arg_last(i64 rows, i64 cols, const T* x, i64* ou
         __syncthreads();
         if (threadIdx.x == 0) {
             for (int w = 1; w < (int)(blockDim.x / WARP); ++w) {
-                A ov = sv[w];
-                i64 oi = si[w];
-                bool take = oi != cols && (bi == cols ||
-                                           (t_isnan(ov) && (!t_isnan(best) || oi < bi)) ||
-                                           (!t_isnan(best) && !t_isnan(ov) && ((MIN ? ov < best : ov > best) || (ov == best && oi < bi))));
-                if (take) {
-                    best = ov;
-                    bi = oi;
+                if (arg_beats<MIN>(sv[w], si[w], best, bi, cols)) {
+                    best = sv[w];
+                    bi = si[w];
                 }
             }
             out[r] = bi == cols ? 0 : bi;

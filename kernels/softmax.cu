@@ -1,28 +1,36 @@
 // softmax and log_softmax over the last axis of a contiguous [rows, cols]
-// buffer (crates/tensor/src/ops/softmax.rs), one block per row
-// (grid-stride over rows), blockDim a multiple of 32.
+// buffer (crates/tensor/src/ops/softmax.rs): a block per row, or a warp
+// per row of at most SHORT_ROW elements (`row_split`), grid-strided,
+// blockDim a multiple of 32.
 //
 // One pass keeps an online (max, sum of exp(x - max)) per thread; warp
 // shuffles, then shared memory, merge the pairs; a second pass writes
-// exp(x - m) / s or x - (m + log s). f16/bf16 compute in float.
+// exp(x - m) / s or (x - m) - log s. f16/bf16 compute in float.
 
 template <bool LOG, typename T>
 __device__ __forceinline__ void softmax_rows(i64 rows, i64 cols, const T* x, T* out) {
     typedef typename Acc<T>::type A;
-    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+    const RowSplit sp = row_split(cols);
+    for (i64 r = sp.first; r < rows; r += sp.step) {
         const T* row = x + r * cols;
         T* orow = out + r * cols;
         Lse<A> st;
         st.m = neg_inf<A>();
         st.s = A(0);
-        for (i64 c = threadIdx.x; c < cols; c += blockDim.x) st = lse_push(st, to_acc(row[c]));
-        st = block_lse(st);
+        for (i64 c = sp.lane; c < cols; c += sp.width) st = lse_push(st, to_acc(row[c]));
+        st = sp.warp ? warp_lse(st) : block_lse(st);
+        // As on the CPU (and in torch): a +inf maximum makes x - m NaN at
+        // that entry, so the sum, and with it the whole row, is NaN. An all
+        // -inf row is NaN too, through x - m = -inf - -inf.
+        if (st.m == pos_inf<A>()) st.s = quiet_nan<A>();
         if (LOG) {
-            A lse = st.m + t_log(st.s);
-            for (i64 c = threadIdx.x; c < cols; c += blockDim.x) orow[c] = from_acc<T>(to_acc(row[c]) - lse);
+            // (x - m) - log s, not x - (m + log s): m + log s rounds to m's
+            // ulp, which is 1e-3 for m = 1e4 in f32.
+            A ls = t_log(st.s);
+            for (i64 c = sp.lane; c < cols; c += sp.width) orow[c] = from_acc<T>((to_acc(row[c]) - st.m) - ls);
         } else {
             A inv = A(1) / st.s;
-            for (i64 c = threadIdx.x; c < cols; c += blockDim.x)
+            for (i64 c = sp.lane; c < cols; c += sp.width)
                 orow[c] = from_acc<T>(t_exp(to_acc(row[c]) - st.m) * inv);
         }
     }

@@ -178,6 +178,25 @@ fn integer_overflow_division_and_carry_chains() {
     assert_eq!((w[14], w[15]), (1, 0xffff_ffff), "max by signedness");
 }
 
+/// A signed load sign-extends to its destination register's width: NVRTC
+/// folds `(long long)x[i]` of an `int` into `ld.global.s32` into a 64-bit
+/// register. A 32-bit destination keeps its upper half clear (what the
+/// 32-bit instructions expect), and an unsigned load zero-extends.
+#[test]
+fn signed_loads_sign_extend_to_the_destination_width() {
+    let body = format!(
+        "mov.u32 %r1, -5;\nst.global.b32 [%rd0+48], %r1;\nld.global.s32 %rd1, [%rd0+48];\n\
+         ld.global.u32 %rd2, [%rd0+48];\nld.global.s32 %r2, [%rd0+48];\ncvt.u64.u32 %rd3, %r2;\n\
+         mov.u16 %h1, -3;\nst.global.b16 [%rd0+56], %h1;\nld.global.s16 %rd4, [%rd0+56];\n{}",
+        stores(&["%rd1", "%rd2", "%rd3", "%rd4"])
+    );
+    let w = run(&body, 8);
+    assert_eq!(w[0] as i64, -5, "ld.s32 into a 64-bit register");
+    assert_eq!(w[1], 0xffff_fffb, "ld.u32 into a 64-bit register");
+    assert_eq!(w[2], 0xffff_fffb, "ld.s32 into a 32-bit register");
+    assert_eq!(w[3] as i64, -3, "ld.s16 into a 64-bit register");
+}
+
 #[test]
 fn shifts_past_the_width_clamp() {
     let body = format!(

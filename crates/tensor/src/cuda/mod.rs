@@ -21,6 +21,7 @@ pub(crate) mod index;
 mod nvrtc;
 pub(crate) mod ops;
 pub(crate) mod shape;
+pub(crate) mod reduce;
 
 pub(crate) use buffer::to_cuda;
 pub use buffer::CudaBuffer;

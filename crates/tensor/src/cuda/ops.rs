@@ -14,7 +14,7 @@ use crate::ops::unary::Unary;
 use crate::{DType, Error, Result, Shape, Tensor};
 
 /// Threads a block for the elementwise kernels.
-const BLOCK: u32 = 256;
+pub(crate) const BLOCK: u32 = 256;
 /// Blocks at most: the kernels loop over the rest with a grid stride.
 const MAX_BLOCKS: usize = 4096;
 
@@ -56,7 +56,7 @@ pub(crate) fn launch(dev: &CudaDevice, file: &'static str, name: &str, n: usize,
 }
 
 /// The kernel-name suffix of a float dtype.
-fn float_suffix(op: &'static str, dtype: DType) -> Result<&'static str> {
+pub(crate) fn float_suffix(op: &'static str, dtype: DType) -> Result<&'static str> {
     match dtype {
         DType::F32 => Ok("f32"),
         DType::F64 => Ok("f64"),

@@ -61,6 +61,7 @@ pub fn cuda_kernels() -> Vec<(&'static str, String)> {
     }
     out.extend(crate::cuda::index::kernels());
     out.extend(crate::cuda::shape::kernels());
+    out.extend(crate::cuda::reduce::kernels());
     out
 }
 

@@ -36,7 +36,7 @@ pub fn normalize_axes(op: &'static str, axes: &[isize], rank: usize) -> Result<A
 
 /// Checks axes that an op struct built by hand carries: each in range,
 /// sorted and unique, as [`normalize_axes`] makes them.
-fn check_axes(op: &'static str, axes: &[usize], rank: usize) -> Result<()> {
+pub(crate) fn check_axes(op: &'static str, axes: &[usize], rank: usize) -> Result<()> {
     for (i, &a) in axes.iter().enumerate() {
         crate::layout::check_axis(op, a, rank)?;
         if i > 0 && axes[i - 1] >= a {
@@ -337,6 +337,9 @@ impl Op for Reduce {
             |x| with_float!(x.dtype(), T => Tensor::from_vec(self.kernel::<T>(x)?, shape.clone()), _ => unreachable!()),
         )
     }
+    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
+        crate::cuda::reduce::reduce(self, xs[0])
+    }
 
     fn vjp<T: Diff>(&self, xs: &[&T], y: &T, g: &T) -> Result<InputGrads<T>> {
         let x = xs[0];
@@ -414,6 +417,9 @@ impl Op for ArgReduce {
         })?, _ => unreachable!());
         Tensor::from_vec(out, reduced_shape(x.shape(), &[self.axis], self.keepdim))
     }
+    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
+        crate::cuda::reduce::arg_reduce(self, xs[0])
+    }
     fn vjp<T: Diff>(&self, _: &[&T], _: &T, _: &T) -> Result<InputGrads<T>> {
         Ok(smallvec::smallvec![None])
     }
@@ -455,8 +461,13 @@ impl Op for SumTo {
         if axes.is_empty() {
             return x.reshape_raw(self.shape.clone());
         }
-        let s = Reduce { kind: ReduceKind::Sum, axes, keepdim: true }.forward_cpu(&[x])?;
+        let s = super::forward(&Reduce { kind: ReduceKind::Sum, axes, keepdim: true }, &[x])?;
         s.reshape_raw(self.shape.clone())
+    }
+    /// The shape rule is the CPU's; the sum runs on the input's device and
+    /// the reshape is a view.
+    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
+        self.forward_cpu(xs)
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         Ok(one(g.broadcast_to(xs[0].shape())?))

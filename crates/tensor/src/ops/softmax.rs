@@ -35,6 +35,9 @@ impl Op for Softmax {
         crate::layout::check_axis(self.name(), self.axis, xs[0].rank())?;
         cpu::softmax::forward(*self, xs[0])
     }
+    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
+        crate::cuda::reduce::softmax(*self, xs[0])
+    }
     fn vjp<T: Diff>(&self, _: &[&T], y: &T, g: &T) -> Result<InputGrads<T>> {
         Ok(one(self.pushforward(y, g)?))
     }
