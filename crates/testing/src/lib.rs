@@ -8,7 +8,7 @@
 //! run that is meant to reach a device (CI on the emulated one, a machine
 //! with a GPU) cannot pass without it.
 //!
-//! ```ignore
+//! ```
 //! use tapir_tensor::prelude::*;
 //! use tapir_testing::test_device;
 //!
@@ -20,10 +20,15 @@
 //!         Ok(())
 //!     }
 //! }
+//! # fn main() {
+//! #     // A doctest compiles no #[test]: run the body itself.
+//! #     exp_of_zero_is_one::body(Device::Cpu).unwrap();
+//! # }
 //! ```
 //!
-//! The body is an ordinary function inside a module named after the test,
-//! which sees everything of the file that uses the macro (`use super::*`).
+//! The body is an ordinary function, `<name>::body`, inside a module named
+//! after the test, which sees everything of the file that uses the macro
+//! (`use super::*`).
 //! The expansion names `::tapir_tensor::Device`, so the crate using it must
 //! depend on tapir-tensor (every tapir crate does); this crate itself
 //! depends on nothing, so the tensor crate's tests use it without a cycle.
@@ -99,13 +104,24 @@ pub fn assert_close(what: &str, got: &[f64], want: &[f64], tol: f64) {
 /// attributes and doc comments before it apply to both tests. Several
 /// functions may go in one invocation.
 ///
-/// ```ignore
+/// ```
+/// use tapir_tensor::prelude::*;
+///
 /// tapir_testing::test_device! {
 ///     fn ones_are_ones(device: Device) -> Result<()> {
 ///         assert_eq!(Tensor::ones_on([2], DType::F64, device)?.to_vec::<f64>()?, vec![1.0; 2]);
 ///         Ok(())
 ///     }
+///     /// No result: a failed assertion is the failure.
+///     fn zeros_are_zeros(device: Device) {
+///         let z = Tensor::zeros_on([3], DType::I64, device).expect("alloc");
+///         assert_eq!((z.device(), z.to_vec::<i64>().expect("values")), (device, vec![0; 3]));
+///     }
 /// }
+/// # fn main() {
+/// #     ones_are_ones::body(Device::Cpu).unwrap();
+/// #     zeros_are_zeros::body(Device::Cpu);
+/// # }
 /// ```
 #[macro_export]
 macro_rules! test_device {
@@ -118,7 +134,9 @@ macro_rules! test_device {
                 #[allow(unused_imports)]
                 use super::*;
 
-                fn body($device: $ty) $(-> $ret)? $body
+                /// The test's body, which both tests run.
+                #[allow(dead_code)]
+                pub(super) fn body($device: $ty) $(-> $ret)? $body
 
                 $(#[$meta])*
                 #[test]
