@@ -329,3 +329,19 @@ __device__ __forceinline__ void place(i64 n, int ndim, const i64* info, const V*
 PLACE_KERNEL(u16, u16)
 PLACE_KERNEL(u32, u32)
 PLACE_KERNEL(u64, u64)
+
+// Fill: every one of the `n` elements of `out` gets the bit pattern in the
+// low bits of `bits` (the value already converted to the dtype on the host,
+// as the CPU's constructors convert it), so one kernel per element width
+// serves every dtype of that width and -0.0 or a NaN payload is kept.
+// All-zero fills use a memset instead.
+#define FILL_KERNEL(T, SUFFIX)                                                       \
+    extern "C" __global__ void fill_##SUFFIX(i64 n, i64 bits, T* out) {             \
+        T v = (T)(u64)bits;                                                          \
+        for (i64 i = global_id(); i < n; i += global_stride()) {                     \
+            out[i] = v;                                                              \
+        }                                                                            \
+    }
+FILL_KERNEL(u16, b16)
+FILL_KERNEL(unsigned int, b32)
+FILL_KERNEL(u64, b64)

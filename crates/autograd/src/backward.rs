@@ -80,7 +80,9 @@ fn check_inputs(g: &Graph, vars: &[Var<'_>]) -> Result<()> {
 
 fn seeds(outputs: &[Var<'_>], grad_outputs: Option<Vec<Tensor>>) -> Result<Vec<Tensor>> {
     match grad_outputs {
-        None => outputs.iter().map(|o| Tensor::ones(o.shape(), o.dtype())).collect(),
+        // Made on each output's device: a seed on the host would make the
+        // first rule a device mismatch.
+        None => outputs.iter().map(|o| Tensor::ones_on(o.shape(), o.dtype(), o.device())).collect(),
         Some(s) => {
             if s.len() != outputs.len() {
                 return Err(Error::invalid_arg(
@@ -91,6 +93,9 @@ fn seeds(outputs: &[Var<'_>], grad_outputs: Option<Vec<Tensor>>) -> Result<Vec<T
             for (o, s) in outputs.iter().zip(&s) {
                 if o.shape() != *s.shape() {
                     return Err(Error::ShapeMismatch { op: "grad", lhs: o.shape(), rhs: s.shape().clone() });
+                }
+                if o.device() != s.device() {
+                    return Err(Error::DeviceMismatch { op: "grad", lhs: o.device(), rhs: s.device() });
                 }
             }
             Ok(s)
@@ -202,9 +207,12 @@ impl Graph {
                     if s.shape() != o.shape() {
                         return Err(Error::ShapeMismatch { op: "grad_graph", lhs: o.shape(), rhs: s.shape() });
                     }
+                    if s.device() != o.device() {
+                        return Err(Error::DeviceMismatch { op: "grad_graph", lhs: o.device(), rhs: s.device() });
+                    }
                     s.traced()
                 }
-                None => o.traced().lift(Tensor::ones(o.shape(), o.dtype())?),
+                None => o.traced().lift(Tensor::ones_on(o.shape(), o.dtype(), o.device())?),
             });
         }
         let grads = self.backward(&order, &out_ids, inputs, seeds, None)?;
@@ -339,7 +347,7 @@ impl<'g> Value<'g> for Tensor {
     }
 
     fn zeros(_: &'g Graph, like: &Var<'_>) -> Result<Tensor> {
-        Tensor::zeros(like.shape(), like.dtype())
+        Tensor::zeros_on(like.shape(), like.dtype(), like.device())
     }
 }
 
@@ -370,7 +378,7 @@ impl<'g> Value<'g> for Traced<'g> {
     }
 
     fn zeros(graph: &'g Graph, like: &Var<'_>) -> Result<Traced<'g>> {
-        Ok(graph.constant(Tensor::zeros(like.shape(), like.dtype())?).traced())
+        Ok(graph.constant(Tensor::zeros_on(like.shape(), like.dtype(), like.device())?).traced())
     }
 }
 
@@ -477,7 +485,7 @@ fn stand_in(zeros: &mut Vec<Tensor>, node: &Node) -> Result<Tensor> {
     let zero = match zeros.iter().find(|z| z.dtype() == node.dtype && z.device() == node.device) {
         Some(z) => z.clone(),
         None => {
-            let z = Tensor::zeros([], node.dtype)?.to_device(node.device)?;
+            let z = Tensor::zeros_on([], node.dtype, node.device)?;
             zeros.push(z.clone());
             z
         }

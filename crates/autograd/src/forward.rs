@@ -6,15 +6,21 @@
 use std::collections::HashMap;
 
 use smallvec::SmallVec;
-use tapir_tensor::{Diff, Error, Result, Tensor};
+use tapir_tensor::{Device, Diff, Error, Result, Shape, Tensor};
 
 use crate::backward::{path, Direction, Value};
 use crate::graph::{from_raw, Graph, NodeId, Var};
 
-fn check_tangents(inputs: &[Var<'_>], shapes: impl Iterator<Item = tapir_tensor::Shape>) -> Result<()> {
-    for (x, s) in inputs.iter().zip(shapes) {
+/// Each tangent has its input's shape and lives on its input's device (a
+/// tangent elsewhere would fail later, in whichever rule met it first,
+/// under that op's name).
+fn check_tangents(inputs: &[Var<'_>], tangents: impl Iterator<Item = (Shape, Device)>) -> Result<()> {
+    for (x, (s, d)) in inputs.iter().zip(tangents) {
         if x.shape() != s {
             return Err(Error::ShapeMismatch { op: "jvp", lhs: x.shape(), rhs: s });
+        }
+        if x.device() != d {
+            return Err(Error::DeviceMismatch { op: "jvp", lhs: x.device(), rhs: d });
         }
     }
     Ok(())
@@ -44,7 +50,7 @@ impl Graph {
         if inputs.len() != tangents.len() {
             return Err(Error::invalid_arg("jvp", format!("{} tangents for {} inputs", tangents.len(), inputs.len())));
         }
-        check_tangents(inputs, tangents.iter().map(|t| t.shape().clone()))?;
+        check_tangents(inputs, tangents.iter().map(|t| (t.shape().clone(), t.device())))?;
         self.push_tangents(outputs, inputs, tangents.iter().cloned())
     }
 
@@ -65,7 +71,7 @@ impl Graph {
                 format!("{} tangents for {} inputs", tangents.len(), inputs.len()),
             ));
         }
-        check_tangents(inputs, tangents.iter().map(|t| t.shape()))?;
+        check_tangents(inputs, tangents.iter().map(|t| (t.shape(), t.device())))?;
         let tans = self.push_tangents(outputs, inputs, tangents.iter().map(|t| t.traced()))?;
         Ok(tans.into_iter().map(|t| self.var(from_raw(t.id))).collect())
     }

@@ -111,13 +111,18 @@ fn check_rec(
     rng: &mut Rng,
 ) -> Result<(), CheckError> {
     // Random cotangent for the output and directions for the inputs.
-    let out_shape = Graph::scope(|g| {
+    let (out_shape, out_device) = Graph::scope(|g| {
         let vs: Vec<Var<'_>> = xs.iter().map(|x| g.leaf(x.clone())).collect();
-        Ok::<_, Error>(f(g, &vs)?.shape())
+        let y = f(g, &vs)?;
+        Ok::<_, Error>((y.shape(), y.device()))
     })?;
-    let r = rng.randn(out_shape, DType::F64)?;
-    let dirs: Vec<Tensor> =
-        xs.iter().map(|x| rng.randn(x.shape().clone(), DType::F64)).collect::<tapir_tensor::Result<_>>()?;
+    // Drawn on the host, so the directions are the same numbers on every
+    // device, then placed beside the values they multiply.
+    let r = rng.randn(out_shape, DType::F64)?.to_device(out_device)?;
+    let dirs: Vec<Tensor> = xs
+        .iter()
+        .map(|x| rng.randn(x.shape().clone(), DType::F64)?.to_device(x.device()))
+        .collect::<tapir_tensor::Result<_>>()?;
 
     let shifted = |t: f64| -> tapir_tensor::Result<Vec<Tensor>> {
         xs.iter().zip(&dirs).map(|(x, d)| x.add(&d.mul_scalar(t)?)).collect()

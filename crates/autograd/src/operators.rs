@@ -2,25 +2,30 @@
 //! products, Jacobians, Hessians, and the per-sample operators PDE solvers
 //! need (Laplacian, Hessian diagonal) on batched points `[N, d]`.
 
-use tapir_tensor::{BinaryOps, Diff, Error, ReduceOps, Result, ShapeOps, Tensor};
+use tapir_tensor::{BinaryOps, DType, Device, Diff, Error, ReduceOps, Result, ShapeOps, Tensor};
 
 use crate::backward::GradOptions;
 use crate::graph::{Graph, Var};
 
-fn unit(shape: &[usize], dtype: tapir_tensor::DType, flat: usize) -> Result<Tensor> {
+// The tangents and probes below are built on the host, where they are a
+// few lines, and copied to the device of the value they go with (a no-op
+// on the CPU): the operators then run wherever their inputs live.
+
+/// A tangent shaped `shape`, 1 at row-major position `flat`, 0 elsewhere.
+fn unit(shape: &[usize], dtype: DType, device: Device, flat: usize) -> Result<Tensor> {
     let n: usize = shape.iter().product();
     let mut v = vec![0.0; n];
     v[flat] = 1.0;
-    Tensor::from_vec(v, [n])?.cast(dtype)?.reshape(shape.to_vec())
+    Tensor::from_vec(v, [n])?.cast(dtype)?.reshape(shape.to_vec())?.to_device(device)
 }
 
 /// A `[N, d]` tangent that is 1 in column `i` and 0 elsewhere.
-fn column(n: usize, d: usize, i: usize, dtype: tapir_tensor::DType) -> Result<Tensor> {
+fn column(n: usize, d: usize, i: usize, dtype: DType, device: Device) -> Result<Tensor> {
     let mut v = vec![0.0; n * d];
     for r in 0..n {
         v[r * d + i] = 1.0;
     }
-    Tensor::from_vec(v, [n, d])?.cast(dtype)
+    Tensor::from_vec(v, [n, d])?.cast(dtype)?.to_device(device)
 }
 
 fn check_points(g: &Graph, op: &'static str, u: &Var<'_>, x: &Var<'_>) -> Result<(usize, usize)> {
@@ -71,7 +76,8 @@ impl Graph {
 
     /// The full Jacobian of `y` with respect to `x`, shaped
     /// `y.shape ++ x.shape`: forward mode column by column when `x` is the
-    /// smaller, reverse mode row by row otherwise. For small problems.
+    /// smaller, reverse mode row by row otherwise. For small problems. The
+    /// result lives on `y`'s device.
     pub fn jacobian(&self, y: Var<'_>, x: Var<'_>) -> Result<Tensor> {
         let (y, x) = (self.same("jacobian", y)?, self.same("jacobian", x)?);
         let (ys, xs) = (y.shape(), x.shape());
@@ -79,14 +85,14 @@ impl Graph {
         let mut out = vec![0.0f64; m * n];
         if n <= m {
             for j in 0..n {
-                let col = self.jvp(&[y], &[x], &[unit(xs.dims(), x.dtype(), j)?])?.remove(0).to_vec_f64();
+                let col = self.jvp(&[y], &[x], &[unit(xs.dims(), x.dtype(), x.device(), j)?])?.remove(0).to_vec_f64();
                 for i in 0..m {
                     out[i * n + j] = col[i];
                 }
             }
         } else {
             for i in 0..m {
-                let seed = unit(ys.dims(), y.dtype(), i)?;
+                let seed = unit(ys.dims(), y.dtype(), y.device(), i)?;
                 let opts = GradOptions { grad_outputs: Some(vec![seed]), retain_graph: true };
                 let row = self.grad_with(&[y], &[x], opts)?.remove(0).to_vec_f64();
                 out[i * n..(i + 1) * n].copy_from_slice(&row);
@@ -94,12 +100,12 @@ impl Graph {
         }
         let mut shape = ys.dims().to_vec();
         shape.extend_from_slice(xs.dims());
-        Tensor::from_vec(out, shape)?.cast(y.dtype())
+        Tensor::from_vec(out, shape)?.cast(y.dtype())?.to_device(y.device())
     }
 
     /// The full Hessian of a scalar `f` with respect to `x`, shaped
     /// `x.shape ++ x.shape`, by one forward-over-reverse pass per element of
-    /// `x`. For small inputs.
+    /// `x`. For small inputs. The result lives on `f`'s device.
     pub fn hessian(&self, f: Var<'_>, x: Var<'_>) -> Result<Tensor> {
         let (f, x) = (self.same("hessian", f)?, self.same("hessian", x)?);
         if f.numel() != 1 {
@@ -110,12 +116,12 @@ impl Graph {
         let n = xs.numel();
         let mut out = Vec::with_capacity(n * n);
         for j in 0..n {
-            out.extend(self.jvp(&[gx], &[x], &[unit(xs.dims(), x.dtype(), j)?])?.remove(0).to_vec_f64());
+            out.extend(self.jvp(&[gx], &[x], &[unit(xs.dims(), x.dtype(), x.device(), j)?])?.remove(0).to_vec_f64());
         }
         let mut shape = xs.dims().to_vec();
         shape.extend_from_slice(xs.dims());
         // H is symmetric, so the column-major fill is also row-major.
-        Tensor::from_vec(out, shape)?.cast(f.dtype())
+        Tensor::from_vec(out, shape)?.cast(f.dtype())?.to_device(f.device())
     }
 
     /// Per-sample second derivatives `d^2 u / dx_i^2` for the listed
@@ -133,7 +139,7 @@ impl Graph {
         let cols = dims
             .iter()
             .map(|&i| {
-                let e = self.constant(column(n, d, i, x.dtype())?);
+                let e = self.constant(column(n, d, i, x.dtype(), x.device())?);
                 self.jvp_graph(&[gx], &[x], &[e])?[0].narrow(1, i, 1)
             })
             .collect::<Result<Vec<_>>>()?;
@@ -182,7 +188,7 @@ impl Graph {
             return Err(Error::IndexOutOfRange { op: "mixed_partial", index: i.max(j) as i64, position: 0, size: d });
         }
         let gx = self.grad_graph(u.sum_all()?, &[x])?[0];
-        let e = self.constant(column(n, d, j, x.dtype())?);
+        let e = self.constant(column(n, d, j, x.dtype(), x.device())?);
         self.jvp_graph(&[gx], &[x], &[e])?[0].narrow(1, i, 1)
     }
 
@@ -210,7 +216,7 @@ impl Graph {
         let mut total: Option<Var<'g>> = None;
         for _ in 0..probes {
             let signs: Vec<f64> = (0..n * d).map(|_| if rng.next_u64() & 1 == 0 { -1.0 } else { 1.0 }).collect();
-            let v = self.constant(Tensor::from_vec(signs, [n, d])?.cast(x.dtype())?);
+            let v = self.constant(Tensor::from_vec(signs, [n, d])?.cast(x.dtype())?.to_device(x.device())?);
             let hv = self.jvp_graph(&[gx], &[x], &[v])?.remove(0);
             let q = hv.mul(&v)?.sum(&[1], false)?;
             total = Some(match total {

@@ -7,6 +7,7 @@
 
 use tapir_autograd::{Graph, Var};
 use tapir_tensor::prelude::*;
+use tapir_testing::test_device;
 
 fn points() -> Tensor {
     Tensor::from_vec(vec![0.5f64, -1.0, 2.0, 0.25], [2, 2]).expect("points")
@@ -19,35 +20,40 @@ fn is_graph_error<T: std::fmt::Debug>(r: Result<T>, op: &str) {
     }
 }
 
-#[test]
-fn the_inner_graph_rejects_outer_handles() {
-    Graph::scope(|outer| {
-        let x = outer.leaf(points());
-        let y = x.square()?;
-        let ones = Tensor::ones([2, 2], DType::F64)?;
-        // Empty inner graph: this used to panic on an invalid slotmap key.
-        Graph::scope(|inner| {
-            is_graph_error(inner.jvp(&[y], &[x], std::slice::from_ref(&ones)), "jvp");
+test_device! {
+    /// On every device: the checks run before any op does (the gradient of
+    /// a non-scalar output needs no reduction).
+    fn the_inner_graph_rejects_outer_handles(device: Device) {
+        let pts = || points().to_device(device).expect("points");
+        Graph::scope(|outer| {
+            let x = outer.leaf(pts());
+            let y = x.square()?;
+            let ones = Tensor::ones_on([2, 2], DType::F64, device)?;
+            // Empty inner graph: this used to panic on an invalid slotmap key.
+            Graph::scope(|inner| {
+                is_graph_error(inner.jvp(&[y], &[x], std::slice::from_ref(&ones)), "jvp");
+                Ok::<_, Error>(())
+            })?;
+            // A busy inner graph: this used to return e^5 from unrelated nodes.
+            Graph::scope(|inner| {
+                let z = inner.leaf(Tensor::full_on([2, 2], 5.0, DType::F64, device)?);
+                let _ = z.exp()?.square()?;
+                is_graph_error(inner.jvp(&[y], &[x], std::slice::from_ref(&ones)), "jvp");
+                is_graph_error(inner.jvp(&[z], &[x], std::slice::from_ref(&ones)), "jvp");
+                is_graph_error(inner.grad(y, &[x]), "grad");
+                is_graph_error(inner.hvp(y, x, &ones), "hvp");
+                is_graph_error(inner.hessian(y, x), "hessian");
+                is_graph_error(inner.jacobian(y, x), "jacobian");
+                Ok::<_, Error>(())
+            })?;
+            // The right graph still gives 2x.
+            let t = outer.jvp(&[y], &[x], std::slice::from_ref(&ones))?.remove(0);
+            assert_eq!(t.device(), device);
+            assert_eq!(t.to_vec::<f64>()?, [1.0, -2.0, 4.0, 0.5]);
             Ok::<_, Error>(())
-        })?;
-        // A busy inner graph: this used to return e^5 from unrelated nodes.
-        Graph::scope(|inner| {
-            let z = inner.leaf(Tensor::full([2, 2], 5.0, DType::F64)?);
-            let _ = z.exp()?.square()?;
-            is_graph_error(inner.jvp(&[y], &[x], std::slice::from_ref(&ones)), "jvp");
-            is_graph_error(inner.jvp(&[z], &[x], std::slice::from_ref(&ones)), "jvp");
-            is_graph_error(inner.grad(y.sum_all()?, &[x]), "grad");
-            is_graph_error(inner.hvp(y.sum_all()?, x, &ones), "hvp");
-            is_graph_error(inner.hessian(y.sum_all()?, x), "hessian");
-            is_graph_error(inner.jacobian(y, x), "jacobian");
-            Ok::<_, Error>(())
-        })?;
-        // The right graph still gives 2x.
-        let t = outer.jvp(&[y], &[x], std::slice::from_ref(&ones))?.remove(0);
-        assert_eq!(t.to_vec::<f64>()?, [1.0, -2.0, 4.0, 0.5]);
-        Ok::<_, Error>(())
-    })
-    .expect("scopes");
+        })
+        .expect("scopes");
+    }
 }
 
 #[test]

@@ -2,6 +2,7 @@
 
 use tapir_autograd::{GradOptions, Graph, Var};
 use tapir_tensor::prelude::*;
+use tapir_testing::test_device;
 
 fn close(a: &[f64], b: &[f64], tol: f64) {
     assert_eq!(a.len(), b.len());
@@ -116,49 +117,56 @@ fn hvp_hessian_and_jacobian() {
     .unwrap();
 }
 
-#[test]
-fn third_order_derivative() {
-    // d^3/dx^3 tanh(x) = -2 sech^2 (1 - 3 tanh^2)... checked against finite
-    // differences of the second derivative instead.
-    let second = |x: f64| -> f64 {
-        Graph::scope(|g| {
-            let v = g.leaf(Tensor::from_vec(vec![x], [1])?);
-            let d1 = g.grad_graph(v.tanh()?.sum_all()?, &[v])?[0];
-            g.grad(d1.sum_all()?, &[v])?.remove(0).item()
+test_device! {
+    /// The same body on every device (the ops are elementwise; a
+    /// one-element output seeds its own gradient, no sum needed).
+    fn third_order_derivative(device: Device) {
+        // d^3/dx^3 tanh(x) = -2 sech^2 (1 - 3 tanh^2)... checked against finite
+        // differences of the second derivative instead.
+        let at = |x: f64| Tensor::from_vec(vec![x], [1]).and_then(|t| t.to_device(device));
+        let second = |x: f64| -> f64 {
+            Graph::scope(|g| {
+                let v = g.leaf(at(x)?);
+                let d1 = g.grad_graph(v.tanh()?, &[v])?[0];
+                g.grad(d1, &[v])?.remove(0).item()
+            })
+            .unwrap()
+        };
+        let third = Graph::scope(|g| {
+            let v = g.leaf(at(0.4)?);
+            let d1 = g.grad_graph(v.tanh()?, &[v])?[0];
+            let d2 = g.grad_graph(d1, &[v])?[0];
+            let d3 = g.grad(d2, &[v])?.remove(0);
+            assert_eq!(d3.device(), device);
+            d3.item()
         })
-        .unwrap()
-    };
-    let third = Graph::scope(|g| {
-        let v = g.leaf(Tensor::from_vec(vec![0.4f64], [1])?);
-        let d1 = g.grad_graph(v.tanh()?.sum_all()?, &[v])?[0];
-        let d2 = g.grad_graph(d1.sum_all()?, &[v])?[0];
-        g.grad(d2.sum_all()?, &[v])?.remove(0).item()
-    })
-    .unwrap();
-    let fd = (second(0.4 + 1e-5) - second(0.4 - 1e-5)) / 2e-5;
-    assert!((third - fd).abs() < 1e-6, "{third} vs {fd}");
-}
+        .unwrap();
+        let fd = (second(0.4 + 1e-5) - second(0.4 - 1e-5)) / 2e-5;
+        assert!((third - fd).abs() < 1e-6, "{third} vs {fd}");
+    }
 
-#[test]
-fn grad_errors_are_structured() {
-    Graph::scope(|g| {
-        let x = g.leaf(Tensor::ones([3], DType::F64).expect("alloc"));
-        let y = x.square()?;
-        let bad = g.grad_with(
-            &[y],
-            &[x],
-            GradOptions {
-                grad_outputs: Some(vec![Tensor::ones([2], DType::F64).expect("alloc")]),
-                retain_graph: false,
-            },
-        );
-        assert!(matches!(bad, Err(Error::ShapeMismatch { op: "grad", .. })));
-        let unused = g.leaf(Tensor::ones([2], DType::F64).expect("alloc"));
-        let gs = g.grad(y.sum_all()?, &[x, unused])?;
-        assert_eq!(gs[1].to_vec::<f64>()?, vec![0.0, 0.0], "an unused input gets zeros");
-        let pts = g.leaf(Tensor::ones([3], DType::F64).expect("alloc"));
-        assert!(matches!(g.laplacian(y, pts), Err(Error::InvalidShape { .. })));
-        Ok::<_, Error>(())
-    })
-    .unwrap();
+    fn grad_errors_are_structured(device: Device) {
+        let ones = |dims: &[usize]| Tensor::ones_on(dims, DType::F64, device).expect("alloc");
+        Graph::scope(|g| {
+            let x = g.leaf(ones(&[3]));
+            let y = x.square()?;
+            let bad = g.grad_with(
+                &[y],
+                &[x],
+                GradOptions {
+                    grad_outputs: Some(vec![ones(&[2])]),
+                    retain_graph: false,
+                },
+            );
+            assert!(matches!(bad, Err(Error::ShapeMismatch { op: "grad", .. })));
+            let unused = g.leaf(ones(&[2]));
+            let gs = g.grad(y, &[x, unused])?;
+            assert_eq!(gs[1].to_vec::<f64>()?, vec![0.0, 0.0], "an unused input gets zeros");
+            assert_eq!(gs[1].device(), device, "made on its input's device");
+            let pts = g.leaf(ones(&[3]));
+            assert!(matches!(g.laplacian(y, pts), Err(Error::InvalidShape { .. })));
+            Ok::<_, Error>(())
+        })
+        .unwrap();
+    }
 }

@@ -187,6 +187,54 @@ impl Tensor {
         Self::full_named("full", shape.into(), value, dtype)
     }
 
+    /// Zeros of `shape` and `dtype` made on `device`: on a CUDA device the
+    /// memory is set there, never filled on the host and copied. Errors as
+    /// [`Tensor::zeros`], and [`Error::DeviceUnavailable`] for a device
+    /// this machine lacks.
+    ///
+    /// ```
+    /// use tapir::prelude::*;
+    ///
+    /// let z = Tensor::zeros_on([2, 3], DType::F64, Device::Cpu)?;
+    /// assert_eq!((z.device(), z.to_vec::<f64>()?), (Device::Cpu, vec![0.0; 6]));
+    /// // On a GPU when one is present, else an error saying why.
+    /// match Tensor::ones_on([4], DType::F32, Device::Cuda(0)) {
+    ///     Ok(o) => assert_eq!((o.device(), o.to_vec::<f32>()?), (Device::Cuda(0), vec![1.0; 4])),
+    ///     Err(e) => assert!(matches!(e, Error::DeviceUnavailable { .. })),
+    /// }
+    /// # Ok::<(), Error>(())
+    /// ```
+    pub fn zeros_on(shape: impl Into<Shape>, dtype: DType, device: Device) -> Result<Self> {
+        match device {
+            Device::Cpu => Self::zeros(shape, dtype),
+            Device::Cuda(i) => Self::full_on_cuda("zeros", i, shape.into(), 0.0, dtype),
+        }
+    }
+
+    /// Ones of `shape` and `dtype` made on `device` (see [`Tensor::zeros_on`]).
+    pub fn ones_on(shape: impl Into<Shape>, dtype: DType, device: Device) -> Result<Self> {
+        match device {
+            Device::Cpu => Self::ones(shape, dtype),
+            Device::Cuda(i) => Self::full_on_cuda("ones", i, shape.into(), 1.0, dtype),
+        }
+    }
+
+    /// `shape` filled with `value` (converted to `dtype` as on the CPU,
+    /// bit for bit) made on `device` (see [`Tensor::zeros_on`]).
+    pub fn full_on(shape: impl Into<Shape>, value: f64, dtype: DType, device: Device) -> Result<Self> {
+        match device {
+            Device::Cpu => Self::full(shape, value, dtype),
+            Device::Cuda(i) => Self::full_on_cuda("full", i, shape.into(), value, dtype),
+        }
+    }
+
+    /// The CUDA side of the `*_on` constructors: the shape is checked as on
+    /// the CPU (the same error for the same shape), then the device fills.
+    fn full_on_cuda(op: &'static str, ordinal: usize, shape: Shape, value: f64, dtype: DType) -> Result<Self> {
+        shape.check(op, dtype)?;
+        crate::cuda::fill::full(ordinal, shape, value, dtype)
+    }
+
     fn full_named(op: &'static str, shape: Shape, value: f64, dtype: DType) -> Result<Self> {
         let n = shape.check(op, dtype)?;
         // +0.0 only: zero bytes are +0.0, and full(.., -0.0) must keep its sign.
@@ -200,7 +248,19 @@ impl Tensor {
     /// Zeros shaped like `self`, same dtype and device (fails only when the
     /// memory cannot be allocated).
     pub fn zeros_like(&self) -> Result<Self> {
-        Self::zeros(self.shape().clone(), self.dtype())
+        Self::zeros_on(self.shape().clone(), self.dtype(), self.device())
+    }
+
+    /// Ones shaped like `self`, same dtype and device (fails only when the
+    /// memory cannot be allocated).
+    pub fn ones_like(&self) -> Result<Self> {
+        Self::ones_on(self.shape().clone(), self.dtype(), self.device())
+    }
+
+    /// `value` in the shape, dtype and device of `self` (fails only when the
+    /// memory cannot be allocated).
+    pub fn full_like(&self, value: f64) -> Result<Self> {
+        Self::full_on(self.shape().clone(), value, self.dtype(), self.device())
     }
 
     /// `start, start + step, ...` below `end` (torch.arange), as `dtype`.

@@ -18,6 +18,7 @@ mod buffer;
 mod context;
 pub(crate) mod driver;
 pub(crate) mod index;
+pub(crate) mod fill;
 mod nvrtc;
 pub(crate) mod ops;
 pub(crate) mod shape;

@@ -62,6 +62,8 @@ pub fn cuda_kernels() -> Vec<(&'static str, String)> {
     out.extend(crate::cuda::index::kernels());
     out.extend(crate::cuda::shape::kernels());
     out.extend(crate::cuda::reduce::kernels());
+    // The constructors' fills (zeros and ones on a device), one per width.
+    out.extend(crate::cuda::fill::KERNELS.iter().map(|k| ("elementwise.cu", k.to_string())));
     out
 }
 
@@ -460,7 +462,7 @@ pub trait Diff: Clone + Sized {
     /// A constant of this value's dtype and device, shaped `shape`, filled
     /// with `v` (errors as [`Tensor::full`]).
     fn full_like_shape(&self, shape: impl Into<Shape>, v: f64) -> Result<Self> {
-        Ok(self.lift(Tensor::full(shape, v, self.dtype())?))
+        Ok(self.lift(Tensor::full_on(shape, v, self.dtype(), self.device())?))
     }
     /// A zero constant shaped like `self` (fails only when out of memory).
     fn zeros_like(&self) -> Result<Self> {
