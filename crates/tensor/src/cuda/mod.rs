@@ -17,6 +17,7 @@ pub mod alloc;
 mod buffer;
 mod context;
 pub(crate) mod driver;
+pub(crate) mod matmul;
 mod nvrtc;
 pub(crate) mod ops;
 
