@@ -20,6 +20,7 @@ pub(crate) mod driver;
 pub(crate) mod matmul;
 mod nvrtc;
 pub(crate) mod ops;
+pub(crate) mod random;
 
 pub(crate) use buffer::to_cuda;
 pub use buffer::CudaBuffer;
@@ -42,6 +43,7 @@ pub const KERNELS: &[(&str, &str)] = &[
     ("cross_entropy.cu", include_str!("../../../../kernels/cross_entropy.cu")),
     ("index.cu", include_str!("../../../../kernels/index.cu")),
     ("cast.cu", include_str!("../../../../kernels/cast.cu")),
+    ("random.cu", include_str!("../../../../kernels/random.cu")),
 ];
 
 /// Returns every cached block of `device` that no tensor uses to the

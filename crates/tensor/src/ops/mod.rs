@@ -55,6 +55,7 @@ pub fn cuda_kernels() -> Vec<(&'static str, String)> {
         out.extend(binary::Binary::ALL.iter().map(|b| ("elementwise.cu", b.cuda_kernel(dt))));
         out.push(("elementwise.cu", binary::Cmp::cuda_kernel(dt)));
     }
+    out.extend(crate::cuda::random::kernel_names().into_iter().map(|k| ("random.cu", k)));
     out
 }
 
