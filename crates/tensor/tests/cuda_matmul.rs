@@ -252,3 +252,29 @@ fn cuda_matmul_makes_no_copy_of_transposed_views_or_broadcast_batches() {
         assert_close(what, &cpu, &y);
     }
 }
+
+/// The fused linear sums (a product rule's tangent, a tanh layer) have a
+/// fused kernel on the CPU only; on CUDA they run composed, through the
+/// cuBLAS product and the elementwise kernels, to the same values.
+#[test]
+fn cuda_fused_linear_sums_run_composed_to_the_cpus_values() {
+    use tapir_tensor::ops::matmul::{fused_linear_sum_then, Then};
+    let Some((dev, _g)) = cuda("cuda_fused_linear_sums_run_composed_to_the_cpus_values") else { return };
+    let f = DType::F32;
+    let (x, w, t, tw) =
+        (tensor(&[7, 33], 1, f), tensor(&[33, 5], 2, f), tensor(&[7, 33], 3, f), tensor(&[33, 5], 4, f));
+    let (bias, h) = (tensor(&[5], 5, f), tensor(&[7, 5], 6, f));
+    let on = |t: &Tensor| t.to_device(dev).unwrap();
+    let (dx, dw, dt, dtw, db, dh) = (on(&x), on(&w), on(&t), on(&tw), on(&bias), on(&h));
+    let cpu_terms = [(&t, &w), (&x, &tw)];
+    let gpu_terms = [(&dt, &dw), (&dx, &dtw)];
+    for (what, cpu_then, gpu_then) in [
+        ("sum", Then::Nothing, Then::Nothing),
+        ("tanh", Then::Tanh, Then::Tanh),
+        ("tanh_backward", Then::TanhBackward(&h), Then::TanhBackward(&dh)),
+    ] {
+        let cpu = fused_linear_sum_then(&cpu_terms, Some(&bias), cpu_then).unwrap().unwrap();
+        let gpu = fused_linear_sum_then(&gpu_terms, Some(&db), gpu_then).unwrap().unwrap();
+        assert_close(what, &cpu, &gpu);
+    }
+}
