@@ -159,7 +159,13 @@ fn mixed_dtype_gradients_check() {
             let a32 = v[0].cast(DType::F32)?;
             a32.mul(&v[1])?.add(&v[1].cast(DType::F32)?.square()?.div(&v[0])?)?.sub(&a32.maximum(&v[1])?)
         },
-        &[pos(&[2, 3], 76), pos(&[3], 77)],
+        // Fixed inputs rather than draws: `maximum` has a kink where the
+        // operands meet and `1 / a` a large third derivative near 0, and
+        // f32 central differences (eps 1e-2) are only as good as the
+        // distance from both. Every `a` here is 0.3 or more from its `b`
+        // (half of them above it, so both branches of `maximum` run) and at
+        // least 1, whatever directions the checker draws.
+        &[t(&[1.1, 1.9, 1.3, 1.8, 1.05, 1.95], &[2, 3]), t(&[1.5, 1.45, 1.6], &[3])],
         opts,
     );
 }

@@ -1,47 +1,263 @@
-//! A small, explicit, seeded random generator, so every run is reproducible.
+//! A small, explicit, seeded random generator, so every run is
+//! reproducible, and the same seed gives the same numbers on every device.
+//!
+//! The generator is counter-based: Philox 4x32-10 (Salmon, Moraes, Dror
+//! and Shaw, "Parallel random numbers: as easy as 1, 2, 3", SC 2011), the
+//! generator PyTorch's CUDA backend and JAX use. Its state is a key (the
+//! seed) and a counter; each 128-bit counter value is turned into four
+//! 32-bit words by ten rounds of multiplications and xors, so any word of
+//! the stream can be computed on its own. A tensor draw on a CUDA device
+//! therefore runs on the device, each thread computing its own counters,
+//! and gives exactly what the same draw gives on the CPU.
+//!
+//! # The stream, exactly
+//!
+//! - The key is the seed: `k0` its low 32 bits, `k1` its high 32 bits.
+//! - Block `b` (a `u64`) is the four words `philox(counter = [lo32(b),
+//!   hi32(b), 0, 0], key)`. [`Rng::offset`] is the next unused block.
+//! - A tensor draw of `n` elements starts at the next unused block (a
+//!   block partly used by scalar draws is skipped) and consumes
+//!   `ceil(n / e)` blocks, where `e` elements come from one block: `e = 4`
+//!   when an element takes one word (uniform and normal draws of f32, f16
+//!   and bf16), `e = 2` when it takes two (f64, and `randint`). Element `i`
+//!   reads block `offset + i / e`, words `w * (i % e) ..` of it (`w` words
+//!   each, the first the high half when `w = 2`).
+//! - Uniform `[lo, hi)`: one word `x` gives `u = (x >> (32 - d)) * 2^-d`
+//!   with `d` the dtype's significand bits (24 for f32, 11 for f16, 8 for
+//!   bf16), so `u < 1` is exact in the dtype; the value is
+//!   `lo + (hi - lo) * u` in f32 (each operation rounded, no fused
+//!   multiply-add), rounded once to the dtype. f64 takes the top 53 bits of
+//!   two words and computes in f64. Identical, bit for bit, on every device.
+//! - Normal (Box-Muller): elements `2p` and `2p + 1` share a pair of
+//!   uniforms: `u1 = (x0 + 1) 2^-32` in `(0, 1]` and `u2 = x1 2^-32` (53-bit
+//!   fractions of two words each for f64), `r = sqrt(-2 ln u1)`,
+//!   `t = 2 pi u2`, and the values `mean + std r cos t` and
+//!   `mean + std r sin t`, computed in f64 and rounded to f32 and then to the
+//!   dtype (an odd last element uses the cosine). CUDA's `log`, `sin` and
+//!   `cos` are within a couple of ulps of the correctly rounded results the
+//!   CPU's libm is close to, so f64 normals differ by a few ulps (the test
+//!   measures at most 4, nine in ten bitwise equal), and the rounding to f32
+//!   hides the difference for all but a value next to a rounding boundary
+//!   (then one ulp; none in the test's draws).
+//! - `randint(n)`: two words as a `u64` `x`, the value `(x * n) >> 64`
+//!   (bias below `n / 2^64`), stored as i64 (saturating) and converted to the
+//!   dtype as a cast does.
+//!
+//! Scalar draws ([`Rng::next_u64`], [`Rng::below`], [`Rng::normal`]) take
+//! the words of one block in order, two per `u64`, high half first.
 
 use crate::storage::{try_vec, CpuElement};
-use crate::{with_dtype, DType, Element, Result, Shape, Tensor};
+use crate::{with_dtype, DType, Device, Element, Error, Result, Shape, Tensor};
+use half::{bf16, f16};
 
-/// xoshiro256++ seeded through SplitMix64. Pass it explicitly: there is no
-/// hidden global generator in tapir.
+/// Philox's round multipliers and Weyl key increments.
+const M0: u32 = 0xD251_1F53;
+const M1: u32 = 0xCD9E_8D57;
+const W0: u32 = 0x9E37_79B9;
+const W1: u32 = 0xBB67_AE85;
+/// `2 pi`, the one constant both devices' Box-Muller multiply by.
+const TWO_PI: f64 = std::f64::consts::TAU;
+
+/// A seeded Philox 4x32-10 stream (see the module docs for its exact
+/// layout). Pass it explicitly: there is no hidden global generator in
+/// tapir.
 #[derive(Debug, Clone)]
 pub struct Rng {
-    s: [u64; 4],
+    key: [u32; 2],
+    /// The next unused block.
+    counter: u64,
+    /// The words of the block scalar draws are reading, and how many of
+    /// them are used (4: none left).
+    words: [u32; 4],
+    used: usize,
     spare_normal: Option<f64>,
+}
+
+/// What a tensor draw computes from its words.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Draw {
+    /// Uniform in `[lo, lo + scale)`.
+    Uniform { lo: f64, scale: f64 },
+    /// Normal with this mean and standard deviation.
+    Normal { mean: f64, std: f64 },
+    /// Integers uniform in `0..n` (`n > 0`).
+    Int { n: u64 },
+}
+
+impl Draw {
+    /// Words an element takes.
+    pub(crate) fn words(self, dtype: DType) -> usize {
+        match self {
+            Draw::Int { .. } => 2,
+            _ if dtype == DType::F64 => 2,
+            _ => 1,
+        }
+    }
+    /// Elements one block gives.
+    pub(crate) fn per_block(self, dtype: DType) -> usize {
+        4 / self.words(dtype)
+    }
+}
+
+/// Significand bits (with the implicit one) of a single-word dtype.
+fn digits(dtype: DType) -> u32 {
+    match dtype {
+        DType::F16 => 11,
+        DType::BF16 => 8,
+        _ => 24,
+    }
+}
+
+fn join(hi: u32, lo: u32) -> u64 {
+    (u64::from(hi) << 32) | u64::from(lo)
+}
+
+/// The top 53 bits of `x` as a fraction in `[0, 1)`.
+fn unit53(x: u64) -> f64 {
+    (x >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+}
+
+/// One Box-Muller pair from `u1` in `(0, 1]` and `u2` in `[0, 1)`.
+fn box_muller(u1: f64, u2: f64) -> (f64, f64) {
+    let r = (-2.0 * u1.ln()).sqrt();
+    let t = TWO_PI * u2;
+    (r * t.cos(), r * t.sin())
+}
+
+/// A single-word element, computed as the CUDA kernels do: in f32, then
+/// rounded to the dtype.
+trait Narrow: Element {
+    fn from_f32(v: f32) -> Self;
+}
+impl Narrow for f32 {
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+}
+impl Narrow for f16 {
+    fn from_f32(v: f32) -> Self {
+        f16::from_f32(v)
+    }
+}
+impl Narrow for bf16 {
+    fn from_f32(v: f32) -> Self {
+        bf16::from_f32(v)
+    }
+}
+
+/// The values of one block for a single-word float dtype, into `out`.
+fn block_narrow<T: Narrow>(draw: Draw, dtype: DType, w: [u32; 4], out: &mut [T]) {
+    match draw {
+        Draw::Uniform { lo, scale } => {
+            let d = digits(dtype);
+            let (lo, scale) = (lo as f32, scale as f32);
+            for (o, x) in out.iter_mut().zip(w) {
+                let u = (x >> (32 - d)) as f32 * (1.0 / (1u32 << d) as f32);
+                *o = T::from_f32(lo + scale * u);
+            }
+        }
+        Draw::Normal { mean, std } => {
+            let unit = 1.0 / (1u64 << 32) as f64;
+            for p in 0..2 {
+                let (z0, z1) = box_muller((f64::from(w[2 * p]) + 1.0) * unit, f64::from(w[2 * p + 1]) * unit);
+                for (j, z) in [z0, z1].into_iter().enumerate() {
+                    if let Some(o) = out.get_mut(2 * p + j) {
+                        *o = T::from_f32((mean + std * z) as f32);
+                    }
+                }
+            }
+        }
+        Draw::Int { .. } => unreachable!("internal: randint takes two words an element"),
+    }
+}
+
+/// The value of randint from two words, as i64 (saturating).
+fn int_value(n: u64, hi: u32, lo: u32) -> i64 {
+    let v = ((u128::from(join(hi, lo)) * u128::from(n)) >> 64) as u64;
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// The values of one block for f64, into `out`.
+fn block_f64(draw: Draw, w: [u32; 4], out: &mut [f64]) {
+    match draw {
+        Draw::Uniform { lo, scale } => {
+            for (j, o) in out.iter_mut().enumerate() {
+                *o = lo + scale * unit53(join(w[2 * j], w[2 * j + 1]));
+            }
+        }
+        Draw::Normal { mean, std } => {
+            let u1 = ((join(w[0], w[1]) >> 11) + 1) as f64 * (1.0 / (1u64 << 53) as f64);
+            let (z0, z1) = box_muller(u1, unit53(join(w[2], w[3])));
+            for (o, z) in out.iter_mut().zip([z0, z1]) {
+                *o = mean + std * z;
+            }
+        }
+        Draw::Int { .. } => unreachable!("internal: randint is generated as i64"),
+    }
+}
+
+/// `n` elements, block by block from `rng`'s next unused block, `e` to a
+/// block, each block's elements written by `f` from its words.
+fn fill<T: Copy + Default>(n: usize, e: usize, rng: &Rng, mut f: impl FnMut([u32; 4], &mut [T])) -> Result<Vec<T>> {
+    let mut v: Vec<T> = try_vec(n)?;
+    v.resize(n, T::default());
+    for (b, chunk) in v.chunks_mut(e).enumerate() {
+        f(rng.block(rng.counter.wrapping_add(b as u64)), chunk);
+    }
+    Ok(v)
 }
 
 impl Rng {
     /// A generator from a seed; the same seed gives the same stream.
     pub fn new(seed: u64) -> Self {
-        let mut z = seed;
-        let mut next = || {
-            z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut x = z;
-            x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            x ^ (x >> 31)
-        };
-        Rng { s: [next(), next(), next(), next()], spare_normal: None }
+        Rng { key: [seed as u32, (seed >> 32) as u32], counter: 0, words: [0; 4], used: 4, spare_normal: None }
+    }
+
+    /// Philox 4x32-10 of one counter under one key: the four words of a
+    /// block (public for known-answer tests).
+    pub fn philox(counter: [u32; 4], key: [u32; 2]) -> [u32; 4] {
+        let (mut c, mut k) = (counter, key);
+        for _ in 0..10 {
+            let p0 = u64::from(M0) * u64::from(c[0]);
+            let p1 = u64::from(M1) * u64::from(c[2]);
+            let (hi0, lo0, hi1, lo1) = ((p0 >> 32) as u32, p0 as u32, (p1 >> 32) as u32, p1 as u32);
+            c = [hi1 ^ c[1] ^ k[0], lo1, hi0 ^ c[3] ^ k[1], lo0];
+            k = [k[0].wrapping_add(W0), k[1].wrapping_add(W1)];
+        }
+        c
+    }
+
+    /// The next unused block of the stream: how many blocks scalar and
+    /// tensor draws have consumed so far.
+    pub fn offset(&self) -> u64 {
+        self.counter
+    }
+
+    /// The words of block `b`.
+    fn block(&self, b: u64) -> [u32; 4] {
+        Rng::philox([b as u32, (b >> 32) as u32, 0, 0], self.key)
+    }
+
+    /// The next 32 random bits.
+    pub fn next_u32(&mut self) -> u32 {
+        if self.used == 4 {
+            self.words = self.block(self.counter);
+            self.counter = self.counter.wrapping_add(1);
+            self.used = 0;
+        }
+        self.used += 1;
+        self.words[self.used - 1]
     }
 
     /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
-        let s = &mut self.s;
-        let r = s[0].wrapping_add(s[3]).rotate_left(23).wrapping_add(s[0]);
-        let t = s[1] << 17;
-        s[2] ^= s[0];
-        s[3] ^= s[1];
-        s[1] ^= s[2];
-        s[0] ^= s[3];
-        s[2] ^= t;
-        s[3] = s[3].rotate_left(45);
-        r
+        let hi = self.next_u32();
+        join(hi, self.next_u32())
     }
 
     /// Uniform in [0, 1).
     pub fn next_f64(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+        unit53(self.next_u64())
     }
 
     /// Uniform integer in `0..n` (n > 0).
@@ -55,38 +271,74 @@ impl Rng {
             return z;
         }
         let u1 = 1.0 - self.next_f64();
-        let u2 = self.next_f64();
-        let r = (-2.0 * u1.ln()).sqrt();
-        let th = 2.0 * std::f64::consts::PI * u2;
-        self.spare_normal = Some(r * th.sin());
-        r * th.cos()
+        let (z0, z1) = box_muller(u1, self.next_f64());
+        self.spare_normal = Some(z1);
+        z0
     }
 
-    /// A tensor of `shape` whose elements, in row-major order, are `draw`'s
-    /// successive values converted to `dtype`. A shape whose size overflows
-    /// is an [`Error::InvalidShape`](crate::Error::InvalidShape) naming `op`,
-    /// one that cannot be allocated an
-    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory); no number is drawn
-    /// then.
-    fn generate(
-        &mut self,
-        op: &'static str,
-        shape: Shape,
-        dtype: DType,
-        mut draw: impl FnMut(&mut Rng) -> f64,
-    ) -> Result<Tensor> {
+    /// A tensor of `shape` on `device` whose element `i` is computed from
+    /// the words the module docs give it. A shape whose size overflows is an
+    /// [`Error::InvalidShape`] naming `op`, one that cannot be allocated an
+    /// [`Error::OutOfMemory`]; no number is drawn then.
+    fn generate(&mut self, op: &'static str, shape: Shape, dtype: DType, draw: Draw, device: Device) -> Result<Tensor> {
         let n = shape.check(op, dtype)?;
-        let buf = with_dtype!(dtype, T => {
-            let mut v = try_vec(n)?;
-            v.extend((0..n).map(|_| T::from_f64(draw(self))));
-            T::wrap(v)
-        });
+        let blocks = n.div_ceil(draw.per_block(dtype)) as u64;
+        let start = self.counter;
+        let out = match device {
+            Device::Cpu => self.generate_cpu(op, shape, dtype, draw, n)?,
+            Device::Cuda(i) => crate::cuda::random::generate(i, op, shape, dtype, draw, self.key, start)?,
+        };
+        // A partly read block is never shared with a tensor draw.
+        self.used = 4;
+        self.counter = start.wrapping_add(blocks);
+        Ok(out)
+    }
+
+    fn generate_cpu(&self, op: &'static str, shape: Shape, dtype: DType, draw: Draw, n: usize) -> Result<Tensor> {
+        let e = draw.per_block(dtype);
+        if let Draw::Int { n: range } = draw {
+            let v = fill(n, e, self, |w, o: &mut [i64]| {
+                for (j, o) in o.iter_mut().enumerate() {
+                    *o = int_value(range, w[2 * j], w[2 * j + 1]);
+                }
+            })?;
+            let buf = with_dtype!(dtype, T => {
+                if dtype == DType::I64 {
+                    i64::wrap(v)
+                } else {
+                    let mut out = try_vec(n)?;
+                    out.extend(v.iter().map(|&x| T::from_f64(x as f64)));
+                    T::wrap(out)
+                }
+            });
+            return Tensor::from_buffer(buf, shape);
+        }
+        let buf = match dtype {
+            DType::F32 => f32::wrap(fill(n, e, self, |w, o| block_narrow(draw, dtype, w, o))?),
+            DType::F16 => f16::wrap(fill(n, e, self, |w, o| block_narrow(draw, dtype, w, o))?),
+            DType::BF16 => bf16::wrap(fill(n, e, self, |w, o| block_narrow(draw, dtype, w, o))?),
+            DType::F64 => f64::wrap(fill(n, e, self, |w, o| block_f64(draw, w, o))?),
+            _ => return Err(Error::UnsupportedDType { op, dtype, expected: "a float dtype" }),
+        };
         Tensor::from_buffer(buf, shape)
     }
 
     /// A tensor uniform in `[lo, hi)`.
     pub fn uniform(&mut self, shape: impl Into<Shape>, lo: f64, hi: f64, dtype: DType) -> Result<Tensor> {
-        self.generate("uniform", shape.into(), dtype, |r| lo + (hi - lo) * r.next_f64())
+        self.uniform_on(shape, lo, hi, dtype, Device::Cpu)
+    }
+
+    /// A tensor uniform in `[lo, hi)` on `device`, generated there; the
+    /// same numbers as [`Rng::uniform`] gives from the same state.
+    pub fn uniform_on(
+        &mut self,
+        shape: impl Into<Shape>,
+        lo: f64,
+        hi: f64,
+        dtype: DType,
+        device: Device,
+    ) -> Result<Tensor> {
+        self.generate("uniform", shape.into(), dtype, Draw::Uniform { lo, scale: hi - lo }, device)
     }
 
     /// A tensor uniform in `[0, 1)`.
@@ -94,18 +346,45 @@ impl Rng {
         self.uniform(shape, 0.0, 1.0, dtype)
     }
 
+    /// A tensor uniform in `[0, 1)` on `device`.
+    pub fn rand_on(&mut self, shape: impl Into<Shape>, dtype: DType, device: Device) -> Result<Tensor> {
+        self.uniform_on(shape, 0.0, 1.0, dtype, device)
+    }
+
     /// A tensor of standard normals.
     pub fn randn(&mut self, shape: impl Into<Shape>, dtype: DType) -> Result<Tensor> {
         self.normal_tensor(shape, 0.0, 1.0, dtype)
     }
 
+    /// A tensor of standard normals on `device`.
+    pub fn randn_on(&mut self, shape: impl Into<Shape>, dtype: DType, device: Device) -> Result<Tensor> {
+        self.normal_tensor_on(shape, 0.0, 1.0, dtype, device)
+    }
+
     /// A tensor of normals with `mean` and `std`.
     pub fn normal_tensor(&mut self, shape: impl Into<Shape>, mean: f64, std: f64, dtype: DType) -> Result<Tensor> {
-        self.generate("normal", shape.into(), dtype, |r| mean + std * r.normal())
+        self.normal_tensor_on(shape, mean, std, dtype, Device::Cpu)
+    }
+
+    /// A tensor of normals with `mean` and `std` on `device`.
+    pub fn normal_tensor_on(
+        &mut self,
+        shape: impl Into<Shape>,
+        mean: f64,
+        std: f64,
+        dtype: DType,
+        device: Device,
+    ) -> Result<Tensor> {
+        self.generate("normal", shape.into(), dtype, Draw::Normal { mean, std }, device)
     }
 
     /// A tensor of integers uniform in `0..n`, as `dtype` (i32/i64 labels).
     pub fn randint(&mut self, shape: impl Into<Shape>, n: u64, dtype: DType) -> Result<Tensor> {
-        self.generate("randint", shape.into(), dtype, |r| r.below(n.max(1)) as f64)
+        self.randint_on(shape, n, dtype, Device::Cpu)
+    }
+
+    /// A tensor of integers uniform in `0..n`, as `dtype`, on `device`.
+    pub fn randint_on(&mut self, shape: impl Into<Shape>, n: u64, dtype: DType, device: Device) -> Result<Tensor> {
+        self.generate("randint", shape.into(), dtype, Draw::Int { n: n.max(1) }, device)
     }
 }

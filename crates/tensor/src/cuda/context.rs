@@ -1,11 +1,13 @@
 //! One CUDA device as the backend holds it: a context and its default
-//! stream, the caching allocator, and the kernels loaded into the context,
-//! each created once per process and shared by every tensor on the device.
+//! stream, the caching allocator, the kernels loaded into the context, and
+//! a cuBLAS handle bound to the stream, each created once per process and
+//! shared by every tensor on the device.
 
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
+use cudarc::cublas::CudaBlas;
 use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaModule, CudaStream, DriverError};
 
 use super::alloc::{AllocFailure, CachingAllocator, DriverFailure, SegmentDriver};
@@ -61,6 +63,8 @@ pub struct CudaDevice {
     alloc: Mutex<CachingAllocator<DriverSegments>>,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
     functions: Mutex<HashMap<(&'static str, String), CudaFunction>>,
+    /// The cuBLAS handle, created on the first product (or found missing).
+    blas: OnceLock<std::result::Result<Arc<CudaBlas>, String>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -97,6 +101,7 @@ impl CudaDevice {
             arch: format!("compute_{cc}"),
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
+            blas: OnceLock::new(),
         })
     }
 
@@ -189,6 +194,42 @@ impl CudaDevice {
         let f = module.load_function(name).map_err(|e| driver_error(&format!("{file}: kernel {name}"), e))?;
         lock(&self.functions).insert(key, f.clone());
         Ok(f)
+    }
+
+    /// The device's cuBLAS handle, created on first use and bound to the
+    /// device's stream, so products queue behind the kernels before them.
+    ///
+    /// The math mode is `CUBLAS_DEFAULT_MATH`: f32 products run in f32
+    /// (TF32 is used only under `CUBLAS_TF32_TENSOR_OP_MATH` or a
+    /// `_FAST_TF32` compute type, neither of which tapir sets), while
+    /// f16/bf16 products with f32 compute may still use tensor cores.
+    /// (`CUBLAS_PEDANTIC_MATH` would also keep those off the tensor cores.)
+    /// A missing cuBLAS, or one lacking an entry point cudarc looks up, is
+    /// an error here rather than cudarc's panic.
+    pub(crate) fn blas(&self) -> Result<Arc<CudaBlas>> {
+        let made = self.blas.get_or_init(|| {
+            let lib = super::driver::cublas_library()?;
+            self.ctx.bind_to_thread().map_err(|e| format!("binding the context: {e}"))?;
+            let stream = self.stream.clone();
+            let created = std::panic::catch_unwind(AssertUnwindSafe(move || {
+                let blas = CudaBlas::new(stream)?;
+                // SAFETY: a live handle; the mode is one of cuBLAS's enum values.
+                unsafe {
+                    cudarc::cublas::sys::cublasSetMathMode(
+                        *blas.handle(),
+                        cudarc::cublas::sys::cublasMath_t::CUBLAS_DEFAULT_MATH,
+                    )
+                }
+                .result()?;
+                Ok::<_, cudarc::cublas::result::CublasError>(blas)
+            }));
+            match created {
+                Ok(Ok(blas)) => Ok(Arc::new(blas)),
+                Ok(Err(e)) => Err(format!("creating a cuBLAS handle ({lib}) failed: {e}")),
+                Err(_) => Err(format!("{lib} lacks an entry point cudarc needs")),
+            }
+        });
+        made.clone().map_err(|why| Error::Cuda(format!("cuBLAS: {why}")))
     }
 
     /// Binds the context to the calling thread (every raw driver call needs it).

@@ -111,9 +111,50 @@ fn load_emulator() -> Result<PathBuf, String> {
     let cublas_dir = driver.parent().map(Path::to_path_buf).unwrap_or_default();
     let mut cublas = emu_candidates("TAPIR_CUDA_EMU_CUBLAS_LIB", EMU_CUBLAS);
     cublas.insert(0, cublas_dir.join(EMU_CUBLAS));
-    // cuBLAS is optional here: without its stand-in, cuBLAS calls fail in cudarc, not the driver.
-    let _ = open_first(&cublas, &mut Vec::new());
+    // cuBLAS is optional for the driver: without its stand-in only matmul
+    // fails, with the reason kept here for `cublas_library`.
+    let mut tried = Vec::new();
+    let found = open_first(&cublas, &mut tried).map(|p| p.display().to_string()).ok_or_else(|| {
+        format!(
+            "the emulator's cuBLAS stand-in was not found (build it with `cargo build -p \
+             tapir-cuda-emu-cublas`, or set TAPIR_CUDA_EMU_CUBLAS_LIB); tried {}",
+            tried.join(", ")
+        )
+    });
+    let _ = EMU_CUBLAS_FOUND.set(found);
     Ok(driver)
+}
+
+/// Where the emulator's cuBLAS stand-in was opened from, or why not; set
+/// when the emulator loads.
+static EMU_CUBLAS_FOUND: OnceLock<Result<String, String>> = OnceLock::new();
+
+/// The cuBLAS library in use, opened (and kept loaded) before cudarc looks
+/// it up, or why there is none. cudarc panics when it finds no cuBLAS, so
+/// the backend asks here first and makes a missing library an error. The
+/// names tried are cudarc's own, in its order, so its later open by name
+/// finds the object opened here; with the emulator selected it is the
+/// stand-in, whose soname is the first of those names.
+pub(crate) fn cublas_library() -> Result<String, String> {
+    static LIB: OnceLock<Result<String, String>> = OnceLock::new();
+    LIB.get_or_init(|| {
+        if emulated_selected() {
+            driver_library()?;
+            return EMU_CUBLAS_FOUND.get().cloned().unwrap_or_else(|| Err("the emulator did not load".into()));
+        }
+        let names = cudarc::get_lib_name_candidates("cublas");
+        let mut first = None;
+        for name in &names {
+            match open_leaked(name.as_ref()) {
+                Ok(()) => return Ok(name.clone()),
+                Err(why) => {
+                    first.get_or_insert(why);
+                }
+            }
+        }
+        Err(format!("no cuBLAS library found under any of {} names ({})", names.len(), first.unwrap_or_default()))
+    })
+    .clone()
 }
 
 /// The driver library in use: the emulator's path when it is selected,

@@ -17,12 +17,14 @@ pub mod alloc;
 mod buffer;
 mod context;
 pub(crate) mod driver;
-pub(crate) mod index;
 pub(crate) mod fill;
+pub(crate) mod index;
+pub(crate) mod matmul;
 mod nvrtc;
 pub(crate) mod ops;
-pub(crate) mod shape;
+pub(crate) mod random;
 pub(crate) mod reduce;
+pub(crate) mod shape;
 
 pub(crate) use buffer::to_cuda;
 pub use buffer::CudaBuffer;
@@ -45,6 +47,7 @@ pub const KERNELS: &[(&str, &str)] = &[
     ("cross_entropy.cu", include_str!("../../../../kernels/cross_entropy.cu")),
     ("index.cu", include_str!("../../../../kernels/index.cu")),
     ("cast.cu", include_str!("../../../../kernels/cast.cu")),
+    ("random.cu", include_str!("../../../../kernels/random.cu")),
 ];
 
 /// Waits until every launch and copy queued on `device`'s stream has

@@ -39,6 +39,23 @@ fn plan(a: &Tensor, b: &Tensor) -> Result<Plan> {
     Ok(Plan { batch, m, k, n })
 }
 
+/// The checks every device makes, in one order, so a bad product is the
+/// same error everywhere: the plan and the output's shape.
+pub(crate) fn checked(a: &Tensor, b: &Tensor) -> Result<(Plan, Shape)> {
+    if a.dtype() != b.dtype() {
+        return Err(Error::DTypeMismatch { op: "matmul", lhs: a.dtype(), rhs: b.dtype() });
+    }
+    if a.device() != b.device() {
+        return Err(Error::DeviceMismatch { op: "matmul", lhs: a.device(), rhs: b.device() });
+    }
+    let p = plan(a, b)?;
+    let mut shape = p.batch.clone();
+    shape.0.push(p.m);
+    shape.0.push(p.n);
+    shape.check("matmul", a.dtype())?;
+    Ok((p, shape))
+}
+
 impl Op for Matmul {
     fn name(&self) -> &'static str {
         "matmul"
@@ -51,19 +68,11 @@ impl Op for Matmul {
         Saved::INPUTS
     }
     fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        let (a, b) = (xs[0], xs[1]);
-        if a.dtype() != b.dtype() {
-            return Err(Error::DTypeMismatch { op: "matmul", lhs: a.dtype(), rhs: b.dtype() });
-        }
-        if a.device() != b.device() {
-            return Err(Error::DeviceMismatch { op: "matmul", lhs: a.device(), rhs: b.device() });
-        }
-        let p = plan(a, b)?;
-        let mut shape = p.batch.clone();
-        shape.0.push(p.m);
-        shape.0.push(p.n);
-        shape.check("matmul", a.dtype())?;
-        cpu::matmul::forward(a, b, &p, shape)
+        let (p, shape) = checked(xs[0], xs[1])?;
+        cpu::matmul::forward(xs[0], xs[1], &p, shape)
+    }
+    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
+        crate::cuda::matmul::forward(xs[0], xs[1])
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         let (a, b) = (xs[0], xs[1]);

@@ -64,6 +64,7 @@ pub fn cuda_kernels() -> Vec<(&'static str, String)> {
     out.extend(crate::cuda::reduce::kernels());
     // The constructors' fills (zeros and ones on a device), one per width.
     out.extend(crate::cuda::fill::KERNELS.iter().map(|k| ("elementwise.cu", k.to_string())));
+    out.extend(crate::cuda::random::kernel_names().into_iter().map(|k| ("random.cu", k)));
     out
 }
 

@@ -1,0 +1,71 @@
+//! Random tensors generated on a CUDA device by `kernels/random.cu`: the
+//! same Philox blocks, and the same arithmetic on their words, as the
+//! CPU's `Rng` (whose module docs give the layout), so a seed gives the same
+//! numbers on every device.
+
+use super::buffer::{tensor_of, CudaBuffer};
+use super::context::CudaDevice;
+use super::ops::{cast, launch, Arg};
+use crate::rng::Draw;
+use crate::{DType, Error, Result, Shape, Tensor};
+
+/// The kernel-name suffix of a float dtype.
+fn suffix(dtype: DType) -> Option<&'static str> {
+    match dtype {
+        DType::F32 => Some("f32"),
+        DType::F64 => Some("f64"),
+        DType::F16 => Some("f16"),
+        DType::BF16 => Some("bf16"),
+        _ => None,
+    }
+}
+
+/// Every kernel of random.cu, for the NVRTC test.
+pub(crate) fn kernel_names() -> Vec<String> {
+    let mut out: Vec<String> = [DType::F32, DType::F64, DType::F16, DType::BF16]
+        .into_iter()
+        .flat_map(|d| ["uniform", "normal"].map(|k| format!("{k}_{}", suffix(d).expect("internal: a float dtype"))))
+        .collect();
+    out.push("randint_i64".into());
+    out
+}
+
+/// The `n = shape.numel()` elements of `draw` on CUDA device `ordinal`,
+/// starting at block `offset` of the stream keyed `key` (the shape has been
+/// checked by the caller).
+pub(crate) fn generate(
+    ordinal: usize,
+    op: &'static str,
+    shape: Shape,
+    dtype: DType,
+    draw: Draw,
+    key: [u32; 2],
+    offset: u64,
+) -> Result<Tensor> {
+    let dev = CudaDevice::get(ordinal)?;
+    let n = shape.numel();
+    let blocks = n.div_ceil(draw.per_block(dtype));
+    let head = [Arg::I64(n as i64), Arg::I32(key[0] as i32), Arg::I32(key[1] as i32), Arg::I64(offset as i64)];
+    let (kernel, p0, p1, out_dtype) = match draw {
+        Draw::Int { n: range } => ("randint_i64".to_string(), Arg::I64(range as i64), None, DType::I64),
+        Draw::Uniform { lo, scale } | Draw::Normal { mean: lo, std: scale } => {
+            let s = suffix(dtype).ok_or(Error::UnsupportedDType { op, dtype, expected: "a float dtype" })?;
+            let k = if matches!(draw, Draw::Uniform { .. }) { "uniform" } else { "normal" };
+            (format!("{k}_{s}"), Arg::F64(lo), Some(Arg::F64(scale)), dtype)
+        }
+    };
+    let (out, _) = CudaBuffer::alloc(&dev, out_dtype, n)?;
+    if n > 0 {
+        let mut args = head.to_vec();
+        args.push(p0);
+        args.extend(p1);
+        args.push(Arg::Ptr(out.ptr()));
+        launch(&dev, "random.cu", &kernel, blocks, &args)?;
+    }
+    let t = tensor_of(out, shape);
+    // Integers are drawn as i64 and converted as a cast converts, as the CPU does.
+    if out_dtype != dtype {
+        return cast(&t, dtype);
+    }
+    Ok(t)
+}

@@ -1,0 +1,239 @@
+//! The Philox 4x32-10 generator: its known answers, the documented layout
+//! of a tensor draw on the stream, statistics, reproducibility, and (with a
+//! CUDA device) the same numbers generated on the device.
+//!
+//! The CUDA tests need a device (a GPU, or the emulated one with
+//! `TAPIR_CUDA=emulated`); without one they say so and pass, unless
+//! `TAPIR_REQUIRE_CUDA=1` makes the skip a failure.
+
+use std::sync::{Mutex, MutexGuard};
+
+use tapir_tensor::prelude::*;
+
+#[path = "support/cuda.rs"]
+mod support;
+
+static LOCK: Mutex<()> = Mutex::new(());
+
+fn cuda(test: &str) -> Option<(Device, MutexGuard<'static, ()>)> {
+    let guard = LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    support::cuda(test).map(|d| (d, guard))
+}
+
+const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
+
+/// The Philox4x32-10 lines of Random123's `tests/kat_vectors`
+/// (github.com/DEShawResearch/random123; columns: counter, key, result),
+/// which the implementation, written from the paper's description of the
+/// round function and key schedule, reproduces.
+#[test]
+fn philox_matches_the_random123_known_answers() {
+    let kat: [([u32; 4], [u32; 2], [u32; 4]); 3] = [
+        ([0, 0, 0, 0], [0, 0], [0x6627_e8d5, 0xe169_c58d, 0xbc57_ac4c, 0x9b00_dbd8]),
+        ([u32::MAX; 4], [u32::MAX; 2], [0x408f_276d, 0x41c8_3b0e, 0xa20b_c7c6, 0x6d54_51fd]),
+        (
+            [0x243f_6a88, 0x85a3_08d3, 0x1319_8a2e, 0x0370_7344],
+            [0xa409_3822, 0x299f_31d0],
+            [0xd16c_fe09, 0x94fd_cceb, 0x5001_e420, 0x2412_6ea1],
+        ),
+    ];
+    for (ctr, key, want) in kat {
+        assert_eq!(Rng::philox(ctr, key), want, "counter {ctr:x?} key {key:x?}");
+    }
+}
+
+/// Element `i` of an f32 `rand` is lane `i % 4` of block `offset + i / 4`,
+/// its top 24 bits over 2^24; an f64 element is two lanes' top 53 bits;
+/// the key is the seed's halves.
+#[test]
+fn a_tensor_draw_reads_the_documented_blocks_and_lanes() {
+    let seed = 0x0123_4567_89ab_cdef_u64;
+    let key = [seed as u32, (seed >> 32) as u32];
+    let block = |b: u64| Rng::philox([b as u32, (b >> 32) as u32, 0, 0], key);
+    let mut rng = Rng::new(seed);
+    // A scalar draw reads block 0; the tensor draw then starts at block 1.
+    let first = rng.next_u64();
+    assert_eq!(first, (u64::from(block(0)[0]) << 32) | u64::from(block(0)[1]));
+    assert_eq!(rng.offset(), 1);
+    let x = rng.rand([3, 3], DType::F32).unwrap().to_vec_f64();
+    assert_eq!(rng.offset(), 1 + 3, "9 f32s take ceil(9 / 4) blocks");
+    for (i, v) in x.iter().enumerate() {
+        let w = block(1 + i as u64 / 4)[i % 4];
+        assert_eq!(*v, f64::from((w >> 8) as f32 / (1u32 << 24) as f32), "element {i}");
+    }
+    let y = rng.rand([3], DType::F64).unwrap().to_vec_f64();
+    assert_eq!(rng.offset(), 4 + 2, "3 f64s take ceil(3 / 2) blocks");
+    for (i, v) in y.iter().enumerate() {
+        let w = block(4 + i as u64 / 2);
+        let bits = (u64::from(w[2 * (i % 2)]) << 32) | u64::from(w[2 * (i % 2) + 1]);
+        assert_eq!(*v, (bits >> 11) as f64 / (1u64 << 53) as f64, "element {i}");
+    }
+    // Normal pairs share a block's words: 5 f32 normals take 2 blocks.
+    rng.randn([5], DType::F32).unwrap();
+    assert_eq!(rng.offset(), 8);
+}
+
+#[test]
+fn the_same_seed_gives_the_same_draws_and_another_seed_others() {
+    let draw = |seed| {
+        let mut r = Rng::new(seed);
+        let mut out = Vec::new();
+        for dtype in FLOATS {
+            out.extend(r.rand([7], dtype).unwrap().to_vec_f64());
+            out.extend(r.randn([7], dtype).unwrap().to_vec_f64());
+        }
+        out.extend(r.randint([7], 10, DType::I64).unwrap().to_vec_f64());
+        out.push(r.normal());
+        out.push(r.below(1000) as f64);
+        out
+    };
+    assert_eq!(draw(42), draw(42));
+    let (a, b) = (draw(42), draw(43));
+    assert!(a.iter().zip(&b).filter(|(x, y)| x != y).count() > a.len() * 3 / 4, "seeds 42 and 43 look alike");
+    // A cloned generator continues the same stream.
+    let mut r = Rng::new(7);
+    r.rand([3], DType::F32).unwrap();
+    let mut c = r.clone();
+    assert_eq!(r.randn([9], DType::F64).unwrap().to_vec_f64(), c.randn([9], DType::F64).unwrap().to_vec_f64());
+}
+
+fn mean_var(v: &[f64]) -> (f64, f64) {
+    let n = v.len() as f64;
+    let m = v.iter().sum::<f64>() / n;
+    (m, v.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / n)
+}
+
+#[test]
+fn draws_have_the_moments_of_their_distributions() {
+    let mut rng = Rng::new(2024);
+    let n = 200_000;
+    // Standard errors at n = 2e5: mean 6.5e-4 (uniform), 2.2e-3 (normal).
+    for dtype in FLOATS {
+        let u = rng.uniform([n], -1.0, 3.0, dtype).unwrap().to_vec_f64();
+        let (m, v) = mean_var(&u);
+        assert!((m - 1.0).abs() < 0.01 && (v - 16.0 / 12.0).abs() < 0.02, "{dtype:?} uniform: mean {m} var {v}");
+        assert!(u.iter().all(|x| (-1.0..=3.0).contains(x)), "{dtype:?}: a uniform out of range");
+        let r = rng.rand([n], dtype).unwrap().to_vec_f64();
+        assert!(r.iter().all(|x| (0.0..1.0).contains(x)), "{dtype:?}: rand reaches 1");
+        let z = rng.normal_tensor([n], 2.0, 0.5, dtype).unwrap().to_vec_f64();
+        let (m, v) = mean_var(&z);
+        assert!((m - 2.0).abs() < 0.01 && (v - 0.25).abs() < 0.01, "{dtype:?} normal: mean {m} var {v}");
+        // About 4.55% of a normal lies beyond two standard deviations.
+        let tails = z.iter().filter(|x| (*x - 2.0).abs() > 1.0).count() as f64 / n as f64;
+        assert!((tails - 0.0455).abs() < 0.004, "{dtype:?} normal tails: {tails}");
+    }
+    let k = rng.randint([n], 10, DType::I32).unwrap().to_vec_f64();
+    let mut counts = [0usize; 10];
+    for x in &k {
+        counts[*x as usize] += 1;
+    }
+    assert!(counts.iter().all(|&c| (c as f64 - n as f64 / 10.0).abs() < 600.0), "randint counts {counts:?}");
+    // Scalar normals too.
+    let s: Vec<f64> = (0..n).map(|_| rng.normal()).collect();
+    let (m, v) = mean_var(&s);
+    assert!(m.abs() < 0.01 && (v - 1.0).abs() < 0.02, "scalar normal: mean {m} var {v}");
+}
+
+#[test]
+fn a_failed_draw_consumes_nothing() {
+    let mut rng = Rng::new(5);
+    let before = rng.offset();
+    assert!(matches!(rng.rand([usize::MAX, 2], DType::F32), Err(Error::InvalidShape { .. })));
+    assert!(matches!(rng.randn([4], DType::I64), Err(Error::UnsupportedDType { op: "normal", dtype: DType::I64, .. })));
+    assert_eq!(rng.offset(), before);
+    assert_eq!(
+        rng.rand([4], DType::F32).unwrap().to_vec_f64(),
+        Rng::new(5).rand([4], DType::F32).unwrap().to_vec_f64()
+    );
+}
+
+/// Sizes that end inside a block, exactly on one, and span many threads.
+const SIZES: [usize; 4] = [1, 5, 8, 1027];
+
+#[test]
+fn cuda_uniform_is_the_cpus_bit_for_bit() {
+    let Some((dev, _g)) = cuda("cuda_uniform_is_the_cpus_bit_for_bit") else { return };
+    for dtype in FLOATS {
+        let (mut c, mut g) = (Rng::new(11), Rng::new(11));
+        for n in SIZES {
+            let cpu = c.uniform([n], -2.5, 0.75, dtype).unwrap();
+            let gpu = g.uniform_on([n], -2.5, 0.75, dtype, dev).unwrap();
+            assert_eq!(gpu.device(), dev);
+            assert_eq!(gpu.to_device(Device::Cpu).unwrap().to_vec_f64(), cpu.to_vec_f64(), "{dtype:?} n = {n}");
+            assert_eq!(g.offset(), c.offset(), "both streams advance alike");
+            let (cpu, gpu) = (c.rand([n, 1], dtype).unwrap(), g.rand_on([n, 1], dtype, dev).unwrap());
+            assert_eq!(gpu.dims(), &[n, 1]);
+            assert_eq!(gpu.to_device(Device::Cpu).unwrap().to_vec_f64(), cpu.to_vec_f64(), "{dtype:?} rand n = {n}");
+        }
+    }
+}
+
+/// `|x - y|` in units in the last place of `dtype` at `x`, or at `floor`
+/// when `x` is smaller: a value `mean + std z` that cancels to near zero
+/// carries the rounding of its terms, not of itself.
+fn ulps(dtype: DType, x: f64, y: f64, floor: f64) -> f64 {
+    let bits = match dtype {
+        DType::F64 => 52,
+        DType::F32 => 23,
+        DType::F16 => 10,
+        _ => 7,
+    };
+    let ulp = 2f64.powi(x.abs().max(floor).log2().floor() as i32 - bits);
+    (x - y).abs() / ulp
+}
+
+#[test]
+fn cuda_normals_match_the_cpus_within_an_ulp_or_two() {
+    let Some((dev, _g)) = cuda("cuda_normals_match_the_cpus_within_an_ulp_or_two") else { return };
+    for dtype in FLOATS {
+        let (mut c, mut g) = (Rng::new(99), Rng::new(99));
+        let (mut equal, mut total, mut worst, mut at) = (0, 0, 0f64, (0.0, 0.0));
+        for n in SIZES {
+            let cpu = c.normal_tensor([n], 0.5, 2.0, dtype).unwrap().to_vec_f64();
+            let gpu =
+                g.normal_tensor_on([n], 0.5, 2.0, dtype, dev).unwrap().to_device(Device::Cpu).unwrap().to_vec_f64();
+            assert_eq!(g.offset(), c.offset());
+            for (x, y) in cpu.iter().zip(&gpu) {
+                total += 1;
+                equal += usize::from(x == y);
+                let d = ulps(dtype, *x, *y, 0.5);
+                if d > worst {
+                    (worst, at) = (d, (*x, *y));
+                }
+            }
+        }
+        // f64 carries the libraries' differences (CUDA's log, sin and cos
+        // are within 2 ulps); the narrower dtypes round them away but for
+        // a value next to a rounding boundary.
+        let limit = if dtype == DType::F64 { 8.0 } else { 1.0 };
+        println!("{dtype:?} normals: {equal} of {total} bitwise equal, worst {worst} ulp (cpu {} cuda {})", at.0, at.1);
+        assert!(worst <= limit, "{dtype:?}: {worst} ulps apart at {at:?}");
+        assert!(equal * 4 >= total * 3, "{dtype:?}: only {equal} of {total} equal");
+    }
+}
+
+#[test]
+fn cuda_randint_is_the_cpus_and_live_bytes_return() {
+    let Some((dev, _g)) = cuda("cuda_randint_is_the_cpus_and_live_bytes_return") else { return };
+    let before = memory_stats(dev).allocated;
+    for dtype in [DType::I64, DType::I32, DType::F32, DType::F64] {
+        let (mut c, mut g) = (Rng::new(3), Rng::new(3));
+        for (n, range) in [(5usize, 10u64), (1027, 3), (64, u64::MAX)] {
+            let cpu = c.randint([n], range, dtype).unwrap();
+            let gpu = g.randint_on([n], range, dtype, dev).unwrap();
+            assert_eq!((gpu.device(), gpu.dtype()), (dev, dtype));
+            assert_eq!(gpu.to_device(Device::Cpu).unwrap().to_vec_f64(), cpu.to_vec_f64(), "{dtype:?} 0..{range}");
+        }
+    }
+    {
+        let mut g = Rng::new(1);
+        let x = g.randn_on([1000], DType::F32, dev).unwrap();
+        assert_eq!(memory_stats(dev).allocated - before, 4000, "the tensor's bytes, no more");
+        // A failed draw allocates nothing and draws nothing.
+        let at = g.offset();
+        assert!(g.rand_on([4], DType::I32, dev).is_err());
+        assert_eq!((g.offset(), memory_stats(dev).allocated - before), (at, 4000));
+        drop(x);
+    }
+    assert_eq!(memory_stats(dev).allocated, before);
+}

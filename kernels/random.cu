@@ -1,0 +1,157 @@
+// Random tensors from a Philox 4x32-10 stream, element for element the
+// numbers the CPU's `Rng` gives (crates/tensor/src/rng.rs documents the
+// layout): block `b` of the stream is philox([lo(b), hi(b), 0, 0], key),
+// each thread computes whole blocks, so no state is shared.
+//
+// uniform_<dt>(n, k0, k1, offset, lo, scale, out) and
+// normal_<dt>(n, k0, k1, offset, mean, std, out) for dt in f32, f64, f16,
+// bf16; randint_i64(n, k0, k1, offset, range, out). Keys are the 32-bit
+// halves of the seed passed as ints; `offset` is the draw's first block.
+//
+// Arithmetic that must match the CPU bit for bit uses the explicitly
+// rounded intrinsics (__fmul_rn, __dadd_rn, ...), which the compiler never
+// contracts into a fused multiply-add.
+
+#define PHILOX_M0 0xD2511F53u
+#define PHILOX_M1 0xCD9E8D57u
+#define PHILOX_W0 0x9E3779B9u
+#define PHILOX_W1 0xBB67AE85u
+
+struct Words { unsigned w[4]; };
+
+__device__ __forceinline__ Words philox_block(u64 b, unsigned k0, unsigned k1) {
+    unsigned c0 = (unsigned)b, c1 = (unsigned)(b >> 32), c2 = 0u, c3 = 0u;
+#pragma unroll
+    for (int r = 0; r < 10; ++r) {
+        unsigned hi0 = __umulhi(PHILOX_M0, c0), lo0 = PHILOX_M0 * c0;
+        unsigned hi1 = __umulhi(PHILOX_M1, c2), lo1 = PHILOX_M1 * c2;
+        unsigned n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
+        c0 = n0;
+        c1 = lo1;
+        c2 = n2;
+        c3 = lo0;
+        k0 += PHILOX_W0;
+        k1 += PHILOX_W1;
+    }
+    Words out;
+    out.w[0] = c0;
+    out.w[1] = c1;
+    out.w[2] = c2;
+    out.w[3] = c3;
+    return out;
+}
+
+__device__ __forceinline__ u64 join_words(unsigned hi, unsigned lo) { return ((u64)hi << 32) | (u64)lo; }
+// The top 53 bits as a fraction in [0, 1).
+__device__ __forceinline__ double unit53(u64 x) { return __dmul_rn((double)(x >> 11), 0x1p-53); }
+
+// Significand bits of a single-word dtype: u = (x >> (32 - d)) 2^-d is
+// exact in it and below 1.
+template <typename T> struct Digits { enum { d = 24 }; };
+template <> struct Digits<tapir_f16> { enum { d = 11 }; };
+template <> struct Digits<tapir_bf16> { enum { d = 8 }; };
+
+// One Box-Muller pair from u1 in (0, 1] and u2 in [0, 1), in double.
+__device__ __forceinline__ void box_muller(double u1, double u2, double* z0, double* z1) {
+    double r = sqrt(__dmul_rn(-2.0, log(u1)));
+    double t = __dmul_rn(6.283185307179586, u2);
+    *z0 = __dmul_rn(r, cos(t));
+    *z1 = __dmul_rn(r, sin(t));
+}
+
+// Single-word dtypes (f32, f16, bf16): four elements a block.
+template <typename T>
+__device__ void uniform_narrow(i64 n, unsigned k0, unsigned k1, u64 offset, double lo_d, double scale_d, T* out) {
+    const float lo = (float)lo_d, scale = (float)scale_d;
+    const int d = Digits<T>::d;
+    const float unit = 1.0f / (float)(1u << d);
+    i64 blocks = (n + 3) / 4;
+    for (i64 b = global_id(); b < blocks; b += global_stride()) {
+        Words w = philox_block(offset + (u64)b, k0, k1);
+        for (int j = 0; j < 4; ++j) {
+            i64 i = b * 4 + j;
+            if (i < n) {
+                float u = __fmul_rn((float)(w.w[j] >> (32 - d)), unit);
+                out[i] = from_acc<T>(__fadd_rn(lo, __fmul_rn(scale, u)));
+            }
+        }
+    }
+}
+
+template <typename T>
+__device__ void normal_narrow(i64 n, unsigned k0, unsigned k1, u64 offset, double mean, double std, T* out) {
+    i64 blocks = (n + 3) / 4;
+    for (i64 b = global_id(); b < blocks; b += global_stride()) {
+        Words w = philox_block(offset + (u64)b, k0, k1);
+        for (int p = 0; p < 2; ++p) {
+            double z[2];
+            box_muller(__dmul_rn((double)w.w[2 * p] + 1.0, 0x1p-32), __dmul_rn((double)w.w[2 * p + 1], 0x1p-32), &z[0],
+                       &z[1]);
+            for (int j = 0; j < 2; ++j) {
+                i64 i = b * 4 + 2 * p + j;
+                if (i < n) out[i] = from_acc<T>((float)__dadd_rn(mean, __dmul_rn(std, z[j])));
+            }
+        }
+    }
+}
+
+// f64: two words an element, two elements a block.
+__device__ void uniform_wide(i64 n, unsigned k0, unsigned k1, u64 offset, double lo, double scale, double* out) {
+    i64 blocks = (n + 1) / 2;
+    for (i64 b = global_id(); b < blocks; b += global_stride()) {
+        Words w = philox_block(offset + (u64)b, k0, k1);
+        for (int j = 0; j < 2; ++j) {
+            i64 i = b * 2 + j;
+            if (i < n) out[i] = __dadd_rn(lo, __dmul_rn(scale, unit53(join_words(w.w[2 * j], w.w[2 * j + 1]))));
+        }
+    }
+}
+
+__device__ void normal_wide(i64 n, unsigned k0, unsigned k1, u64 offset, double mean, double std, double* out) {
+    i64 blocks = (n + 1) / 2;
+    for (i64 b = global_id(); b < blocks; b += global_stride()) {
+        Words w = philox_block(offset + (u64)b, k0, k1);
+        double u1 = __dmul_rn((double)((join_words(w.w[0], w.w[1]) >> 11) + 1), 0x1p-53);
+        double z[2];
+        box_muller(u1, unit53(join_words(w.w[2], w.w[3])), &z[0], &z[1]);
+        for (int j = 0; j < 2; ++j) {
+            i64 i = b * 2 + j;
+            if (i < n) out[i] = __dadd_rn(mean, __dmul_rn(std, z[j]));
+        }
+    }
+}
+
+#define RANDOM_NARROW(T, S)                                                                                      \
+    extern "C" __global__ void uniform_##S(i64 n, int k0, int k1, i64 offset, double lo, double scale, T* out) { \
+        uniform_narrow<T>(n, (unsigned)k0, (unsigned)k1, (u64)offset, lo, scale, out);                           \
+    }                                                                                                            \
+    extern "C" __global__ void normal_##S(i64 n, int k0, int k1, i64 offset, double mean, double std, T* out) {  \
+        normal_narrow<T>(n, (unsigned)k0, (unsigned)k1, (u64)offset, mean, std, out);                            \
+    }
+
+RANDOM_NARROW(float, f32)
+RANDOM_NARROW(tapir_f16, f16)
+RANDOM_NARROW(tapir_bf16, bf16)
+
+extern "C" __global__ void uniform_f64(i64 n, int k0, int k1, i64 offset, double lo, double scale, double* out) {
+    uniform_wide(n, (unsigned)k0, (unsigned)k1, (u64)offset, lo, scale, out);
+}
+extern "C" __global__ void normal_f64(i64 n, int k0, int k1, i64 offset, double mean, double std, double* out) {
+    normal_wide(n, (unsigned)k0, (unsigned)k1, (u64)offset, mean, std, out);
+}
+
+// Integers uniform in 0..range: (x * range) >> 64 of a 64-bit word pair,
+// saturated to i64 (another dtype is a cast of this, as on the CPU).
+extern "C" __global__ void randint_i64(i64 n, int k0, int k1, i64 offset, i64 range, i64* out) {
+    i64 blocks = (n + 1) / 2;
+    for (i64 b = global_id(); b < blocks; b += global_stride()) {
+        Words w = philox_block((u64)offset + (u64)b, (unsigned)k0, (unsigned)k1);
+        for (int j = 0; j < 2; ++j) {
+            i64 i = b * 2 + j;
+            if (i < n) {
+                u64 v = __umul64hi(join_words(w.w[2 * j], w.w[2 * j + 1]), (u64)range);
+                out[i] = v > 0x7fffffffffffffffull ? 0x7fffffffffffffffll : (i64)v;
+            }
+        }
+    }
+}
