@@ -13,6 +13,7 @@
 //! - [`math`]: vectorisable `exp`, `tanh` and `erf` for those bodies;
 //! - `rows`: the row reductions (sum, max, min, log-sum-exp) the
 //!   reductions, softmax and cross-entropies share;
+//! - `reduce`: the reductions over any axes, on the row kernels;
 //! - `matmul_tn`: the weight-gradient product kernel.
 //!
 //! [`crate::ops::forward`] calls an op's `forward_cpu` only with CPU
@@ -25,6 +26,7 @@ pub mod math;
 pub(crate) mod matmul;
 pub(crate) mod matmul_tn;
 pub mod pool;
+pub(crate) mod reduce;
 pub(crate) mod rows;
 pub(crate) mod shape;
 pub mod simd;
