@@ -204,6 +204,11 @@ pub trait CrossEntropyOps: Diff {
     /// so the `[N, V]` logits never exist. `chunk` overrides the automatic
     /// rows-per-chunk.
     ///
+    /// Hidden states with more leading axes (`[B, S, D]` against labels
+    /// `[B, S]`, as a language model's) are the `[B * S, D]` rows of the
+    /// same head: the per-row losses of [`Reduction::None`] come back
+    /// shaped like the labels, and the gradient of `self` like `self`.
+    ///
     /// On graph handles with a sum or mean, the forward also makes the
     /// gradients of `self`, `weight` and `bias` (while each chunk of logits
     /// is in cache) and the backward only scales them: see
@@ -216,6 +221,24 @@ pub trait CrossEntropyOps: Diff {
         options: CrossEntropyOptions,
         chunk: Option<usize>,
     ) -> Result<Self> {
+        if self.rank() > 2 {
+            let shape = self.shape();
+            let (lead, d) = shape.dims().split_at(shape.rank() - 1);
+            if labels.dims() != lead {
+                return Err(Error::ShapeMismatch {
+                    op: "linear_cross_entropy",
+                    lhs: shape.clone(),
+                    rhs: labels.shape().clone(),
+                });
+            }
+            let rows: usize = lead.iter().product();
+            let flat = self.reshape([rows, d[0]])?;
+            let loss = flat.linear_cross_entropy(weight, bias, &labels.reshape([rows])?, options, chunk)?;
+            return match options.reduction {
+                Reduction::None => loss.reshape(Shape::from(lead)),
+                Reduction::Sum | Reduction::Mean => Ok(loss),
+            };
+        }
         let op = LinearCrossEntropy {
             labels: labels.clone(),
             options,
