@@ -1,10 +1,11 @@
 //! The CPU kernels of the cross-entropy losses ([`crate::ops::cross_entropy`]).
 //!
-//! A row of logits is read at most twice: once for its log-sum-exp (the row
-//! kernels of `cpu::rows`, and the row's sum when label smoothing needs it),
-//! and once more, while the row is still in this core's cache, to overwrite
-//! it with its gradient `w * (softmax - target)`, a loop compiled for the
-//! processor's vector instructions through [`crate::cpu::simd`]. Rows are
+//! A row's log-sum-exp comes from the row kernels of `cpu::rows` (its
+//! maximum, then the sum of the shifted exponentials; and the row's sum
+//! when label smoothing needs it), and the row is then overwritten with its
+//! gradient `w * (softmax - target)` while it is still in this core's
+//! cache, a loop compiled for the processor's vector instructions through
+//! [`crate::cpu::simd`]. Rows are
 //! split over the pool; each row's result does not depend on the split or
 //! on the instruction set. The fused linear head runs the same rows over
 //! one chunk of logits at a time, made and consumed by matrix products.

@@ -2,12 +2,12 @@
 //! cross-entropy head that never holds the full logits.
 //!
 //! Seed 000: Keras on PyTorch computed `one_hot(y) * log(softmax(x))` and
-//! ran a 40 GiB GPU out of memory. Here the forward makes one pass per row
-//! with an online max and sum (log-sum-exp) and saves only the per-row
-//! log-sum-exp (N floats); the backward writes `softmax - target` straight
-//! from the logits and that saved value. Under `create_graph` the rules
-//! switch to a differentiable formulation, so second derivatives through
-//! the loss (Hessian-vector products of a classifier) work.
+//! ran a 40 GiB GPU out of memory. Here the forward takes each row's
+//! max-shifted log-sum-exp and saves only that (N floats); the backward
+//! writes `softmax - target` straight from the logits and that saved
+//! value. Under `create_graph` the rules switch to a differentiable
+//! formulation, so second derivatives through the loss (Hessian-vector
+//! products of a classifier) work.
 //!
 //! This folder holds what the losses mean: the options and the label
 //! checks they share (here), the sparse loss (`sparse`) and the fused head
