@@ -13,11 +13,9 @@
 //! output: tanh's derivative is `1 - y^2`).
 //! Its rules are written in differentiable ops, so higher orders work.
 
-use tapir_tensor::cpu::pool::{self, Disjoint};
-use tapir_tensor::cpu::simd;
 use tapir_tensor::ops::matmul::{fused_linear_sum_then, linear_sum_then, Then};
 use tapir_tensor::ops::{add_opt, Arity, InputGrads, Op, Saved};
-use tapir_tensor::{BinaryOps, DType, Device, Diff, Error, MatmulOps, ReduceOps, Result, ShapeOps, Tensor, UnaryOps};
+use tapir_tensor::{BinaryOps, Diff, Error, MatmulOps, ReduceOps, Result, ShapeOps, Tensor, UnaryOps};
 
 /// `y = x @ w^T + b`, plus `r` when `residual`, for `x` `[N, in]`, `w`
 /// `[out, in]`, `b` `[out]`, `r` `[N, out]`. Inputs: x, w, then b if
@@ -36,46 +34,6 @@ pub struct Affine {
     /// and each thread applies tanh (or, for the tangent, `1 - y^2`) to its
     /// rows of the product while they are in its core's cache.
     pub tanh: bool,
-}
-
-fn in_place<F: tapir_tensor::CpuElement>(y: &mut Tensor, r: &Tensor, f: impl Fn(F, F) -> F + Sync) -> Result<bool> {
-    let r = r.contiguous()?;
-    let Some(rv) = r.as_slice::<F>() else { return Ok(false) };
-    let n = rv.len();
-    if n == 0 || !y.numel().is_multiple_of(n) {
-        return Ok(false);
-    }
-    let ys = y.make_mut::<F>()?;
-    let rows = ys.len() / n;
-    let shared = Disjoint::new(ys);
-    // Rows split over the pool's threads, as the product that made `y` split them.
-    pool::ranges(rows, tapir_tensor::cpu::iter::SPLIT_MIN.div_ceil(n), &|part| {
-        // SAFETY: the parts' row ranges are disjoint.
-        let ys = unsafe { shared.slice(part.start * n, part.len() * n) };
-        simd::run(
-            #[inline(always)]
-            || {
-                for row in ys.chunks_mut(n) {
-                    for (o, &c) in row.iter_mut().zip(rv) {
-                        *o = f(*o, c);
-                    }
-                }
-            },
-        )
-    });
-    Ok(true)
-}
-
-/// `y += r` row by row (`r` is one row or all of them), in `y`'s buffer.
-fn add_in_place(y: &mut Tensor, r: &Tensor) -> Result<bool> {
-    if y.device() != Device::Cpu || r.device() != Device::Cpu {
-        return Ok(false);
-    }
-    match (y.dtype(), r.dtype()) {
-        (DType::F32, DType::F32) => in_place::<f32>(y, r, |a, b| a + b),
-        (DType::F64, DType::F64) => in_place::<f64>(y, r, |a, b| a + b),
-        _ => Ok(false),
-    }
 }
 
 impl Op for Affine {
@@ -117,7 +75,7 @@ impl Op for Affine {
             if r.shape() != y.shape() {
                 return Err(Error::ShapeMismatch { op: "affine", lhs: y.shape().clone(), rhs: r.shape().clone() });
             }
-            if !add_in_place(&mut y, r)? {
+            if !crate::cpu::affine::add_in_place(&mut y, r)? {
                 y = y.add(r)?;
             }
             if self.tanh {

@@ -15,9 +15,9 @@
 //! `p = 0`, so they get zero gradient with no special case), so every
 //! derivative order works.
 
+use crate::cpu::attention::Heads;
 use smallvec::SmallVec;
 use tapir_autograd::Var;
-use tapir_tensor::cpu::pool::Disjoint;
 use tapir_tensor::ops::{add_opt, one, Arity, InputGrads, Op, Saved};
 use tapir_tensor::{
     BinaryOps, DType, Device, Diff, Error, MatmulOps, ReduceOps, Result, Rng, ShapeOps, SoftmaxOps, Tensor, UnaryOps,
@@ -35,35 +35,6 @@ pub struct CausalSoftmax {
     pub scale: f64,
 }
 
-fn causal_rows<T: tapir_tensor::Float + tapir_tensor::CpuElement>(
-    x: &[T],
-    out: &mut [T],
-    tq: usize,
-    tk: usize,
-    scale: T,
-) {
-    if tk == 0 {
-        // No keys, so no queries either: nothing to write (chunks of zero
-        // elements do not exist).
-        return;
-    }
-    for (r, (xi, oi)) in x.chunks(tk).zip(out.chunks_mut(tk)).enumerate() {
-        let i = r % tq;
-        let n = (i + 1 + tk - tq).min(tk);
-        let (xa, (oa, om)) = (&xi[..n], oi.split_at_mut(n));
-        let m = xa.iter().fold(T::NEG_INF, |a, &b| a.max(b * scale));
-        let mut s = T::ZERO;
-        for (o, &v) in oa.iter_mut().zip(xa) {
-            let e = (v * scale - m).exp();
-            *o = e;
-            s += e;
-        }
-        let inv = T::ONE / s;
-        oa.iter_mut().for_each(|o| *o *= inv);
-        om.iter_mut().for_each(|o| *o = T::ZERO);
-    }
-}
-
 impl Op for CausalSoftmax {
     fn name(&self) -> &'static str {
         "causal_softmax"
@@ -76,40 +47,17 @@ impl Op for CausalSoftmax {
         Saved::OUTPUT
     }
     fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
+        let (tq, tk) = self.check(xs[0])?;
+        crate::cpu::attention::causal_softmax(self, xs[0], tq, tk)
+    }
+    /// Off the host, an additive mask (the kernel reads host memory).
+    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let x = xs[0];
-        let dims = x.dims();
-        if dims.len() < 2 || dims[dims.len() - 2] > dims[dims.len() - 1] {
-            return Err(Error::InvalidShape {
-                op: "causal_softmax",
-                shape: x.shape().clone(),
-                reason: "needs [..., queries, keys] with queries <= keys".into(),
-            });
-        }
-        let (tq, tk) = (dims[dims.len() - 2], dims[dims.len() - 1]);
-        if x.device() != Device::Cpu {
-            // The kernel reads host memory; elsewhere, an additive mask.
-            let mask: Vec<f32> =
-                (0..tq * tk).map(|r| if r % tk <= r / tk + tk - tq { 0.0 } else { f32::NEG_INFINITY }).collect();
-            let mask = Tensor::from_vec(mask, [tq, tk])?.cast(x.dtype())?.to_device(x.device())?;
-            return x.mul_scalar(self.scale)?.add(&mask)?.softmax(-1);
-        }
-        let x = x.contiguous()?;
-        match x.dtype() {
-            DType::F32 => {
-                let src = x.as_slice::<f32>().expect("internal: contiguous");
-                let mut out = tapir_tensor::cache::filled(src.len(), 0.0f32)?;
-                causal_rows(src, &mut out, tq, tk, self.scale as f32);
-                Tensor::from_vec(out, x.shape().clone())
-            }
-            DType::F64 => {
-                let src = x.as_slice::<f64>().expect("internal: contiguous");
-                let mut out = tapir_tensor::cache::filled(src.len(), 0.0f64)?;
-                causal_rows(src, &mut out, tq, tk, self.scale);
-                Tensor::from_vec(out, x.shape().clone())
-            }
-            DType::F16 | DType::BF16 => self.forward_cpu(&[&x.cast(DType::F32)?])?.cast(x.dtype()),
-            dtype => Err(Error::UnsupportedDType { op: "causal_softmax", dtype, expected: "a float dtype" }),
-        }
+        let (tq, tk) = self.check(x)?;
+        let mask: Vec<f32> =
+            (0..tq * tk).map(|r| if r % tk <= r / tk + tk - tq { 0.0 } else { f32::NEG_INFINITY }).collect();
+        let mask = Tensor::from_vec(mask, [tq, tk])?.cast(x.dtype())?.to_device(x.device())?;
+        x.mul_scalar(self.scale)?.add(&mask)?.softmax(-1)
     }
     fn vjp<T: Diff>(&self, _: &[&T], y: &T, g: &T) -> Result<InputGrads<T>> {
         Ok(one(self.pushforward(y, g)?))
@@ -120,6 +68,19 @@ impl Op for CausalSoftmax {
 }
 
 impl CausalSoftmax {
+    /// The query and key counts of scores `[..., Tq, Tk]` (`Tq <= Tk`).
+    fn check(&self, x: &Tensor) -> Result<(usize, usize)> {
+        let dims = x.dims();
+        if dims.len() < 2 || dims[dims.len() - 2] > dims[dims.len() - 1] {
+            return Err(Error::InvalidShape {
+                op: "causal_softmax",
+                shape: x.shape().clone(),
+                reason: "needs [..., queries, keys] with queries <= keys".into(),
+            });
+        }
+        Ok((dims[dims.len() - 2], dims[dims.len() - 1]))
+    }
+
     /// The Jacobian is `scale * (diag(y) - y y^T)` per row, symmetric, so
     /// one formula serves both modes: `scale * y * (v - sum(v * y))`.
     fn pushforward<T: Diff>(&self, y: &T, v: &T) -> Result<T> {
@@ -148,114 +109,6 @@ pub struct CausalAttention {
     pub heads: usize,
     /// Multiplies `q . k` (`1 / sqrt(D)`).
     pub scale: f64,
-}
-
-/// Raw rows of one (batch, head): element `(t, d)` of q/k/v/y is at
-/// `base + t * c + d`.
-struct Heads {
-    t: usize,
-    c: usize,
-    d: usize,
-}
-
-impl Heads {
-    /// Probabilities of query `i` over keys `0..=i` into `p`.
-    #[inline]
-    fn probs<F: tapir_tensor::Float>(&self, q: &[F], k: &[F], base: usize, i: usize, scale: F, p: &mut [F]) {
-        let qi = &q[base + i * self.c..base + i * self.c + self.d];
-        let mut m = F::NEG_INF;
-        for (j, pj) in p.iter_mut().enumerate().take(i + 1) {
-            let kj = &k[base + j * self.c..base + j * self.c + self.d];
-            let mut s = F::ZERO;
-            for (a, b) in qi.iter().zip(kj) {
-                s += *a * *b;
-            }
-            *pj = s * scale;
-            m = m.max(*pj);
-        }
-        let mut z = F::ZERO;
-        for pj in p.iter_mut().take(i + 1) {
-            *pj = (*pj - m).exp();
-            z += *pj;
-        }
-        let inv = F::ONE / z;
-        p.iter_mut().take(i + 1).for_each(|pj| *pj *= inv);
-    }
-
-    /// One (batch, head) of the output, the rows of `y` at `base`.
-    ///
-    /// # Safety
-    /// `y` has the shape of `q`, and no one else touches this head's
-    /// elements of it meanwhile.
-    unsafe fn forward<F: tapir_tensor::Float>(
-        &self,
-        q: &[F],
-        k: &[F],
-        v: &[F],
-        y: &Disjoint<F>,
-        base: usize,
-        scale: F,
-    ) {
-        let mut p = vec![F::ZERO; self.t];
-        for i in 0..self.t {
-            self.probs(q, k, base, i, scale, &mut p);
-            // SAFETY: row i of this head, inside `y` (same shape as `q`),
-            // ours alone by the caller's promise.
-            let yi = unsafe { y.slice(base + i * self.c, self.d) };
-            for (j, &pj) in p.iter().enumerate().take(i + 1) {
-                let vj = &v[base + j * self.c..base + j * self.c + self.d];
-                for (o, &x) in yi.iter_mut().zip(vj) {
-                    *o += pj * x;
-                }
-            }
-        }
-    }
-
-    /// One (batch, head) of the gradients, at `base`.
-    ///
-    /// # Safety
-    /// `dq`, `dk` and `dv` have the shape of `q`, and no one else touches
-    /// this head's elements of them meanwhile.
-    unsafe fn backward<F: tapir_tensor::Float>(
-        &self,
-        [q, k, v, y, g]: [&[F]; 5],
-        [dq, dk, dv]: [&Disjoint<F>; 3],
-        base: usize,
-        scale: F,
-    ) {
-        let (c, d) = (self.c, self.d);
-        let mut p = vec![F::ZERO; self.t];
-        for i in 0..self.t {
-            self.probs(q, k, base, i, scale, &mut p);
-            let (gi, yi) = (&g[base + i * c..base + i * c + d], &y[base + i * c..base + i * c + d]);
-            // sum_j p_ij dP_ij = g_i . y_i
-            let mut gy = F::ZERO;
-            for (a, b) in gi.iter().zip(yi) {
-                gy += *a * *b;
-            }
-            // SAFETY (of each `slice`): rows i and j of this head, inside
-            // buffers shaped like `q`, ours alone by the caller's promise;
-            // the three buffers are distinct, and each row reference ends
-            // before the next of the same buffer is made.
-            let dqi = unsafe { dq.slice(base + i * c, d) };
-            let qi = &q[base + i * c..base + i * c + d];
-            for (j, &pj) in p.iter().enumerate().take(i + 1) {
-                let jb = base + j * c;
-                let (kj, vj) = (&k[jb..jb + d], &v[jb..jb + d]);
-                let (dkj, dvj) = unsafe { (dk.slice(jb, d), dv.slice(jb, d)) };
-                let mut dp = F::ZERO;
-                for x in 0..d {
-                    dvj[x] += pj * gi[x];
-                    dp += gi[x] * vj[x];
-                }
-                let ds = pj * (dp - gy) * scale;
-                for x in 0..d {
-                    dqi[x] += ds * kj[x];
-                    dkj[x] += ds * qi[x];
-                }
-            }
-        }
-    }
 }
 
 impl CausalAttention {
@@ -308,43 +161,7 @@ impl CausalAttention {
         if xs.iter().chain([&y, &g]).any(|t| t.device() != Device::Cpu) {
             return Ok(None);
         }
-        let [q, k, v] = [xs[0].contiguous()?, xs[1].contiguous()?, xs[2].contiguous()?];
-        let (y, g) = (y.contiguous()?, g.contiguous()?);
-        let b = q.dims()[0];
-        macro_rules! run {
-            ($F:ty) => {{
-                fn sl(t: &Tensor) -> &[$F] {
-                    t.as_slice::<$F>().expect("internal: contiguous dtype")
-                }
-                let ins = [sl(&q), sl(&k), sl(&v), sl(&y), sl(&g)];
-                let n = q.numel();
-                let filled = || tapir_tensor::cache::filled(n, 0.0 as $F);
-                let (mut dq, mut dk, mut dv) = (filled()?, filled()?, filled()?);
-                let outs = [Disjoint::new(&mut dq), Disjoint::new(&mut dk), Disjoint::new(&mut dv)];
-                let heads = self.heads;
-                // One part per (batch, head), spread over the pool.
-                tapir_tensor::cpu::pool::split(b * heads, &|part| {
-                    let base = (part / heads) * hs.t * hs.c + (part % heads) * hs.d;
-                    // SAFETY: the buffers are shaped like `q`; each part
-                    // touches only its own (batch, head).
-                    unsafe { hs.backward(ins, [&outs[0], &outs[1], &outs[2]], base, self.scale as $F) };
-                });
-                let shape = q.shape().clone();
-                Ok(Some([
-                    Tensor::from_vec(dq, shape.clone())?,
-                    Tensor::from_vec(dk, shape.clone())?,
-                    Tensor::from_vec(dv, shape)?,
-                ]))
-            }};
-        }
-        if g.dtype() != q.dtype() {
-            return Ok(None);
-        }
-        match q.dtype() {
-            DType::F32 => run!(f32),
-            DType::F64 => run!(f64),
-            _ => Ok(None),
-        }
+        crate::cpu::attention::backward(self, &hs, xs, y, g)
     }
 }
 
@@ -357,41 +174,12 @@ impl Op for CausalAttention {
     }
     fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let hs = self.check(xs[0], xs[1], xs[2])?;
-        if xs.iter().any(|t| t.device() != Device::Cpu) {
-            // The kernel reads host memory; elsewhere, the composition.
-            return self.composed(xs[0], xs[1], xs[2]);
-        }
-        let (q, k, v) = (xs[0].contiguous()?, xs[1].contiguous()?, xs[2].contiguous()?);
-        let b = q.dims()[0];
-        macro_rules! run {
-            ($F:ty) => {{
-                fn sl(t: &Tensor) -> &[$F] {
-                    t.as_slice::<$F>().expect("internal: contiguous dtype")
-                }
-                let (qs, ks, vs) = (sl(&q), sl(&k), sl(&v));
-                let mut y = tapir_tensor::cache::filled(q.numel(), 0.0 as $F)?;
-                let out = Disjoint::new(&mut y);
-                let heads = self.heads;
-                // One part per (batch, head), spread over the pool.
-                tapir_tensor::cpu::pool::split(b * heads, &|part| {
-                    let base = (part / heads) * hs.t * hs.c + (part % heads) * hs.d;
-                    // SAFETY: `y` is shaped like `q`; each part writes only
-                    // its own (batch, head).
-                    unsafe { hs.forward(qs, ks, vs, &out, base, self.scale as $F) };
-                });
-                Tensor::from_vec(y, q.shape().clone())
-            }};
-        }
-        match q.dtype() {
-            DType::F32 => run!(f32),
-            DType::F64 => run!(f64),
-            DType::F16 | DType::BF16 => {
-                let up = [&q, &k, &v].map(|t| t.cast(DType::F32));
-                let [a, b2, c] = up;
-                self.forward_cpu(&[&a?, &b2?, &c?])?.cast(q.dtype())
-            }
-            dtype => Err(Error::UnsupportedDType { op: "causal_attention", dtype, expected: "a float dtype" }),
-        }
+        crate::cpu::attention::forward(self, &hs, xs)
+    }
+    /// Off the host, the composition (the kernel reads host memory).
+    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
+        self.check(xs[0], xs[1], xs[2])?;
+        self.composed(xs[0], xs[1], xs[2])
     }
     /// The fused backward kernel where it applies, else the composed rule.
     fn vjp_eager(&self, xs: SmallVec<[Tensor; 3]>, y: Tensor, g: Tensor) -> Result<InputGrads<Tensor>> {

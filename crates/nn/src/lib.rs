@@ -39,6 +39,7 @@
 mod affine;
 mod attention;
 pub mod checkpoint;
+mod cpu;
 mod data;
 mod gpt;
 pub mod init;

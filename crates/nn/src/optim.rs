@@ -2,10 +2,9 @@
 //! state is allocated once, on the first step: a steady training loop makes
 //! no allocation in `step`.
 
-use tapir_tensor::cpu::pool::{self, Disjoint};
-use tapir_tensor::cpu::simd;
 use tapir_tensor::{DType, Error, Result, ShapeOps, Tensor};
 
+use crate::cpu::optim::{AdamStep, SgdStep};
 use crate::params::{Grads, ParamStore};
 
 /// Something that updates parameters from gradients.
@@ -185,37 +184,10 @@ impl Optimizer for Sgd {
         }
         let (lr, mu, wd, nesterov) = (self.lr, self.momentum, self.weight_decay, self.nesterov);
         for_each_param!(store, grads, self.state, |p, g, s| {
-            let (lr, mu, wd) = (lr as F, mu as F, wd as F);
             let mut s = s;
-            let p = Disjoint::new(p);
-            let buf = s.first_mut().map(|b| Disjoint::new(&mut **b));
-            // Split over the pool's threads as in Adam.
-            pool::ranges(g.len(), tapir_tensor::cpu::iter::SPLIT_MIN, &|r| {
-                // SAFETY: the ranges are disjoint; p and the buffer have g's length.
-                let p = unsafe { p.slice(r.start, r.len()) };
-                let buf = buf.as_ref().filter(|_| mu != 0.0).map(|b| unsafe { b.slice(r.start, r.len()) });
-                let g = &g[r];
-                simd::run(
-                    #[inline(always)]
-                    || match buf {
-                        Some(buf) => {
-                            for i in 0..p.len() {
-                                let mut d = g[i] + wd * p[i];
-                                let b = &mut buf[i];
-                                // torch: the first step's buffer is the gradient itself.
-                                *b = if first { d } else { mu * *b + d };
-                                d = if nesterov { d + mu * *b } else { *b };
-                                p[i] -= lr * d;
-                            }
-                        }
-                        None => {
-                            for i in 0..p.len() {
-                                p[i] -= lr * (g[i] + wd * p[i]);
-                            }
-                        }
-                    },
-                );
-            });
+            let buf = s.first_mut().map(|b| &mut **b);
+            let k = SgdStep { lr: lr as F, momentum: mu as F, weight_decay: wd as F, nesterov, first };
+            crate::cpu::optim::sgd(p, g, buf, k);
         });
         Ok(())
     }
@@ -336,36 +308,19 @@ impl Optimizer for Adam {
         for_each_param!(store, grads, self.state, |p, g, s| {
             let wd = decay[k] as F;
             k += 1;
-            let (lr_, b1_, b2_) = (lr as F, b1 as F, b2 as F);
-            let step = (lr / bc1) as F;
-            let (inv_bc2_sqrt, eps_) = ((1.0 / bc2.sqrt()) as F, eps as F);
             let mut s = s;
             let (m, v) = s.split_at_mut(1);
-            let (p, m, v) = (Disjoint::new(p), Disjoint::new(&mut *m[0]), Disjoint::new(&mut *v[0]));
-            // Large parameters are split over the pool's threads; the update
-            // of each element is independent, so the split changes no bits.
-            pool::ranges(g.len(), tapir_tensor::cpu::iter::SPLIT_MIN, &|r| {
-                // SAFETY: the ranges are disjoint; p, m, v have g's length.
-                let (p, m, v) =
-                    unsafe { (p.slice(r.start, r.len()), m.slice(r.start, r.len()), v.slice(r.start, r.len())) };
-                let g = &g[r];
-                simd::run(
-                    #[inline(always)]
-                    || {
-                        for i in 0..p.len() {
-                            let mut gi = g[i];
-                            if decoupled {
-                                p[i] -= lr_ * wd * p[i];
-                            } else {
-                                gi += wd * p[i];
-                            }
-                            m[i] = b1_ * m[i] + (1.0 - b1_) * gi;
-                            v[i] = b2_ * v[i] + (1.0 - b2_) * gi * gi;
-                            p[i] -= step * m[i] / (v[i].sqrt() * inv_bc2_sqrt + eps_);
-                        }
-                    },
-                );
-            });
+            let k = AdamStep {
+                lr: lr as F,
+                weight_decay: wd,
+                beta1: b1 as F,
+                beta2: b2 as F,
+                step: (lr / bc1) as F,
+                inv_bc2_sqrt: (1.0 / bc2.sqrt()) as F,
+                eps: eps as F,
+                decoupled,
+            };
+            crate::cpu::optim::adam(p, &mut *m[0], &mut *v[0], g, k);
         });
         Ok(())
     }

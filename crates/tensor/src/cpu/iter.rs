@@ -14,10 +14,10 @@ use smallvec::SmallVec;
 
 use crate::Result;
 
-/// Below this many elements the kernels that still split through rayon
-/// (reductions, softmax rows) run on the calling thread: a memory-bound pass
-/// over 256 Ki floats takes tens of microseconds, about what waking rayon's
-/// sleeping workers costs on two busy cores.
+/// Below this many elements the row kernels that split by rows or chunks
+/// of one long row (reductions, softmax) run on the calling thread: a
+/// memory-bound pass over 256 Ki floats takes tens of microseconds, about
+/// what waking parked helpers costs on two busy cores.
 pub const PAR_MIN: usize = 1 << 18;
 
 /// A coalesced iteration space: dims and, per operand, strides.

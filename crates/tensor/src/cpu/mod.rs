@@ -13,18 +13,23 @@
 //! - [`math`]: vectorisable `exp`, `tanh` and `erf` for those bodies;
 //! - `rows`: the row reductions (sum, max, min, log-sum-exp) the
 //!   reductions, softmax and cross-entropies share;
+//! - `cross_entropy`: the losses' row loops (log-sum-exp, loss, and the
+//!   row overwritten by its gradient) and the fused head's chunk loop;
+//! - `reduce`: the reductions over any axes, on the row kernels;
 //! - `matmul_tn`: the weight-gradient product kernel.
 //!
 //! [`crate::ops::forward`] calls an op's `forward_cpu` only with CPU
 //! tensors, so the kernels read host slices without checking the device.
 
 pub(crate) mod binary;
+pub(crate) mod cross_entropy;
 pub(crate) mod index;
 pub mod iter;
 pub mod math;
 pub(crate) mod matmul;
 pub(crate) mod matmul_tn;
 pub mod pool;
+pub(crate) mod reduce;
 pub(crate) mod rows;
 pub(crate) mod shape;
 pub mod simd;

@@ -28,7 +28,10 @@
 //! touches lives on the caller's stack except the closure it runs once a
 //! claim succeeds, and a claim can only succeed while the caller waits.
 //!
-//! The pool has one helper fewer than rayon's thread count (the
+//! This pool is the crate's one thread runtime: every CPU kernel that
+//! splits (elementwise passes, reductions, softmax and cross-entropy rows,
+//! matrix products) splits through it, and rayon is never started.
+//! The pool has one helper fewer than the thread count (the
 //! `RAYON_NUM_THREADS` variable, else one per CPU), so `RAYON_NUM_THREADS=1`
 //! runs every kernel on the calling thread.
 //! One job runs at a time; a split requested while another is in flight
@@ -192,10 +195,22 @@ fn wait_until(ready: impl Fn() -> bool) {
     }
 }
 
+/// The threads kernels run on, the caller included: `RAYON_NUM_THREADS`
+/// when it holds a positive number, else one per CPU. The variable keeps
+/// rayon's name and meaning (0 or anything unparsable means the default),
+/// which scripts and users set from when this pool sized itself by rayon's.
+fn threads() -> usize {
+    std::env::var("RAYON_NUM_THREADS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
 fn pool() -> &'static Pool {
     static POOL: OnceLock<&'static Pool> = OnceLock::new();
     POOL.get_or_init(|| {
-        let wanted = rayon::current_num_threads().saturating_sub(1);
+        let wanted = threads().saturating_sub(1);
         let pool: &'static Pool = Box::leak(Box::new(Pool {
             slot: Line(Slot { ticket: AtomicU64::new(0), f: AtomicPtr::new(std::ptr::null_mut()) }),
             done: Line(AtomicUsize::new(0)),

@@ -1,7 +1,9 @@
 //! The CPU kernels of softmax and log_softmax ([`crate::ops::softmax`]):
-//! one max-shifted pass per row, rows split over rayon when large.
+//! one max-shifted pass per row, rows split over the pool when large.
 
 use super::float_map;
+use crate::cpu::iter::PAR_MIN;
+use crate::cpu::pool::{self, Disjoint};
 use crate::ops::softmax::Softmax;
 use crate::ops::Op;
 use crate::storage::CpuElement;
@@ -46,12 +48,12 @@ pub(crate) fn rowwise<T: Float + CpuElement>(
         None => Vec::new(),
         Some(rows) => {
             let mut out = crate::storage::try_filled(rows * v, T::ZERO)?;
-            use rayon::prelude::*;
-            if rows * v >= crate::cpu::iter::PAR_MIN {
-                out.par_chunks_mut(v).zip(data.par_chunks(v)).for_each(|(o, i)| row(i, o));
-            } else {
-                out.chunks_mut(v).zip(data.chunks(v)).for_each(|(o, i)| row(i, o));
-            }
+            let shared = Disjoint::new(&mut out);
+            pool::ranges(rows, PAR_MIN.div_ceil(v), &|r| {
+                // SAFETY: the row ranges are disjoint.
+                let o = unsafe { shared.slice(r.start * v, r.len() * v) };
+                o.chunks_mut(v).zip(data[r.start * v..r.end * v].chunks(v)).for_each(|(o, i)| row(i, o));
+            });
             out
         }
     };

@@ -1,0 +1,261 @@
+//! Sparse cross-entropy that never builds a one-hot, and a fused linear +
+//! cross-entropy head that never holds the full logits.
+//!
+//! Seed 000: Keras on PyTorch computed `one_hot(y) * log(softmax(x))` and
+//! ran a 40 GiB GPU out of memory. Here the forward takes each row's
+//! max-shifted log-sum-exp and saves only that (N floats); the backward
+//! writes `softmax - target` straight from the logits and that saved
+//! value. Under `create_graph` the rules switch to a differentiable
+//! formulation, so second derivatives through the loss (Hessian-vector
+//! products of a classifier) work.
+//!
+//! This folder holds what the losses mean: the options and the label
+//! checks they share (here), the sparse loss (`sparse`) and the fused head
+//! (`linear`), each with its shape rule and derivative rules. Their CPU row
+//! loops and the head's chunk loop are in `crate::cpu::cross_entropy`.
+
+use std::sync::Mutex;
+
+use crate::ops::binary::BinaryOps;
+use crate::ops::index::IndexOps;
+use crate::ops::reduce::ReduceOps;
+use crate::ops::shape::ShapeOps;
+use crate::ops::softmax::SoftmaxOps;
+use crate::ops::unary::UnaryOps;
+use crate::ops::Diff;
+use crate::{DType, Error, Result, Shape, Tensor};
+
+mod linear;
+mod sparse;
+
+pub use linear::{auto_chunk, LinearCrossEntropy};
+pub use sparse::SparseCrossEntropy;
+
+/// A value an op saves for its backward, behind a lock (ops are shared).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The saved tensor, if the forward made it and no spent backward freed it.
+fn saved(m: &Mutex<Option<Tensor>>) -> Option<Tensor> {
+    lock(m).clone()
+}
+
+/// How per-row losses are combined.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Reduction {
+    /// One loss per row, shaped like the labels.
+    None,
+    /// The sum over non-ignored rows.
+    Sum,
+    /// The mean over non-ignored rows. With every row ignored this is NaN
+    /// (0/0, as in torch) and its gradient is zero.
+    #[default]
+    Mean,
+}
+
+/// Options of the cross-entropy losses (torch's defaults).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CrossEntropyOptions {
+    /// Rows whose label equals this get zero loss and zero gradient.
+    pub ignore_index: i64,
+    /// Mass spread uniformly over all classes, in `[0, 1]`.
+    pub label_smoothing: f64,
+    /// How rows are combined.
+    pub reduction: Reduction,
+}
+
+impl Default for CrossEntropyOptions {
+    fn default() -> Self {
+        CrossEntropyOptions { ignore_index: -100, label_smoothing: 0.0, reduction: Reduction::Mean }
+    }
+}
+
+/// Labels as row indices (`None` for ignored rows), checked against `classes`.
+fn check_labels(op: &'static str, labels: &Tensor, ignore: i64, classes: usize) -> Result<Vec<Option<usize>>> {
+    let raw: Vec<i64> = match labels.dtype() {
+        DType::I64 => labels.to_vec::<i64>()?,
+        DType::I32 => labels.to_vec::<i32>()?.into_iter().map(i64::from).collect(),
+        dtype => return Err(Error::UnsupportedDType { op, dtype, expected: "int32 or int64 labels" }),
+    };
+    raw.iter()
+        .enumerate()
+        .map(|(row, &l)| {
+            if l == ignore {
+                Ok(None)
+            } else if l >= 0 && (l as usize) < classes {
+                Ok(Some(l as usize))
+            } else {
+                Err(Error::LabelOutOfRange { op, label: l, row, classes })
+            }
+        })
+        .collect()
+}
+
+fn check_options(op: &'static str, o: &CrossEntropyOptions) -> Result<()> {
+    if !(0.0..=1.0).contains(&o.label_smoothing) {
+        return Err(Error::invalid_arg(op, format!("label_smoothing {} is outside [0, 1]", o.label_smoothing)));
+    }
+    Ok(())
+}
+
+/// Per-row gradient weights from the incoming gradient `g`.
+fn row_weights(g: &Tensor, labels: &[Option<usize>], reduction: Reduction) -> Result<Vec<f64>> {
+    let valid = labels.iter().filter(|l| l.is_some()).count();
+    Ok(match reduction {
+        Reduction::None => g.to_vec_f64(),
+        Reduction::Sum => vec![g.item()?; labels.len()],
+        Reduction::Mean => {
+            let w = if valid == 0 { 0.0 } else { g.item()? / valid as f64 };
+            vec![w; labels.len()]
+        }
+    })
+}
+
+/// The constant per-row mask (1 for kept rows), scaled for the reduction.
+fn row_scale(labels: &[Option<usize>], red: Reduction, shape: Shape, dtype: DType) -> Result<Tensor> {
+    let valid = labels.iter().filter(|l| l.is_some()).count();
+    let k = if red == Reduction::Mean && valid > 0 { 1.0 / valid as f64 } else { 1.0 };
+    let v: Vec<f64> = labels.iter().map(|l| if l.is_some() { k } else { 0.0 }).collect();
+    Tensor::from_vec(v, shape)?.cast(dtype)
+}
+
+/// Labels with ignored rows replaced by 0, shaped `[..., 1]`, for gathers.
+fn safe_index(labels: &[Option<usize>], shape: &Shape) -> Result<Tensor> {
+    let mut s = shape.clone();
+    s.0.push(1);
+    Tensor::from_vec(labels.iter().map(|l| l.unwrap_or(0) as i64).collect::<Vec<_>>(), s)
+}
+
+/// The gradient of the loss with respect to the logits, in differentiable
+/// ops: `w_r * (softmax(x) - target)`. Used when recording.
+fn traced_logits_grad<T: Diff>(x: &T, w_rows: &T, labels: &[Option<usize>], lead: &Shape, eps: f64) -> Result<T> {
+    let v = x.shape().dims()[x.rank() - 1];
+    let w = w_rows.unsqueeze(-1)?; // [..., 1]
+    let p = x.softmax(-1)?.mul(&w)?;
+    let idx = safe_index(labels, lead)?;
+    let on = w.mul_scalar(-(1.0 - eps))?;
+    let g = p.scatter_add(-1, &idx, &on)?;
+    if eps > 0.0 {
+        g.sub(&w.mul_scalar(eps / v as f64)?)
+    } else {
+        Ok(g)
+    }
+}
+
+/// The loss's tangent from a tangent `t` of the logits, in differentiable ops.
+fn logits_jvp<T: Diff>(x: &T, t: &T, labels: &[Option<usize>], lead: &Shape, o: &CrossEntropyOptions) -> Result<T> {
+    let eps = o.label_smoothing;
+    let p = x.softmax(-1)?;
+    let idx = safe_index(labels, lead)?;
+    let per_row = p
+        .mul(t)?
+        .sum(&[-1], false)?
+        .sub(&t.gather(-1, &idx)?.squeeze(-1)?.mul_scalar(1.0 - eps)?)?
+        .sub(&t.mean(&[-1], false)?.mul_scalar(eps)?)?;
+    let scale = x.lift(row_scale(labels, o.reduction, lead.clone(), x.dtype())?);
+    let scaled = per_row.mul(&scale)?;
+    match o.reduction {
+        Reduction::None => Ok(scaled),
+        _ => scaled.sum_all(),
+    }
+}
+
+/// The dtype the kernels compute in: f64 for f64, f32 for the other floats.
+fn compute_dtype(op: &'static str, x: &Tensor) -> Result<DType> {
+    match x.dtype() {
+        DType::F64 => Ok(DType::F64),
+        DType::F32 | DType::F16 | DType::BF16 => Ok(DType::F32),
+        dtype => Err(Error::UnsupportedDType { op, dtype, expected: "float logits" }),
+    }
+}
+
+/// This family's ops, each once (see [`crate::ops::registry`]).
+pub(crate) fn family() -> Vec<Box<dyn crate::ops::DynOp>> {
+    let labels = || Tensor::scalar_of(0.0, DType::I64);
+    let options = CrossEntropyOptions::default();
+    vec![
+        Box::new(SparseCrossEntropy { labels: labels(), options, lse: Mutex::new(None) }),
+        Box::new(LinearCrossEntropy {
+            labels: labels(),
+            options,
+            chunk: None,
+            precompute: false,
+            lse: Mutex::new(None),
+            grads: Mutex::new(None),
+        }),
+    ]
+}
+
+/// Cross-entropy losses, on tensors and graph handles alike.
+pub trait CrossEntropyOps: Diff {
+    /// Cross-entropy of logits `[..., V]` against integer `labels` `[...]`
+    /// (i32 or i64), with torch's defaults (mean, ignore_index -100). Never
+    /// builds a one-hot: the forward saves only a per-row log-sum-exp.
+    fn sparse_cross_entropy(&self, labels: &Tensor) -> Result<Self> {
+        self.sparse_cross_entropy_with(labels, CrossEntropyOptions::default())
+    }
+    /// [`CrossEntropyOps::sparse_cross_entropy`] with options.
+    fn sparse_cross_entropy_with(&self, labels: &Tensor, options: CrossEntropyOptions) -> Result<Self> {
+        Self::apply(SparseCrossEntropy { labels: labels.clone(), options, lse: Mutex::new(None) }, &[self])
+    }
+    /// Cross-entropy of `self @ weight^T + bias` (`self` is `[N, D]`,
+    /// `weight` `[V, D]`) against `labels` `[N]`, computed in chunks of rows
+    /// so the `[N, V]` logits never exist. `chunk` overrides the automatic
+    /// rows-per-chunk.
+    ///
+    /// Hidden states with more leading axes (`[B, S, D]` against labels
+    /// `[B, S]`, as a language model's) are the `[B * S, D]` rows of the
+    /// same head: the per-row losses of [`Reduction::None`] come back
+    /// shaped like the labels, and the gradient of `self` like `self`.
+    ///
+    /// On graph handles with a sum or mean, the forward also makes the
+    /// gradients of `self`, `weight` and `bias` (while each chunk of logits
+    /// is in cache) and the backward only scales them: see
+    /// [`LinearCrossEntropy`] for the two paths and the memory bound.
+    fn linear_cross_entropy(
+        &self,
+        weight: &Self,
+        bias: Option<&Self>,
+        labels: &Tensor,
+        options: CrossEntropyOptions,
+        chunk: Option<usize>,
+    ) -> Result<Self> {
+        if self.rank() > 2 {
+            let shape = self.shape();
+            let (lead, d) = shape.dims().split_at(shape.rank() - 1);
+            if labels.dims() != lead {
+                return Err(Error::ShapeMismatch {
+                    op: "linear_cross_entropy",
+                    lhs: shape.clone(),
+                    rhs: labels.shape().clone(),
+                });
+            }
+            let rows: usize = lead.iter().product();
+            let flat = self.reshape([rows, d[0]])?;
+            let loss = flat.linear_cross_entropy(weight, bias, &labels.reshape([rows])?, options, chunk)?;
+            return match options.reduction {
+                Reduction::None => loss.reshape(Shape::from(lead)),
+                Reduction::Sum | Reduction::Mean => Ok(loss),
+            };
+        }
+        let op = LinearCrossEntropy {
+            labels: labels.clone(),
+            options,
+            chunk,
+            // Recorded with a scalar output and an input gradients flow to:
+            // a backward will most likely follow, and it then needs no
+            // second pass over the logits.
+            precompute: (self.requires_grad() || weight.requires_grad() || bias.is_some_and(|b| b.requires_grad()))
+                && options.reduction != Reduction::None,
+            lse: Mutex::new(None),
+            grads: Mutex::new(None),
+        };
+        match bias {
+            Some(b) => Self::apply(op, &[self, weight, b]),
+            None => Self::apply(op, &[self, weight]),
+        }
+    }
+}
+
+impl<T: Diff> CrossEntropyOps for T {}
