@@ -92,7 +92,11 @@ fn seeds(outputs: &[Var<'_>], grad_outputs: Option<Vec<Tensor>>) -> Result<Vec<T
             }
             for (o, s) in outputs.iter().zip(&s) {
                 if o.shape() != *s.shape() {
-                    return Err(Error::ShapeMismatch { op: "grad", lhs: o.shape(), rhs: s.shape().clone() });
+                    return Err(Error::ShapeMismatch {
+                        op: "grad",
+                        lhs: Box::new(o.shape()),
+                        rhs: Box::new(s.shape().clone()),
+                    });
                 }
                 if o.device() != s.device() {
                     return Err(Error::DeviceMismatch { op: "grad", lhs: o.device(), rhs: s.device() });
@@ -205,7 +209,11 @@ impl Graph {
                     let s =
                         s.get(k).ok_or_else(|| Error::invalid_arg("grad_graph", "fewer grad_outputs than outputs"))?;
                     if s.shape() != o.shape() {
-                        return Err(Error::ShapeMismatch { op: "grad_graph", lhs: o.shape(), rhs: s.shape() });
+                        return Err(Error::ShapeMismatch {
+                            op: "grad_graph",
+                            lhs: Box::new(o.shape()),
+                            rhs: Box::new(s.shape()),
+                        });
                     }
                     if s.device() != o.device() {
                         return Err(Error::DeviceMismatch { op: "grad_graph", lhs: o.device(), rhs: s.device() });

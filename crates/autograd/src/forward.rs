@@ -17,7 +17,7 @@ use crate::graph::{from_raw, Graph, NodeId, Var};
 fn check_tangents(inputs: &[Var<'_>], tangents: impl Iterator<Item = (Shape, Device)>) -> Result<()> {
     for (x, (s, d)) in inputs.iter().zip(tangents) {
         if x.shape() != s {
-            return Err(Error::ShapeMismatch { op: "jvp", lhs: x.shape(), rhs: s });
+            return Err(Error::ShapeMismatch { op: "jvp", lhs: Box::new(x.shape()), rhs: Box::new(s) });
         }
         if x.device() != d {
             return Err(Error::DeviceMismatch { op: "jvp", lhs: x.device(), rhs: d });

@@ -33,13 +33,13 @@ fn check_points(g: &Graph, op: &'static str, u: &Var<'_>, x: &Var<'_>) -> Result
     g.check_own(op, &[*x])?;
     let xs = x.shape();
     if xs.rank() != 2 {
-        return Err(Error::InvalidShape { op, shape: xs, reason: "points must be [N, d]".into() });
+        return Err(Error::InvalidShape { op, shape: Box::new(xs), reason: "points must be [N, d]".into() });
     }
     let (n, d) = (xs.dims()[0], xs.dims()[1]);
     let us = u.shape();
     let ok = us.dims() == [n] || us.dims() == [n, 1];
     if !ok {
-        return Err(Error::ShapeMismatch { op, lhs: us, rhs: xs });
+        return Err(Error::ShapeMismatch { op, lhs: Box::new(us), rhs: Box::new(xs) });
     }
     Ok((n, d))
 }
@@ -109,7 +109,11 @@ impl Graph {
     pub fn hessian(&self, f: Var<'_>, x: Var<'_>) -> Result<Tensor> {
         let (f, x) = (self.same("hessian", f)?, self.same("hessian", x)?);
         if f.numel() != 1 {
-            return Err(Error::InvalidShape { op: "hessian", shape: f.shape(), reason: "needs a scalar".into() });
+            return Err(Error::InvalidShape {
+                op: "hessian",
+                shape: Box::new(f.shape()),
+                reason: "needs a scalar".into(),
+            });
         }
         let gx = self.grad_graph(f, &[x])?[0];
         let xs = x.shape();

@@ -57,12 +57,20 @@ impl Op for Affine {
     fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let (x, w) = (xs[0], xs[1]);
         if x.rank() != 2 || w.rank() != 2 || x.dims()[1] != w.dims()[1] {
-            return Err(Error::ShapeMismatch { op: "affine", lhs: x.shape().clone(), rhs: w.shape().clone() });
+            return Err(Error::ShapeMismatch {
+                op: "affine",
+                lhs: Box::new(x.shape().clone()),
+                rhs: Box::new(w.shape().clone()),
+            });
         }
         let b = if self.bias { Some(xs[2]) } else { None };
         if let Some(b) = b {
             if b.dims() != [w.dims()[0]] {
-                return Err(Error::ShapeMismatch { op: "affine", lhs: w.shape().clone(), rhs: b.shape().clone() });
+                return Err(Error::ShapeMismatch {
+                    op: "affine",
+                    lhs: Box::new(w.shape().clone()),
+                    rhs: Box::new(b.shape().clone()),
+                });
             }
         }
         // The bias (and tanh) are applied by each thread to its rows of the
@@ -73,7 +81,11 @@ impl Op for Affine {
         if self.residual {
             let r = xs[xs.len() - 1];
             if r.shape() != y.shape() {
-                return Err(Error::ShapeMismatch { op: "affine", lhs: y.shape().clone(), rhs: r.shape().clone() });
+                return Err(Error::ShapeMismatch {
+                    op: "affine",
+                    lhs: Box::new(y.shape().clone()),
+                    rhs: Box::new(r.shape().clone()),
+                });
             }
             if !crate::cpu::affine::add_in_place(&mut y, r)? {
                 y = y.add(r)?;

@@ -74,7 +74,7 @@ impl CausalSoftmax {
         if dims.len() < 2 || dims[dims.len() - 2] > dims[dims.len() - 1] {
             return Err(Error::InvalidShape {
                 op: "causal_softmax",
-                shape: x.shape().clone(),
+                shape: Box::new(x.shape().clone()),
                 reason: "needs [..., queries, keys] with queries <= keys".into(),
             });
         }
@@ -113,7 +113,8 @@ pub struct CausalAttention {
 
 impl CausalAttention {
     fn check(&self, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Heads> {
-        let bad = |reason: String| Error::InvalidShape { op: "causal_attention", shape: q.shape().clone(), reason };
+        let bad =
+            |reason: String| Error::InvalidShape { op: "causal_attention", shape: Box::new(q.shape().clone()), reason };
         if q.rank() != 3 || k.shape() != q.shape() || v.shape() != q.shape() {
             return Err(bad(format!(
                 "q, k, v must be equal [batch, time, channels]; k {}, v {}",
@@ -305,7 +306,7 @@ impl CausalSelfAttention {
         if d.len() != 3 {
             return Err(Error::InvalidShape {
                 op: "CausalSelfAttention",
-                shape: s.clone(),
+                shape: Box::new(s.clone()),
                 reason: "input must be [batch, time, d_model]".into(),
             });
         }

@@ -58,7 +58,7 @@ impl DataLoader {
         if let Some(t) = tensors.iter().find(|t| t.rank() == 0) {
             return Err(Error::InvalidShape {
                 op: "DataLoader::new",
-                shape: t.shape().clone(),
+                shape: Box::new(t.shape().clone()),
                 reason: "every tensor needs a leading sample dimension".into(),
             });
         }

@@ -157,7 +157,7 @@ impl Gpt {
             _ => {
                 return Err(Error::InvalidShape {
                     op: "Gpt",
-                    shape: ids.shape().clone(),
+                    shape: Box::new(ids.shape().clone()),
                     reason: format!("ids must be [batch, time] with 0 < time <= {}", self.cfg.block_size),
                 })
             }
@@ -187,8 +187,8 @@ impl Gpt {
         if targets.dims() != ids.dims() {
             return Err(Error::ShapeMismatch {
                 op: "Gpt::loss",
-                lhs: ids.shape().clone(),
-                rhs: targets.shape().clone(),
+                lhs: Box::new(ids.shape().clone()),
+                rhs: Box::new(targets.shape().clone()),
             });
         }
         let h = self.hidden(p, ids, rng)?;

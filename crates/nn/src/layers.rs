@@ -112,7 +112,7 @@ impl Linear {
         let Some((input, out)) = Self::features(w) else {
             return Err(Error::InvalidShape {
                 op,
-                shape: w.shape(),
+                shape: Box::new(w.shape()),
                 reason: "the weight must be [out_features, in_features]".into(),
             });
         };
@@ -125,12 +125,12 @@ impl Linear {
         match shape.dims().last() {
             None => Err(Error::InvalidShape {
                 op,
-                shape,
+                shape: Box::new(shape),
                 reason: format!("{layer} needs an input of rank 1 or more, [..., {input}]"),
             }),
             Some(&got) if got != input => Err(Error::InvalidShape {
                 op,
-                shape,
+                shape: Box::new(shape),
                 reason: format!(
                     "{layer} expects {input} input feature{} in the last dimension, got {got}",
                     if input == 1 { "" } else { "s" }

@@ -12,7 +12,7 @@ pub use tapir_tensor::ops::{CrossEntropyOps, CrossEntropyOptions, Reduction};
 /// a classic bug, so it is an error here.
 pub fn mse<T: Diff>(pred: &T, target: &T) -> Result<T> {
     if pred.shape() != target.shape() {
-        return Err(Error::ShapeMismatch { op: "mse", lhs: pred.shape(), rhs: target.shape() });
+        return Err(Error::ShapeMismatch { op: "mse", lhs: Box::new(pred.shape()), rhs: Box::new(target.shape()) });
     }
     pred.sub(target)?.square()?.mean_all()
 }

@@ -148,7 +148,7 @@ impl NormOp {
             _ => {
                 return Err(Error::InvalidShape {
                     op: self.name(),
-                    shape: x.shape().clone(),
+                    shape: Box::new(x.shape().clone()),
                     reason: "needs a non-empty last axis".into(),
                 })
             }
@@ -156,7 +156,11 @@ impl NormOp {
         let (w, b) = (self.has_weight.then(|| xs[1]), self.has_bias.then(|| xs[xs.len() - 1]));
         for p in w.iter().chain(b.iter()) {
             if p.dims() != [d] {
-                return Err(Error::ShapeMismatch { op: self.name(), lhs: x.shape().clone(), rhs: p.shape().clone() });
+                return Err(Error::ShapeMismatch {
+                    op: self.name(),
+                    lhs: Box::new(x.shape().clone()),
+                    rhs: Box::new(p.shape().clone()),
+                });
             }
             if p.dtype() != x.dtype() {
                 return Err(Error::DTypeMismatch { op: self.name(), lhs: x.dtype(), rhs: p.dtype() });

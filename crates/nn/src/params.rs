@@ -103,8 +103,8 @@ impl ParamStore {
         if old.shape() != value.shape() {
             return Err(Error::ShapeMismatch {
                 op: "ParamStore::set",
-                lhs: old.shape().clone(),
-                rhs: value.shape().clone(),
+                lhs: Box::new(old.shape().clone()),
+                rhs: Box::new(value.shape().clone()),
             });
         }
         if old.dtype() != value.dtype() {
@@ -211,7 +211,11 @@ impl Grads {
         for (id, g) in self.iter() {
             let p = store.get(id);
             if p.shape() != g.shape() {
-                return Err(Error::ShapeMismatch { op, lhs: p.shape().clone(), rhs: g.shape().clone() });
+                return Err(Error::ShapeMismatch {
+                    op,
+                    lhs: Box::new(p.shape().clone()),
+                    rhs: Box::new(g.shape().clone()),
+                });
             }
             if p.dtype() != g.dtype() {
                 return Err(Error::DTypeMismatch { op, lhs: p.dtype(), rhs: g.dtype() });

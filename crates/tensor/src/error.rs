@@ -18,9 +18,9 @@ pub enum Error {
         /// The op that failed.
         op: &'static str,
         /// Left (or first) operand's shape.
-        lhs: Shape,
+        lhs: Box<Shape>,
         /// Right (or second) operand's shape.
-        rhs: Shape,
+        rhs: Box<Shape>,
     },
     /// A shape that is invalid for the op on its own.
     #[error("{op}: invalid shape {shape}: {reason}")]
@@ -28,7 +28,7 @@ pub enum Error {
         /// The op that failed.
         op: &'static str,
         /// The shape in question.
-        shape: Shape,
+        shape: Box<Shape>,
         /// Why it is invalid.
         reason: String,
     },
@@ -119,7 +119,7 @@ pub enum Error {
         /// The op that failed.
         op: &'static str,
         /// The shape asked for.
-        shape: Shape,
+        shape: Box<Shape>,
         /// Its element count.
         expected: usize,
         /// Elements supplied.
@@ -158,7 +158,7 @@ pub enum Error {
         /// Bytes requested.
         requested: usize,
         /// The allocator's counters when it gave up.
-        stats: MemoryStats,
+        stats: Box<MemoryStats>,
     },
     /// An error from the CUDA driver, NVRTC or cuBLAS.
     #[error("cuda: {0}")]

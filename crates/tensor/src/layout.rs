@@ -35,7 +35,7 @@ impl Shape {
     /// bytes, Rust's limit for one allocation). Returns the element count;
     /// otherwise an [`Error::InvalidShape`] naming `op`.
     pub fn check(&self, op: &'static str, dtype: DType) -> Result<usize> {
-        let bad = |reason: String| Error::InvalidShape { op, shape: self.clone(), reason };
+        let bad = |reason: String| Error::InvalidShape { op, shape: Box::new(self.clone()), reason };
         let n = self.checked_numel().ok_or_else(|| bad("its element count overflows usize".into()))?;
         match n.checked_mul(dtype.size_in_bytes()) {
             Some(b) if b <= isize::MAX as usize => Ok(n),
@@ -68,7 +68,7 @@ impl Shape {
             } else if da == 1 {
                 db
             } else {
-                return Err(Error::ShapeMismatch { op, lhs: a.clone(), rhs: b.clone() });
+                return Err(Error::ShapeMismatch { op, lhs: Box::new(a.clone()), rhs: Box::new(b.clone()) });
             };
         }
         let out = Shape(out);
@@ -76,7 +76,7 @@ impl Shape {
             return Err(Error::InvalidShape {
                 op,
                 reason: format!("broadcasting {a} with {b} overflows the element count"),
-                shape: out,
+                shape: Box::new(out),
             });
         }
         Ok(out)

@@ -143,7 +143,7 @@ pub(crate) fn track_free(device: Device, bytes: usize, to_system: bool) {
 /// The error for an allocation of `requested` bytes on `device` that the
 /// system refused; nothing was counted for it.
 pub(crate) fn out_of_memory(device: Device, requested: usize) -> Error {
-    Error::OutOfMemory { device, requested, stats: memory_stats(device) }
+    Error::OutOfMemory { device, requested, stats: Box::new(memory_stats(device)) }
 }
 
 /// The counters of `device` now.

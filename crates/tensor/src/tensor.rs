@@ -141,7 +141,12 @@ impl Tensor {
         let shape = shape.into();
         shape.check("from_vec", buf.dtype())?;
         if buf.len() != shape.numel() {
-            return Err(Error::ElementCount { op: "from_vec", expected: shape.numel(), got: buf.len(), shape });
+            return Err(Error::ElementCount {
+                op: "from_vec",
+                expected: shape.numel(),
+                got: buf.len(),
+                shape: Box::new(shape),
+            });
         }
         Ok(Tensor { storage: Arc::new(Storage::cpu(buf)), layout: Layout::contiguous(shape) })
     }
@@ -276,7 +281,7 @@ impl Tensor {
         if len >= usize::MAX as f64 {
             return Err(Error::InvalidShape {
                 op: "arange",
-                shape: Shape::from([usize::MAX]),
+                shape: Box::new(Shape::from([usize::MAX])),
                 reason: format!("start {start}, end {end}, step {step} give {len:e} elements"),
             });
         }
@@ -444,7 +449,7 @@ impl Tensor {
         if self.numel() != 1 {
             return Err(Error::InvalidShape {
                 op: "item",
-                shape: self.shape().clone(),
+                shape: Box::new(self.shape().clone()),
                 reason: "item needs exactly one element".into(),
             });
         }
@@ -482,7 +487,11 @@ impl Tensor {
     /// Reshape without copying when the layout allows, else copy.
     pub(crate) fn reshape_raw(&self, shape: Shape) -> Result<Tensor> {
         if shape.numel() != self.numel() {
-            return Err(Error::ShapeMismatch { op: "reshape", lhs: self.shape().clone(), rhs: shape });
+            return Err(Error::ShapeMismatch {
+                op: "reshape",
+                lhs: Box::new(self.shape().clone()),
+                rhs: Box::new(shape),
+            });
         }
         shape.check("reshape", self.dtype())?;
         if let Some(strides) = self.layout.view_strides(&shape) {
@@ -523,7 +532,11 @@ impl Tensor {
         shape.check("broadcast_to", self.dtype())?;
         let b = Shape::broadcast("broadcast_to", self.shape(), shape)?;
         if &b != shape {
-            return Err(Error::ShapeMismatch { op: "broadcast_to", lhs: self.shape().clone(), rhs: shape.clone() });
+            return Err(Error::ShapeMismatch {
+                op: "broadcast_to",
+                lhs: Box::new(self.shape().clone()),
+                rhs: Box::new(shape.clone()),
+            });
         }
         let strides = self.layout.broadcast_strides(shape);
         Ok(self.with_layout(Layout { shape: shape.clone(), strides, offset: self.layout.offset }))

@@ -71,7 +71,7 @@ fn binary_shape_mismatch_names_op_and_shapes() {
         let e = assert_err!(
             op(&a, &b),
             Error::ShapeMismatch { op, lhs, rhs }
-                if *op == name && *lhs == shape(&[2, 3]) && *rhs == shape(&[4])
+                if *op == name && *lhs == Box::new(shape(&[2, 3])) && *rhs == Box::new(shape(&[4]))
         );
         let msg = e.to_string();
         assert!(msg.contains(name) && msg.contains("[2, 3]") && msg.contains("[4]"), "{msg}");
@@ -95,14 +95,14 @@ fn matmul_inner_mismatch_names_user_shapes() {
     let e = assert_err!(
         a.matmul(&b),
         Error::ShapeMismatch { op: "matmul", lhs, rhs }
-            if *lhs == shape(&[2, 3]) && *rhs == shape(&[4, 5])
+            if *lhs == Box::new(shape(&[2, 3])) && *rhs == Box::new(shape(&[4, 5]))
     );
     assert!(e.to_string().contains("matmul"));
     // Batch dims that do not broadcast.
     assert_err!(
         Tensor::zeros([2, 2, 3], DType::F32).expect("alloc").matmul(&Tensor::zeros([3, 3, 4], DType::F32).expect("alloc")),
         Error::ShapeMismatch { op: "matmul", lhs, rhs }
-            if *lhs == shape(&[2, 2, 3]) && *rhs == shape(&[3, 3, 4])
+            if *lhs == Box::new(shape(&[2, 2, 3])) && *rhs == Box::new(shape(&[3, 3, 4]))
     );
     // 1-D operands: the error names the shapes the user passed.
     let v3 = Tensor::zeros([3], DType::F32).expect("alloc");
@@ -110,17 +110,17 @@ fn matmul_inner_mismatch_names_user_shapes() {
     assert_err!(
         v3.matmul(&v4),
         Error::ShapeMismatch { op: "matmul", lhs, rhs }
-            if *lhs == shape(&[3]) && *rhs == shape(&[4])
+            if *lhs == Box::new(shape(&[3])) && *rhs == Box::new(shape(&[4]))
     );
     assert_err!(
         v4.matmul(&a),
         Error::ShapeMismatch { op: "matmul", lhs, rhs }
-            if *lhs == shape(&[4]) && *rhs == shape(&[2, 3])
+            if *lhs == Box::new(shape(&[4])) && *rhs == Box::new(shape(&[2, 3]))
     );
     assert_err!(
         a.matmul(&v4),
         Error::ShapeMismatch { op: "matmul", lhs, rhs }
-            if *lhs == shape(&[2, 3]) && *rhs == shape(&[4])
+            if *lhs == Box::new(shape(&[2, 3])) && *rhs == Box::new(shape(&[4]))
     );
     // 0-d operands cannot be multiplied as matrices.
     assert_err!(Tensor::scalar(1.0).matmul(&a), Error::ShapeMismatch { op: "matmul", .. });
@@ -140,14 +140,14 @@ fn view_shape_errors() {
     assert_err!(
         a.reshape([4]),
         Error::ShapeMismatch { op: "reshape", lhs, rhs }
-            if *lhs == shape(&[2, 3]) && *rhs == shape(&[4])
+            if *lhs == Box::new(shape(&[2, 3])) && *rhs == Box::new(shape(&[4]))
     );
     assert_err!(a.reshape([7, 1]), Error::ShapeMismatch { op: "reshape", .. });
     // broadcast_to a shape the tensor does not broadcast to.
     assert_err!(
         a.broadcast_to([2, 4]),
         Error::ShapeMismatch { op: "broadcast_to", lhs, rhs }
-            if *lhs == shape(&[2, 3]) && *rhs == shape(&[2, 4])
+            if *lhs == Box::new(shape(&[2, 3])) && *rhs == Box::new(shape(&[2, 4]))
     );
     assert_err!(a.broadcast_to([3]), Error::ShapeMismatch { op: "broadcast_to", .. });
     assert_err!(a.broadcast_to([1, 3]), Error::ShapeMismatch { op: "broadcast_to", .. });
@@ -160,7 +160,7 @@ fn view_shape_errors() {
     assert_err!(
         Tensor::concat(&[&a, &b], 0),
         Error::ShapeMismatch { op: "concat", lhs, rhs }
-            if *lhs == shape(&[2, 3]) && *rhs == shape(&[2, 2])
+            if *lhs == Box::new(shape(&[2, 3])) && *rhs == Box::new(shape(&[2, 2]))
     );
     assert_err!(
         Tensor::concat(&[&a, &Tensor::zeros([6], DType::F32).expect("alloc")], 0),
@@ -170,7 +170,7 @@ fn view_shape_errors() {
     // squeeze of a dim that is not 1, t() of a vector.
     assert_err!(
         a.squeeze(0),
-        Error::InvalidShape { op: "squeeze", shape: s, .. } if *s == shape(&[2, 3])
+        Error::InvalidShape { op: "squeeze", shape: s, .. } if *s == Box::new(shape(&[2, 3]))
     );
     assert_err!(Tensor::zeros([3], DType::F32).expect("alloc").t(), Error::InvalidShape { op: "t", .. });
 }
@@ -398,7 +398,7 @@ fn element_count_errors() {
     let _g = lock();
     let e = assert_err!(
         Tensor::from_vec(vec![0.0f32; 5], [2, 3]),
-        Error::ElementCount { shape: s, expected: 6, got: 5, .. } if *s == shape(&[2, 3])
+        Error::ElementCount { shape: s, expected: 6, got: 5, .. } if *s == Box::new(shape(&[2, 3]))
     );
     assert!(e.to_string().contains('5') && e.to_string().contains('6'));
     assert_err!(Tensor::from_slice(&[1i64, 2], ()), Error::ElementCount { expected: 1, got: 2, .. });
@@ -429,7 +429,7 @@ fn invalid_shapes() {
     let x = m23();
     let e = assert_err!(
         x.item(),
-        Error::InvalidShape { op: "item", shape: s, .. } if *s == shape(&[2, 3])
+        Error::InvalidShape { op: "item", shape: s, .. } if *s == Box::new(shape(&[2, 3]))
     );
     assert!(e.to_string().contains("item"));
     assert_err!(x.item_f32(), Error::InvalidShape { op: "item", .. });
@@ -622,4 +622,15 @@ fn unallocatable_sizes_are_out_of_memory_and_count_nothing() {
     assert_err_untouched!(v.softmax(0), Error::OutOfMemory { .. });
     assert_err_untouched!(v.reshape([HUGE / 4, 4]).and_then(|r| r.max(&[1], false)), Error::OutOfMemory { .. });
     assert_err_untouched!(v.zeros_like(), Error::OutOfMemory { .. });
+}
+
+#[test]
+fn errors_are_small_enough_for_clippys_result_large_err() {
+    // clippy's result_large_err fires at 128 bytes; the shape and
+    // statistics payloads are boxed so users' own `Result<_, Error>`
+    // functions stay well under it.
+    let size = std::mem::size_of::<Error>();
+    assert!(size <= 64, "Error is {size} bytes");
+    let r = std::mem::size_of::<Result<()>>();
+    assert!(r <= 64, "Result<()> is {r} bytes");
 }

@@ -200,7 +200,7 @@ pub(crate) fn index_add(axis: usize, size: usize, g: &Tensor, idx: &Tensor) -> R
     let ip = first_element(op, &idx)?;
     if n != idx.numel() {
         checked(op, &dev, &idx, size, None)?;
-        return Err(Error::ShapeMismatch { op, lhs: g.shape().clone(), rhs: idx.shape().clone() });
+        return Err(Error::ShapeMismatch { op, lhs: Box::new(g.shape().clone()), rhs: Box::new(idx.shape().clone()) });
     }
     let mut shape = g.shape().clone();
     shape.0[axis] = size;
@@ -235,7 +235,7 @@ fn check_fits(op: &'static str, target: &Shape, axis: usize, idx: &Tensor) -> Re
     if fits {
         Ok(())
     } else {
-        Err(Error::ShapeMismatch { op, lhs: target.clone(), rhs: idx.shape().clone() })
+        Err(Error::ShapeMismatch { op, lhs: Box::new(target.clone()), rhs: Box::new(idx.shape().clone()) })
     }
 }
 
@@ -299,7 +299,11 @@ pub(crate) fn scatter_add(axis: usize, base: &Tensor, src: &Tensor, idx: &Tensor
         return Err(Error::DTypeMismatch { op, lhs: base.dtype(), rhs: src.dtype() });
     }
     if src.shape() != idx.shape() {
-        return Err(Error::ShapeMismatch { op, lhs: src.shape().clone(), rhs: idx.shape().clone() });
+        return Err(Error::ShapeMismatch {
+            op,
+            lhs: Box::new(src.shape().clone()),
+            rhs: Box::new(idx.shape().clone()),
+        });
     }
     check_fits(op, base.shape(), axis, idx)?;
     index_dtype(op, idx)?;

@@ -179,7 +179,7 @@ pub(crate) fn reduce(op: &Reduce, x: &Tensor) -> Result<Tensor> {
         if let Some(&a) = op.axes.iter().find(|&&a| x.dims()[a] == 0) {
             return Err(Error::InvalidShape {
                 op: name,
-                shape: x.shape().clone(),
+                shape: Box::new(x.shape().clone()),
                 reason: format!("cannot take {name} over empty axis {a}"),
             });
         }
@@ -219,7 +219,7 @@ pub(crate) fn reduce(op: &Reduce, x: &Tensor) -> Result<Tensor> {
 pub(crate) fn arg_reduce(op: &ArgReduce, x: &Tensor) -> Result<Tensor> {
     let name = op.name();
     if x.dims()[crate::layout::check_axis(name, op.axis, x.rank())?] == 0 {
-        return Err(Error::InvalidShape { op: name, shape: x.shape().clone(), reason: "empty axis".into() });
+        return Err(Error::InvalidShape { op: name, shape: Box::new(x.shape().clone()), reason: "empty axis".into() });
     }
     let shape = reduced_shape(x.shape(), &[op.axis], op.keepdim);
     shape.check(name, DType::I64)?;

@@ -81,14 +81,18 @@ pub(crate) fn concat(axis: usize, xs: &[&Tensor]) -> Result<Tensor> {
         let compatible = x.rank() == first.rank()
             && x.dims().iter().zip(first.dims()).enumerate().all(|(i, (a, b))| i == axis || a == b);
         if !compatible {
-            return Err(Error::ShapeMismatch { op: "concat", lhs: first.shape().clone(), rhs: x.shape().clone() });
+            return Err(Error::ShapeMismatch {
+                op: "concat",
+                lhs: Box::new(first.shape().clone()),
+                rhs: Box::new(x.shape().clone()),
+            });
         }
         if x.dtype() != first.dtype() {
             return Err(Error::DTypeMismatch { op: "concat", lhs: first.dtype(), rhs: x.dtype() });
         }
         total = total.checked_add(x.dims()[axis]).ok_or_else(|| Error::InvalidShape {
             op: "concat",
-            shape: x.shape().clone(),
+            shape: Box::new(x.shape().clone()),
             reason: format!("the sizes along axis {axis} overflow usize"),
         })?;
     }

@@ -31,7 +31,11 @@ pub(crate) fn split(op: &'static str, shape: &Shape, axis: usize, idx: &Tensor) 
     let d = shape.dims();
     check_axis(op, axis, d.len())?;
     if idx.rank() != 1 {
-        return Err(Error::InvalidShape { op, shape: idx.shape().clone(), reason: "indices must be 1-D".into() });
+        return Err(Error::InvalidShape {
+            op,
+            shape: Box::new(idx.shape().clone()),
+            reason: "indices must be 1-D".into(),
+        });
     }
     Ok((d[..axis].iter().product(), d[axis], d[axis + 1..].iter().product()))
 }
@@ -115,8 +119,8 @@ impl Op for IndexAdd {
         if n != ids.len() {
             return Err(Error::ShapeMismatch {
                 op: "index_add",
-                lhs: g.shape().clone(),
-                rhs: self.idx.shape().clone(),
+                lhs: Box::new(g.shape().clone()),
+                rhs: Box::new(self.idx.shape().clone()),
             });
         }
         let mut shape = g.shape().clone();
@@ -153,7 +157,7 @@ fn scatter_offsets(op: &'static str, target: &Shape, axis: usize, idx: &Tensor) 
     let fits = idx.rank() == target.rank()
         && idx.dims().iter().zip(target.dims()).enumerate().all(|(a, (&i, &t))| a == axis || i <= t);
     if !fits {
-        return Err(Error::ShapeMismatch { op, lhs: target.clone(), rhs: idx.shape().clone() });
+        return Err(Error::ShapeMismatch { op, lhs: Box::new(target.clone()), rhs: Box::new(idx.shape().clone()) });
     }
     let ids = checked_indices(op, idx, target.dims()[axis])?;
     let ts = target.contiguous_strides();
@@ -242,8 +246,8 @@ impl Op for ScatterAdd {
         if src.shape() != self.idx.shape() {
             return Err(Error::ShapeMismatch {
                 op: "scatter_add",
-                lhs: src.shape().clone(),
-                rhs: self.idx.shape().clone(),
+                lhs: Box::new(src.shape().clone()),
+                rhs: Box::new(self.idx.shape().clone()),
             });
         }
         let offs = scatter_offsets("scatter_add", base.shape(), self.axis, &self.idx)?;
@@ -274,7 +278,7 @@ pub trait IndexOps: Diff {
         if idx.rank() != 1 {
             return Err(Error::InvalidShape {
                 op: "index_select",
-                shape: idx.shape().clone(),
+                shape: Box::new(idx.shape().clone()),
                 reason: "indices must be 1-D".into(),
             });
         }
@@ -286,7 +290,7 @@ pub trait IndexOps: Diff {
         if self.rank() != 2 {
             return Err(Error::InvalidShape {
                 op: "embedding",
-                shape: self.shape(),
+                shape: Box::new(self.shape()),
                 reason: "table must be [vocab, dim]".into(),
             });
         }

@@ -24,7 +24,8 @@ pub(crate) struct Plan {
 }
 
 fn plan(a: &Tensor, b: &Tensor) -> Result<Plan> {
-    let mismatch = || Error::ShapeMismatch { op: "matmul", lhs: a.shape().clone(), rhs: b.shape().clone() };
+    let mismatch =
+        || Error::ShapeMismatch { op: "matmul", lhs: Box::new(a.shape().clone()), rhs: Box::new(b.shape().clone()) };
     if a.rank() < 2 || b.rank() < 2 {
         return Err(mismatch());
     }
@@ -188,7 +189,7 @@ pub trait MatmulOps: Diff {
     /// axis removed afterwards; batch dims broadcast.
     fn matmul(&self, o: &Self) -> Result<Self> {
         let (ra, rb) = (self.rank(), o.rank());
-        let mismatch = || Error::ShapeMismatch { op: "matmul", lhs: self.shape(), rhs: o.shape() };
+        let mismatch = || Error::ShapeMismatch { op: "matmul", lhs: Box::new(self.shape()), rhs: Box::new(o.shape()) };
         if ra == 0 || rb == 0 {
             return Err(mismatch());
         }

@@ -130,7 +130,7 @@ impl Op for Reduce {
             if let Some(&a) = self.axes.iter().find(|&&a| x.dims()[a] == 0) {
                 return Err(Error::InvalidShape {
                     op: self.name(),
-                    shape: x.shape().clone(),
+                    shape: Box::new(x.shape().clone()),
                     reason: format!("cannot take {} over empty axis {a}", self.name()),
                 });
             }
@@ -210,7 +210,11 @@ impl Op for ArgReduce {
     fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let x = xs[0];
         if x.dims()[crate::layout::check_axis(self.name(), self.axis, x.rank())?] == 0 {
-            return Err(Error::InvalidShape { op: self.name(), shape: x.shape().clone(), reason: "empty axis".into() });
+            return Err(Error::InvalidShape {
+                op: self.name(),
+                shape: Box::new(x.shape().clone()),
+                reason: "empty axis".into(),
+            });
         }
         reduced_shape(x.shape(), &[self.axis], self.keepdim).check(self.name(), DType::I64)?;
         crate::cpu::reduce::arg_reduce(self, x)
@@ -252,7 +256,11 @@ impl Op for SumTo {
         let (r, tr) = (x.rank(), self.shape.rank());
         let fits = tr <= r && self.shape.dims().iter().enumerate().all(|(i, &d)| d == 1 || d == x.dims()[r - tr + i]);
         if !fits {
-            return Err(Error::ShapeMismatch { op: "sum_to", lhs: x.shape().clone(), rhs: self.shape.clone() });
+            return Err(Error::ShapeMismatch {
+                op: "sum_to",
+                lhs: Box::new(x.shape().clone()),
+                rhs: Box::new(self.shape.clone()),
+            });
         }
         let axes: Axes =
             (0..r).filter(|&i| i < r - tr || (self.shape.dims()[i - (r - tr)] == 1 && x.dims()[i] != 1)).collect();

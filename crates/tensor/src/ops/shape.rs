@@ -247,7 +247,11 @@ impl Op for Concat {
             let compatible = x.rank() == first.rank()
                 && x.dims().iter().zip(first.dims()).enumerate().all(|(i, (a, b))| i == self.axis || a == b);
             if !compatible {
-                return Err(Error::ShapeMismatch { op: "concat", lhs: first.shape().clone(), rhs: x.shape().clone() });
+                return Err(Error::ShapeMismatch {
+                    op: "concat",
+                    lhs: Box::new(first.shape().clone()),
+                    rhs: Box::new(x.shape().clone()),
+                });
             }
             if x.dtype() != first.dtype() {
                 return Err(Error::DTypeMismatch { op: "concat", lhs: first.dtype(), rhs: x.dtype() });
@@ -257,7 +261,7 @@ impl Op for Concat {
                 None => {
                     return Err(Error::InvalidShape {
                         op: "concat",
-                        shape: x.shape().clone(),
+                        shape: Box::new(x.shape().clone()),
                         reason: format!("the sizes along axis {} overflow usize", self.axis),
                     })
                 }
@@ -362,7 +366,7 @@ pub trait ShapeOps: Diff {
             return Ok(self.clone());
         }
         if shape.numel() != self.numel() {
-            return Err(Error::ShapeMismatch { op: "reshape", lhs: self.shape(), rhs: shape });
+            return Err(Error::ShapeMismatch { op: "reshape", lhs: Box::new(self.shape()), rhs: Box::new(shape) });
         }
         Self::apply(Reshape(shape), &[self])
     }
@@ -385,7 +389,11 @@ pub trait ShapeOps: Diff {
     /// Swaps the last two axes (matrix transpose).
     fn t(&self) -> Result<Self> {
         if self.rank() < 2 {
-            return Err(Error::InvalidShape { op: "t", shape: self.shape(), reason: "needs rank >= 2".into() });
+            return Err(Error::InvalidShape {
+                op: "t",
+                shape: Box::new(self.shape()),
+                reason: "needs rank >= 2".into(),
+            });
         }
         self.transpose(-2, -1)
     }
@@ -424,7 +432,7 @@ pub trait ShapeOps: Diff {
         if d[axis] != 1 {
             return Err(Error::InvalidShape {
                 op: "squeeze",
-                shape: self.shape(),
+                shape: Box::new(self.shape()),
                 reason: format!("axis {axis} is not of size 1"),
             });
         }
@@ -457,7 +465,11 @@ pub trait ShapeOps: Diff {
             .iter()
             .map(|x| {
                 if x.shape() != shape {
-                    return Err(Error::ShapeMismatch { op: "stack", lhs: shape.clone(), rhs: x.shape() });
+                    return Err(Error::ShapeMismatch {
+                        op: "stack",
+                        lhs: Box::new(shape.clone()),
+                        rhs: Box::new(x.shape()),
+                    });
                 }
                 x.unsqueeze(axis as isize)
             })

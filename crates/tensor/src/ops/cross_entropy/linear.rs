@@ -81,16 +81,28 @@ impl LinearCrossEntropy {
         let (h, w) = (xs[0], xs[1]);
         let op = "linear_cross_entropy";
         if h.rank() != 2 || w.rank() != 2 || h.dims()[1] != w.dims()[1] {
-            return Err(Error::ShapeMismatch { op, lhs: h.shape().clone(), rhs: w.shape().clone() });
+            return Err(Error::ShapeMismatch {
+                op,
+                lhs: Box::new(h.shape().clone()),
+                rhs: Box::new(w.shape().clone()),
+            });
         }
         let (n, d, v) = (h.dims()[0], h.dims()[1], w.dims()[0]);
         if let Some(b) = xs.get(2) {
             if b.dims() != [v] {
-                return Err(Error::ShapeMismatch { op, lhs: w.shape().clone(), rhs: b.shape().clone() });
+                return Err(Error::ShapeMismatch {
+                    op,
+                    lhs: Box::new(w.shape().clone()),
+                    rhs: Box::new(b.shape().clone()),
+                });
             }
         }
         if self.labels.dims() != [n] {
-            return Err(Error::ShapeMismatch { op, lhs: h.shape().clone(), rhs: self.labels.shape().clone() });
+            return Err(Error::ShapeMismatch {
+                op,
+                lhs: Box::new(h.shape().clone()),
+                rhs: Box::new(self.labels.shape().clone()),
+            });
         }
         for t in &xs[1..] {
             if t.dtype() != h.dtype() {

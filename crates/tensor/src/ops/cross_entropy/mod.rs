@@ -227,8 +227,8 @@ pub trait CrossEntropyOps: Diff {
             if labels.dims() != lead {
                 return Err(Error::ShapeMismatch {
                     op: "linear_cross_entropy",
-                    lhs: shape.clone(),
-                    rhs: labels.shape().clone(),
+                    lhs: Box::new(shape.clone()),
+                    rhs: Box::new(labels.shape().clone()),
                 });
             }
             let rows: usize = lead.iter().product();

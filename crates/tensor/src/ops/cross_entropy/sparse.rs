@@ -49,15 +49,15 @@ impl SparseCrossEntropy {
         let d = x_shape.dims();
         let v = *d.last().ok_or_else(|| Error::InvalidShape {
             op: "sparse_cross_entropy",
-            shape: x_shape.clone(),
+            shape: Box::new(x_shape.clone()),
             reason: "logits need a class axis".into(),
         })?;
         let lead = Shape::from(&d[..d.len() - 1]);
         if self.labels.shape() != &lead {
             return Err(Error::ShapeMismatch {
                 op: "sparse_cross_entropy",
-                lhs: x_shape.clone(),
-                rhs: self.labels.shape().clone(),
+                lhs: Box::new(x_shape.clone()),
+                rhs: Box::new(self.labels.shape().clone()),
             });
         }
         Ok((lead, v))
