@@ -159,6 +159,20 @@ fn cuda_sparse_cross_entropy_ragged_shapes() {
     let cpu = x.sparse_cross_entropy(&l).unwrap();
     let gpu = x.to_device(dev).unwrap().sparse_cross_entropy(&l.to_device(dev).unwrap()).unwrap();
     assert_close("i32 labels", &gpu, &cpu, DType::F32);
+    // torch's special rows, as on the CPU: +inf or NaN in a row makes its
+    // loss and gradient NaN; a row of -inf has a NaN loss.
+    let mut v = noise(4 * 70, 3.0, 8);
+    v[3] = f64::INFINITY;
+    v[70 + 9] = f64::NAN;
+    v[140..210].iter_mut().for_each(|e| *e = f64::NEG_INFINITY);
+    let x = tensor(v, &[4, 70], DType::F32);
+    let l = Tensor::from_vec(vec![1i64, 2, 3, 4], [4]).unwrap();
+    let o = opts(Reduction::None, 0.0, -100);
+    let cpu = sparse_run(&x, &l, o, Device::Cpu);
+    let gpu = sparse_run(&x, &l, o, dev);
+    assert!(cpu.1.to_vec_f64()[..3].iter().all(|e| e.is_nan()), "{:?}", cpu.1.to_vec_f64());
+    assert_close("special rows loss", &gpu.1, &cpu.1, DType::F32);
+    assert_close("special rows grad", &gpu.2, &cpu.2, DType::F32);
 }
 
 /// A second derivative through the loss (the recorded rule) on the device.
