@@ -374,9 +374,10 @@ fn cuda_sparse_cross_entropy_memory_bounds() {
 }
 
 /// The fused head on the device never allocates N x V: its largest
-/// allocation is one chunk of logits, and forward plus backward stay
-/// within a chunk (twice: the product and its bias sum) plus the inputs'
-/// gradients plus O(N).
+/// allocation is one chunk of logits (or `weight`-sized), and forward
+/// plus backward stay within two chunks (the product, and its sum with the
+/// bias), one `V x D` product before it is added to `weight`'s gradient,
+/// the inputs' gradients and O(N).
 #[test]
 fn cuda_linear_cross_entropy_memory_bounds() {
     let _s = serial();

@@ -14,8 +14,10 @@
 //! The fused linear head runs the same kernels over one chunk of rows of
 //! logits at a time, each made by cuBLAS (the matmul op) and consumed while
 //! it is in memory, so the `[N, V]` logits never exist. Its gradients are
-//! accumulated in place chunk by chunk. Everything runs in the compute
-//! dtype (f32 for f16 and bf16, as on the CPU).
+//! accumulated in place chunk by chunk; each chunk's weight-gradient
+//! product is a `V x D` temporary (the matmul op writes a fresh output)
+//! that is added in place and freed. Everything runs in the compute dtype
+//! (f32 for f16 and bf16, as on the CPU).
 
 use std::sync::Arc;
 
