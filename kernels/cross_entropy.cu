@@ -1,5 +1,5 @@
-// Sparse cross-entropy on a contiguous [rows, v] block of logits
-// (crates/tensor/src/ops/cross_entropy.rs): no one-hot, no softmax buffer.
+// Sparse cross-entropy on a contiguous [rows, v] block of logits: no
+// one-hot, no softmax buffer.
 //
 // Forward, `ce_fwd_<dtype>(rows, v, x, labels, ignore_index, smoothing,
 // lse, loss, bad_row, valid)`: one block per row (grid-stride over rows),
@@ -7,7 +7,10 @@
 // (max, sum exp) per thread, and the row sum when label smoothing needs it;
 // warp shuffles then shared memory merge them. Per row it writes
 //   lse[r]  = log sum_j exp(x_j)                    (kept for the backward)
-//   loss[r] = lse - (1 - eps) x_y - eps * sum_j x_j / v,   0 if ignored.
+//   loss[r] = lse - (1 - eps) x_y - eps * sum_j x_j / v,   0 if ignored,
+// both in the accumulation type, so a sum over rows is not rounded to
+// f16 or bf16 row by row. A row holding +inf has a NaN lse, as on the CPU
+// (its log-softmax is inf - inf).
 // A label that is neither ignore_index nor in 0..v is an error: the kernel
 // records the lowest such row in *bad_row (set to ~0 by the host before the
 // launch; atomicMin) and the host turns it into Error::LabelOutOfRange, the
@@ -23,10 +26,14 @@
 //
 // Offsets are 64-bit: rows * v may exceed 2^31 (N = 32768, V = 128256).
 // lse is kept in the accumulation type (float for f32/f16/bf16).
+//
+// `ce_scale_<dtype>(n, x, s)` and `ce_add_<dtype>(n, x, y)` scale and add
+// in place (x *= s, x += y): the fused linear head accumulates its weight
+// and bias gradients chunk by chunk without a second buffer of their size.
 
 template <typename T, typename L>
 __device__ __forceinline__ void ce_fwd(i64 rows, i64 v, const T* x, const L* labels, i64 ignore_index,
-                                       double smoothing, typename Acc<T>::type* lse_out, T* loss_out,
+                                       double smoothing, typename Acc<T>::type* lse_out, typename Acc<T>::type* loss_out,
                                        u64* bad_row, u64* valid) {
     typedef typename Acc<T>::type A;
     const bool smooth = smoothing > 0.0;
@@ -45,6 +52,7 @@ __device__ __forceinline__ void ce_fwd(i64 rows, i64 v, const T* x, const L* lab
         if (smooth) sx = block_reduce<0>(sx, A(0));
         if (threadIdx.x == 0) {
             A lse = lse_value(st);
+            if (lse == pos_inf<A>()) lse = lse - lse;
             lse_out[r] = lse;
             i64 y = (i64)labels[r];
             A loss = A(0);
@@ -57,7 +65,7 @@ __device__ __forceinline__ void ce_fwd(i64 rows, i64 v, const T* x, const L* lab
             } else {
                 atomicMin(bad_row, (u64)r);
             }
-            loss_out[r] = from_acc<T>(loss);
+            loss_out[r] = loss;
         }
     }
 }
@@ -88,7 +96,7 @@ __device__ __forceinline__ void ce_bwd(i64 rows, i64 v, T* x, const typename Acc
 #define CE_KERNELS(T, SUFFIX, L, LSUFFIX)                                                                       \
     extern "C" __global__ void ce_fwd_##SUFFIX##_##LSUFFIX(i64 rows, i64 v, const T* x, const L* labels,        \
                                                             i64 ignore_index, double smoothing,                 \
-                                                            Acc<T>::type* lse, T* loss, u64* bad_row,           \
+                                                            Acc<T>::type* lse, Acc<T>::type* loss, u64* bad_row,\
                                                             u64* valid) {                                       \
         ce_fwd<T, L>(rows, v, x, labels, ignore_index, smoothing, lse, loss, bad_row, valid);                   \
     }                                                                                                           \
@@ -103,6 +111,21 @@ __device__ __forceinline__ void ce_bwd(i64 rows, i64 v, T* x, const typename Acc
     CE_KERNELS(double, f64, L, LSUFFIX)          \
     CE_KERNELS(tapir_f16, f16, L, LSUFFIX)       \
     CE_KERNELS(tapir_bf16, bf16, L, LSUFFIX)
+
+#define CE_INPLACE(T, SUFFIX)                                                                    \
+    extern "C" __global__ void ce_scale_##SUFFIX(i64 n, T* x, double s) {                        \
+        typedef Acc<T>::type A;                                                                  \
+        for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) \
+            x[i] = from_acc<T>(to_acc(x[i]) * (A)s);                                             \
+    }                                                                                            \
+    extern "C" __global__ void ce_add_##SUFFIX(i64 n, T* x, const T* y) {                        \
+        for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) \
+            x[i] = from_acc<T>(to_acc(x[i]) + to_acc(y[i]));                                     \
+    }
+CE_INPLACE(float, f32)
+CE_INPLACE(double, f64)
+CE_INPLACE(tapir_f16, f16)
+CE_INPLACE(tapir_bf16, bf16)
 
 // Labels as i64 (torch's dtype) or i32.
 CE_ALL(i64, i64)

@@ -16,6 +16,7 @@
 pub mod alloc;
 mod buffer;
 mod context;
+pub(crate) mod cross_entropy;
 pub(crate) mod driver;
 pub(crate) mod fill;
 pub(crate) mod index;

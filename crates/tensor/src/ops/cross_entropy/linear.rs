@@ -64,6 +64,9 @@ pub struct LinearCrossEntropy {
     /// Whether the forward also makes the gradients (see above).
     pub(super) precompute: bool,
     pub(super) lse: Mutex<Option<Tensor>>,
+    /// The count of kept rows, saved by a CUDA forward (whose labels stay
+    /// on the device) for the mean's backward.
+    pub(super) valid: Mutex<Option<usize>>,
     /// `[d_hidden, d_weight, d_bias?]` for a unit upstream gradient, in the
     /// compute dtype, from the forward until a backward takes them.
     pub(super) grads: Mutex<Option<Vec<Tensor>>>,
@@ -78,6 +81,13 @@ pub fn auto_chunk(n: usize, d: usize, v: usize) -> usize {
 
 impl LinearCrossEntropy {
     fn check(&self, xs: &[&Tensor]) -> Result<(usize, usize, usize, Vec<Option<usize>>)> {
+        let (n, d, v) = self.check_shapes(xs)?;
+        Ok((n, d, v, check_labels(self.name(), &self.labels, self.options.ignore_index, v)?))
+    }
+
+    /// The checks of [`LinearCrossEntropy::check`] but the labels' values
+    /// (which the CUDA kernels check on the device).
+    pub(crate) fn check_shapes(&self, xs: &[&Tensor]) -> Result<(usize, usize, usize)> {
         let (h, w) = (xs[0], xs[1]);
         let op = "linear_cross_entropy";
         if h.rank() != 2 || w.rank() != 2 || h.dims()[1] != w.dims()[1] {
@@ -113,16 +123,30 @@ impl LinearCrossEntropy {
             return Err(Error::invalid_arg(op, "chunk must be at least 1"));
         }
         check_options(op, &self.options)?;
-        Ok((n, d, v, check_labels(op, &self.labels, self.options.ignore_index, v)?))
+        Ok((n, d, v))
     }
 
-    fn chunk_rows(&self, n: usize, d: usize, v: usize) -> usize {
+    /// Saves a CUDA forward's lse, count of kept rows and gradients.
+    pub(crate) fn save_cuda(&self, lse: Tensor, valid: usize, grads: Option<Vec<Tensor>>) {
+        *lock(&self.lse) = Some(lse);
+        *lock(&self.valid) = Some(valid);
+        if let Some(g) = grads {
+            *lock(&self.grads) = Some(g);
+        }
+    }
+
+    /// The lse and count of kept rows a CUDA forward saved, while both are there.
+    pub(crate) fn saved_lse(&self) -> Option<(Tensor, usize)> {
+        Some((saved(&self.lse)?, (*lock(&self.valid))?))
+    }
+
+    pub(crate) fn chunk_rows(&self, n: usize, d: usize, v: usize) -> usize {
         self.chunk.unwrap_or_else(|| auto_chunk(n, d, v)).min(n.max(1))
     }
 
     /// Takes the precomputed gradients out of the op (`None` when the
     /// forward made none or a backward already took them).
-    fn take_grads(&self) -> Option<Vec<Tensor>> {
+    pub(crate) fn take_grads(&self) -> Option<Vec<Tensor>> {
         lock(&self.grads).take()
     }
 
@@ -171,11 +195,20 @@ impl Op for LinearCrossEntropy {
 
     fn release(&self) {
         *lock(&self.lse) = None;
+        *lock(&self.valid) = None;
         *lock(&self.grads) = None;
     }
 
     fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         self.run_forward(xs, self.precompute && self.options.reduction != Reduction::None)
+    }
+
+    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
+        crate::cuda::cross_entropy::linear_forward(
+            self,
+            xs,
+            self.precompute && self.options.reduction != Reduction::None,
+        )
     }
 
     /// The differentiable formulation (`linear`, then the cross-entropy's
@@ -190,7 +223,7 @@ impl Op for LinearCrossEntropy {
         let labels = check_labels(self.name(), &self.labels, self.options.ignore_index, v)?;
         let lead = Shape::from([n]);
         let logits = h.linear(w, xs.get(2).copied())?;
-        let scale = h.lift(row_scale(&labels, self.options.reduction, lead.clone(), h.dtype())?);
+        let scale = h.lift(row_scale(&labels, self.options.reduction, lead.clone(), h.dtype(), h.device())?);
         let gl = traced_logits_grad(&logits, &g.mul(&scale)?, &labels, &lead, self.options.label_smoothing)?;
         let mut out: InputGrads<T> = smallvec::smallvec![Some(gl.matmul(w)?), Some(gl.t()?.matmul(h)?)];
         if xs.len() > 2 {
@@ -203,6 +236,9 @@ impl Op for LinearCrossEntropy {
     /// the upstream scalar, or each chunk's logits recomputed and turned
     /// into its gradient in place.
     fn vjp_eager(&self, xs: SmallVec<[Tensor; 3]>, _: Tensor, g: Tensor) -> Result<InputGrads<Tensor>> {
+        if matches!(xs[0].device(), crate::Device::Cuda(_)) {
+            return Ok(crate::cuda::cross_entropy::linear_backward(self, &xs, &g)?.into_iter().map(Some).collect());
+        }
         let dt = xs[0].dtype();
         if let Some(grads) = self.take_grads() {
             // Made by the forward for a unit upstream gradient of a sum or

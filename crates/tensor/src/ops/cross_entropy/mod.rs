@@ -23,7 +23,7 @@ use crate::ops::shape::ShapeOps;
 use crate::ops::softmax::SoftmaxOps;
 use crate::ops::unary::UnaryOps;
 use crate::ops::Diff;
-use crate::{DType, Error, Result, Shape, Tensor};
+use crate::{DType, Device, Error, Result, Shape, Tensor};
 
 mod linear;
 mod sparse;
@@ -92,7 +92,7 @@ fn check_labels(op: &'static str, labels: &Tensor, ignore: i64, classes: usize) 
         .collect()
 }
 
-fn check_options(op: &'static str, o: &CrossEntropyOptions) -> Result<()> {
+pub(crate) fn check_options(op: &'static str, o: &CrossEntropyOptions) -> Result<()> {
     if !(0.0..=1.0).contains(&o.label_smoothing) {
         return Err(Error::invalid_arg(op, format!("label_smoothing {} is outside [0, 1]", o.label_smoothing)));
     }
@@ -113,18 +113,20 @@ fn row_weights(g: &Tensor, labels: &[Option<usize>], reduction: Reduction) -> Re
 }
 
 /// The constant per-row mask (1 for kept rows), scaled for the reduction.
-fn row_scale(labels: &[Option<usize>], red: Reduction, shape: Shape, dtype: DType) -> Result<Tensor> {
+/// Made on `device`, the logits' (a constant of their graph).
+fn row_scale(labels: &[Option<usize>], red: Reduction, shape: Shape, dtype: DType, device: Device) -> Result<Tensor> {
     let valid = labels.iter().filter(|l| l.is_some()).count();
     let k = if red == Reduction::Mean && valid > 0 { 1.0 / valid as f64 } else { 1.0 };
     let v: Vec<f64> = labels.iter().map(|l| if l.is_some() { k } else { 0.0 }).collect();
-    Tensor::from_vec(v, shape)?.cast(dtype)
+    Tensor::from_vec(v, shape)?.cast(dtype)?.to_device(device)
 }
 
-/// Labels with ignored rows replaced by 0, shaped `[..., 1]`, for gathers.
-fn safe_index(labels: &[Option<usize>], shape: &Shape) -> Result<Tensor> {
+/// Labels with ignored rows replaced by 0, shaped `[..., 1]`, for gathers,
+/// on `device` (the logits').
+fn safe_index(labels: &[Option<usize>], shape: &Shape, device: Device) -> Result<Tensor> {
     let mut s = shape.clone();
     s.0.push(1);
-    Tensor::from_vec(labels.iter().map(|l| l.unwrap_or(0) as i64).collect::<Vec<_>>(), s)
+    Tensor::from_vec(labels.iter().map(|l| l.unwrap_or(0) as i64).collect::<Vec<_>>(), s)?.to_device(device)
 }
 
 /// The gradient of the loss with respect to the logits, in differentiable
@@ -133,7 +135,7 @@ fn traced_logits_grad<T: Diff>(x: &T, w_rows: &T, labels: &[Option<usize>], lead
     let v = x.shape().dims()[x.rank() - 1];
     let w = w_rows.unsqueeze(-1)?; // [..., 1]
     let p = x.softmax(-1)?.mul(&w)?;
-    let idx = safe_index(labels, lead)?;
+    let idx = safe_index(labels, lead, x.device())?;
     let on = w.mul_scalar(-(1.0 - eps))?;
     let g = p.scatter_add(-1, &idx, &on)?;
     if eps > 0.0 {
@@ -147,13 +149,13 @@ fn traced_logits_grad<T: Diff>(x: &T, w_rows: &T, labels: &[Option<usize>], lead
 fn logits_jvp<T: Diff>(x: &T, t: &T, labels: &[Option<usize>], lead: &Shape, o: &CrossEntropyOptions) -> Result<T> {
     let eps = o.label_smoothing;
     let p = x.softmax(-1)?;
-    let idx = safe_index(labels, lead)?;
+    let idx = safe_index(labels, lead, x.device())?;
     let per_row = p
         .mul(t)?
         .sum(&[-1], false)?
         .sub(&t.gather(-1, &idx)?.squeeze(-1)?.mul_scalar(1.0 - eps)?)?
         .sub(&t.mean(&[-1], false)?.mul_scalar(eps)?)?;
-    let scale = x.lift(row_scale(labels, o.reduction, lead.clone(), x.dtype())?);
+    let scale = x.lift(row_scale(labels, o.reduction, lead.clone(), x.dtype(), x.device())?);
     let scaled = per_row.mul(&scale)?;
     match o.reduction {
         Reduction::None => Ok(scaled),
@@ -162,7 +164,7 @@ fn logits_jvp<T: Diff>(x: &T, t: &T, labels: &[Option<usize>], lead: &Shape, o: 
 }
 
 /// The dtype the kernels compute in: f64 for f64, f32 for the other floats.
-fn compute_dtype(op: &'static str, x: &Tensor) -> Result<DType> {
+pub(crate) fn compute_dtype(op: &'static str, x: &Tensor) -> Result<DType> {
     match x.dtype() {
         DType::F64 => Ok(DType::F64),
         DType::F32 | DType::F16 | DType::BF16 => Ok(DType::F32),
@@ -175,13 +177,14 @@ pub(crate) fn family() -> Vec<Box<dyn crate::ops::DynOp>> {
     let labels = || Tensor::scalar_of(0.0, DType::I64);
     let options = CrossEntropyOptions::default();
     vec![
-        Box::new(SparseCrossEntropy { labels: labels(), options, lse: Mutex::new(None) }),
+        Box::new(SparseCrossEntropy { labels: labels(), options, lse: Mutex::new(None), valid: Mutex::new(None) }),
         Box::new(LinearCrossEntropy {
             labels: labels(),
             options,
             chunk: None,
             precompute: false,
             lse: Mutex::new(None),
+            valid: Mutex::new(None),
             grads: Mutex::new(None),
         }),
     ]
@@ -197,7 +200,8 @@ pub trait CrossEntropyOps: Diff {
     }
     /// [`CrossEntropyOps::sparse_cross_entropy`] with options.
     fn sparse_cross_entropy_with(&self, labels: &Tensor, options: CrossEntropyOptions) -> Result<Self> {
-        Self::apply(SparseCrossEntropy { labels: labels.clone(), options, lse: Mutex::new(None) }, &[self])
+        let op = SparseCrossEntropy { labels: labels.clone(), options, lse: Mutex::new(None), valid: Mutex::new(None) };
+        Self::apply(op, &[self])
     }
     /// Cross-entropy of `self @ weight^T + bias` (`self` is `[N, D]`,
     /// `weight` `[V, D]`) against `labels` `[N]`, computed in chunks of rows
@@ -249,6 +253,7 @@ pub trait CrossEntropyOps: Diff {
             precompute: (self.requires_grad() || weight.requires_grad() || bias.is_some_and(|b| b.requires_grad()))
                 && options.reduction != Reduction::None,
             lse: Mutex::new(None),
+            valid: Mutex::new(None),
             grads: Mutex::new(None),
         };
         match bias {

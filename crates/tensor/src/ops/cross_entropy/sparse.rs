@@ -22,6 +22,9 @@ pub struct SparseCrossEntropy {
     pub options: CrossEntropyOptions,
     /// The per-row log-sum-exp, saved by the forward (N floats).
     pub(super) lse: Mutex<Option<Tensor>>,
+    /// The count of kept rows, saved by a CUDA forward (whose labels stay
+    /// on the device) for the mean's backward.
+    pub(super) valid: Mutex<Option<usize>>,
 }
 
 impl SparseCrossEntropy {
@@ -31,6 +34,9 @@ impl SparseCrossEntropy {
     /// value over when this loss was its last reader), else over a private
     /// copy: the only N x V buffer of the backward either way.
     fn fused_grad(&self, logits: Tensor, g: &Tensor) -> Result<Tensor> {
+        if matches!(logits.device(), crate::Device::Cuda(_)) {
+            return crate::cuda::cross_entropy::sparse_grad(self, logits, g);
+        }
         let (_, v) = self.split(logits.shape())?;
         let labels = check_labels(self.name(), &self.labels, self.options.ignore_index, v)?;
         let cd = compute_dtype(self.name(), &logits)?;
@@ -45,7 +51,18 @@ impl SparseCrossEntropy {
         crate::cpu::cross_entropy::sparse_grad(logits, cd, &lse, &labels, &w, self.options.label_smoothing)
     }
 
-    fn split(&self, x_shape: &Shape) -> Result<(Shape, usize)> {
+    /// Saves a CUDA forward's lse and count of kept rows.
+    pub(crate) fn save_cuda(&self, lse: Tensor, valid: usize) {
+        *lock(&self.lse) = Some(lse);
+        *lock(&self.valid) = Some(valid);
+    }
+
+    /// What [`SparseCrossEntropy::save_cuda`] saved, while both are there.
+    pub(crate) fn saved_cuda(&self) -> Option<(Tensor, usize)> {
+        Some((saved(&self.lse)?, (*lock(&self.valid))?))
+    }
+
+    pub(crate) fn split(&self, x_shape: &Shape) -> Result<(Shape, usize)> {
         let d = x_shape.dims();
         let v = *d.last().ok_or_else(|| Error::InvalidShape {
             op: "sparse_cross_entropy",
@@ -82,6 +99,7 @@ impl Op for SparseCrossEntropy {
 
     fn release(&self) {
         *lock(&self.lse) = None;
+        *lock(&self.valid) = None;
     }
 
     fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
@@ -103,11 +121,15 @@ impl Op for SparseCrossEntropy {
         Ok(out)
     }
 
+    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
+        crate::cuda::cross_entropy::sparse_forward(self, xs[0])
+    }
+
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         let x = xs[0];
         let (lead, v) = self.split(&x.shape())?;
         let labels = check_labels(self.name(), &self.labels, self.options.ignore_index, v)?;
-        let scale = x.lift(row_scale(&labels, self.options.reduction, lead.clone(), x.dtype())?);
+        let scale = x.lift(row_scale(&labels, self.options.reduction, lead.clone(), x.dtype(), x.device())?);
         let w_rows = g.mul(&scale)?;
         Ok(one(traced_logits_grad(x, &w_rows, &labels, &lead, self.options.label_smoothing)?))
     }

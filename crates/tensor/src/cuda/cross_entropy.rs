@@ -1,0 +1,520 @@
+//! The CUDA launches of the cross-entropy losses
+//! ([`crate::ops::cross_entropy`]) over the kernels of
+//! `kernels/cross_entropy.cu`.
+//!
+//! The sparse loss is one forward launch, a block per row, that keeps each
+//! row's log-sum-exp (N floats) and finds bad labels on the device: the
+//! lowest bad row and the count of kept rows share one two-word flag the
+//! host reads once per call, the only wait the loss makes. A set flag
+//! becomes the CPU's `Error::LabelOutOfRange` with the same row and value,
+//! and what the call allocated is freed. The backward is one launch that
+//! writes `w * (softmax - target)` over the logits' own buffer when the
+//! caller holds the only handle on it, else over a private copy.
+//!
+//! The fused linear head runs the same kernels over one chunk of rows of
+//! logits at a time, each made by cuBLAS (the matmul op) and consumed while
+//! it is in memory, so the `[N, V]` logits never exist. Its gradients are
+//! accumulated in place chunk by chunk; each chunk's weight-gradient
+//! product is a `V x D` temporary (the matmul op writes a fresh output)
+//! that is added in place and freed. Everything runs in the compute dtype
+//! (f32 for f16 and bf16, as on the CPU).
+
+use std::sync::Arc;
+
+use cudarc::driver::result;
+
+use super::buffer::{tensor_of, CudaBuffer};
+use super::context::{driver_error, CudaDevice};
+use super::ops::{cast, contiguous, device_of, launch, Arg, BLOCK};
+use super::shape::{fill_bytes, first_element};
+use crate::ops::binary::BinaryOps;
+use crate::ops::cross_entropy::{
+    check_options, compute_dtype, CrossEntropyOptions, LinearCrossEntropy, Reduction, SparseCrossEntropy,
+};
+use crate::ops::matmul::MatmulOps;
+use crate::ops::reduce::ReduceOps;
+use crate::ops::shape::ShapeOps;
+use crate::ops::unary::UnaryOps;
+use crate::ops::Op;
+use crate::{DType, Error, Result, Shape, Tensor};
+
+const FILE: &str = "cross_entropy.cu";
+
+/// The float dtypes the kernels have a copy for.
+const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
+
+fn fwd_kernel(dtype: DType, labels: DType) -> String {
+    format!("ce_fwd_{}_{}", dtype.cuda_suffix(), labels.cuda_suffix())
+}
+
+fn bwd_kernel(dtype: DType, labels: DType) -> String {
+    format!("ce_bwd_{}_{}", dtype.cuda_suffix(), labels.cuda_suffix())
+}
+
+fn inplace_kernel(name: &str, dtype: DType) -> String {
+    format!("ce_{name}_{}", dtype.cuda_suffix())
+}
+
+/// Every kernel this module launches, as `(file, entry)`.
+pub(crate) fn kernels() -> Vec<(&'static str, String)> {
+    let mut out = Vec::new();
+    for dt in FLOATS {
+        for ld in [DType::I32, DType::I64] {
+            out.push((FILE, fwd_kernel(dt, ld)));
+            out.push((FILE, bwd_kernel(dt, ld)));
+        }
+        out.push((FILE, inplace_kernel("scale", dt)));
+        out.push((FILE, inplace_kernel("add", dt)));
+    }
+    out
+}
+
+/// The label dtype, or the CPU's error for any other.
+fn label_dtype(op: &'static str, labels: &Tensor) -> Result<DType> {
+    match labels.dtype() {
+        d @ (DType::I32 | DType::I64) => Ok(d),
+        dtype => Err(Error::UnsupportedDType { op, dtype, expected: "int32 or int64 labels" }),
+    }
+}
+
+/// The label at flat position `row` of the contiguous device tensor `labels`.
+fn label_at(labels: &Tensor, row: usize) -> Result<i64> {
+    let at = first_element("label", labels)? + (row * labels.dtype().size_in_bytes()) as u64;
+    // SAFETY: `row` is a row a kernel read a label of, so the element lies
+    // in the buffer; the context is bound by the caller.
+    unsafe {
+        if labels.dtype() == DType::I32 {
+            let mut v = [0i32];
+            result::memcpy_dtoh_sync(&mut v, at).map(|_| i64::from(v[0]))
+        } else {
+            let mut v = [0i64];
+            result::memcpy_dtoh_sync(&mut v, at).map(|_| v[0])
+        }
+    }
+    .map_err(|e| driver_error("reading a label", e))
+}
+
+/// The flag words of one call: `parts` bad-row words (all ones: none yet;
+/// the kernels take the minimum) and a zeroed count of kept rows last.
+fn flags(dev: &Arc<CudaDevice>, parts: usize) -> Result<CudaBuffer> {
+    let (buf, _) = CudaBuffer::alloc(dev, DType::I64, parts + 1)?;
+    fill_bytes(dev, buf.ptr(), 0xff, parts * 8)?;
+    fill_bytes(dev, buf.ptr() + (parts * 8) as u64, 0, 8)?;
+    Ok(buf)
+}
+
+/// Reads the flag words once (waiting for the kernels queued before).
+fn read_flags(dev: &Arc<CudaDevice>, buf: &CudaBuffer, parts: usize) -> Result<Vec<u64>> {
+    dev.bind()?;
+    let mut v = vec![0u64; parts + 1];
+    // SAFETY: the block holds `parts + 1` u64s; the synchronous copy waits
+    // for the kernels queued before it on the device's stream.
+    unsafe { result::memcpy_dtoh_sync(&mut v[..], buf.ptr()) }
+        .map_err(|e| driver_error("reading the label flag", e))?;
+    Ok(v)
+}
+
+/// The forward kernel over `rows` contiguous rows of `v` logits at `x`:
+/// their lse and per-row loss into `lse` and `loss` (accumulation type).
+#[allow(clippy::too_many_arguments)]
+fn launch_fwd(
+    dev: &CudaDevice,
+    kernel: &str,
+    (rows, v): (usize, usize),
+    x: u64,
+    labels: u64,
+    o: &CrossEntropyOptions,
+    (lse, loss): (u64, u64),
+    (bad, valid): (u64, u64),
+) -> Result<()> {
+    if rows == 0 {
+        return Ok(());
+    }
+    let args = [
+        Arg::I64(rows as i64),
+        Arg::I64(v as i64),
+        Arg::Ptr(x),
+        Arg::Ptr(labels),
+        Arg::I64(o.ignore_index),
+        Arg::F64(o.label_smoothing),
+        Arg::Ptr(lse),
+        Arg::Ptr(loss),
+        Arg::Ptr(bad),
+        Arg::Ptr(valid),
+    ];
+    launch(dev, FILE, kernel, rows.saturating_mul(BLOCK as usize), &args)
+}
+
+/// The backward kernel over `rows` contiguous rows at `x`, in place, with
+/// row weights `g[r * g_stride] * scale`.
+#[allow(clippy::too_many_arguments)]
+fn launch_bwd(
+    dev: &CudaDevice,
+    kernel: &str,
+    (rows, v): (usize, usize),
+    x: u64,
+    lse: u64,
+    labels: u64,
+    o: &CrossEntropyOptions,
+    (g, g_stride, scale): (u64, usize, f64),
+) -> Result<()> {
+    if rows == 0 || v == 0 {
+        return Ok(());
+    }
+    let args = [
+        Arg::I64(rows as i64),
+        Arg::I64(v as i64),
+        Arg::Ptr(x),
+        Arg::Ptr(lse),
+        Arg::Ptr(labels),
+        Arg::I64(o.ignore_index),
+        Arg::F64(o.label_smoothing),
+        Arg::Ptr(g),
+        Arg::I64(g_stride as i64),
+        Arg::F64(scale),
+    ];
+    launch(dev, FILE, kernel, rows.saturating_mul(BLOCK as usize), &args)
+}
+
+/// `x *= s` in place over the whole buffer of the unique tensor `x`.
+fn scale_in_place(x: &Tensor, s: f64) -> Result<()> {
+    let n = x.numel();
+    if n == 0 || s == 1.0 {
+        return Ok(());
+    }
+    let (dev, p) = device_of("scale", x)?;
+    launch(&dev, FILE, &inplace_kernel("scale", x.dtype()), n, &[Arg::I64(n as i64), Arg::Ptr(p), Arg::F64(s)])
+}
+
+/// `x += y` in place (`x` unique and contiguous, `y` contiguous, same size).
+fn add_in_place(x: &Tensor, y: &Tensor) -> Result<()> {
+    let n = x.numel();
+    if n == 0 {
+        return Ok(());
+    }
+    let (dev, p) = device_of("add", x)?;
+    let q = first_element("add", y)?;
+    launch(&dev, FILE, &inplace_kernel("add", x.dtype()), n, &[Arg::I64(n as i64), Arg::Ptr(p), Arg::Ptr(q)])
+}
+
+/// `t` itself when the caller holds the only handle on its whole,
+/// contiguous buffer (so a kernel may write over it), else a fresh
+/// contiguous copy.
+fn private(t: Tensor) -> Result<Tensor> {
+    let whole = t.is_contiguous() && t.layout.offset == 0 && t.numel() == t.storage.len();
+    if whole && Arc::strong_count(&t.storage) == 1 {
+        return Ok(t);
+    }
+    if !t.is_contiguous() {
+        return contiguous(&t);
+    }
+    let (dev, _) = device_of("copy", &t)?;
+    let (out, _) = CudaBuffer::alloc(&dev, t.dtype(), t.numel())?;
+    let bytes = t.numel() * t.dtype().size_in_bytes();
+    if bytes > 0 {
+        let from = first_element("copy", &t)?;
+        // SAFETY: both blocks hold `bytes` bytes; the stream is the device's.
+        unsafe { result::memcpy_dtod_async(out.ptr(), from, bytes, dev.stream.cu_stream()) }
+            .map_err(|e| driver_error("device copy", e))?;
+    }
+    Ok(tensor_of(out, t.shape().clone()))
+}
+
+/// The loss of `rows` per-row losses `loss` (accumulation type) combined as
+/// the CPU combines them, in `dtype`: a sum accumulated in f64 from +0.0,
+/// a mean over the `valid` kept rows (NaN when none is).
+fn combine(loss: Tensor, valid: usize, red: Reduction, dtype: DType) -> Result<Tensor> {
+    match red {
+        Reduction::None => cast(&loss, dtype),
+        Reduction::Sum => cast(&cast(&loss, DType::F64)?.sum_all()?, dtype),
+        Reduction::Mean if valid == 0 => Tensor::full_on((), f64::NAN, dtype, loss.device()),
+        Reduction::Mean => cast(&cast(&loss, DType::F64)?.sum_all()?.mul_scalar(1.0 / valid as f64)?, dtype),
+    }
+}
+
+/// The per-row weights of an upstream gradient `g` as the backward kernel
+/// takes them: `g` in `dtype`, contiguous, its stride over rows (0 for a
+/// scalar) and the scale of a mean.
+fn weights(g: &Tensor, dtype: DType, red: Reduction, valid: usize) -> Result<(Tensor, usize, f64)> {
+    let g = contiguous(&cast(g, dtype)?)?;
+    Ok(match red {
+        Reduction::None => (g, 1, 1.0),
+        Reduction::Sum => (g, 0, 1.0),
+        Reduction::Mean => (g, 0, if valid == 0 { 0.0 } else { 1.0 / valid as f64 }),
+    })
+}
+
+/// The first bad row of a call whose chunk `k` starts at `k * chunk`, from
+/// the flag words, as the CPU's error.
+fn bad_label(op: &'static str, labels: &Tensor, words: &[u64], chunk: usize, classes: usize) -> Result<()> {
+    let bad = words.iter().enumerate().filter(|(_, &w)| w != u64::MAX).map(|(k, &w)| k * chunk + w as usize).min();
+    match bad {
+        None => Ok(()),
+        Some(row) => Err(Error::LabelOutOfRange { op, label: label_at(labels, row)?, row, classes }),
+    }
+}
+
+/// The sparse loss's forward on CUDA, with the CPU's checks in the CPU's
+/// order; saves the lse and the count of kept rows in the op.
+pub(crate) fn sparse_forward(op: &SparseCrossEntropy, x: &Tensor) -> Result<Tensor> {
+    let name = op.name();
+    let (lead, v) = op.split(x.shape())?;
+    check_options(name, &op.options)?;
+    let ld = label_dtype(name, &op.labels)?;
+    let cd = compute_dtype(name, x)?;
+    let (lse, loss, valid) = sparse_rows(op, x, &lead, v, cd, ld)?;
+    let out = combine(loss, valid, op.options.reduction, x.dtype())?;
+    op.save_cuda(lse, valid);
+    Ok(out)
+}
+
+/// The forward kernel over all rows of `x`: the lse and per-row losses
+/// (shaped `lead`, in `cd`) and the count of kept rows, or the CPU's error
+/// for a bad label.
+fn sparse_rows(
+    op: &SparseCrossEntropy,
+    x: &Tensor,
+    lead: &Shape,
+    v: usize,
+    cd: DType,
+    ld: DType,
+) -> Result<(Tensor, Tensor, usize)> {
+    let x = contiguous(x)?;
+    let labels = contiguous(&op.labels)?;
+    let (dev, _) = device_of(op.name(), &x)?;
+    let rows = lead.numel();
+    let (lse, _) = CudaBuffer::alloc(&dev, cd, rows)?;
+    let (loss, _) = CudaBuffer::alloc(&dev, cd, rows)?;
+    let flag = flags(&dev, 1)?;
+    if rows > 0 {
+        launch_fwd(
+            &dev,
+            &fwd_kernel(x.dtype(), ld),
+            (rows, v),
+            first_element(op.name(), &x)?,
+            first_element(op.name(), &labels)?,
+            &op.options,
+            (lse.ptr(), loss.ptr()),
+            (flag.ptr(), flag.ptr() + 8),
+        )?;
+    }
+    let words = read_flags(&dev, &flag, 1)?;
+    bad_label(op.name(), &labels, &words[..1], 0, v)?;
+    Ok((tensor_of(lse, lead.clone()), tensor_of(loss, lead.clone()), words[1] as usize))
+}
+
+/// The sparse loss's fused backward on CUDA: `g * (softmax - target)`
+/// written over the logits' buffer when `logits` is the only handle on it.
+pub(crate) fn sparse_grad(op: &SparseCrossEntropy, logits: Tensor, g: &Tensor) -> Result<Tensor> {
+    let name = op.name();
+    let (lead, v) = op.split(logits.shape())?;
+    let ld = label_dtype(name, &op.labels)?;
+    let cd = compute_dtype(name, &logits)?;
+    let (lse, valid) = match op.saved_cuda() {
+        Some(s) => s,
+        None => {
+            let (lse, _, valid) = sparse_rows(op, &logits, &lead, v, cd, ld)?;
+            (lse, valid)
+        }
+    };
+    let labels = contiguous(&op.labels)?;
+    let grad = private(logits)?;
+    let (g, stride, scale) = weights(g, grad.dtype(), op.options.reduction, valid)?;
+    let (dev, xp) = device_of(name, &grad)?;
+    launch_bwd(
+        &dev,
+        &bwd_kernel(grad.dtype(), ld),
+        (lead.numel(), v),
+        xp,
+        first_element(name, &lse)?,
+        first_element(name, &labels)?,
+        &op.options,
+        (first_element(name, &g)?, stride, scale),
+    )?;
+    Ok(grad)
+}
+
+/// The inputs of the fused head in the compute dtype, contiguous.
+fn head_inputs(xs: &[&Tensor], cd: DType) -> Result<Vec<Tensor>> {
+    xs.iter().map(|t| contiguous(&cast(t, cd)?)).collect()
+}
+
+/// One chunk of logits, rows `r0..r0 + c` of `h @ w^T + b`, by cuBLAS.
+fn chunk_logits(ins: &[Tensor], r0: usize, c: usize) -> Result<(Tensor, Tensor)> {
+    let hc = ins[0].narrow(0, r0, c)?;
+    let logits = hc.matmul(&ins[1].t()?)?;
+    let logits = match ins.get(2) {
+        Some(b) => logits.add(b)?,
+        None => logits,
+    };
+    Ok((logits, hc))
+}
+
+/// `[d_hidden, d_weight, d_bias?]`, zeros on the inputs' device.
+fn zero_grads(ins: &[Tensor], cd: DType) -> Result<Vec<Tensor>> {
+    let dev = ins[0].device();
+    ins.iter().map(|t| Tensor::zeros_on(t.shape().clone(), cd, dev)).collect()
+}
+
+/// Pushes the logits' gradient `g` (`c x v`) of rows `r0..` (hidden rows
+/// `hc`) into the gradients: `g @ w` into those rows of `d_hidden`,
+/// `g^T @ hc` and the column sums of `g` added to `d_weight` and `d_bias`.
+fn backprop_chunk(g: &Tensor, hc: &Tensor, ins: &[Tensor], r0: usize, grads: &[Tensor]) -> Result<()> {
+    let dh = g.matmul(&ins[1])?;
+    let bytes = dh.numel() * dh.dtype().size_in_bytes();
+    if bytes > 0 {
+        let (dev, base) = device_of("linear_cross_entropy", &grads[0])?;
+        let at = base + (r0 * ins[0].dims()[1] * dh.dtype().size_in_bytes()) as u64;
+        // SAFETY: rows `r0..r0 + c` of d_hidden hold exactly `bytes` bytes.
+        unsafe {
+            result::memcpy_dtod_async(at, first_element("linear_cross_entropy", &dh)?, bytes, dev.stream.cu_stream())
+        }
+        .map_err(|e| driver_error("device copy", e))?;
+    }
+    drop(dh);
+    add_in_place(&grads[1], &g.t()?.matmul(hc)?)?;
+    if let Some(db) = grads.get(2) {
+        add_in_place(db, &g.sum(&[0], false)?)?;
+    }
+    Ok(())
+}
+
+/// What the head's chunk loop needs of the op and its inputs.
+struct HeadRun<'a> {
+    op: &'a LinearCrossEntropy,
+    ins: Vec<Tensor>,
+    labels: Tensor,
+    ld: DType,
+    n: usize,
+    v: usize,
+    chunk: usize,
+}
+
+impl HeadRun<'_> {
+    fn parts(&self) -> usize {
+        self.n.div_ceil(self.chunk)
+    }
+
+    fn chunks(&self) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+        (0..self.parts()).map(|k| (k, k * self.chunk, self.chunk.min(self.n - k * self.chunk)))
+    }
+}
+
+/// The fused head's forward on CUDA: the loss (in the inputs' dtype) and,
+/// saved in the op, the lse, the count of kept rows and, with
+/// `precompute`, the gradients for a unit upstream gradient.
+pub(crate) fn linear_forward(op: &LinearCrossEntropy, xs: &[&Tensor], precompute: bool) -> Result<Tensor> {
+    let name = op.name();
+    let (n, d, v) = op.check_shapes(xs)?;
+    let ld = label_dtype(name, &op.labels)?;
+    let cd = compute_dtype(name, xs[0])?;
+    let run = HeadRun {
+        op,
+        ins: head_inputs(xs, cd)?,
+        labels: contiguous(&op.labels)?,
+        ld,
+        n,
+        v,
+        chunk: op.chunk_rows(n, d, v),
+    };
+    let (loss, lse, valid, grads) = head_forward(&run, cd, precompute)?;
+    let out = combine(loss, valid, op.options.reduction, xs[0].dtype())?;
+    op.save_cuda(lse, valid, grads);
+    Ok(out)
+}
+
+#[allow(clippy::type_complexity)]
+fn head_forward(
+    run: &HeadRun<'_>,
+    cd: DType,
+    precompute: bool,
+) -> Result<(Tensor, Tensor, usize, Option<Vec<Tensor>>)> {
+    let name = run.op.name();
+    let (dev, _) = device_of(name, &run.ins[0])?;
+    let (lse, _) = CudaBuffer::alloc(&dev, cd, run.n)?;
+    let (loss, _) = CudaBuffer::alloc(&dev, cd, run.n)?;
+    let parts = run.parts();
+    let flag = flags(&dev, parts)?;
+    let grads = if precompute { Some(zero_grads(&run.ins, cd)?) } else { None };
+    let one = Tensor::full_on((), 1.0, cd, run.ins[0].device())?;
+    let (asz, lsz) = (cd.size_in_bytes() as u64, run.ld.size_in_bytes() as u64);
+    let lp = first_element(name, &run.labels)?;
+    for (k, r0, c) in run.chunks() {
+        let (logits, hc) = chunk_logits(&run.ins, r0, c)?;
+        let xp = first_element(name, &logits)?;
+        let at = r0 as u64;
+        launch_fwd(
+            &dev,
+            &fwd_kernel(cd, run.ld),
+            (c, run.v),
+            xp,
+            lp + at * lsz,
+            &run.op.options,
+            (lse.ptr() + at * asz, loss.ptr() + at * asz),
+            (flag.ptr() + 8 * k as u64, flag.ptr() + 8 * parts as u64),
+        )?;
+        if let Some(gr) = grads.as_ref() {
+            let g = (first_element(name, &one)?, 0, 1.0);
+            let lse_at = lse.ptr() + at * asz;
+            launch_bwd(&dev, &bwd_kernel(cd, run.ld), (c, run.v), xp, lse_at, lp + at * lsz, &run.op.options, g)?;
+            backprop_chunk(&logits, &hc, &run.ins, r0, gr)?;
+        }
+    }
+    let words = read_flags(&dev, &flag, parts)?;
+    bad_label(name, &run.labels, &words[..parts], run.chunk, run.v)?;
+    let valid = words[parts] as usize;
+    if let Some(gr) = grads.as_ref() {
+        // Made for a unit weight per row; a mean's is one over the kept rows.
+        if run.op.options.reduction == Reduction::Mean {
+            let s = if valid == 0 { 0.0 } else { 1.0 / valid as f64 };
+            gr.iter().try_for_each(|t| scale_in_place(t, s))?;
+        }
+    }
+    Ok((tensor_of(loss, Shape::from([run.n])), tensor_of(lse, Shape::from([run.n])), valid, grads))
+}
+
+/// The fused head's eager backward on CUDA: the forward's gradients scaled
+/// by the upstream scalar, or each chunk's logits recomputed and turned
+/// into the gradient in place, in the inputs' dtype.
+pub(crate) fn linear_backward(op: &LinearCrossEntropy, xs: &[Tensor], g: &Tensor) -> Result<Vec<Tensor>> {
+    let name = op.name();
+    let dt = xs[0].dtype();
+    if let Some(grads) = op.take_grads() {
+        let s = g.item()?;
+        return grads.into_iter().map(|t| scale_in_place(&t, s).and_then(|_| cast(&t, dt))).collect();
+    }
+    let refs: Vec<&Tensor> = xs.iter().collect();
+    let (n, d, v) = op.check_shapes(&refs)?;
+    let ld = label_dtype(name, &op.labels)?;
+    let cd = compute_dtype(name, &xs[0])?;
+    let run = HeadRun {
+        op,
+        ins: head_inputs(&refs, cd)?,
+        labels: contiguous(&op.labels)?,
+        ld,
+        n,
+        v,
+        chunk: op.chunk_rows(n, d, v),
+    };
+    let (lse, valid) = match op.saved_lse() {
+        Some(s) => s,
+        None => {
+            let (_, lse, valid, _) = head_forward(&run, cd, false)?;
+            (lse, valid)
+        }
+    };
+    let (g, stride, scale) = weights(g, cd, op.options.reduction, valid)?;
+    let (dev, _) = device_of(name, &run.ins[0])?;
+    let grads = zero_grads(&run.ins, cd)?;
+    let (asz, lsz) = (cd.size_in_bytes() as u64, ld.size_in_bytes() as u64);
+    let (lp, lsep, gp) = (first_element(name, &run.labels)?, first_element(name, &lse)?, first_element(name, &g)?);
+    for (_, r0, c) in run.chunks() {
+        let (logits, hc) = chunk_logits(&run.ins, r0, c)?;
+        let at = r0 as u64;
+        let w = (gp + (stride * r0) as u64 * asz, stride, scale);
+        let xp = first_element(name, &logits)?;
+        launch_bwd(&dev, &bwd_kernel(cd, ld), (c, v), xp, lsep + at * asz, lp + at * lsz, &op.options, w)?;
+        backprop_chunk(&logits, &hc, &run.ins, r0, &grads)?;
+    }
+    grads.iter().map(|t| cast(t, dt)).collect()
+}
