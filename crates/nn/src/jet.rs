@@ -67,7 +67,7 @@ impl Mlp {
             sel[i] = 1.0;
         }
         let all = sel.iter().all(|&s| s == 1.0);
-        let sel = p.graph().constant(Tensor::from_vec(sel, [1, d, 1])?.cast(x.dtype())?);
+        let sel = p.graph().constant(Tensor::from_vec(sel, [1, d, 1])?.cast(x.dtype())?.to_device(x.device())?);
         // sum over the selected dims of J^2: [N, d, w] -> [N, w].
         let sum_sq = |j: &Var<'g>| -> Result<Var<'g>> {
             if all {
@@ -129,7 +129,7 @@ impl Mlp {
         let out = h.shape().dims()[1];
         let laplacian = match lap {
             Some(l) => l,
-            None => p.graph().constant(Tensor::zeros([n, out], x.dtype())?),
+            None => p.graph().constant(Tensor::zeros_on([n, out], x.dtype(), x.device())?),
         };
         Ok(Jet { value: h, jacobian, laplacian })
     }
