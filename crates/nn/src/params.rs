@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 
 use tapir_autograd::{Graph, Var};
-use tapir_tensor::{Device, Error, Result, Tensor};
+use tapir_tensor::{Device, Error, Result, Tensor, UnaryOps};
 
 /// Identifies a parameter in its [`ParamStore`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -266,6 +266,12 @@ impl Grads {
 }
 
 fn scale_in_place(t: &mut Tensor, k: f64) -> Result<()> {
+    if t.device() != Device::Cpu {
+        // Off the host, one scaling kernel writing a new gradient: the
+        // product is rounded to the dtype as the loops below round it.
+        *t = t.mul_scalar(k)?;
+        return Ok(());
+    }
     match t.dtype() {
         tapir_tensor::DType::F64 => t.make_mut::<f64>()?.iter_mut().for_each(|x| *x *= k),
         tapir_tensor::DType::F32 => t.make_mut::<f32>()?.iter_mut().for_each(|x| *x *= k as f32),

@@ -291,3 +291,20 @@ fn cuda_checkpoints_move_between_devices() -> Result<(), Box<dyn std::error::Err
     std::fs::remove_file(&path)?;
     Ok(())
 }
+
+#[test]
+fn cuda_gradient_clipping_matches_the_cpu() -> Result<()> {
+    let Some((dev, _serial)) = cuda("cuda_gradient_clipping_matches_the_cpu") else { return Ok(()) };
+    let mut rng = Rng::new(13);
+    let gs: Vec<Tensor> = [[3usize, 4], [5, 1]].iter().map(|s| input(&mut rng, s, DType::F32)).collect();
+    let mut cpu = Grads::from_tensors(gs.clone());
+    let mut on_dev = Grads::from_tensors(gs.iter().map(|g| g.to_device(dev)).collect::<Result<_>>()?);
+    let (nc, nd) = (cpu.clip_global_norm(0.5)?, on_dev.clip_global_norm(0.5)?);
+    assert_eq!(nd, nc, "the norm before clipping");
+    assert!(nc > 0.5, "the gradients are clipped ({nc})");
+    for ((_, c), (_, d)) in cpu.iter().zip(on_dev.iter()) {
+        assert_eq!(d.device(), dev);
+        assert_eq!(host_values(d), host_values(c), "clipped gradients agree bit for bit");
+    }
+    Ok(())
+}
