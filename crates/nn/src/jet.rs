@@ -200,6 +200,18 @@ fn split_rows<T>(mut out: &mut [T], start: usize, w: usize) -> impl Iterator<Ite
     })
 }
 
+/// The dims of `x`, an error unless it is `[N, d, w]`.
+fn check_mid(x: &Tensor) -> Result<[usize; 3]> {
+    match *x.dims() {
+        [n, d, w] => Ok([n, d, w]),
+        _ => Err(Error::InvalidShape {
+            op: "sum_squares_mid",
+            shape: x.shape().clone(),
+            reason: "needs [N, d, w]".into(),
+        }),
+    }
+}
+
 impl Op for SumSquaresMid {
     fn name(&self) -> &'static str {
         "sum_squares_mid"
@@ -212,13 +224,7 @@ impl Op for SumSquaresMid {
     }
     fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let x = xs[0];
-        let &[n, d, w] = x.dims() else {
-            return Err(Error::InvalidShape {
-                op: "sum_squares_mid",
-                shape: x.shape().clone(),
-                reason: "needs [N, d, w]".into(),
-            });
-        };
+        let [n, d, w] = check_mid(x)?;
         if x.device() != Device::Cpu || !matches!(x.dtype(), DType::F32 | DType::F64) {
             return x.square()?.sum(&[1], false);
         }
@@ -227,6 +233,11 @@ impl Op for SumSquaresMid {
             let v = x.as_slice::<F>().expect("internal: contiguous");
             Tensor::from_vec(sum_squares_kernel::<F>(v, n, d, w)?, [n, w])
         }, _ => unreachable!())
+    }
+    /// Off the host, the composition: square then the reduction kernel.
+    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
+        check_mid(xs[0])?;
+        xs[0].square()?.sum(&[1], false)
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         Ok(one(xs[0].mul(&g.unsqueeze(1)?)?.mul_scalar(2.0)?))

@@ -308,3 +308,21 @@ fn cuda_gradient_clipping_matches_the_cpu() -> Result<()> {
     }
     Ok(())
 }
+
+#[test]
+fn cuda_forward_jet_matches_the_cpu() -> Result<()> {
+    let Some((dev, _serial)) = cuda("cuda_forward_jet_matches_the_cpu") else { return Ok(()) };
+    // The physics-informed networks' derivatives: the Laplacian over all
+    // dims (one fused sum of squares) and over a subset (a mask constant).
+    let mut rng = Rng::new(17);
+    let mut store = ParamStore::new();
+    let net = Mlp::new(&mut store, "u", &[2, 6, 6, 1], Activation::Tanh, &mut rng, DType::F64)?;
+    let x = input(&mut rng, &[5, 2], DType::F64);
+    for dims in [&[0usize, 1][..], &[0][..]] {
+        compare(&format!("forward_jet over {dims:?}"), &store, dev, 1e-10, &|b, d| {
+            let jet = net.forward_jet(b, b.graph().constant(x.to_device(d)?), dims)?;
+            jet.laplacian.add(&jet.value)?.add(&jet.jacobian.sum(&[1], false)?)
+        })?;
+    }
+    Ok(())
+}
