@@ -11,7 +11,8 @@ use std::collections::BTreeMap;
 
 use tapir_autograd::{Graph, Var};
 use tapir_nn::{
-    checkpoint, mse, Activation, Adam, Bound, Gpt, GptConfig, Grads, Linear, Mlp, Optimizer, ParamStore, RmsNorm, Sgd,
+    checkpoint, mse, Activation, Adam, Bound, DataLoader, Dropout, Gpt, GptConfig, Grads, Lbfgs, Linear, Mlp,
+    Optimizer, ParamStore, RmsNorm, Sgd,
 };
 use tapir_tensor::prelude::*;
 use tapir_testing::{assert_close, cuda_or_skip};
@@ -323,6 +324,64 @@ fn cuda_forward_jet_matches_the_cpu() -> Result<()> {
             let jet = net.forward_jet(b, b.graph().constant(x.to_device(d)?), dims)?;
             jet.laplacian.add(&jet.value)?.add(&jet.jacobian.sum(&[1], false)?)
         })?;
+    }
+    Ok(())
+}
+
+#[test]
+fn cuda_dropout_data_loader_and_lbfgs_match_the_cpu() -> Result<()> {
+    let Some((dev, _serial)) = cuda("cuda_dropout_data_loader_and_lbfgs_match_the_cpu") else { return Ok(()) };
+    let mut rng = Rng::new(19);
+    // Dropout: the same seed drops the same elements on both devices.
+    let x = input(&mut rng, &[4, 6], DType::F32);
+    let drop = Dropout::new(0.5)?;
+    let on = |d: Device| -> Result<Vec<f64>> {
+        Graph::scope(|g| Ok(host_values(&drop.forward(g.constant(x.to_device(d)?), Some(&mut Rng::new(2)))?.value()?)))
+    };
+    let (yc, yd) = (on(Device::Cpu)?, on(dev)?);
+    assert_eq!(yd, yc, "dropout masks agree");
+    assert!(yc.contains(&0.0), "some elements are dropped");
+
+    // A shuffled loader over tensors on the device gives the CPU's batches.
+    let labels = Tensor::from_vec((0..4i64).collect(), [4])?;
+    let (xd, ld) = (x.to_device(dev)?, labels.to_device(dev)?);
+    let host = DataLoader::new(&[&x, &labels], 3)?.shuffle(4);
+    let device = DataLoader::new(&[&xd, &ld], 3)?.shuffle(4);
+    for (bc, bd) in host.epoch(1).zip(device.epoch(1)) {
+        for (c, d) in bc?.iter().zip(bd?.iter()) {
+            assert_eq!(d.device(), dev, "batches stay on the device");
+            assert_eq!(host_values(d), host_values(c), "the same rows in the same order");
+        }
+    }
+
+    // L-BFGS: the history lives on the host in f64, the parameters on the device.
+    let y = input(&mut rng, &[4, 1], DType::F64);
+    let x64 = x.cast(DType::F64)?;
+    let mut cpu = ParamStore::new();
+    let net = Mlp::new(&mut cpu, "u", &[6, 5, 1], Activation::Tanh, &mut rng, DType::F64)?;
+    let mut on_dev = cpu.clone();
+    on_dev.to_device(dev)?;
+    let run = |store: &mut ParamStore, x: &Tensor, y: &Tensor| -> Result<Vec<f64>> {
+        let mut opt = Lbfgs::new(5);
+        let mut losses = Vec::new();
+        for _ in 0..3 {
+            let s = opt.step(store, |st| {
+                Graph::scope(|g| {
+                    let b = st.bind(g);
+                    let loss = mlp_loss(&net, &b, x, y)?;
+                    Ok((loss.value()?.to_vec::<f64>()?[0], b.grads(loss)?))
+                })
+            })?;
+            losses.push(s.loss);
+        }
+        Ok(losses)
+    };
+    let lc = run(&mut cpu, &x64, &y)?;
+    let ld = run(&mut on_dev, &x64.to_device(dev)?, &y.to_device(dev)?)?;
+    assert_close("L-BFGS losses", &ld, &lc, 1e-9);
+    for (id, name, p) in cpu.iter() {
+        assert_eq!(on_dev.get(id).device(), dev);
+        assert_close(&format!("L-BFGS {name}"), &host_values(on_dev.get(id)), &host_values(p), 1e-8);
     }
     Ok(())
 }
