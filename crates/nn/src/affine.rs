@@ -56,23 +56,8 @@ impl Op for Affine {
     }
     fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let (x, w) = (xs[0], xs[1]);
-        if x.rank() != 2 || w.rank() != 2 || x.dims()[1] != w.dims()[1] {
-            return Err(Error::ShapeMismatch {
-                op: "affine",
-                lhs: Box::new(x.shape().clone()),
-                rhs: Box::new(w.shape().clone()),
-            });
-        }
+        self.check(xs)?;
         let b = if self.bias { Some(xs[2]) } else { None };
-        if let Some(b) = b {
-            if b.dims() != [w.dims()[0]] {
-                return Err(Error::ShapeMismatch {
-                    op: "affine",
-                    lhs: Box::new(w.shape().clone()),
-                    rhs: Box::new(b.shape().clone()),
-                });
-            }
-        }
         // The bias (and tanh) are applied by each thread to its rows of the
         // product.
         let then = if self.tanh && !self.residual { Then::Tanh } else { Then::Nothing };
@@ -80,19 +65,29 @@ impl Op for Affine {
             .ok_or_else(|| Error::invalid_arg("affine", "no product"))?;
         if self.residual {
             let r = xs[xs.len() - 1];
-            if r.shape() != y.shape() {
-                return Err(Error::ShapeMismatch {
-                    op: "affine",
-                    lhs: Box::new(y.shape().clone()),
-                    rhs: Box::new(r.shape().clone()),
-                });
-            }
             if !crate::cpu::affine::add_in_place(&mut y, r)? {
                 y = y.add(r)?;
             }
             if self.tanh {
                 y = y.tanh()?;
             }
+        }
+        Ok(y)
+    }
+    /// Off the host, the product through cuBLAS then the bias, residual and
+    /// tanh as elementwise kernels: the fused CPU job reads host memory.
+    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
+        let (x, w) = (xs[0], xs[1]);
+        self.check(xs)?;
+        let mut y = x.matmul(&w.t()?)?;
+        if self.bias {
+            y = y.add(xs[2])?;
+        }
+        if self.residual {
+            y = y.add(xs[xs.len() - 1])?;
+        }
+        if self.tanh {
+            y = y.tanh()?;
         }
         Ok(y)
     }
@@ -132,6 +127,25 @@ impl Op for Affine {
 type ProductSum<'a, T> = &'a dyn Fn(&[(&T, &T)], Option<&T>, Then<'_, T>) -> Result<Option<T>>;
 
 impl Affine {
+    /// The shape rule both devices share: `x` `[N, in]`, `w` `[out, in]`,
+    /// `b` `[out]`, `r` `[N, out]`.
+    fn check(&self, xs: &[&Tensor]) -> Result<()> {
+        let (x, w) = (xs[0], xs[1]);
+        if x.rank() != 2 || w.rank() != 2 || x.dims()[1] != w.dims()[1] {
+            return Err(Error::ShapeMismatch { op: "affine", lhs: Box::new(x.shape().clone()), rhs: Box::new(w.shape().clone()) });
+        }
+        if self.bias && xs[2].dims() != [w.dims()[0]] {
+            return Err(Error::ShapeMismatch { op: "affine", lhs: Box::new(w.shape().clone()), rhs: Box::new(xs[2].shape().clone()) });
+        }
+        if self.residual {
+            let r = xs[xs.len() - 1];
+            if r.dims() != [x.dims()[0], w.dims()[0]] {
+                return Err(Error::ShapeMismatch { op: "affine", lhs: Box::new(x.shape().clone()), rhs: Box::new(r.shape().clone()) });
+            }
+        }
+        Ok(())
+    }
+
     fn tangent<T: Diff>(&self, xs: &[&T], y: &T, ts: &[Option<&T>], sum: ProductSum<'_, T>) -> Result<Option<T>> {
         let (x, w) = (xs[0], xs[1]);
         // tx @ w^T + x @ tw^T, as one product sum (one buffer when eager).

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use safetensors::tensor::{Dtype, SafeTensors, View};
-use tapir_tensor::{DType, Shape, Tensor};
+use tapir_tensor::{DType, Device, Shape, Tensor};
 
 use crate::optim::{Optimizer, OptimizerState};
 use crate::params::ParamStore;
@@ -354,6 +354,12 @@ impl Checkpoint {
     /// Reads and parses `path`. A truncated or corrupt file is a
     /// [`CheckpointError::Format`] that says so.
     pub fn read(path: impl AsRef<Path>) -> Result<Self, CheckpointError> {
+        Self::read_to(path, Device::Cpu)
+    }
+
+    /// Reads and parses `path` as [`Checkpoint::read`] does, each tensor
+    /// placed on `device` (copied there from the file's bytes on the host).
+    pub fn read_to(path: impl AsRef<Path>, device: Device) -> Result<Self, CheckpointError> {
         let path = path.as_ref();
         let bytes = std::fs::read(path).map_err(io_err(path))?;
         let format_err =
@@ -366,7 +372,7 @@ impl Checkpoint {
         for (name, view) in st.tensors() {
             match from_st(view.dtype()) {
                 Some(d) => {
-                    tensors.insert(name, tensor_from_bytes(d, view.shape(), view.data())?);
+                    tensors.insert(name, tensor_from_bytes(d, view.shape(), view.data())?.to_device(device)?);
                 }
                 None => unsupported.push(Mismatch::DType { expected: DType::F32, found: st_name(view.dtype()), name }),
             }
@@ -393,6 +399,9 @@ fn describe(e: &safetensors::SafeTensorError) -> String {
 /// parameter's (and optimizer slot's) name, shape and dtype; returns the
 /// metadata. On any mismatch nothing is changed and the error lists all of
 /// them. Optimizer state in the file is ignored when `optim` is `None`.
+/// Every value is placed on the device of the parameter it replaces, and
+/// optimizer state on its parameter's: move the store with
+/// [`ParamStore::to_device`] first to load onto another device.
 pub fn load(
     path: impl AsRef<Path>,
     store: &mut ParamStore,
@@ -459,23 +468,35 @@ pub fn load(
         return Err(CheckpointError::Mismatch { path: path.to_path_buf(), mismatches });
     }
     let ids: Vec<(crate::ParamId, String)> = store.iter().map(|(id, n, _)| (id, n.to_string())).collect();
+    // Each value goes to the device its parameter is on, so a store built
+    // on CUDA loads a checkpoint written from the CPU and the reverse. The
+    // copies are made before anything is changed, so a failed one changes
+    // nothing.
+    let values = ids
+        .iter()
+        .map(|(id, name)| {
+            let t = ck.tensors.remove(name).expect("internal: checked");
+            Ok((*id, t.to_device(store.get(*id).device())?))
+        })
+        .collect::<tapir_tensor::Result<Vec<_>>>()?;
     if let (Some(o), Some((mine, any, step))) = (optim, optim_state) {
         let slots = if any {
             ids.iter()
-                .map(|(_, n)| {
+                .map(|(id, n)| {
+                    let dev = store.get(*id).device();
                     mine.slot_names
                         .iter()
-                        .map(|s| ck.tensors.remove(&slot_key(s, n)).expect("internal: checked"))
-                        .collect()
+                        .map(|s| ck.tensors.remove(&slot_key(s, n)).expect("internal: checked").to_device(dev))
+                        .collect::<tapir_tensor::Result<Vec<_>>>()
                 })
-                .collect()
+                .collect::<tapir_tensor::Result<Vec<_>>>()?
         } else {
             Vec::new()
         };
         o.load_state_dict(OptimizerState { kind: mine.kind, step, slot_names: mine.slot_names, slots })?;
     }
-    for (id, name) in ids {
-        store.set(id, ck.tensors.remove(&name).expect("internal: checked"))?;
+    for (id, t) in values {
+        store.set(id, t)?;
     }
     Ok(ck.metadata)
 }

@@ -161,7 +161,10 @@ impl Iterator for Epoch<'_> {
             None => l.tensors.iter().map(|t| t.narrow(0, start, len)).collect(),
             Some(order) => {
                 let idx: Vec<i64> = order[start..start + len].iter().map(|&i| i as i64).collect();
-                Tensor::from_vec(idx, [len]).and_then(|idx| l.tensors.iter().map(|t| t.index_select(0, &idx)).collect())
+                // The indices go to each tensor's device (a loader may hold
+                // its data on CUDA).
+                Tensor::from_vec(idx, [len])
+                    .and_then(|idx| l.tensors.iter().map(|t| t.index_select(0, &idx.to_device(t.device())?)).collect())
             }
         })
     }

@@ -54,11 +54,7 @@ impl Mlp {
     pub fn forward_jet<'g>(&self, p: &Bound<'g>, x: Var<'g>, dims: &[usize]) -> Result<Jet<'g>> {
         let xs = x.shape();
         if xs.rank() != 2 {
-            return Err(Error::InvalidShape {
-                op: "forward_jet",
-                shape: Box::new(xs),
-                reason: "points must be [N, d]".into(),
-            });
+            return Err(Error::InvalidShape { op: "forward_jet", shape: Box::new(xs), reason: "points must be [N, d]".into() });
         }
         let (n, d) = (xs.dims()[0], xs.dims()[1]);
         if let Some(&bad) = dims.iter().find(|&&i| i >= d) {
@@ -71,7 +67,7 @@ impl Mlp {
             sel[i] = 1.0;
         }
         let all = sel.iter().all(|&s| s == 1.0);
-        let sel = p.graph().constant(Tensor::from_vec(sel, [1, d, 1])?.cast(x.dtype())?);
+        let sel = p.graph().constant(Tensor::from_vec(sel, [1, d, 1])?.cast(x.dtype())?.to_device(x.device())?);
         // sum over the selected dims of J^2: [N, d, w] -> [N, w].
         let sum_sq = |j: &Var<'g>| -> Result<Var<'g>> {
             if all {
@@ -133,7 +129,7 @@ impl Mlp {
         let out = h.shape().dims()[1];
         let laplacian = match lap {
             Some(l) => l,
-            None => p.graph().constant(Tensor::zeros([n, out], x.dtype())?),
+            None => p.graph().constant(Tensor::zeros_on([n, out], x.dtype(), x.device())?),
         };
         Ok(Jet { value: h, jacobian, laplacian })
     }
@@ -204,6 +200,18 @@ fn split_rows<T>(mut out: &mut [T], start: usize, w: usize) -> impl Iterator<Ite
     })
 }
 
+/// The dims of `x`, an error unless it is `[N, d, w]`.
+fn check_mid(x: &Tensor) -> Result<[usize; 3]> {
+    match *x.dims() {
+        [n, d, w] => Ok([n, d, w]),
+        _ => Err(Error::InvalidShape {
+            op: "sum_squares_mid",
+            shape: Box::new(x.shape().clone()),
+            reason: "needs [N, d, w]".into(),
+        }),
+    }
+}
+
 impl Op for SumSquaresMid {
     fn name(&self) -> &'static str {
         "sum_squares_mid"
@@ -216,13 +224,7 @@ impl Op for SumSquaresMid {
     }
     fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let x = xs[0];
-        let &[n, d, w] = x.dims() else {
-            return Err(Error::InvalidShape {
-                op: "sum_squares_mid",
-                shape: Box::new(x.shape().clone()),
-                reason: "needs [N, d, w]".into(),
-            });
-        };
+        let [n, d, w] = check_mid(x)?;
         if x.device() != Device::Cpu || !matches!(x.dtype(), DType::F32 | DType::F64) {
             return x.square()?.sum(&[1], false);
         }
@@ -231,6 +233,11 @@ impl Op for SumSquaresMid {
             let v = x.as_slice::<F>().expect("internal: contiguous");
             Tensor::from_vec(sum_squares_kernel::<F>(v, n, d, w)?, [n, w])
         }, _ => unreachable!())
+    }
+    /// Off the host, the composition: square then the reduction kernel.
+    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
+        check_mid(xs[0])?;
+        xs[0].square()?.sum(&[1], false)
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         Ok(one(xs[0].mul(&g.unsqueeze(1)?)?.mul_scalar(2.0)?))

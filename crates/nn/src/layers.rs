@@ -337,7 +337,9 @@ impl Dropout {
         let keep = 1.0 - self.p;
         let shape = x.shape();
         let mask: Vec<f64> = (0..shape.numel()).map(|_| if rng.next_f64() < keep { 1.0 / keep } else { 0.0 }).collect();
-        let mask = Tensor::from_vec(mask, shape)?.cast(x.dtype())?;
+        // Drawn on the host from the caller's generator, so a seed drops
+        // the same elements on every device.
+        let mask = Tensor::from_vec(mask, shape)?.cast(x.dtype())?.to_device(x.device())?;
         x.mul(&x.graph().constant(mask))
     }
 }

@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 
-use tapir_tensor::{DType, Error, Result, Tensor};
+use tapir_tensor::{DType, Error, Result, ShapeOps, Tensor};
 
 use crate::params::{Grads, ParamStore};
 
@@ -56,6 +56,14 @@ fn unflatten(store: &mut ParamStore, x: &[f64]) -> Result<()> {
         let t = store.get_mut(id);
         let n = t.numel();
         let src = &x[at..at + n];
+        if t.device() != tapir_tensor::Device::Cpu && matches!(t.dtype(), DType::F32 | DType::F64) {
+            // Off the host, the new values are built there and copied over
+            // (L-BFGS's history is kept on the host in f64).
+            let host = Tensor::from_vec(src.to_vec(), t.shape().clone())?.cast(t.dtype())?;
+            *t = host.to_device(t.device())?;
+            at += n;
+            continue;
+        }
         match t.dtype() {
             DType::F64 => t.make_mut::<f64>()?.copy_from_slice(src),
             DType::F32 => t.make_mut::<f32>()?.iter_mut().zip(src).for_each(|(d, &s)| *d = s as f32),

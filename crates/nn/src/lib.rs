@@ -13,6 +13,12 @@
 //! - Losses in [`loss`]; [`Sgd`] and [`Adam`] (AdamW) with [`Schedule`]s;
 //!   seeded [`init`]; safetensors [`checkpoint`]s, written atomically;
 //!   seeded shuffling and batching in [`DataLoader`].
+//! - Devices: layers initialise on the host from the caller's `Rng` and
+//!   [`ParamStore::to_device`] moves a model, so it holds the same values
+//!   on every device. The layers and fused ops run on CUDA tensors, the
+//!   optimizers update a CUDA parameter with one kernel launch (the CPU's
+//!   arithmetic, bit for bit) and keep its state beside it, and
+//!   checkpoints load onto the device of the store they fill.
 //!
 //! ```
 //! use tapir::prelude::*;

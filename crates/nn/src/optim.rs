@@ -2,7 +2,8 @@
 //! state is allocated once, on the first step: a steady training loop makes
 //! no allocation in `step`.
 
-use tapir_tensor::{DType, Error, Result, ShapeOps, Tensor};
+use tapir_tensor::cuda::optim as cuda_optim;
+use tapir_tensor::{DType, Device, Error, Result, ShapeOps, Tensor};
 
 use crate::cpu::optim::{AdamStep, SgdStep};
 use crate::params::{Grads, ParamStore};
@@ -63,8 +64,13 @@ fn load_checked(
 /// instead would lose Adam's second moment to underflow (a squared gradient
 /// of 1e-4 is below f16's smallest normal number).
 macro_rules! for_each_param {
-    ($store:expr, $grads:expr, $states:expr, |$p:ident, $g:ident, $s:ident| $body:block) => {{
+    ($store:expr, $grads:expr, $states:expr, |$id:ident, $p:ident, $g:ident, $s:ident| $body:block) => {{
         for (id, gt) in $grads.iter() {
+            // Parameters off the host are updated by their device's kernel.
+            if $store.get(id).device() != Device::Cpu {
+                continue;
+            }
+            let $id = id;
             let states: &mut Vec<Tensor> = &mut $states[id.index()];
             macro_rules! typed {
                 ($F:ty) => {{
@@ -117,9 +123,23 @@ macro_rules! for_each_param {
 }
 
 /// Zeros for one parameter's optimizer state: the parameter's shape, in the
-/// dtype its update is computed in (f32 for f16 and bf16 parameters).
+/// dtype its update is computed in (f32 for f16 and bf16 parameters), on
+/// the parameter's device.
 fn state_zeros(p: &Tensor) -> Result<Tensor> {
-    Tensor::zeros(p.shape().clone(), p.dtype().compute())
+    Tensor::zeros_on(p.shape().clone(), p.dtype().compute(), p.device())
+}
+
+/// Moves any state tensor that is not on its parameter's device there (a
+/// checkpoint read on the host, or a store moved after the first step), so
+/// the update runs where the parameter lives. A no-op in a steady loop.
+fn follow_params(store: &ParamStore, states: &mut [Vec<Tensor>]) -> Result<()> {
+    for (id, slots) in store.ids().zip(states.iter_mut()) {
+        let dev = store.get(id).device();
+        for st in slots.iter_mut().filter(|st| st.device() != dev) {
+            *st = st.to_device(dev)?;
+        }
+    }
+    Ok(())
 }
 
 /// Loaded state in the dtype the update computes in: a checkpoint written
@@ -182,8 +202,17 @@ impl Optimizer for Sgd {
                 .map(|id| if self.momentum != 0.0 { Ok(vec![state_zeros(store.get(id))?]) } else { Ok(vec![]) })
                 .collect::<Result<_>>()?;
         }
+        follow_params(store, &mut self.state)?;
         let (lr, mu, wd, nesterov) = (self.lr, self.momentum, self.weight_decay, self.nesterov);
-        for_each_param!(store, grads, self.state, |p, g, s| {
+        for (id, g) in grads.iter() {
+            if store.get(id).device() == Device::Cpu {
+                continue;
+            }
+            let k = cuda_optim::SgdStep { lr, momentum: mu, weight_decay: wd, nesterov, first };
+            let buf = self.state[id.index()].first_mut();
+            cuda_optim::sgd_step(store.get_mut(id), g, buf, k)?;
+        }
+        for_each_param!(store, grads, self.state, |_id, p, g, s| {
             let mut s = s;
             let buf = s.first_mut().map(|b| &mut **b);
             let k = SgdStep { lr: lr as F, momentum: mu as F, weight_decay: wd as F, nesterov, first };
@@ -304,10 +333,26 @@ impl Optimizer for Adam {
             .map(|id| if self.no_decay_groups.iter().any(|g| g == store.group(id)) { 0.0 } else { self.weight_decay })
             .collect();
         let (lr, eps, decoupled) = (self.lr, self.eps, self.decoupled);
-        let mut k = 0;
-        for_each_param!(store, grads, self.state, |p, g, s| {
-            let wd = decay[k] as F;
-            k += 1;
+        follow_params(store, &mut self.state)?;
+        for (id, g) in grads.iter() {
+            if store.get(id).device() == Device::Cpu {
+                continue;
+            }
+            let k = cuda_optim::AdamStep {
+                lr,
+                weight_decay: decay[id.index()],
+                beta1: b1,
+                beta2: b2,
+                step: lr / bc1,
+                inv_bc2_sqrt: 1.0 / bc2.sqrt(),
+                eps,
+                decoupled,
+            };
+            let (m, v) = self.state[id.index()].split_at_mut(1);
+            cuda_optim::adam_step(store.get_mut(id), &mut m[0], &mut v[0], g, k)?;
+        }
+        for_each_param!(store, grads, self.state, |id, p, g, s| {
+            let wd = decay[id.index()] as F;
             let mut s = s;
             let (m, v) = s.split_at_mut(1);
             let k = AdamStep {

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 
 use tapir_autograd::{Graph, Var};
-use tapir_tensor::{Error, Result, Tensor};
+use tapir_tensor::{Device, Error, Result, Tensor, UnaryOps};
 
 /// Identifies a parameter in its [`ParamStore`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -112,6 +112,30 @@ impl ParamStore {
         }
         self.params[id.0].value = value;
         Ok(())
+    }
+    /// Moves every parameter to `device` (a copy through the host between
+    /// devices; nothing is copied for a parameter already there). Layers
+    /// initialise their parameters on the host from the caller's [`Rng`],
+    /// so a model built and then moved holds the same values on every
+    /// device. On an error the parameters moved so far stay moved.
+    ///
+    /// [`Rng`]: tapir_tensor::Rng
+    pub fn to_device(&mut self, device: Device) -> Result<()> {
+        for p in &mut self.params {
+            if p.value.device() != device {
+                p.value = p.value.to_device(device)?;
+            }
+        }
+        Ok(())
+    }
+    /// The device of the parameters: that of the first one, the CPU for an
+    /// empty store, or an error naming two devices when they differ.
+    pub fn device(&self) -> Result<Device> {
+        let first = self.params.first().map_or(Device::Cpu, |p| p.value.device());
+        match self.params.iter().find(|p| p.value.device() != first) {
+            Some(p) => Err(Error::DeviceMismatch { op: "ParamStore::device", lhs: first, rhs: p.value.device() }),
+            None => Ok(first),
+        }
     }
     /// A parameter's name.
     pub fn name(&self, id: ParamId) -> &str {
@@ -246,6 +270,12 @@ impl Grads {
 }
 
 fn scale_in_place(t: &mut Tensor, k: f64) -> Result<()> {
+    if t.device() != Device::Cpu {
+        // Off the host, one scaling kernel writing a new gradient: the
+        // product is rounded to the dtype as the loops below round it.
+        *t = t.mul_scalar(k)?;
+        return Ok(());
+    }
     match t.dtype() {
         tapir_tensor::DType::F64 => t.make_mut::<f64>()?.iter_mut().for_each(|x| *x *= k),
         tapir_tensor::DType::F32 => t.make_mut::<f32>()?.iter_mut().for_each(|x| *x *= k as f32),

@@ -23,6 +23,7 @@ pub(crate) mod index;
 pub(crate) mod matmul;
 mod nvrtc;
 pub(crate) mod ops;
+pub mod optim;
 pub(crate) mod random;
 pub(crate) mod reduce;
 pub(crate) mod shape;
@@ -49,6 +50,7 @@ pub const KERNELS: &[(&str, &str)] = &[
     ("index.cu", include_str!("../../../../kernels/index.cu")),
     ("cast.cu", include_str!("../../../../kernels/cast.cu")),
     ("random.cu", include_str!("../../../../kernels/random.cu")),
+    ("optim.cu", include_str!("../../../../kernels/optim.cu")),
 ];
 
 /// Waits until every launch and copy queued on `device`'s stream has

@@ -66,6 +66,8 @@ pub fn cuda_kernels() -> Vec<(&'static str, String)> {
     // The constructors' fills (zeros and ones on a device), one per width.
     out.extend(crate::cuda::fill::KERNELS.iter().map(|k| ("elementwise.cu", k.to_string())));
     out.extend(crate::cuda::random::kernel_names().into_iter().map(|k| ("random.cu", k)));
+    // The optimizers' in-place updates, one launch per parameter.
+    out.extend(crate::cuda::optim::kernels());
     out
 }
 
