@@ -87,6 +87,11 @@ pub fn params_to(store: &mut ParamStore, device: Device) -> Result<()> {
     Ok(())
 }
 
+/// The device of a store's parameters (the CPU for an empty store).
+pub fn params_on(store: &ParamStore) -> Device {
+    store.iter().next().map_or(Device::Cpu, |(_, _, t)| t.device())
+}
+
 /// Adam (Kingma and Ba, with bias correction) written with tensor
 /// operations only, so it runs on whichever device the parameters are on.
 ///
