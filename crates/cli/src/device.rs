@@ -168,6 +168,24 @@ pub fn mlp_forward<'g>(net: &Mlp, p: &Bound<'g>, x: Var<'g>) -> Result<Var<'g>> 
     Ok(h)
 }
 
+/// `net`'s outputs at `x`: the nn crate's fused layers on the CPU, the
+/// composed ones ([`mlp_forward`]) on CUDA.
+pub fn forward<'g>(net: &Mlp, p: &Bound<'g>, x: Var<'g>) -> Result<Var<'g>> {
+    match x.device() {
+        Device::Cpu => net.forward(p, x),
+        Device::Cuda(_) => mlp_forward(net, p, x),
+    }
+}
+
+/// `net`'s forward-Laplacian jet at `x`: the nn crate's on the CPU, the
+/// composed one ([`mlp_jet`]) on CUDA.
+pub fn jet<'g>(net: &Mlp, p: &Bound<'g>, x: Var<'g>, dims: &[usize]) -> Result<Jet<'g>> {
+    match x.device() {
+        Device::Cpu => net.forward_jet(p, x, dims),
+        Device::Cuda(_) => mlp_jet(net, p, x, dims),
+    }
+}
+
 /// `x W^T + b` for one layer.
 fn affine<'g>(l: &Linear, p: &Bound<'g>, x: &Var<'g>) -> Result<Var<'g>> {
     let z = x.matmul(&p.var(l.weight)?.t()?)?;

@@ -16,7 +16,7 @@ use tapir::nn::{Activation, Adam, Bound, Grads, Lbfgs, Mlp, Optimizer, ParamStor
 use tapir::prelude::*;
 
 use crate::chart::{bytes, heatmaps, line_chart, num, Field, Marker, Panel, Series};
-use crate::device::{mlp_forward, mlp_jet, params_to, DeviceAdam, DeviceArg};
+use crate::device::{forward, jet, params_to, DeviceAdam, DeviceArg};
 
 /// Which PDE.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -295,10 +295,7 @@ pub fn solution<'g>(
 ) -> Result<[Var<'g>; 3]> {
     let g = p.graph();
     let n = pts.dims()[0];
-    let jet_at = |x: Tensor| match x.device() {
-        Device::Cpu => net.forward_jet(p, g.constant(x), dims),
-        Device::Cuda(_) => mlp_jet(net, p, g.constant(x), dims),
-    };
+    let jet_at = |x: Tensor| jet(net, p, g.constant(x), dims);
     let Some(m) = mirror else {
         let jet = jet_at(pts.clone())?;
         return Ok([jet.value, jet.jacobian.reshape([n, 2])?, jet.laplacian]);
@@ -323,14 +320,11 @@ pub fn solution<'g>(
 /// The network's values at `pts` (odd in x when `mirror` is given).
 pub fn values<'g>(net: &Mlp, p: &Bound<'g>, pts: &Tensor, mirror: Option<&Tensor>) -> Result<Var<'g>> {
     let g = p.graph();
-    let forward = |x: Tensor| match x.device() {
-        Device::Cpu => net.forward(p, g.constant(x)),
-        Device::Cuda(_) => mlp_forward(net, p, g.constant(x)),
-    };
-    let u = forward(pts.clone())?;
+    let at = |x: Tensor| forward(net, p, g.constant(x));
+    let u = at(pts.clone())?;
     match mirror {
         None => Ok(u),
-        Some(m) => u.sub(&forward(pts.mul(m)?)?)?.mul_scalar(0.5),
+        Some(m) => u.sub(&at(pts.mul(m)?)?)?.mul_scalar(0.5),
     }
 }
 
