@@ -198,8 +198,9 @@ fn affine<'g>(l: &Linear, p: &Bound<'g>, x: &Var<'g>) -> Result<Var<'g>> {
 fn hidden_activation<'g>(net: &Mlp, z: &Var<'g>) -> Result<Var<'g>> {
     match net.activation {
         Activation::Tanh => z.tanh(),
-        // The commands that run on CUDA use tanh networks only.
-        _ => Err(Error::Unsupported { op: "mlp_forward (activations other than tanh)", device: z.device() }),
+        Activation::Relu => z.relu(),
+        // The commands run tanh and ReLU networks only.
+        _ => Err(Error::Unsupported { op: "mlp_forward (activations other than tanh and ReLU)", device: z.device() }),
     }
 }
 
@@ -234,7 +235,10 @@ pub fn mlp_jet<'g>(net: &Mlp, p: &Bound<'g>, x: Var<'g>, dims: &[usize]) -> Resu
             return Ok(Jet { value: z, jacobian: jz, laplacian: lz });
         }
         // tanh' = 1 - a^2 and tanh'' = -2 a tanh', at a = tanh(z).
-        let a = hidden_activation(net, &z)?;
+        if net.activation != Activation::Tanh {
+            return Err(Error::Unsupported { op: "mlp_jet (activations other than tanh)", device });
+        }
+        let a = z.tanh()?;
         let s = a.square()?.rsub_scalar(1.0)?;
         let s2 = a.mul(&s)?.mul_scalar(-2.0)?;
         let curv = jz.square()?.mul(&mask)?.sum(&[1], false)?.mul(&s2)?;
