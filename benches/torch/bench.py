@@ -1,6 +1,9 @@
 """PyTorch mirror of `tapir bench`: the same cases, shapes and seeds.
 
-Prints {"torch_version": ..., "cases": {name: median milliseconds}}.
+Prints {"torch_version": ..., "cases": {name: median milliseconds}}. With
+--device cuda every tensor and network lives on the GPU (drawn on the CPU
+first, so the seeds give the same values), times include a synchronize, and
+peaks are torch.cuda.max_memory_allocated above the inputs.
 """
 import argparse
 import json
@@ -12,13 +15,23 @@ import time
 
 import torch
 
+# Where the cases run; set from --device.
+DEV = torch.device("cpu")
+
+
+def sync():
+    if DEV.type == "cuda":
+        torch.cuda.synchronize(DEV)
+
 
 def median_ms(reps, f):
     f()
+    sync()
     ts = []
     for _ in range(max(1, reps)):
         s = time.perf_counter()
         f()
+        sync()
         ts.append((time.perf_counter() - s) * 1e3)
     ts.sort()
     return ts[len(ts) // 2]
@@ -34,11 +47,11 @@ def mlp(widths, seed=0):
         layers.append(lin)
         if i + 2 < len(widths):
             layers.append(torch.nn.Tanh())
-    return torch.nn.Sequential(*layers)
+    return torch.nn.Sequential(*layers).to(DEV)
 
 
 def scalar_chain(reps):
-    x = torch.tensor([0.5], requires_grad=True)
+    x = torch.tensor([0.5]).to(DEV).requires_grad_()
 
     def run():
         y = x
@@ -59,7 +72,7 @@ def scalar_chain(reps):
 def mlp_grad(reps):
     net = mlp([2, 64, 64, 64, 1])
     torch.manual_seed(1)
-    x = torch.rand(1024, 2)
+    x = torch.rand(1024, 2).to(DEV)
     params = list(net.parameters())
     return median_ms(reps, lambda: torch.autograd.grad(net(x).square().mean(), params))
 
@@ -67,9 +80,9 @@ def mlp_grad(reps):
 def mlp_hvp(reps):
     net = mlp([2, 64, 64, 64, 1])
     torch.manual_seed(1)
-    x = torch.rand(1024, 2)
+    x = torch.rand(1024, 2).to(DEV)
     params = list(net.parameters())
-    v = [torch.randn_like(p) for p in params]
+    v = [torch.randn(p.shape).to(DEV) for p in params]
 
     def run():
         loss = net(x).square().mean()
@@ -92,7 +105,7 @@ def laplacian_nested(net, x):
 def poisson_step(reps):
     net = mlp([2, 64, 64, 64, 1])
     torch.manual_seed(1)
-    x = torch.rand(1024, 2, requires_grad=True)
+    x = torch.rand(1024, 2).to(DEV).requires_grad_()
     f = torch.sin(math.pi * x[:, 0].detach())
     opt = torch.optim.Adam(net.parameters(), lr=1e-3)
 
@@ -107,7 +120,7 @@ def poisson_step(reps):
 def laplacian(reps, d):
     net = mlp([d, 128, 128, 128, 1])
     torch.manual_seed(1)
-    x = torch.randn(256, d, requires_grad=True)
+    x = torch.randn(256, d).to(DEV).requires_grad_()
     return median_ms(reps, lambda: laplacian_nested(net, x).detach())
 
 
@@ -120,7 +133,7 @@ def ce_inputs(n, v):
     torch.manual_seed(0)
     x = torch.empty(n, v).uniform_(-3, 3)  # in place: no temporaries before the baseline
     y = torch.randint(0, v, (n,))
-    return x, y
+    return x.to(DEV), y.to(DEV)
 
 
 def ce_step(kind, x, y):
@@ -139,7 +152,7 @@ def linear_ce_inputs(n, v, d):
     h = torch.empty(n, d).normal_()
     w = torch.empty(v, d).normal_(0, 0.02)
     y = torch.randint(0, v, (n,))
-    return h, w, y
+    return h.to(DEV), w.to(DEV), y.to(DEV)
 
 
 def linear_ce_step(h, w, y):
@@ -171,7 +184,25 @@ def peak_child(name, kind):
     print(hwm - base)
 
 
+def cuda_peak(name, kind):
+    """The allocator's peak above the inputs, in this process."""
+    if name in CE_SHAPES:
+        x, y = ce_inputs(*CE_SHAPES[name])
+        step = lambda: ce_step(kind, x, y)
+    else:
+        h, w, y = linear_ce_inputs(*LINEAR_SHAPES[name])
+        step = lambda: linear_ce_step(h, w, y)
+    sync()
+    base = torch.cuda.memory_allocated(DEV)
+    torch.cuda.reset_peak_memory_stats(DEV)
+    step()
+    sync()
+    return torch.cuda.max_memory_allocated(DEV) - base
+
+
 def peak(name, kind):
+    if DEV.type == "cuda":
+        return cuda_peak(name, kind)
     out = subprocess.run([sys.executable, __file__, "--peak-child", name, "--kind", kind],
                          capture_output=True, text=True, check=True)
     return int(out.stdout.strip())
@@ -214,12 +245,18 @@ def main():
     ap.add_argument("--only", default="")
     ap.add_argument("--peak-child", default="")
     ap.add_argument("--kind", default="cross_entropy")
+    ap.add_argument("--device", default="cpu")
     a = ap.parse_args()
+    global DEV
+    DEV = torch.device(a.device)
+    if DEV.type == "cuda" and not torch.cuda.is_available():
+        print(f"torch {torch.__version__} has no CUDA device", file=sys.stderr)
+        sys.exit(3)
     if a.peak_child:
         peak_child(a.peak_child, a.kind)
         return
     names = [n for n in a.only.split(",") if n] or list(CASES)
-    out = {"torch_version": torch.__version__, "threads": torch.get_num_threads(), "cases": {},
+    out = {"torch_version": torch.__version__, "device": str(DEV), "threads": torch.get_num_threads(), "cases": {},
            "peak_bytes": {}, "onehot_ms": {}}
     for n in names:
         if n not in CASES:

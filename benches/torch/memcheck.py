@@ -18,14 +18,16 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 
 class Meter:
     def __init__(self, device):
-        self.device = device
+        # "cuda" or "cuda:N" both measure the GPU's allocator.
+        self.device = "cuda" if str(device).startswith("cuda") else "cpu"
+        self.index = torch.device(device)
         self.live, self.peak, self.kept = [], [], []
         self._peak = 0
 
     def now(self):
         if self.device == "cuda":
-            torch.cuda.synchronize()
-            return torch.cuda.memory_allocated()
+            torch.cuda.synchronize(self.index)
+            return torch.cuda.memory_allocated(self.index)
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * PAGE
 
@@ -35,13 +37,13 @@ class Meter:
 
     def begin(self):
         if self.device == "cuda":
-            torch.cuda.reset_peak_memory_stats()
+            torch.cuda.reset_peak_memory_stats(self.index)
         self._peak = self.now()
 
     def end(self, kept=0):
         live = self.now()
         if self.device == "cuda":
-            peak = torch.cuda.max_memory_allocated()
+            peak = torch.cuda.max_memory_allocated(self.index)
         else:
             peak = max(self._peak, live)
         self.live.append(live)
@@ -212,12 +214,16 @@ def main():
     ap.add_argument("--only", default="")
     ap.add_argument("--device", default="cpu")
     a = ap.parse_args()
+    on_cuda = a.device.startswith("cuda")
+    if on_cuda and not torch.cuda.is_available():
+        print(f"torch {torch.__version__} has no CUDA device", file=sys.stderr)
+        sys.exit(3)
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     names = [n for n in a.only.split(",") if n] or list(SCENARIOS)
     out = {
         "torch_version": torch.__version__,
         "device": a.device,
-        "measure": ("torch.cuda.memory_allocated / max_memory_allocated" if a.device == "cuda"
+        "measure": ("torch.cuda.memory_allocated / max_memory_allocated" if on_cuda
                     else "process resident set size (RSS), sampled"),
         "scenarios": {},
     }

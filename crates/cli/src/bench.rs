@@ -15,6 +15,8 @@ use serde_json::{json, Value};
 use tapir::nn::{Activation, Adam, Mlp, Optimizer, ParamStore};
 use tapir::prelude::*;
 
+use crate::device::{forward, jet, params_to, DeviceAdam, DeviceArg};
+
 /// Arguments of `tapir bench`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct Args {
@@ -41,10 +43,22 @@ pub struct Args {
     /// (nothing is drawn when the PyTorch side did not run).
     #[arg(long, default_value = "bench.png")]
     pub plot: PathBuf,
+    /// Where to run: cpu, cuda, cuda:N, or auto (CUDA when present, else the
+    /// CPU). The PyTorch mirror runs on the same device.
+    #[arg(long, default_value = "cpu")]
+    pub device: DeviceArg,
 }
 
-/// Median wall time of `f` in milliseconds, after one warm-up call.
-fn median_ms(reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+/// Median wall time of `f` in milliseconds on `device`, after one warm-up
+/// call; on CUDA each call's time includes waiting for its kernels.
+fn median_ms(reps: usize, device: Device, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    let mut f = move || {
+        f()?;
+        if !device.is_cpu() {
+            tapir::tensor::cuda::synchronize(device)?;
+        }
+        Ok(())
+    };
     f()?;
     let mut t: Vec<f64> = (0..reps.max(1))
         .map(|_| {
@@ -63,10 +77,10 @@ pub struct Case {
     /// What it measures.
     pub what: &'static str,
     /// Runs it, returning the median milliseconds.
-    pub run: fn(usize) -> Result<f64>,
+    pub run: fn(usize, Device) -> Result<f64>,
     /// Peak bytes allocated during one run above the bytes live before it
     /// (for the memory cases), measured by a separate run.
-    pub peak: Option<fn() -> Result<usize>>,
+    pub peak: Option<fn(Device) -> Result<usize>>,
 }
 
 /// Every case.
@@ -99,46 +113,47 @@ pub fn cases() -> Vec<Case> {
         Case {
             name: "laplacian_d10",
             what: "exact Laplacian of an MLP (width 128, depth 3, batch 256), d=10",
-            run: |r| laplacian(r, 10, false),
+            run: |r, d| laplacian(r, d, 10, false),
             peak: None,
         },
-        Case { name: "laplacian_d100", what: "the same, d=100", run: |r| laplacian(r, 100, false), peak: None },
+        Case { name: "laplacian_d100", what: "the same, d=100", run: |r, d| laplacian(r, d, 100, false), peak: None },
         Case {
             name: "laplacian_d10_nested",
             what: "d=10 by nested autodiff in tapir (the alternative)",
-            run: |r| laplacian(r, 10, true),
+            run: |r, d| laplacian(r, d, 10, true),
             peak: None,
         },
         Case {
             name: "laplacian_d100_nested",
             what: "d=100 by nested autodiff in tapir (the alternative)",
-            run: |r| laplacian(r, 100, true),
+            run: |r, d| laplacian(r, d, 100, true),
             peak: None,
         },
         Case {
             name: "ce_4096x32000",
             what: "sparse cross-entropy forward+backward, N=4,096, V=32,000",
-            run: |r| ce_time(r, 4096, 32_000),
-            peak: Some(|| ce_peak(4096, 32_000)),
+            run: |r, d| ce_time(r, d, 4096, 32_000),
+            peak: Some(|d| ce_peak(d, 4096, 32_000)),
         },
         Case {
             name: "ce_8192x50257",
             what: "sparse cross-entropy forward+backward, N=8,192, V=50,257",
-            run: |r| ce_time(r, 8192, 50_257),
-            peak: Some(|| ce_peak(8192, 50_257)),
+            run: |r, d| ce_time(r, d, 8192, 50_257),
+            peak: Some(|d| ce_peak(d, 8192, 50_257)),
         },
         Case {
             name: "linear_ce_4096x32000x768",
             what: "fused linear + cross-entropy forward+backward, N=4,096, V=32,000, D=768",
-            run: |r| linear_ce_time(r, 4096, 32_000, 768),
-            peak: Some(|| linear_ce_peak(4096, 32_000, 768)),
+            run: |r, d| linear_ce_time(r, d, 4096, 32_000, 768),
+            peak: Some(|d| linear_ce_peak(d, 4096, 32_000, 768)),
         },
     ]
 }
 
-fn ce_inputs(n: usize, v: usize) -> Result<(Tensor, Tensor)> {
+fn ce_inputs(device: Device, n: usize, v: usize) -> Result<(Tensor, Tensor)> {
     let mut rng = Rng::new(0);
-    Ok((rng.uniform([n, v], -3.0, 3.0, DType::F32)?, rng.randint([n], v as u64, DType::I64)?))
+    let x = rng.uniform([n, v], -3.0, 3.0, DType::F32)?.to_device(device)?;
+    Ok((x, rng.randint([n], v as u64, DType::I64)?.to_device(device)?))
 }
 
 fn ce_step(x: &Tensor, labels: &Tensor) -> Result<()> {
@@ -150,25 +165,25 @@ fn ce_step(x: &Tensor, labels: &Tensor) -> Result<()> {
     })
 }
 
-fn ce_time(reps: usize, n: usize, v: usize) -> Result<f64> {
-    let (x, l) = ce_inputs(n, v)?;
-    median_ms(reps.min(5), || ce_step(&x, &l))
+fn ce_time(reps: usize, device: Device, n: usize, v: usize) -> Result<f64> {
+    let (x, l) = ce_inputs(device, n, v)?;
+    median_ms(reps.min(5), device, || ce_step(&x, &l))
 }
 
-fn ce_peak(n: usize, v: usize) -> Result<usize> {
-    let (x, l) = ce_inputs(n, v)?;
-    reset_peak_memory_stats(Device::Cpu);
-    let base = memory_allocated(Device::Cpu);
+fn ce_peak(device: Device, n: usize, v: usize) -> Result<usize> {
+    let (x, l) = ce_inputs(device, n, v)?;
+    reset_peak_memory_stats(device);
+    let base = memory_allocated(device);
     ce_step(&x, &l)?;
-    Ok(tapir::tensor::max_memory_allocated(Device::Cpu) - base)
+    Ok(tapir::tensor::max_memory_allocated(device) - base)
 }
 
-fn linear_ce_inputs(n: usize, v: usize, d: usize) -> Result<(Tensor, Tensor, Tensor)> {
+fn linear_ce_inputs(device: Device, n: usize, v: usize, d: usize) -> Result<(Tensor, Tensor, Tensor)> {
     let mut rng = Rng::new(0);
     Ok((
-        rng.randn([n, d], DType::F32)?,
-        rng.normal_tensor([v, d], 0.0, 0.02, DType::F32)?,
-        rng.randint([n], v as u64, DType::I64)?,
+        rng.randn([n, d], DType::F32)?.to_device(device)?,
+        rng.normal_tensor([v, d], 0.0, 0.02, DType::F32)?.to_device(device)?,
+        rng.randint([n], v as u64, DType::I64)?.to_device(device)?,
     ))
 }
 
@@ -182,22 +197,22 @@ fn linear_ce_step(h: &Tensor, w: &Tensor, labels: &Tensor) -> Result<()> {
     })
 }
 
-fn linear_ce_time(reps: usize, n: usize, v: usize, d: usize) -> Result<f64> {
-    let (h, w, l) = linear_ce_inputs(n, v, d)?;
-    median_ms(reps.min(3), || linear_ce_step(&h, &w, &l))
+fn linear_ce_time(reps: usize, device: Device, n: usize, v: usize, d: usize) -> Result<f64> {
+    let (h, w, l) = linear_ce_inputs(device, n, v, d)?;
+    median_ms(reps.min(3), device, || linear_ce_step(&h, &w, &l))
 }
 
-fn linear_ce_peak(n: usize, v: usize, d: usize) -> Result<usize> {
-    let (h, w, l) = linear_ce_inputs(n, v, d)?;
-    reset_peak_memory_stats(Device::Cpu);
-    let base = memory_allocated(Device::Cpu);
+fn linear_ce_peak(device: Device, n: usize, v: usize, d: usize) -> Result<usize> {
+    let (h, w, l) = linear_ce_inputs(device, n, v, d)?;
+    reset_peak_memory_stats(device);
+    let base = memory_allocated(device);
     linear_ce_step(&h, &w, &l)?;
-    Ok(tapir::tensor::max_memory_allocated(Device::Cpu) - base)
+    Ok(tapir::tensor::max_memory_allocated(device) - base)
 }
 
-fn scalar_chain(reps: usize) -> Result<f64> {
-    let x0 = Tensor::from_vec(vec![0.5f32], [1])?;
-    median_ms(reps, || {
+fn scalar_chain(reps: usize, device: Device) -> Result<f64> {
+    let x0 = Tensor::from_vec(vec![0.5f32], [1])?.to_device(device)?;
+    median_ms(reps, device, || {
         Graph::scope(|g| {
             let x = g.leaf(x0.clone());
             let mut y = x;
@@ -215,35 +230,38 @@ fn scalar_chain(reps: usize) -> Result<f64> {
     })
 }
 
-fn mlp(seed: u64, widths: &[usize]) -> Result<(ParamStore, Mlp)> {
+fn mlp(seed: u64, widths: &[usize], device: Device) -> Result<(ParamStore, Mlp)> {
     let mut store = ParamStore::new();
     let net = Mlp::xavier(&mut store, "u", widths, Activation::Tanh, &mut Rng::new(seed), DType::F32)?;
+    params_to(&mut store, device)?;
     Ok((store, net))
 }
 
-fn mlp_grad(reps: usize) -> Result<f64> {
-    let (store, net) = mlp(0, &[2, 64, 64, 64, 1])?;
-    let x = Rng::new(1).rand([1024, 2], DType::F32)?;
-    median_ms(reps, || {
+fn mlp_grad(reps: usize, device: Device) -> Result<f64> {
+    let (store, net) = mlp(0, &[2, 64, 64, 64, 1], device)?;
+    let x = Rng::new(1).rand([1024, 2], DType::F32)?.to_device(device)?;
+    median_ms(reps, device, || {
         Graph::scope(|g| {
             let p = store.bind(g);
-            let loss = net.forward(&p, g.constant(x.clone()))?.square()?.mean_all()?;
+            let loss = forward(&net, &p, g.constant(x.clone()))?.square()?.mean_all()?;
             p.grads(loss)?;
             Ok(())
         })
     })
 }
 
-fn mlp_hvp(reps: usize) -> Result<f64> {
-    let (store, net) = mlp(0, &[2, 64, 64, 64, 1])?;
-    let x = Rng::new(1).rand([1024, 2], DType::F32)?;
+fn mlp_hvp(reps: usize, device: Device) -> Result<f64> {
+    let (store, net) = mlp(0, &[2, 64, 64, 64, 1], device)?;
+    let x = Rng::new(1).rand([1024, 2], DType::F32)?.to_device(device)?;
     let mut rng = Rng::new(2);
-    let v: Vec<Tensor> =
-        store.ids().map(|id| rng.randn(store.get(id).shape().clone(), DType::F32)).collect::<Result<_>>()?;
-    median_ms(reps, || {
+    let v: Vec<Tensor> = store
+        .ids()
+        .map(|id| rng.randn(store.get(id).shape().clone(), DType::F32)?.to_device(device))
+        .collect::<Result<_>>()?;
+    median_ms(reps, device, || {
         Graph::scope(|g| {
             let p = store.bind(g);
-            let loss = net.forward(&p, g.constant(x.clone()))?.square()?.mean_all()?;
+            let loss = forward(&net, &p, g.constant(x.clone()))?.square()?.mean_all()?;
             let vars: Vec<Var<'_>> = store.ids().map(|id| p.var(id)).collect::<Result<_>>()?;
             let gs = g.grad_graph(loss, &vars)?;
             let hv = g.jvp(&gs, &vars, &v)?;
@@ -253,33 +271,37 @@ fn mlp_hvp(reps: usize) -> Result<f64> {
     })
 }
 
-fn poisson_step(reps: usize) -> Result<f64> {
-    let (mut store, net) = mlp(0, &[2, 64, 64, 64, 1])?;
-    let x = Rng::new(1).rand([1024, 2], DType::F32)?;
+fn poisson_step(reps: usize, device: Device) -> Result<f64> {
+    let (mut store, net) = mlp(0, &[2, 64, 64, 64, 1], device)?;
+    let x = Rng::new(1).rand([1024, 2], DType::F32)?.to_device(device)?;
     let f = x.narrow(1, 0, 1)?.mul_scalar(std::f64::consts::PI)?.sin()?;
-    let mut opt = Adam::new(1e-3);
-    median_ms(reps, || {
+    let (mut opt, mut device_opt) = (Adam::new(1e-3), DeviceAdam::new(1e-3));
+    median_ms(reps, device, || {
         let grads = Graph::scope(|g| {
             let p = store.bind(g);
-            let jet = net.forward_jet(&p, g.constant(x.clone()), &[0, 1])?;
+            let jet = jet(&net, &p, g.constant(x.clone()), &[0, 1])?;
             let loss = jet.laplacian.add(&g.constant(f.clone()))?.square()?.mean_all()?;
             p.grads(loss)
         })?;
-        opt.step(&mut store, &grads)
+        if device.is_cpu() {
+            opt.step(&mut store, &grads)
+        } else {
+            device_opt.step(&mut store, &grads)
+        }
     })
 }
 
-fn laplacian(reps: usize, d: usize, nested: bool) -> Result<f64> {
-    let (store, net) = mlp(0, &[d, 128, 128, 128, 1])?;
-    let x = Rng::new(1).randn([256, d], DType::F32)?;
-    median_ms(reps, || {
+fn laplacian(reps: usize, device: Device, d: usize, nested: bool) -> Result<f64> {
+    let (store, net) = mlp(0, &[d, 128, 128, 128, 1], device)?;
+    let x = Rng::new(1).randn([256, d], DType::F32)?.to_device(device)?;
+    median_ms(reps, device, || {
         Graph::scope(|g| {
             let p = store.bind(g);
             let xv = g.leaf(x.clone());
             let lap = if nested {
-                g.laplacian(net.forward(&p, xv)?, xv)?
+                g.laplacian(forward(&net, &p, xv)?, xv)?
             } else {
-                net.forward_jet(&p, xv, &(0..d).collect::<Vec<_>>())?.laplacian
+                jet(&net, &p, xv, &(0..d).collect::<Vec<_>>())?.laplacian
             };
             std::hint::black_box(lap.value()?);
             Ok(())
@@ -305,7 +327,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let chosen: Vec<Case> =
         all.into_iter().filter(|c| a.only.is_empty() || a.only.iter().any(|o| o == c.name)).collect();
     anyhow::ensure!(!chosen.is_empty(), "no case chosen");
-    println!("tapir bench: median of {} repetitions, milliseconds (f32, CPU, {} threads)", a.reps, rayon_threads());
+    let device = a.device.pick()?;
+    let on = match device {
+        Device::Cpu => format!("CPU, {} threads", rayon_threads()),
+        d => d.to_string(),
+    };
+    println!("tapir bench: median of {} repetitions, milliseconds (f32, {on})", a.reps);
     let script = if a.no_torch {
         None
     } else {
@@ -325,9 +352,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let names: Vec<&str> = chosen.iter().map(|c| c.name).collect();
     for round in 0..rounds {
         for (i, c) in chosen.iter().enumerate() {
-            let ms = (c.run)(a.reps)?;
+            let ms = (c.run)(a.reps, device)?;
             if round == 0 {
-                peaks[i] = c.peak.map(|p| p()).transpose()?;
+                peaks[i] = c.peak.map(|p| p(device)).transpose()?;
             }
             eprintln!("tapir {:<24} {ms:>10.3} ms", c.name);
             tapir_ms[i].push(ms);
@@ -336,7 +363,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         // order: alone, a case measured slower in a fresh PyTorch process
         // (mlp_hvp 2.96-4.8 ms against 2.55 ms after the cases before it).
         let (true, Some(script)) = (torch_ok, &script) else { continue };
-        match torch_cases(&a.python, script, a.reps, &names) {
+        match torch_cases(&a.python, script, a.reps, &names, device) {
             Ok(v) => {
                 for (i, c) in chosen.iter().enumerate() {
                     if let Some(t) = v.get("cases").and_then(|m| m.get(c.name)).and_then(Value::as_f64) {
@@ -408,7 +435,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         println!("\nmlp_hvp / mlp_grad in tapir: {:.2}x", h.1 / gr.1);
     }
     let version = torch_last.iter().flatten().find_map(|v| v.get("torch_version").cloned());
-    let doc = json!({"schema": "tapir-bench/1", "reps": a.reps, "rounds": rounds, "cases": out,
+    let doc = json!({"schema": "tapir-bench/1", "reps": a.reps, "rounds": rounds, "device": device.to_string(), "cases": out,
         "torch_version": version});
     std::fs::write(&a.json, serde_json::to_string_pretty(&doc)?)?;
     let bars: Vec<(String, f64)> =
@@ -429,10 +456,17 @@ pub fn run(a: Args) -> anyhow::Result<()> {
 }
 
 /// The PyTorch mirror's report on the named cases.
-fn torch_cases(python: &str, script: &Path, reps: usize, names: &[&str]) -> std::result::Result<Value, String> {
+fn torch_cases(
+    python: &str,
+    script: &Path,
+    reps: usize,
+    names: &[&str],
+    device: Device,
+) -> std::result::Result<Value, String> {
+    // PyTorch names the devices as tapir does (cpu, cuda:N).
     let o = Command::new(python)
         .arg(script)
-        .args(["--reps", &reps.to_string(), "--only", &names.join(",")])
+        .args(["--reps", &reps.to_string(), "--only", &names.join(","), "--device", &device.to_string()])
         .output()
         .map_err(|e| format!("{python}: {e}"))?;
     if !o.status.success() {

@@ -20,6 +20,7 @@ use tapir::nn::{checkpoint, Adam, Gpt, GptConfig, Optimizer, ParamStore, Schedul
 use tapir::prelude::*;
 
 use crate::chart::{self, Panel, Series};
+use crate::device::{params_on, params_to, DeviceArg};
 
 /// Arguments of `tapir gpt`.
 #[derive(clap::Args, Debug, Clone)]
@@ -107,6 +108,10 @@ pub struct Args {
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
+    /// Where to train: cpu, cuda, cuda:N, or auto (CUDA when present, else
+    /// the CPU). Memory figures are that device's.
+    #[arg(long, default_value = "cpu")]
+    pub device: DeviceArg,
 }
 
 impl Default for Args {
@@ -316,7 +321,8 @@ fn last_logits(model: &Gpt, store: &ParamStore, ids: &Tensor) -> Result<Tensor> 
     Graph::scope(|g| {
         let p = store.bind(g);
         let (n, t) = (ids.dims()[0], ids.dims()[1]);
-        let h = model.hidden(&p, ids, None)?;
+        let ids = ids.to_device(params_on(store))?;
+        let h = model.hidden(&p, &ids, None)?;
         let last = h.narrow(1, t - 1, 1)?.reshape([n, model.cfg.d_model])?;
         last.linear(&model.head_weight(&p)?, None)?.value()
     })
@@ -418,6 +424,7 @@ fn mib(b: usize) -> f64 {
 /// Trains as `a` says and returns what it measured (the command's output
 /// is printed by [`run`]).
 pub fn train(a: &Args) -> anyhow::Result<Summary> {
+    let device = a.device.pick()?;
     let task_name = match &a.data {
         Some(p) => format!("text:{}", p.display()),
         None => format!("sums:{}", a.digits),
@@ -478,6 +485,9 @@ pub fn train(a: &Args) -> anyhow::Result<Summary> {
             eprintln!("resumed {} at step {start}", path.display());
         }
     }
+    // The weights are drawn (or loaded) on the host, so a seed or a
+    // checkpoint gives the same model on every device.
+    params_to(&mut store, device)?;
     let schedule = Schedule::WarmupCosine { warmup: a.warmup, total: a.steps, min_factor: 0.1 };
     // Each step's batch and dropout masks come from a generator seeded by
     // (seed, step), so a resumed run draws exactly what the uninterrupted
@@ -488,7 +498,7 @@ pub fn train(a: &Args) -> anyhow::Result<Summary> {
 
     if !a.quiet {
         eprintln!(
-            "tapir gpt: {task_name}, {} parameters ({:.2} MiB), d_model {}, {} layers, {} heads, context {}, batch {}, steps {}..{}",
+            "tapir gpt: {task_name}, {} parameters ({:.2} MiB), d_model {}, {} layers, {} heads, context {}, batch {}, steps {}..{}, on {device}",
             store.numel(),
             mib(store.bytes()),
             cfg.d_model,
@@ -532,8 +542,9 @@ pub fn train(a: &Args) -> anyhow::Result<Summary> {
             Task::Sums(s) => s.batch(&mut data_rng, a.batch)?,
             Task::Text(t) => t.batch(&mut data_rng, a.batch, seq)?,
         };
+        let (x, y) = (x.to_device(device)?, y.to_device(device)?);
         tokens += x.numel();
-        reset_peak_memory_stats(Device::Cpu);
+        reset_peak_memory_stats(device);
         let training = cfg.dropout > 0.0;
         let (loss, mut grads) = Graph::scope(|g| {
             let p = store.bind(g);
@@ -546,7 +557,7 @@ pub fn train(a: &Args) -> anyhow::Result<Summary> {
         }
         opt.step(&mut store, &grads)?;
         drop((grads, x, y));
-        let stats = memory_stats(Device::Cpu);
+        let stats = memory_stats(device);
         if let Some(&first) = summary.live.first() {
             if stats.allocated != first {
                 summary.memory_flat = false;

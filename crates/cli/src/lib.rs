@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod chart;
+pub mod device;
 pub mod gpt;
 pub mod memcheck;
 pub mod pinn;

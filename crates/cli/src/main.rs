@@ -5,6 +5,9 @@ use clap::{Parser, Subcommand};
 use tapir_cli::{bench, gpt, memcheck, pinn};
 
 /// tapir: a pure-Rust autograd engine whose graphs cannot leak.
+///
+/// Every command runs on the CPU unless given `--device cuda`, `cuda:N` or
+/// `auto` (CUDA when present, else the CPU).
 #[derive(Parser)]
 #[command(name = "tapir", version, about)]
 struct Cli {

@@ -17,6 +17,7 @@ use tapir::prelude::*;
 use tapir::tensor::ops::cross_entropy::CrossEntropyOptions;
 
 use crate::chart::{line_chart, Panel, Series};
+use crate::device::{forward, params_to, DeviceAdam, DeviceArg};
 
 /// Arguments of `tapir memcheck`.
 #[derive(clap::Args, Debug, Clone)]
@@ -42,6 +43,11 @@ pub struct Args {
     /// The python interpreter for the PyTorch side.
     #[arg(long, default_value = "python3")]
     pub python: String,
+    /// Where to run: cpu, cuda, cuda:N, or auto (CUDA when present, else the
+    /// CPU). On CUDA both sides report that device's allocator bytes
+    /// (tapir's counters, torch.cuda.max_memory_allocated).
+    #[arg(long, default_value = "cpu")]
+    pub device: DeviceArg,
 }
 
 /// What one scenario measured in tapir.
@@ -113,8 +119,8 @@ pub struct Scenario {
     pub torch_pattern: &'static str,
     /// What tapir runs instead.
     pub tapir_pattern: &'static str,
-    /// Runs it: (size scale, iterations) -> measurements.
-    pub run: fn(f64, usize) -> Result<Measured>,
+    /// Runs it: (size scale, iterations, device) -> measurements.
+    pub run: fn(f64, usize, Device) -> Result<Measured>,
 }
 
 /// Every scenario, in report order.
@@ -166,20 +172,16 @@ pub fn scenarios() -> Vec<Scenario> {
     ]
 }
 
-fn live() -> usize {
-    memory_allocated(Device::Cpu)
-}
-
-/// Runs `step` `iters` times, recording boundaries and peaks; `step`
-/// returns the bytes it deliberately keeps (cumulative).
-fn measure(iters: usize, mut step: impl FnMut(usize) -> Result<usize>) -> Result<Measured> {
+/// Runs `step` `iters` times, recording `device`'s boundaries and peaks;
+/// `step` returns the bytes it deliberately keeps (cumulative).
+fn measure(iters: usize, device: Device, mut step: impl FnMut(usize) -> Result<usize>) -> Result<Measured> {
     let mut m =
         Measured { live: Vec::with_capacity(iters), peak: Vec::with_capacity(iters), kept: Vec::with_capacity(iters) };
     for i in 0..iters {
-        reset_peak_memory_stats(Device::Cpu);
+        reset_peak_memory_stats(device);
         let kept = step(i)?;
-        m.peak.push(max_memory_allocated(Device::Cpu));
-        m.live.push(live());
+        m.peak.push(max_memory_allocated(device));
+        m.live.push(memory_allocated(device));
         m.kept.push(kept);
     }
     Ok(m)
@@ -192,10 +194,10 @@ fn scaled(base: usize, size: f64) -> usize {
 }
 
 /// Seed 003: a first derivative with create_graph, then a second.
-pub fn create_graph_cycle(size: f64, iters: usize) -> Result<Measured> {
+pub fn create_graph_cycle(size: f64, iters: usize, dev: Device) -> Result<Measured> {
     let n = scaled(200_000, size);
-    let x0 = Rng::new(3).randn([n], DType::F32)?;
-    measure(iters, |_| {
+    let x0 = Rng::new(3).randn([n], DType::F32)?.to_device(dev)?;
+    measure(iters, dev, |_| {
         Graph::scope(|g| {
             let x = g.leaf(x0.clone());
             let dy = g.grad_graph(x.tanh()?.sum_all()?, &[x])?[0];
@@ -207,32 +209,37 @@ pub fn create_graph_cycle(size: f64, iters: usize) -> Result<Measured> {
 
 /// A PINN step: Laplacian of an MLP at collocation points, loss, gradients
 /// with respect to the parameters, Adam.
-pub fn pinn_create_graph(size: f64, iters: usize) -> Result<Measured> {
+pub fn pinn_create_graph(size: f64, iters: usize, dev: Device) -> Result<Measured> {
     let n = scaled(512, size);
     let mut rng = Rng::new(11);
     let mut store = ParamStore::new();
     let net = Mlp::xavier(&mut store, "u", &[2, 64, 64, 1], Activation::Tanh, &mut rng, DType::F32)?;
-    let mut opt = tapir::nn::Adam::new(1e-3);
-    let pts = rng.rand([n, 2], DType::F32)?;
-    measure(iters, |_| {
+    params_to(&mut store, dev)?;
+    let (mut opt, mut device_opt) = (tapir::nn::Adam::new(1e-3), DeviceAdam::new(1e-3));
+    let pts = rng.rand([n, 2], DType::F32)?.to_device(dev)?;
+    measure(iters, dev, |_| {
         let grads = Graph::scope(|g| {
             let p = store.bind(g);
             let x = g.leaf(pts.clone());
-            let u = net.forward(&p, x)?;
+            let u = forward(&net, &p, x)?;
             let lap = g.laplacian(u, x)?;
             let loss = lap.add_scalar(1.0)?.square()?.mean_all()?;
             p.grads(loss)
         })?;
         use tapir::nn::Optimizer;
-        opt.step(&mut store, &grads)?;
+        if dev.is_cpu() {
+            opt.step(&mut store, &grads)?;
+        } else {
+            device_opt.step(&mut store, &grads)?;
+        }
         Ok(0)
     })
 }
 
 /// Seed 003's workaround pattern: second derivatives returned and kept.
-pub fn returned_second_derivative(size: f64, iters: usize) -> Result<Measured> {
+pub fn returned_second_derivative(size: f64, iters: usize, dev: Device) -> Result<Measured> {
     let n = scaled(100_000, size);
-    let x0 = Rng::new(5).randn([n], DType::F32)?;
+    let x0 = Rng::new(5).randn([n], DType::F32)?.to_device(dev)?;
     let mut kept: Vec<Tensor> = Vec::new();
     let d2 = |x0: &Tensor| {
         Graph::scope(|g| {
@@ -241,24 +248,25 @@ pub fn returned_second_derivative(size: f64, iters: usize) -> Result<Measured> {
             Ok::<_, Error>(g.grad(dy.sum_all()?, &[x])?.remove(0))
         })
     };
-    measure(iters, |_| {
+    measure(iters, dev, |_| {
         kept.push(d2(&x0)?);
         Ok(kept.iter().map(|t| t.numel() * 4).sum())
     })
 }
 
 /// `total_loss += loss` across training steps.
-pub fn accumulated_loss(size: f64, iters: usize) -> Result<Measured> {
+pub fn accumulated_loss(size: f64, iters: usize, dev: Device) -> Result<Measured> {
     let (b, d) = (scaled(256, size), 512);
     let mut rng = Rng::new(7);
     let mut store = ParamStore::new();
     let net = Mlp::new(&mut store, "m", &[d, d, 1], Activation::Relu, &mut rng, DType::F32)?;
+    params_to(&mut store, dev)?;
     let mut total = 0.0f64;
-    let m = measure(iters, |i| {
-        let x = Rng::new(100 + i as u64).randn([b, d], DType::F32)?;
+    let m = measure(iters, dev, |i| {
+        let x = Rng::new(100 + i as u64).randn([b, d], DType::F32)?.to_device(dev)?;
         let (loss, _grads) = Graph::scope(|g| {
             let p = store.bind(g);
-            let loss = net.forward(&p, g.constant(x))?.square()?.mean_all()?;
+            let loss = forward(&net, &p, g.constant(x))?.square()?.mean_all()?;
             Ok::<_, Error>((loss.item()?, p.grads(loss)?))
         })?;
         total += loss;
@@ -269,27 +277,28 @@ pub fn accumulated_loss(size: f64, iters: usize) -> Result<Measured> {
 }
 
 /// Seed 001: a model called eagerly on new inputs, outputs kept.
-pub fn eager_graph_growth(size: f64, iters: usize) -> Result<Measured> {
+pub fn eager_graph_growth(size: f64, iters: usize, dev: Device) -> Result<Measured> {
     let (b, d) = (scaled(256, size), 512);
     let mut rng = Rng::new(9);
     let mut store = ParamStore::new();
     let net = Mlp::new(&mut store, "m", &[d, d, d, 10], Activation::Relu, &mut rng, DType::F32)?;
+    params_to(&mut store, dev)?;
     let mut outputs: Vec<Tensor> = Vec::new();
-    measure(iters, |i| {
-        let x = Rng::new(1000 + i as u64).randn([b, d], DType::F32)?;
-        outputs.push(Graph::scope(|g| net.forward(&store.bind(g), g.constant(x))?.value())?);
+    measure(iters, dev, |i| {
+        let x = Rng::new(1000 + i as u64).randn([b, d], DType::F32)?.to_device(dev)?;
+        outputs.push(Graph::scope(|g| forward(&net, &store.bind(g), g.constant(x))?.value())?);
         Ok(outputs.iter().map(|t| t.numel() * 4).sum())
     })
 }
 
 /// Seed 000: peak memory of cross-entropy forward+backward.
-pub fn onehot_cross_entropy(size: f64, iters: usize) -> Result<Measured> {
+pub fn onehot_cross_entropy(size: f64, iters: usize, dev: Device) -> Result<Measured> {
     let (n, v) = (scaled(1024, size), 32_000);
     let mut rng = Rng::new(13);
-    let x0 = rng.uniform([n, v], -3.0, 3.0, DType::F32)?;
-    let labels = rng.randint([n], v as u64, DType::I64)?;
+    let x0 = rng.uniform([n, v], -3.0, 3.0, DType::F32)?.to_device(dev)?;
+    let labels = rng.randint([n], v as u64, DType::I64)?.to_device(dev)?;
     let iters = iters.min(10);
-    measure(iters, |_| {
+    measure(iters, dev, |_| {
         Graph::scope(|g| {
             let x = g.leaf(x0.clone());
             let loss = x.sparse_cross_entropy_with(&labels, CrossEntropyOptions::default())?;
@@ -300,13 +309,13 @@ pub fn onehot_cross_entropy(size: f64, iters: usize) -> Result<Measured> {
 }
 
 /// A Hessian-vector-product optimizer loop (Newton-CG style steps).
-pub fn hessian_optimizer_loop(size: f64, iters: usize) -> Result<Measured> {
+pub fn hessian_optimizer_loop(size: f64, iters: usize, dev: Device) -> Result<Measured> {
     let n = scaled(200_000, size);
     let mut rng = Rng::new(17);
-    let a = rng.randn([n], DType::F32)?;
-    let mut p = rng.randn([n], DType::F32)?;
-    let v = rng.randn([n], DType::F32)?;
-    measure(iters, |_| {
+    let a = rng.randn([n], DType::F32)?.to_device(dev)?;
+    let mut p = rng.randn([n], DType::F32)?.to_device(dev)?;
+    let v = rng.randn([n], DType::F32)?.to_device(dev)?;
+    measure(iters, dev, |_| {
         let hv = Graph::scope(|g| {
             let pv = g.leaf(p.clone());
             let loss = g.constant(a.clone()).mul(&pv)?.tanh()?.square()?.sum_all()?;
@@ -333,7 +342,7 @@ fn torch_script() -> Option<PathBuf> {
 }
 
 /// Runs the PyTorch mirror; `Err` carries why it could not run.
-fn run_torch(a: &Args, names: &[&str]) -> std::result::Result<Value, String> {
+fn run_torch(a: &Args, names: &[&str], device: Device) -> std::result::Result<Value, String> {
     let script = torch_script().ok_or("benches/torch/memcheck.py not found")?;
     let probe = Command::new(&a.python).args(["-c", "import torch"]).output();
     match probe {
@@ -344,8 +353,13 @@ fn run_torch(a: &Args, names: &[&str]) -> std::result::Result<Value, String> {
     let out = Command::new(&a.python)
         .arg(&script)
         .args(["--iters", &a.iters.to_string(), "--size", &a.size.to_string(), "--only", &names.join(",")])
+        .args(["--device", &device.to_string()])
         .output()
         .map_err(|e| e.to_string())?;
+    if out.status.code() == Some(3) {
+        // The mirror's way of saying torch has no CUDA here.
+        return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
+    }
     if !out.status.success() {
         return Err(format!("the PyTorch mirror failed: {}", String::from_utf8_lossy(&out.stderr)));
     }
@@ -467,14 +481,15 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let chosen: Vec<&Scenario> =
         all.iter().filter(|s| a.only.is_empty() || a.only.iter().any(|o| o == s.name)).collect();
     anyhow::ensure!(!chosen.is_empty(), "no scenario chosen; known: {}", known());
+    let device = a.device.pick()?;
     let started = Instant::now();
-    println!("tapir memcheck: {} iterations per scenario, size x{}", a.iters, a.size);
-    println!("tapir side: exact live bytes from tapir's allocator counters (CPU).");
+    println!("tapir memcheck: {} iterations per scenario, size x{}, on {device}", a.iters, a.size);
+    println!("tapir side: exact live bytes from tapir's allocator counters ({device}).");
     let torch = if a.no_torch {
         Err("disabled with --no-torch".to_string())
     } else {
         eprintln!("running the PyTorch mirror (benches/torch/memcheck.py)...");
-        run_torch(&a, &chosen.iter().map(|s| s.name).collect::<Vec<_>>())
+        run_torch(&a, &chosen.iter().map(|s| s.name).collect::<Vec<_>>(), device)
     };
     match &torch {
         Ok(v) => println!(
@@ -482,16 +497,19 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             v.get("measure").and_then(|m| m.as_str()).unwrap_or("?"),
             v.get("torch_version").and_then(|m| m.as_str()).unwrap_or("?")
         ),
-        Err(why) => println!("PyTorch side skipped: {why}. To compare, install it (`pip install torch`) and rerun."),
+        Err(why) => println!(
+            "PyTorch side skipped: {why}. To compare, install it (`pip install torch`{}) and rerun.",
+            if device.is_cpu() { "" } else { ", a build with CUDA" }
+        ),
     }
-    if torch.is_ok() {
+    if torch.is_ok() && device.is_cpu() {
         println!("Note: on the CPU these differ in kind: tapir counts its tensors' bytes exactly; PyTorch's figure is");
         println!("the process's resident set, which also moves with the C allocator. Growth per iteration is what to compare.");
     }
     let mut rows = Vec::new();
     for s in &chosen {
         let t0 = Instant::now();
-        let m = (s.run)(a.size, a.iters).with_context(|| format!("scenario {}", s.name))?;
+        let m = (s.run)(a.size, a.iters, device).with_context(|| format!("scenario {}", s.name))?;
         eprintln!("tapir: {} ({:.1} s)", s.name, t0.elapsed().as_secs_f64());
         let t = torch.as_ref().ok().and_then(|v| v.get("scenarios")?.get(s.name).cloned());
         rows.push(Row { name: s.name, tapir: m, torch: t });
@@ -550,7 +568,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         "schema": "tapir-memcheck/1",
         "iters": a.iters,
         "size": a.size,
-        "tapir_measure": "tapir allocator live bytes (exact), CPU",
+        "device": device.to_string(),
+        "tapir_measure": format!("tapir allocator live bytes (exact), {device}"),
         "torch_measure": torch.as_ref().ok().and_then(|v| v.get("measure").cloned()).unwrap_or(Value::Null),
         "torch_skipped": torch.as_ref().err(),
         "scenarios": report,

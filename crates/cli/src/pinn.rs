@@ -16,6 +16,7 @@ use tapir::nn::{Activation, Adam, Bound, Grads, Lbfgs, Mlp, Optimizer, ParamStor
 use tapir::prelude::*;
 
 use crate::chart::{bytes, heatmaps, line_chart, num, Field, Marker, Panel, Series};
+use crate::device::{forward, jet, params_to, DeviceAdam, DeviceArg};
 
 /// Which PDE.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,6 +80,11 @@ pub struct Args {
     /// shock at x = 0).
     #[arg(long)]
     pub plain: bool,
+    /// Where to train: cpu, cuda, cuda:N, or auto (CUDA when present, else
+    /// the CPU). L-BFGS runs on the CPU only, so on CUDA the default is no
+    /// L-BFGS iterations.
+    #[arg(long, default_value = "cpu")]
+    pub device: DeviceArg,
 }
 
 /// Whether the network is made odd in x: `u(x, t) = (N(x, t) - N(-x, t)) / 2`.
@@ -208,7 +214,7 @@ struct Points {
     source: Tensor,
 }
 
-fn sample(p: Problem, a: &Args, dtype: DType, gh: &GaussHermite) -> Result<Points> {
+fn sample(p: Problem, a: &Args, dtype: DType, device: Device, gh: &GaussHermite) -> Result<Points> {
     let mut rng = Rng::new(a.seed);
     let ((x0, x1), (y0, y1)) = domain(p);
     let n = a.interior;
@@ -235,12 +241,15 @@ fn sample(p: Problem, a: &Args, dtype: DType, gh: &GaussHermite) -> Result<Point
     }
     let edge_u: Vec<f64> = edge.chunks(2).map(|c| exact(p, c[0], c[1], gh)).collect();
     let source: Vec<f64> = inner.chunks(2).map(|c| 2.0 * PI * PI * (PI * c[0]).sin() * (PI * c[1]).sin()).collect();
+    // The points are drawn on the host (the same ones on every device) and
+    // then moved once.
+    let put = |v: Vec<f64>, shape: [usize; 2]| Tensor::from_vec(v, shape)?.cast(dtype)?.to_device(device);
     Ok(Points {
-        interior: Tensor::from_vec(inner, [n, 2])?.cast(dtype)?,
-        edge: Tensor::from_vec(edge, [m, 2])?.cast(dtype)?,
-        edge_u: Tensor::from_vec(edge_u, [m, 1])?.cast(dtype)?,
-        source: Tensor::from_vec(source, [n, 1])?.cast(dtype)?,
-        mirror: Tensor::from_vec(vec![-1.0f64, 1.0], [1, 2])?.cast(dtype)?,
+        interior: put(inner, [n, 2])?,
+        edge: put(edge, [m, 2])?,
+        edge_u: put(edge_u, [m, 1])?,
+        source: put(source, [n, 1])?,
+        mirror: put(vec![-1.0f64, 1.0], [1, 2])?,
     })
 }
 
@@ -286,15 +295,16 @@ pub fn solution<'g>(
 ) -> Result<[Var<'g>; 3]> {
     let g = p.graph();
     let n = pts.dims()[0];
+    let jet_at = |x: Tensor| jet(net, p, g.constant(x), dims);
     let Some(m) = mirror else {
-        let jet = net.forward_jet(p, g.constant(pts.clone()), dims)?;
+        let jet = jet_at(pts.clone())?;
         return Ok([jet.value, jet.jacobian.reshape([n, 2])?, jet.laplacian]);
     };
     // One jet over the points and their mirror images, [2N, 2]. With
     // u(x) = (N(x) - N(-x)) / 2: d/dx of N(-x) is -N_x(-x) (so the x
     // component of the mirrored gradient flips twice), d2/dx2 is N_xx(-x).
     let both = Tensor::concat(&[pts, &pts.mul(m)?], 0)?;
-    let jet = net.forward_jet(p, g.constant(both), dims)?;
+    let jet = jet_at(both)?;
     let half = |v: &Var<'g>, flip: Option<&Tensor>| -> Result<Var<'g>> {
         let (a, b) = (v.narrow(0, 0, n)?, v.narrow(0, n, n)?);
         let b = match flip {
@@ -310,10 +320,11 @@ pub fn solution<'g>(
 /// The network's values at `pts` (odd in x when `mirror` is given).
 pub fn values<'g>(net: &Mlp, p: &Bound<'g>, pts: &Tensor, mirror: Option<&Tensor>) -> Result<Var<'g>> {
     let g = p.graph();
-    let u = net.forward(p, g.constant(pts.clone()))?;
+    let at = |x: Tensor| forward(net, p, g.constant(x));
+    let u = at(pts.clone())?;
     match mirror {
         None => Ok(u),
-        Some(m) => u.sub(&net.forward(p, g.constant(pts.mul(m)?))?)?.mul_scalar(0.5),
+        Some(m) => u.sub(&at(pts.mul(m)?)?)?.mul_scalar(0.5),
     }
 }
 
@@ -337,7 +348,7 @@ struct Grid {
 }
 
 impl Grid {
-    fn new(p: Problem, dtype: DType, gh: &GaussHermite) -> Result<Self> {
+    fn new(p: Problem, dtype: DType, device: Device, gh: &GaussHermite) -> Result<Self> {
         let n = 101;
         let ((x0, x1), (y0, y1)) = domain(p);
         let mut pts = Vec::with_capacity(n * n * 2);
@@ -350,7 +361,7 @@ impl Grid {
                 ex.push(exact(p, x, y, gh));
             }
         }
-        Ok(Grid { pts: Tensor::from_vec(pts, [n * n, 2])?.cast(dtype)?, exact: ex, n })
+        Ok(Grid { pts: Tensor::from_vec(pts, [n * n, 2])?.cast(dtype)?.to_device(device)?, exact: ex, n })
     }
 
     fn predict(&self, net: &Mlp, store: &ParamStore, mirror: Option<&Tensor>) -> Result<Vec<f64>> {
@@ -385,25 +396,37 @@ pub struct Outcome {
 pub fn train(a: &Args) -> anyhow::Result<Outcome> {
     let dtype = if a.f64 { DType::F64 } else { DType::F32 };
     let prob = a.problem;
+    let device = a.device.pick()?;
+    let lbfgs_iters = match (a.lbfgs, device) {
+        (Some(n), Device::Cuda(_)) if n > 0 => {
+            anyhow::bail!("--lbfgs {n}: L-BFGS runs on the CPU only; on {device} pass --lbfgs 0 (the default there)")
+        }
+        (_, Device::Cuda(_)) => 0,
+        (Some(n), Device::Cpu) => n,
+        (None, Device::Cpu) => match prob {
+            Problem::Heat => 300,
+            Problem::Poisson => 2500,
+            Problem::Burgers => 2000,
+        },
+    };
     let gh = GaussHermite::new(200);
-    let pts = sample(prob, a, dtype, &gh)?;
-    let grid = Grid::new(prob, dtype, &gh)?;
+    let pts = sample(prob, a, dtype, device, &gh)?;
+    let grid = Grid::new(prob, dtype, device, &gh)?;
     let mut rng = Rng::new(a.seed.wrapping_add(1));
     let mut store = ParamStore::new();
     let mut widths = vec![2];
     widths.extend(&a.hidden);
     widths.push(1);
     let net = Mlp::xavier(&mut store, "u", &widths, Activation::Tanh, &mut rng, dtype)?;
+    // The weights are drawn on the host so a seed gives the same network on
+    // every device.
+    params_to(&mut store, device)?;
     let odd = odd_in_x(a);
     let mirror = odd.then_some(&pts.mirror);
     let initial_rel_l2 = grid.rel_l2(&grid.predict(&net, &store, mirror)?);
     let mut adam = Adam::new(a.lr);
+    let mut device_adam = DeviceAdam::new(a.lr);
     let schedule = Schedule::Exponential { total: a.steps, final_factor: a.lr_final / a.lr };
-    let lbfgs_iters = a.lbfgs.unwrap_or(match prob {
-        Problem::Heat => 300,
-        Problem::Poisson => 2500,
-        Problem::Burgers => 2000,
-    });
     let bar = if a.quiet { ProgressBar::hidden() } else { ProgressBar::new((a.steps + lbfgs_iters) as u64) };
     bar.set_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}")
@@ -416,15 +439,21 @@ pub fn train(a: &Args) -> anyhow::Result<Outcome> {
     let mut errors = vec![(0, initial_rel_l2)];
     let evaluate = |store: &ParamStore| -> Result<f64> { Ok(grid.rel_l2(&grid.predict(&net, store, mirror)?)) };
     for step in 0..a.steps {
-        adam.set_lr(schedule.lr(a.lr, step));
+        let lr = schedule.lr(a.lr, step);
         let (l, grads) = Graph::scope(|g| {
             let p = store.bind(g);
             let l = loss(prob, &net, &p, &pts, odd)?;
             Ok::<_, Error>((l.item()?, p.grads(l)?))
         })?;
-        adam.step(&mut store, &grads)?;
+        if device.is_cpu() {
+            adam.set_lr(lr);
+            adam.step(&mut store, &grads)?;
+        } else {
+            device_adam.set_lr(lr);
+            device_adam.step(&mut store, &grads)?;
+        }
         drop(grads);
-        live.push(memory_allocated(Device::Cpu));
+        live.push(memory_allocated(device));
         losses.push(l);
         if (step + 1) % a.eval_every == 0 || step + 1 == a.steps {
             err = evaluate(&store)?;
@@ -435,7 +464,7 @@ pub fn train(a: &Args) -> anyhow::Result<Outcome> {
                     step + 1,
                     num(l),
                     num(err),
-                    bytes(memory_allocated(Device::Cpu) as f64)
+                    bytes(memory_allocated(device) as f64)
                 )
             });
         }
@@ -451,7 +480,7 @@ pub fn train(a: &Args) -> anyhow::Result<Outcome> {
                 Ok((l.item()?, p.grads(l)?))
             })
         })?;
-        live.push(memory_allocated(Device::Cpu));
+        live.push(memory_allocated(device));
         losses.push(st.loss);
         let last = it + 1 == lbfgs_iters || st.converged;
         if (it + 1) % 50 == 0 || last {
@@ -463,7 +492,7 @@ pub fn train(a: &Args) -> anyhow::Result<Outcome> {
                     it + 1,
                     num(st.loss),
                     num(err),
-                    bytes(memory_allocated(Device::Cpu) as f64)
+                    bytes(memory_allocated(device) as f64)
                 )
             });
         }
@@ -550,7 +579,7 @@ pub fn train(a: &Args) -> anyhow::Result<Outcome> {
 /// Runs the command.
 pub fn run(a: Args) -> anyhow::Result<()> {
     println!(
-        "tapir pinn {:?}: MLP 2-{}-1 tanh, {} interior + {} boundary points, Adam {} -> {} over {} steps, {}",
+        "tapir pinn {:?}: MLP 2-{}-1 tanh, {} interior + {} boundary points, Adam {} -> {} over {} steps, {}, --device {}",
         a.problem,
         a.hidden.iter().map(|w| w.to_string()).collect::<Vec<_>>().join("-"),
         a.interior,
@@ -558,7 +587,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         a.lr,
         a.lr_final,
         a.steps,
-        if a.f64 { "f64" } else { "f32" }
+        if a.f64 { "f64" } else { "f32" },
+        a.device
     );
     let o = train(&a).context("training")?;
     let flat = o.live.iter().skip(1).all(|&b| b == o.live[1.min(o.live.len() - 1)]);

@@ -12,7 +12,7 @@ static LOCK: Mutex<()> = Mutex::new(());
 fn every_scenario_is_flat_at_tiny_sizes() {
     let _s = LOCK.lock().unwrap_or_else(|p| p.into_inner());
     for s in scenarios() {
-        let m = (s.run)(0.01, 12).unwrap_or_else(|e| panic!("{}: {e}", s.name));
+        let m = (s.run)(0.01, 12, tapir::Device::Cpu).unwrap_or_else(|e| panic!("{}: {e}", s.name));
         assert_eq!(m.growth(), 0, "{} grew: {:?}", s.name, m.live);
         assert_eq!(m.live.len(), m.peak.len());
         // Beyond warm-up, every boundary is identical once kept values are
@@ -35,6 +35,7 @@ fn report_schema_without_python() {
         only: vec!["create_graph_cycle".into(), "accumulated_loss".into()],
         no_torch: false,
         python: "python3-that-does-not-exist".into(),
+        device: Default::default(),
     };
     run(args).unwrap();
     let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("r.json")).unwrap()).unwrap();
@@ -70,5 +71,6 @@ fn args_clone(dir: &std::path::Path) -> Args {
         only: vec![],
         no_torch: false,
         python: "python3".into(),
+        device: Default::default(),
     }
 }

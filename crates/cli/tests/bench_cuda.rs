@@ -1,0 +1,33 @@
+//! `tapir bench --device cuda`: a case runs on a CUDA device (the emulated
+//! one in CI) and the report names the device.
+
+use tapir::prelude::*;
+use tapir_cli::bench::{run, Args};
+use tapir_cli::device::DeviceArg;
+
+#[test]
+fn bench_on_cuda_runs_a_case_and_names_the_device() {
+    if let Err(e) = Device::cuda(0) {
+        assert!(std::env::var("TAPIR_REQUIRE_CUDA").as_deref() != Ok("1"), "TAPIR_REQUIRE_CUDA=1 but {e}");
+        println!("SKIPPED bench_on_cuda_runs_a_case_and_names_the_device: no CUDA device ({e})");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("tapir-bench-cuda-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let a = Args {
+        only: vec!["mlp_grad".into()],
+        reps: 1,
+        no_torch: true,
+        rounds: 1,
+        python: "python3".into(),
+        json: dir.join("b.json"),
+        plot: dir.join("b.png"),
+        device: DeviceArg::Cuda(0),
+    };
+    run(a).unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("b.json")).unwrap()).unwrap();
+    assert_eq!(doc["device"], "cuda:0");
+    let ms = doc["cases"][0]["tapir_ms"].as_f64().unwrap();
+    assert!(ms.is_finite() && ms > 0.0, "{ms}");
+    std::fs::remove_dir_all(&dir).ok();
+}

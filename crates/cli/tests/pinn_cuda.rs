@@ -1,0 +1,116 @@
+//! `--device`: `tapir pinn poisson --device cuda` trains on a CUDA device
+//! (the emulated one in CI) with flat memory, a CUDA request without a
+//! device is a clear error, and `auto` falls back to the CPU saying so.
+
+use std::process::Command;
+
+use tapir::prelude::*;
+use tapir_cli::device::DeviceArg;
+use tapir_cli::pinn::{train, Args, Problem};
+
+/// The CUDA device, or None after saying why this test cannot run here;
+/// with TAPIR_REQUIRE_CUDA=1 a missing device fails the test instead.
+fn cuda_or_skip(test: &str) -> Option<Device> {
+    match Device::cuda(0) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            assert!(std::env::var("TAPIR_REQUIRE_CUDA").as_deref() != Ok("1"), "TAPIR_REQUIRE_CUDA=1 but {e}");
+            println!("SKIPPED {test}: no CUDA device ({e}); set TAPIR_CUDA=emulated to use the emulator");
+            None
+        }
+    }
+}
+
+/// The memory counters are process-wide: the tests that train hold this.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn tiny(device: DeviceArg) -> Args {
+    Args {
+        problem: Problem::Poisson,
+        steps: 25,
+        lbfgs: Some(0),
+        lr: 1e-2,
+        lr_final: 1e-2,
+        hidden: vec![8, 8],
+        interior: 48,
+        boundary: 24,
+        f64: false,
+        seed: 3,
+        eval_every: 1000,
+        plot: "".into(),
+        curves: "".into(),
+        quiet: true,
+        plain: false,
+        device,
+    }
+}
+
+#[test]
+fn pinn_poisson_on_cuda_learns_with_flat_device_memory() {
+    let _s = serial();
+    let Some(dev) = cuda_or_skip("pinn_poisson_on_cuda_learns_with_flat_device_memory") else { return };
+    let before = memory_allocated(dev);
+    let o = train(&tiny(DeviceArg::Cuda(0))).unwrap();
+    assert_eq!(o.losses.len(), 25);
+    let (first, last) = (o.losses[0], *o.losses.last().unwrap());
+    assert!(last.is_finite() && last < 0.5 * first, "loss {first} -> {last}");
+    assert!(o.rel_l2.is_finite());
+    // After the first step (which creates Adam's moments) every boundary
+    // holds exactly the parameters, moments and points, on the device.
+    assert!(o.live.windows(2).skip(1).all(|w| w[0] == w[1]), "device live bytes moved: {:?}", o.live);
+    assert!(o.live[1] > before, "nothing was live on {dev}: the run did not use it");
+    // Everything the run made is freed once it returns.
+    assert_eq!(memory_allocated(dev), before);
+}
+
+#[test]
+fn pinn_on_cuda_and_cpu_agree_at_the_start() {
+    // The same seed draws the same points and weights on every device, so
+    // the first loss (before any update) agrees to f32 rounding.
+    let _s = serial();
+    let Some(_) = cuda_or_skip("pinn_on_cuda_and_cpu_agree_at_the_start") else { return };
+    let one = |d| train(&Args { steps: 1, ..tiny(d) }).unwrap().losses[0];
+    let (c, g) = (one(DeviceArg::Cpu), one(DeviceArg::Cuda(0)));
+    assert!((c - g).abs() <= 1e-4 * c.abs(), "cpu {c} vs cuda {g}");
+}
+
+/// The `tapir` binary with the emulated device selected but its library
+/// missing: no CUDA device, on any machine.
+fn tapir_without_cuda() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_tapir"));
+    c.env("TAPIR_CUDA", "emulated").env("TAPIR_CUDA_EMU_LIB", "/nonexistent-tapir-cuda-emu");
+    c.args(["pinn", "poisson", "--steps", "3", "--hidden", "4", "--interior", "16", "--boundary", "8"]);
+    let dir = std::env::temp_dir();
+    let plot = dir.join(format!("tapir-pinn-cuda-{}.png", std::process::id()));
+    let curves = dir.join(format!("tapir-pinn-cuda-{}-curves.png", std::process::id()));
+    c.args(["--lbfgs", "0", "--quiet", "--plot"]).arg(plot).arg("--curves").arg(curves);
+    c
+}
+
+#[test]
+fn cuda_without_a_device_is_a_clear_error() {
+    let o = tapir_without_cuda().args(["--device", "cuda"]).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "exit status {:?}", o.status);
+    assert_eq!(o.status.code(), Some(1), "an error exit, not a panic: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(err.contains("--device cuda:0 cannot be used"), "{err}");
+    assert!(err.contains("emulator library was not found"), "the reason is named: {err}");
+    // A malformed device is rejected by the argument parser.
+    let o = tapir_without_cuda().args(["--device", "gpu"]).output().unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("expected cpu, cuda, cuda:N or auto"));
+}
+
+#[test]
+fn auto_without_a_device_falls_back_to_the_cpu_and_says_so() {
+    let o = tapir_without_cuda().args(["--device", "auto"]).output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{out}\n{}", String::from_utf8_lossy(&o.stderr));
+    assert!(out.contains("device: auto picked cpu (no CUDA:"), "{out}");
+    assert!(out.contains("live memory at every step boundary after the first: identical"), "{out}");
+}
