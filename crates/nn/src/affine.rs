@@ -132,15 +132,27 @@ impl Affine {
     fn check(&self, xs: &[&Tensor]) -> Result<()> {
         let (x, w) = (xs[0], xs[1]);
         if x.rank() != 2 || w.rank() != 2 || x.dims()[1] != w.dims()[1] {
-            return Err(Error::ShapeMismatch { op: "affine", lhs: Box::new(x.shape().clone()), rhs: Box::new(w.shape().clone()) });
+            return Err(Error::ShapeMismatch {
+                op: "affine",
+                lhs: Box::new(x.shape().clone()),
+                rhs: Box::new(w.shape().clone()),
+            });
         }
         if self.bias && xs[2].dims() != [w.dims()[0]] {
-            return Err(Error::ShapeMismatch { op: "affine", lhs: Box::new(w.shape().clone()), rhs: Box::new(xs[2].shape().clone()) });
+            return Err(Error::ShapeMismatch {
+                op: "affine",
+                lhs: Box::new(w.shape().clone()),
+                rhs: Box::new(xs[2].shape().clone()),
+            });
         }
         if self.residual {
             let r = xs[xs.len() - 1];
             if r.dims() != [x.dims()[0], w.dims()[0]] {
-                return Err(Error::ShapeMismatch { op: "affine", lhs: Box::new(x.shape().clone()), rhs: Box::new(r.shape().clone()) });
+                return Err(Error::ShapeMismatch {
+                    op: "affine",
+                    lhs: Box::new(x.shape().clone()),
+                    rhs: Box::new(r.shape().clone()),
+                });
             }
         }
         Ok(())

@@ -54,7 +54,11 @@ impl Mlp {
     pub fn forward_jet<'g>(&self, p: &Bound<'g>, x: Var<'g>, dims: &[usize]) -> Result<Jet<'g>> {
         let xs = x.shape();
         if xs.rank() != 2 {
-            return Err(Error::InvalidShape { op: "forward_jet", shape: Box::new(xs), reason: "points must be [N, d]".into() });
+            return Err(Error::InvalidShape {
+                op: "forward_jet",
+                shape: Box::new(xs),
+                reason: "points must be [N, d]".into(),
+            });
         }
         let (n, d) = (xs.dims()[0], xs.dims()[1]);
         if let Some(&bad) = dims.iter().find(|&&i| i >= d) {
