@@ -12,16 +12,27 @@ type R<'g> = tapir_tensor::Result<Var<'g>>;
 /// Op names seen while the table ran.
 static SEEN: Mutex<BTreeSet<&'static str>> = Mutex::new(BTreeSet::new());
 
+thread_local! {
+    /// The device the running case puts its inputs and constants on: each
+    /// test has its own thread, and the CUDA variant of a case sets it.
+    static DEVICE: std::cell::Cell<Device> = const { std::cell::Cell::new(Device::Cpu) };
+}
+
+/// `x` on the running case's device (the same values on every device).
+fn on(x: Tensor) -> Tensor {
+    x.to_device(DEVICE.with(|d| d.get())).unwrap()
+}
+
 fn t(v: &[f64], shape: &[usize]) -> Tensor {
-    Tensor::from_vec(v.to_vec(), shape.to_vec()).unwrap()
+    on(Tensor::from_vec(v.to_vec(), shape.to_vec()).unwrap())
 }
 
 fn rnd(shape: &[usize], seed: u64) -> Tensor {
-    Rng::new(seed).uniform(shape.to_vec(), -1.0, 1.0, DType::F64).unwrap()
+    on(Rng::new(seed).uniform(shape.to_vec(), -1.0, 1.0, DType::F64).unwrap())
 }
 
 fn pos(shape: &[usize], seed: u64) -> Tensor {
-    Rng::new(seed).uniform(shape.to_vec(), 0.5, 2.0, DType::F64).unwrap()
+    on(Rng::new(seed).uniform(shape.to_vec(), 0.5, 2.0, DType::F64).unwrap())
 }
 
 fn check(name: &str, f: &dyn for<'g> Fn(&'g Graph, &[Var<'g>]) -> R<'g>, inputs: &[Tensor]) {
@@ -44,11 +55,16 @@ fn check_with(name: &str, f: &dyn for<'g> Fn(&'g Graph, &[Var<'g>]) -> R<'g>, in
     }
 }
 
+// Each case is two tests, `<case>::cpu` and `<case>::cuda` (the same
+// inputs, constants and checks, in f64, on CUDA device 0; it says why it
+// skips without one, and fails then under TAPIR_REQUIRE_CUDA=1).
 macro_rules! case {
     ($name:ident, |$g:ident, $v:ident| $body:expr, $inputs:expr) => {
-        #[test]
-        fn $name() {
-            check(stringify!($name), &|$g, $v| $body, &$inputs);
+        tapir_testing::test_device! {
+            fn $name(device: Device) {
+                DEVICE.with(|d| d.set(device));
+                check(&format!("{} on {device}", stringify!($name)), &|$g, $v| $body, &$inputs);
+            }
         }
     };
 }
@@ -179,18 +195,18 @@ case!(log_softmax, |_g, v| v[0].log_softmax(0)?.mul(&v[0]), [rnd(&[3, 4], 62)]);
 
 // ----- indexing ------------------------------------------------------------------
 fn idx(v: &[i64]) -> Tensor {
-    Tensor::from_vec(v.to_vec(), [v.len()]).unwrap()
+    on(Tensor::from_vec(v.to_vec(), [v.len()]).unwrap())
 }
 case!(index_select, |_g, v| v[0].index_select(0, &idx(&[2, 0, 2]))?.square(), [rnd(&[3, 4], 63)]);
 case!(embedding, |_g, v| v[0].embedding(&idx(&[1, 1, 0]))?.tanh(), [rnd(&[2, 3], 64)]);
 case!(
     gather,
-    |_g, v| v[0].gather(1, &Tensor::from_vec(vec![0i64, 2, 1, 1], [2, 2]).unwrap())?.square(),
+    |_g, v| v[0].gather(1, &on(Tensor::from_vec(vec![0i64, 2, 1, 1], [2, 2]).unwrap()))?.square(),
     [rnd(&[2, 3], 65)]
 );
 case!(
     scatter_add,
-    |_g, v| v[0].scatter_add(1, &Tensor::from_vec(vec![0i64, 2, 1, 1], [2, 2]).unwrap(), &v[1])?.square(),
+    |_g, v| v[0].scatter_add(1, &on(Tensor::from_vec(vec![0i64, 2, 1, 1], [2, 2]).unwrap()), &v[1])?.square(),
     [rnd(&[2, 3], 66), rnd(&[2, 2], 67)]
 );
 
@@ -219,62 +235,62 @@ fn every_op_has_a_gradient_test() {
     // Run the whole table once more in this test so the check does not
     // depend on test order.
     let all: Vec<fn()> = vec![
-        neg,
-        abs,
-        exp,
-        log,
-        sqrt,
-        rsqrt,
-        tanh,
-        tanh_backward,
-        tanh_backward_broadcast,
-        sigmoid,
-        relu,
-        gelu,
-        gelu_tanh,
-        sin,
-        cos,
-        square,
-        powf,
-        recip,
-        add_scalar,
-        mul_scalar,
-        clamp,
-        erf,
-        add,
-        sub,
-        mul,
-        div,
-        pow,
-        maximum,
-        minimum,
-        where_,
-        sum,
-        mean,
-        max,
-        min,
-        logsumexp,
-        sum_to,
-        reshape,
-        permute,
-        narrow,
-        broadcast_to,
-        contiguous,
-        concat,
-        stack,
+        || neg::body(Device::Cpu),
+        || abs::body(Device::Cpu),
+        || exp::body(Device::Cpu),
+        || log::body(Device::Cpu),
+        || sqrt::body(Device::Cpu),
+        || rsqrt::body(Device::Cpu),
+        || tanh::body(Device::Cpu),
+        || tanh_backward::body(Device::Cpu),
+        || tanh_backward_broadcast::body(Device::Cpu),
+        || sigmoid::body(Device::Cpu),
+        || relu::body(Device::Cpu),
+        || gelu::body(Device::Cpu),
+        || gelu_tanh::body(Device::Cpu),
+        || sin::body(Device::Cpu),
+        || cos::body(Device::Cpu),
+        || square::body(Device::Cpu),
+        || powf::body(Device::Cpu),
+        || recip::body(Device::Cpu),
+        || add_scalar::body(Device::Cpu),
+        || mul_scalar::body(Device::Cpu),
+        || clamp::body(Device::Cpu),
+        || erf::body(Device::Cpu),
+        || add::body(Device::Cpu),
+        || sub::body(Device::Cpu),
+        || mul::body(Device::Cpu),
+        || div::body(Device::Cpu),
+        || pow::body(Device::Cpu),
+        || maximum::body(Device::Cpu),
+        || minimum::body(Device::Cpu),
+        || where_::body(Device::Cpu),
+        || sum::body(Device::Cpu),
+        || mean::body(Device::Cpu),
+        || max::body(Device::Cpu),
+        || min::body(Device::Cpu),
+        || logsumexp::body(Device::Cpu),
+        || sum_to::body(Device::Cpu),
+        || reshape::body(Device::Cpu),
+        || permute::body(Device::Cpu),
+        || narrow::body(Device::Cpu),
+        || broadcast_to::body(Device::Cpu),
+        || contiguous::body(Device::Cpu),
+        || concat::body(Device::Cpu),
+        || stack::body(Device::Cpu),
         cast,
-        matmul,
-        matmul_batched,
-        matmul_vec,
-        softmax,
-        log_softmax,
-        index_select,
-        embedding,
-        gather,
-        scatter_add,
-        softplus,
-        sparse_cross_entropy,
-        linear_cross_entropy,
+        || matmul::body(Device::Cpu),
+        || matmul_batched::body(Device::Cpu),
+        || matmul_vec::body(Device::Cpu),
+        || softmax::body(Device::Cpu),
+        || log_softmax::body(Device::Cpu),
+        || index_select::body(Device::Cpu),
+        || embedding::body(Device::Cpu),
+        || gather::body(Device::Cpu),
+        || scatter_add::body(Device::Cpu),
+        || softplus::body(Device::Cpu),
+        || sparse_cross_entropy::body(Device::Cpu),
+        || linear_cross_entropy::body(Device::Cpu),
     ];
     for f in all {
         f();

@@ -205,7 +205,8 @@ impl Op for Gather {
         crate::cuda::index::gather(self.axis, xs[0], &self.idx)
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
-        let zeros = g.lift(Tensor::zeros(xs[0].shape(), g.dtype())?);
+        // On the gradient's device (a host zeros would be a device mismatch on CUDA).
+        let zeros = g.full_like_shape(xs[0].shape(), 0.0)?;
         Ok(one(T::apply(ScatterAdd { axis: self.axis, idx: self.idx.clone() }, &[&zeros, g])?))
     }
     fn jvp<T: Diff>(&self, _: &[&T], _: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
