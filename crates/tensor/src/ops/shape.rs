@@ -227,18 +227,10 @@ pub struct Concat {
     pub axis: usize,
 }
 
-impl Op for Concat {
-    fn name(&self) -> &'static str {
-        "concat"
-    }
-    fn arity(&self) -> Arity {
-        Arity::at_least(1)
-    }
-
-    fn saves(&self) -> Saved {
-        Saved::NOTHING
-    }
-    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
+impl Concat {
+    /// The output's shape, with every check in one order for every device:
+    /// the axis, each part's rank and other dims, one dtype, no overflow.
+    fn out_shape(&self, xs: &[&Tensor]) -> Result<Shape> {
         let first = xs[0];
         check_axis("concat", self.axis, first.rank())?;
         let mut shape = first.shape().clone();
@@ -269,6 +261,23 @@ impl Op for Concat {
         }
         shape.0[self.axis] = total;
         shape.check("concat", first.dtype())?;
+        Ok(shape)
+    }
+}
+
+impl Op for Concat {
+    fn name(&self) -> &'static str {
+        "concat"
+    }
+    fn arity(&self) -> Arity {
+        Arity::at_least(1)
+    }
+
+    fn saves(&self) -> Saved {
+        Saved::NOTHING
+    }
+    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
+        let shape = self.out_shape(xs)?;
         let stride = shape.contiguous_strides()[self.axis];
         let mut at = 0;
         let parts: Vec<(&Tensor, usize)> = xs
@@ -282,7 +291,7 @@ impl Op for Concat {
         cpu::shape::place(&parts, shape)
     }
     fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        crate::cuda::shape::concat(self.axis, xs)
+        crate::cuda::shape::concat(self.axis, xs, self.out_shape(xs)?)
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         let mut at = 0;
