@@ -4,15 +4,10 @@
 use tapir::prelude::*;
 use tapir_cli::memcheck::scenarios;
 
+/// The CUDA device, or None after saying why this test skips (a failure
+/// under TAPIR_REQUIRE_CUDA=1).
 fn cuda_or_skip(test: &str) -> Option<Device> {
-    match Device::cuda(0) {
-        Ok(d) => Some(d),
-        Err(e) => {
-            assert!(std::env::var("TAPIR_REQUIRE_CUDA").as_deref() != Ok("1"), "TAPIR_REQUIRE_CUDA=1 but {e}");
-            println!("SKIPPED {test}: no CUDA device ({e}); set TAPIR_CUDA=emulated to use the emulator");
-            None
-        }
-    }
+    tapir_testing::cuda_or_skip(test, Device::cuda(0))
 }
 
 /// The scenarios on `dev`, each growing by exactly zero bytes.
