@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use tapir::nn::{Activation, Adam, Mlp, Optimizer, ParamStore};
 use tapir::prelude::*;
 
-use crate::device::{forward, jet, params_to, DeviceAdam, DeviceArg};
+use crate::device::DeviceArg;
 
 /// Arguments of `tapir bench`.
 #[derive(clap::Args, Debug, Clone)]
@@ -233,7 +233,7 @@ fn scalar_chain(reps: usize, device: Device) -> Result<f64> {
 fn mlp(seed: u64, widths: &[usize], device: Device) -> Result<(ParamStore, Mlp)> {
     let mut store = ParamStore::new();
     let net = Mlp::xavier(&mut store, "u", widths, Activation::Tanh, &mut Rng::new(seed), DType::F32)?;
-    params_to(&mut store, device)?;
+    store.to_device(device)?;
     Ok((store, net))
 }
 
@@ -243,7 +243,7 @@ fn mlp_grad(reps: usize, device: Device) -> Result<f64> {
     median_ms(reps, device, || {
         Graph::scope(|g| {
             let p = store.bind(g);
-            let loss = forward(&net, &p, g.constant(x.clone()))?.square()?.mean_all()?;
+            let loss = net.forward(&p, g.constant(x.clone()))?.square()?.mean_all()?;
             p.grads(loss)?;
             Ok(())
         })
@@ -261,7 +261,7 @@ fn mlp_hvp(reps: usize, device: Device) -> Result<f64> {
     median_ms(reps, device, || {
         Graph::scope(|g| {
             let p = store.bind(g);
-            let loss = forward(&net, &p, g.constant(x.clone()))?.square()?.mean_all()?;
+            let loss = net.forward(&p, g.constant(x.clone()))?.square()?.mean_all()?;
             let vars: Vec<Var<'_>> = store.ids().map(|id| p.var(id)).collect::<Result<_>>()?;
             let gs = g.grad_graph(loss, &vars)?;
             let hv = g.jvp(&gs, &vars, &v)?;
@@ -275,19 +275,15 @@ fn poisson_step(reps: usize, device: Device) -> Result<f64> {
     let (mut store, net) = mlp(0, &[2, 64, 64, 64, 1], device)?;
     let x = Rng::new(1).rand([1024, 2], DType::F32)?.to_device(device)?;
     let f = x.narrow(1, 0, 1)?.mul_scalar(std::f64::consts::PI)?.sin()?;
-    let (mut opt, mut device_opt) = (Adam::new(1e-3), DeviceAdam::new(1e-3));
+    let mut opt = Adam::new(1e-3);
     median_ms(reps, device, || {
         let grads = Graph::scope(|g| {
             let p = store.bind(g);
-            let jet = jet(&net, &p, g.constant(x.clone()), &[0, 1])?;
+            let jet = net.forward_jet(&p, g.constant(x.clone()), &[0, 1])?;
             let loss = jet.laplacian.add(&g.constant(f.clone()))?.square()?.mean_all()?;
             p.grads(loss)
         })?;
-        if device.is_cpu() {
-            opt.step(&mut store, &grads)
-        } else {
-            device_opt.step(&mut store, &grads)
-        }
+        opt.step(&mut store, &grads)
     })
 }
 
@@ -299,9 +295,9 @@ fn laplacian(reps: usize, device: Device, d: usize, nested: bool) -> Result<f64>
             let p = store.bind(g);
             let xv = g.leaf(x.clone());
             let lap = if nested {
-                g.laplacian(forward(&net, &p, xv)?, xv)?
+                g.laplacian(net.forward(&p, xv)?, xv)?
             } else {
-                jet(&net, &p, xv, &(0..d).collect::<Vec<_>>())?.laplacian
+                net.forward_jet(&p, xv, &(0..d).collect::<Vec<_>>())?.laplacian
             };
             std::hint::black_box(lap.value()?);
             Ok(())

@@ -20,7 +20,7 @@ use tapir::nn::{checkpoint, Adam, Gpt, GptConfig, Optimizer, ParamStore, Schedul
 use tapir::prelude::*;
 
 use crate::chart::{self, Panel, Series};
-use crate::device::{params_on, params_to, DeviceArg};
+use crate::device::DeviceArg;
 
 /// Arguments of `tapir gpt`.
 #[derive(clap::Args, Debug, Clone)]
@@ -321,7 +321,7 @@ fn last_logits(model: &Gpt, store: &ParamStore, ids: &Tensor) -> Result<Tensor> 
     Graph::scope(|g| {
         let p = store.bind(g);
         let (n, t) = (ids.dims()[0], ids.dims()[1]);
-        let ids = ids.to_device(params_on(store))?;
+        let ids = ids.to_device(store.device()?)?;
         let h = model.hidden(&p, &ids, None)?;
         let last = h.narrow(1, t - 1, 1)?.reshape([n, model.cfg.d_model])?;
         last.linear(&model.head_weight(&p)?, None)?.value()
@@ -487,7 +487,7 @@ pub fn train(a: &Args) -> anyhow::Result<Summary> {
     }
     // The weights are drawn (or loaded) on the host, so a seed or a
     // checkpoint gives the same model on every device.
-    params_to(&mut store, device)?;
+    store.to_device(device)?;
     let schedule = Schedule::WarmupCosine { warmup: a.warmup, total: a.steps, min_factor: 0.1 };
     // Each step's batch and dropout masks come from a generator seeded by
     // (seed, step), so a resumed run draws exactly what the uninterrupted

@@ -17,7 +17,7 @@ use tapir::prelude::*;
 use tapir::tensor::ops::cross_entropy::CrossEntropyOptions;
 
 use crate::chart::{line_chart, Panel, Series};
-use crate::device::{forward, params_to, DeviceAdam, DeviceArg};
+use crate::device::DeviceArg;
 
 /// Arguments of `tapir memcheck`.
 #[derive(clap::Args, Debug, Clone)]
@@ -214,24 +214,20 @@ pub fn pinn_create_graph(size: f64, iters: usize, dev: Device) -> Result<Measure
     let mut rng = Rng::new(11);
     let mut store = ParamStore::new();
     let net = Mlp::xavier(&mut store, "u", &[2, 64, 64, 1], Activation::Tanh, &mut rng, DType::F32)?;
-    params_to(&mut store, dev)?;
-    let (mut opt, mut device_opt) = (tapir::nn::Adam::new(1e-3), DeviceAdam::new(1e-3));
+    store.to_device(dev)?;
+    let mut opt = tapir::nn::Adam::new(1e-3);
     let pts = rng.rand([n, 2], DType::F32)?.to_device(dev)?;
     measure(iters, dev, |_| {
         let grads = Graph::scope(|g| {
             let p = store.bind(g);
             let x = g.leaf(pts.clone());
-            let u = forward(&net, &p, x)?;
+            let u = net.forward(&p, x)?;
             let lap = g.laplacian(u, x)?;
             let loss = lap.add_scalar(1.0)?.square()?.mean_all()?;
             p.grads(loss)
         })?;
         use tapir::nn::Optimizer;
-        if dev.is_cpu() {
-            opt.step(&mut store, &grads)?;
-        } else {
-            device_opt.step(&mut store, &grads)?;
-        }
+        opt.step(&mut store, &grads)?;
         Ok(0)
     })
 }
@@ -260,13 +256,13 @@ pub fn accumulated_loss(size: f64, iters: usize, dev: Device) -> Result<Measured
     let mut rng = Rng::new(7);
     let mut store = ParamStore::new();
     let net = Mlp::new(&mut store, "m", &[d, d, 1], Activation::Relu, &mut rng, DType::F32)?;
-    params_to(&mut store, dev)?;
+    store.to_device(dev)?;
     let mut total = 0.0f64;
     let m = measure(iters, dev, |i| {
         let x = Rng::new(100 + i as u64).randn([b, d], DType::F32)?.to_device(dev)?;
         let (loss, _grads) = Graph::scope(|g| {
             let p = store.bind(g);
-            let loss = forward(&net, &p, g.constant(x))?.square()?.mean_all()?;
+            let loss = net.forward(&p, g.constant(x))?.square()?.mean_all()?;
             Ok::<_, Error>((loss.item()?, p.grads(loss)?))
         })?;
         total += loss;
@@ -282,11 +278,11 @@ pub fn eager_graph_growth(size: f64, iters: usize, dev: Device) -> Result<Measur
     let mut rng = Rng::new(9);
     let mut store = ParamStore::new();
     let net = Mlp::new(&mut store, "m", &[d, d, d, 10], Activation::Relu, &mut rng, DType::F32)?;
-    params_to(&mut store, dev)?;
+    store.to_device(dev)?;
     let mut outputs: Vec<Tensor> = Vec::new();
     measure(iters, dev, |i| {
         let x = Rng::new(1000 + i as u64).randn([b, d], DType::F32)?.to_device(dev)?;
-        outputs.push(Graph::scope(|g| forward(&net, &store.bind(g), g.constant(x))?.value())?);
+        outputs.push(Graph::scope(|g| net.forward(&store.bind(g), g.constant(x))?.value())?);
         Ok(outputs.iter().map(|t| t.numel() * 4).sum())
     })
 }

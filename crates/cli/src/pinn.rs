@@ -16,7 +16,7 @@ use tapir::nn::{Activation, Adam, Bound, Grads, Lbfgs, Mlp, Optimizer, ParamStor
 use tapir::prelude::*;
 
 use crate::chart::{bytes, heatmaps, line_chart, num, Field, Marker, Panel, Series};
-use crate::device::{forward, jet, params_to, DeviceAdam, DeviceArg};
+use crate::device::DeviceArg;
 
 /// Which PDE.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,8 +38,9 @@ pub struct Args {
     /// Adam steps.
     #[arg(long, default_value_t = 10_000)]
     pub steps: usize,
-    /// L-BFGS iterations after Adam (default: 2,500 for poisson, 2,000 for
-    /// burgers, 300 for heat; PINN practice is Adam, then L-BFGS).
+    /// L-BFGS iterations after Adam, on any device (default: 2,500 for
+    /// poisson, 2,000 for burgers, 300 for heat; PINN practice is Adam,
+    /// then L-BFGS).
     #[arg(long)]
     pub lbfgs: Option<usize>,
     /// Initial Adam learning rate.
@@ -295,7 +296,7 @@ pub fn solution<'g>(
 ) -> Result<[Var<'g>; 3]> {
     let g = p.graph();
     let n = pts.dims()[0];
-    let jet_at = |x: Tensor| jet(net, p, g.constant(x), dims);
+    let jet_at = |x: Tensor| net.forward_jet(p, g.constant(x), dims);
     let Some(m) = mirror else {
         let jet = jet_at(pts.clone())?;
         return Ok([jet.value, jet.jacobian.reshape([n, 2])?, jet.laplacian]);
@@ -320,7 +321,7 @@ pub fn solution<'g>(
 /// The network's values at `pts` (odd in x when `mirror` is given).
 pub fn values<'g>(net: &Mlp, p: &Bound<'g>, pts: &Tensor, mirror: Option<&Tensor>) -> Result<Var<'g>> {
     let g = p.graph();
-    let at = |x: Tensor| forward(net, p, g.constant(x));
+    let at = |x: Tensor| net.forward(p, g.constant(x));
     let u = at(pts.clone())?;
     match mirror {
         None => Ok(u),
@@ -397,13 +398,9 @@ pub fn train(a: &Args) -> anyhow::Result<Outcome> {
     let dtype = if a.f64 { DType::F64 } else { DType::F32 };
     let prob = a.problem;
     let device = a.device.pick()?;
-    let lbfgs_iters = match (a.lbfgs, device) {
-        (Some(n), Device::Cuda(_)) if n > 0 => {
-            anyhow::bail!("--lbfgs {n}: L-BFGS runs on the CPU only; on {device} pass --lbfgs 0 (the default there)")
-        }
-        (_, Device::Cuda(_)) => 0,
-        (Some(n), Device::Cpu) => n,
-        (None, Device::Cpu) => match prob {
+    let lbfgs_iters = match a.lbfgs {
+        Some(n) => n,
+        None => match prob {
             Problem::Heat => 300,
             Problem::Poisson => 2500,
             Problem::Burgers => 2000,
@@ -420,12 +417,11 @@ pub fn train(a: &Args) -> anyhow::Result<Outcome> {
     let net = Mlp::xavier(&mut store, "u", &widths, Activation::Tanh, &mut rng, dtype)?;
     // The weights are drawn on the host so a seed gives the same network on
     // every device.
-    params_to(&mut store, device)?;
+    store.to_device(device)?;
     let odd = odd_in_x(a);
     let mirror = odd.then_some(&pts.mirror);
     let initial_rel_l2 = grid.rel_l2(&grid.predict(&net, &store, mirror)?);
     let mut adam = Adam::new(a.lr);
-    let mut device_adam = DeviceAdam::new(a.lr);
     let schedule = Schedule::Exponential { total: a.steps, final_factor: a.lr_final / a.lr };
     let bar = if a.quiet { ProgressBar::hidden() } else { ProgressBar::new((a.steps + lbfgs_iters) as u64) };
     bar.set_style(
@@ -445,13 +441,8 @@ pub fn train(a: &Args) -> anyhow::Result<Outcome> {
             let l = loss(prob, &net, &p, &pts, odd)?;
             Ok::<_, Error>((l.item()?, p.grads(l)?))
         })?;
-        if device.is_cpu() {
-            adam.set_lr(lr);
-            adam.step(&mut store, &grads)?;
-        } else {
-            device_adam.set_lr(lr);
-            device_adam.step(&mut store, &grads)?;
-        }
+        adam.set_lr(lr);
+        adam.step(&mut store, &grads)?;
         drop(grads);
         live.push(memory_allocated(device));
         losses.push(l);

@@ -71,6 +71,27 @@ fn pinn_on_cuda_and_cpu_agree_at_the_start() {
     assert!((c - g).abs() <= 1e-4 * c.abs(), "cpu {c} vs cuda {g}");
 }
 
+#[test]
+fn pinn_adam_then_lbfgs_on_cuda_follows_the_cpu_with_flat_memory() {
+    // Adam then L-BFGS, the full PINN recipe, on the device: the iterates
+    // follow the CPU's (the same arithmetic up to f32 rounding, so the
+    // losses agree closely after a few L-BFGS iterations), L-BFGS lowers
+    // the loss Adam left, and nothing stays on the device afterwards.
+    let _s = serial();
+    let Some(dev) = cuda_or_skip("pinn_adam_then_lbfgs_on_cuda_follows_the_cpu_with_flat_memory") else { return };
+    let before = memory_allocated(dev);
+    let args = |d| Args { steps: 5, lbfgs: Some(6), ..tiny(d) };
+    let gpu = train(&args(DeviceArg::Cuda(0))).unwrap();
+    let cpu = train(&args(DeviceArg::Cpu)).unwrap();
+    assert_eq!(gpu.losses.len(), 11);
+    assert!(gpu.losses[10] < gpu.losses[5], "L-BFGS did not lower the loss: {:?}", gpu.losses);
+    for (step, (c, g)) in cpu.losses.iter().zip(&gpu.losses).enumerate() {
+        assert!((c - g).abs() <= 1e-3 * c.abs(), "step {step}: cpu {c} vs cuda {g}");
+    }
+    assert!((cpu.rel_l2 - gpu.rel_l2).abs() <= 1e-3 * cpu.rel_l2, "rel L2 cpu {} vs cuda {}", cpu.rel_l2, gpu.rel_l2);
+    assert_eq!(memory_allocated(dev), before, "the run left bytes on {dev}");
+}
+
 /// The `tapir` binary with the emulated device selected but its library
 /// missing: no CUDA device, on any machine.
 fn tapir_without_cuda() -> Command {
