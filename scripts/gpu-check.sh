@@ -30,10 +30,11 @@
 #
 # Never run on a GPU yet (no session has been lent one): the figures it
 # prints are what docs/gpu-results.md is to record, with the date and the
-# commit. Still owed beyond this script: the sparse cross-entropy and fused
-# head benchmarks of the CUDA backend's part 2 at their H200 shapes, and
-# `tapir gpt`/`mlp` training steps on CUDA beside PyTorch (tapir bench
-# --device cuda in step 6 runs the cases it has on CUDA).
+# commit. `tapir bench --device cuda` (step 6) adds the cases at a GPU's
+# scale: sparse cross-entropy at N=32,768 V=32,000 and N=8,192 V=128,256,
+# the fused head at N=8,192 D=4,096 V=128,256 in bf16, each with its peak
+# beside torch.cuda.max_memory_allocated. Still owed beyond this script:
+# `tapir gpt` training steps on CUDA beside PyTorch eager.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 

@@ -147,12 +147,12 @@ def ce_step(kind, x, y):
     return x.grad
 
 
-def linear_ce_inputs(n, v, d):
+def linear_ce_inputs(n, v, d, dtype=torch.float32):
     torch.manual_seed(0)
     h = torch.empty(n, d).normal_()
     w = torch.empty(v, d).normal_(0, 0.02)
     y = torch.randint(0, v, (n,))
-    return h.to(DEV), w.to(DEV), y.to(DEV)
+    return h.to(DEV, dtype), w.to(DEV, dtype), y.to(DEV)
 
 
 def linear_ce_step(h, w, y):
@@ -162,8 +162,11 @@ def linear_ce_step(h, w, y):
     return h.grad, w.grad
 
 
-CE_SHAPES = {"ce_4096x32000": (4096, 32000), "ce_8192x50257": (8192, 50257)}
-LINEAR_SHAPES = {"linear_ce_4096x32000x768": (4096, 32000, 768)}
+CE_SHAPES = {"ce_4096x32000": (4096, 32000), "ce_8192x50257": (8192, 50257),
+             # tapir runs these two on CUDA only.
+             "ce_32768x32000": (32768, 32000), "ce_8192x128256": (8192, 128256)}
+LINEAR_SHAPES = {"linear_ce_4096x32000x768": (4096, 32000, 768),
+                 "linear_ce_8192x128256x4096_bf16": (8192, 128256, 4096, torch.bfloat16)}
 
 
 def peak_child(name, kind):
@@ -236,6 +239,9 @@ CASES = {
     "ce_4096x32000": lambda r: ce_time(r, "ce_4096x32000"),
     "ce_8192x50257": lambda r: ce_time(r, "ce_8192x50257"),
     "linear_ce_4096x32000x768": lambda r: linear_ce_time(r, "linear_ce_4096x32000x768"),
+    "ce_32768x32000": lambda r: ce_time(r, "ce_32768x32000"),
+    "ce_8192x128256": lambda r: ce_time(r, "ce_8192x128256"),
+    "linear_ce_8192x128256x4096_bf16": lambda r: linear_ce_time(r, "linear_ce_8192x128256x4096_bf16"),
 }
 
 

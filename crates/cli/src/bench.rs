@@ -150,6 +150,32 @@ pub fn cases() -> Vec<Case> {
     ]
 }
 
+/// The cases at a GPU's scale, run only on CUDA (the CPU has neither the
+/// memory nor the time for them): both losses at the shapes of a mini-GPT
+/// and of a 128K-vocabulary model, the fused head in bf16.
+pub fn cuda_cases() -> Vec<Case> {
+    vec![
+        Case {
+            name: "ce_32768x32000",
+            what: "sparse cross-entropy forward+backward, N=32,768, V=32,000",
+            run: |r, d| ce_time(r, d, 32_768, 32_000),
+            peak: Some(|d| ce_peak(d, 32_768, 32_000)),
+        },
+        Case {
+            name: "ce_8192x128256",
+            what: "sparse cross-entropy forward+backward, N=8,192, V=128,256",
+            run: |r, d| ce_time(r, d, 8192, 128_256),
+            peak: Some(|d| ce_peak(d, 8192, 128_256)),
+        },
+        Case {
+            name: "linear_ce_8192x128256x4096_bf16",
+            what: "fused linear + cross-entropy forward+backward in bf16, N=8,192, V=128,256, D=4,096",
+            run: |r, d| linear_ce_time_in(r, d, 8192, 128_256, 4096, DType::BF16),
+            peak: Some(|d| linear_ce_peak_in(d, 8192, 128_256, 4096, DType::BF16)),
+        },
+    ]
+}
+
 fn ce_inputs(device: Device, n: usize, v: usize) -> Result<(Tensor, Tensor)> {
     let mut rng = Rng::new(0);
     let x = rng.uniform([n, v], -3.0, 3.0, DType::F32)?.to_device(device)?;
@@ -178,11 +204,13 @@ fn ce_peak(device: Device, n: usize, v: usize) -> Result<usize> {
     Ok(tapir::tensor::max_memory_allocated(device) - base)
 }
 
-fn linear_ce_inputs(device: Device, n: usize, v: usize, d: usize) -> Result<(Tensor, Tensor, Tensor)> {
+/// Hidden states `[n, d]`, a vocabulary matrix `[v, d]` and labels, drawn
+/// in f32 on the host and stored in `dtype` on `device`.
+fn linear_ce_inputs(device: Device, n: usize, v: usize, d: usize, dtype: DType) -> Result<(Tensor, Tensor, Tensor)> {
     let mut rng = Rng::new(0);
     Ok((
-        rng.randn([n, d], DType::F32)?.to_device(device)?,
-        rng.normal_tensor([v, d], 0.0, 0.02, DType::F32)?.to_device(device)?,
+        rng.randn([n, d], DType::F32)?.cast(dtype)?.to_device(device)?,
+        rng.normal_tensor([v, d], 0.0, 0.02, DType::F32)?.cast(dtype)?.to_device(device)?,
         rng.randint([n], v as u64, DType::I64)?.to_device(device)?,
     ))
 }
@@ -198,12 +226,20 @@ fn linear_ce_step(h: &Tensor, w: &Tensor, labels: &Tensor) -> Result<()> {
 }
 
 fn linear_ce_time(reps: usize, device: Device, n: usize, v: usize, d: usize) -> Result<f64> {
-    let (h, w, l) = linear_ce_inputs(device, n, v, d)?;
+    linear_ce_time_in(reps, device, n, v, d, DType::F32)
+}
+
+fn linear_ce_time_in(reps: usize, device: Device, n: usize, v: usize, d: usize, dtype: DType) -> Result<f64> {
+    let (h, w, l) = linear_ce_inputs(device, n, v, d, dtype)?;
     median_ms(reps.min(3), device, || linear_ce_step(&h, &w, &l))
 }
 
 fn linear_ce_peak(device: Device, n: usize, v: usize, d: usize) -> Result<usize> {
-    let (h, w, l) = linear_ce_inputs(device, n, v, d)?;
+    linear_ce_peak_in(device, n, v, d, DType::F32)
+}
+
+fn linear_ce_peak_in(device: Device, n: usize, v: usize, d: usize, dtype: DType) -> Result<usize> {
+    let (h, w, l) = linear_ce_inputs(device, n, v, d, dtype)?;
     reset_peak_memory_stats(device);
     let base = memory_allocated(device);
     linear_ce_step(&h, &w, &l)?;
@@ -316,14 +352,23 @@ fn torch_script() -> Option<PathBuf> {
 
 /// Runs the command.
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let all = cases();
-    if let Some(bad) = a.only.iter().find(|o| !all.iter().any(|c| &c.name == o)) {
-        anyhow::bail!("no case is named {bad:?}; known: {}", all.iter().map(|c| c.name).collect::<Vec<_>>().join(", "));
+    let device = a.device.pick()?;
+    let mut all = cases();
+    let cuda_only = cuda_cases();
+    if let Some(bad) = a.only.iter().find(|o| !all.iter().chain(&cuda_only).any(|c| &c.name == o)) {
+        let known: Vec<&str> = all.iter().map(|c| c.name).collect();
+        let gpu: Vec<&str> = cuda_only.iter().map(|c| c.name).collect();
+        anyhow::bail!("no case is named {bad:?}; known: {}; on CUDA also: {}", known.join(", "), gpu.join(", "));
+    }
+    if let Some(c) = cuda_only.iter().find(|c| device.is_cpu() && a.only.iter().any(|o| o == c.name)) {
+        anyhow::bail!("case {} runs on CUDA only (pass --device cuda)", c.name);
+    }
+    if !device.is_cpu() {
+        all.extend(cuda_only);
     }
     let chosen: Vec<Case> =
         all.into_iter().filter(|c| a.only.is_empty() || a.only.iter().any(|o| o == c.name)).collect();
     anyhow::ensure!(!chosen.is_empty(), "no case chosen");
-    let device = a.device.pick()?;
     let on = match device {
         Device::Cpu => format!("CPU, {} threads", rayon_threads()),
         d => d.to_string(),

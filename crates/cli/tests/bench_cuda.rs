@@ -31,3 +31,22 @@ fn bench_on_cuda_runs_a_case_and_names_the_device() {
     assert!(ms.is_finite() && ms > 0.0, "{ms}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn the_gpu_scale_cases_are_refused_on_the_cpu_by_name() {
+    let dir = std::env::temp_dir().join(format!("tapir-bench-cpu-{}", std::process::id()));
+    let a = |only: &str| Args {
+        only: vec![only.into()],
+        reps: 1,
+        no_torch: true,
+        rounds: 1,
+        python: "python3".into(),
+        json: dir.join("b.json"),
+        plot: dir.join("b.png"),
+        device: DeviceArg::Cpu,
+    };
+    let e = run(a("linear_ce_8192x128256x4096_bf16")).unwrap_err().to_string();
+    assert!(e.contains("runs on CUDA only (pass --device cuda)"), "{e}");
+    let e = run(a("no_such_case")).unwrap_err().to_string();
+    assert!(e.contains("on CUDA also: ce_32768x32000, ce_8192x128256"), "{e}");
+}
