@@ -8,6 +8,7 @@
 #   scripts/bench-nn.sh                               # both, then the table
 #   TAPIR_BENCH_SKIP_RUST=1 scripts/bench-nn.sh       # reuse the last criterion run
 #   TAPIR_BENCH_THREADS=1 scripts/bench-nn.sh         # both sides on N threads
+#   TAPIR_BENCH_DEVICE=cuda scripts/bench-nn.sh       # both sides on CUDA device 0
 #
 # Needs python3 with torch. Criterion's mean is read from
 # target/criterion/nn_step/<id>/new/estimates.json and its fastest sample
@@ -21,6 +22,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 TIME="${TAPIR_BENCH_TIME:-4}"
+export TAPIR_BENCH_DEVICE="${TAPIR_BENCH_DEVICE:-cpu}"
 THREADS_ARG=()
 if [[ -n "${TAPIR_BENCH_THREADS:-}" ]]; then
     export RAYON_NUM_THREADS="$TAPIR_BENCH_THREADS"
@@ -45,7 +47,7 @@ fi
 
 echo "== torch (benches/torch/mlp_step.py, gpt_step.py)" >&2
 for s in mlp_step gpt_step; do
-    LD_PRELOAD="$PRELOAD" python3 "benches/torch/$s.py" --time "$TIME" "${THREADS_ARG[@]}" 2>/dev/null | grep '^{' | tee -a "$TORCH_OUT" >&2
+    LD_PRELOAD="$PRELOAD" python3 "benches/torch/$s.py" --time "$TIME" --device "$TAPIR_BENCH_DEVICE" "${THREADS_ARG[@]}" 2>/dev/null | grep '^{' | tee -a "$TORCH_OUT" >&2
 done
 
 TARGET_DIR="${CARGO_TARGET_DIR:-target}" python3 - "$RUST_OUT" "$TORCH_OUT" <<'PY'
@@ -91,7 +93,7 @@ for bench_id, r in torch.items():
           " ".join(f"{c:>12}" for c in peak))
 if torch:
     r = next(iter(torch.values()))
-    print(f"\n(torch {r['torch']}, {r['threads']} threads, eager, peak memory {r['memory']}; "
+    print(f"\n(on {r.get('device', 'cpu')}; torch {r['torch']}, {r['threads']} threads, eager, peak memory {r['memory']}; "
           f"tapir {os.environ.get('RAYON_NUM_THREADS', str(os.cpu_count()) + ' (all)')} threads; times per step; "
           f"ratios above 1 for time mean tapir is faster, below 1 for memory that it needs less)")
 PY

@@ -3,9 +3,9 @@ training step of the `tapir gpt` default model, the same architecture
 written the way a PyTorch user would (F.scaled_dot_product_attention with
 is_causal, GELU tanh, tied head, F.cross_entropy), batch 64 x 9 tokens,
 AdamW (lr 3e-3, betas 0.9/0.99, weight decay 0.1 except norms and biases),
-gradient clipping at norm 1. Eager mode on the CPU. Prints one JSON line.
+gradient clipping at norm 1. Eager mode on the CPU (or --device cuda). Prints one JSON line.
 
-Usage: python3 benches/torch/gpt_step.py [--time SECONDS] [--threads N]
+Usage: python3 benches/torch/gpt_step.py [--time SECONDS] [--threads N] [--device cpu|cuda]
 """
 import argparse
 import math
@@ -17,7 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
-from nn_common import baseline, report  # noqa: E402
+from nn_common import baseline, device, report  # noqa: E402
 
 VOCAB, BLOCK, D, LAYERS, HEADS, RATIO = 13, 16, 64, 2, 4, 4
 BATCH, T = 64, 9
@@ -71,12 +71,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--time", type=float, default=4.0)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
+    dev = device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    base = baseline()
-    model = Gpt()
+    base = baseline(dev)
+    model = Gpt().to(dev)
     decay = [p for n, p in model.named_parameters() if not (n.endswith("bias") or "ln" in n)]
     no_decay = [p for n, p in model.named_parameters() if n.endswith("bias") or "ln" in n]
     opt = torch.optim.AdamW(
@@ -84,8 +86,8 @@ def main():
         lr=3e-3,
         betas=(0.9, 0.99),
     )
-    x = torch.randint(0, VOCAB, (BATCH, T))
-    y = torch.randint(0, VOCAB, (BATCH, T))
+    x = torch.randint(0, VOCAB, (BATCH, T)).to(dev)
+    y = torch.randint(0, VOCAB, (BATCH, T)).to(dev)
 
     def step():
         opt.zero_grad(set_to_none=True)
@@ -95,7 +97,7 @@ def main():
         opt.step()
         return loss.item()
 
-    report("nn_step/gpt", step, model, opt, (x, y), args.time, base)
+    report("nn_step/gpt", step, model, opt, (x, y), args.time, base, dev)
 
 
 if __name__ == "__main__":

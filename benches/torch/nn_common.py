@@ -12,10 +12,13 @@ tapir's exact figure. Without the shim, one step runs under torch.profiler
 with profile_memory=True and the bytes each op allocates and frees (self,
 not counting children) are summed in time order over the bytes already
 live; an op's internal temporaries net to zero there, so that figure is a
-lower bound. The "memory" field says which one was used.
+lower bound. On CUDA (`--device cuda`) the peak is
+torch.cuda.max_memory_allocated above the bytes live before the model. The
+"memory" field says which one was used.
 """
 import ctypes
 import json
+import sys
 import time
 
 import torch
@@ -82,13 +85,26 @@ def shim():
     return live, peak, reset
 
 
-def baseline():
-    """Bytes live before the model is made (0 without the shim)."""
+def device(name):
+    """The torch device `--device` names; exits 3 when it is CUDA and torch
+    has none."""
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        print(f"torch {torch.__version__} has no CUDA device", file=sys.stderr)
+        sys.exit(3)
+    return dev
+
+
+def baseline(dev=torch.device("cpu")):
+    """Bytes live before the model is made (0 on the CPU without the shim)."""
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+        return torch.cuda.memory_allocated(dev)
     s = shim()
     return s[0]() if s else 0
 
 
-def report(name, step, model, opt, batch, seconds, base=0):
+def report(name, step, model, opt, batch, seconds, base=0, dev=torch.device("cpu")):
     for _ in range(2):
         step()  # optimizer state exists from here on, as in a steady loop
     # Free the last step's gradients first (tapir's gradients are values
@@ -96,7 +112,15 @@ def report(name, step, model, opt, batch, seconds, base=0):
     # counts being allocated).
     opt.zero_grad(set_to_none=True)
     counters = shim()
-    if counters:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+        live = torch.cuda.memory_allocated(dev) - base
+        torch.cuda.reset_peak_memory_stats(dev)
+        step()
+        torch.cuda.synchronize(dev)
+        peak = torch.cuda.max_memory_allocated(dev) - base
+        method = "exact (torch.cuda.max_memory_allocated)"
+    elif counters:
         live_now, peak_now, reset = counters
         live = live_now() - base
         reset()
@@ -119,6 +143,7 @@ def report(name, step, model, opt, batch, seconds, base=0):
                 "live_bytes": live,
                 "memory": method,
                 "threads": torch.get_num_threads(),
+                "device": str(dev),
                 "torch": torch.__version__,
             }
         ),

@@ -13,6 +13,11 @@
 //! allocator's counters, reset at the step's start, with the parameters,
 //! optimizer state and batch live) and printed as one JSON line:
 //! `{"id": "nn_step/mlp", "peak_bytes": ..., "live_bytes": ...}`.
+//!
+//! `TAPIR_BENCH_DEVICE=cuda` (or `cuda:N`) runs both steps on a CUDA device,
+//! with that device's counters; the mirrors take `--device cuda`. Each step
+//! reads its loss to the host, which waits for everything queued before, so
+//! over many steps the clock reads work done on either device.
 
 use std::time::{Duration, Instant};
 
@@ -35,14 +40,29 @@ struct MlpStep {
     y: Tensor,
 }
 
+/// The device `TAPIR_BENCH_DEVICE` names (the CPU when unset).
+fn device() -> Device {
+    let name = std::env::var("TAPIR_BENCH_DEVICE").unwrap_or_default();
+    let cuda = |n: usize| Device::cuda(n).unwrap_or_else(|e| panic!("TAPIR_BENCH_DEVICE={name}: {e}"));
+    match name.as_str() {
+        "" | "cpu" => Device::Cpu,
+        "cuda" => cuda(0),
+        other => match other.strip_prefix("cuda:").and_then(|n| n.parse().ok()) {
+            Some(n) => cuda(n),
+            None => panic!("TAPIR_BENCH_DEVICE={other}: expected cpu, cuda or cuda:N"),
+        },
+    }
+}
+
 impl MlpStep {
-    fn new() -> Self {
+    fn new(device: Device) -> Self {
         let mut rng = Rng::new(0);
         let mut store = ParamStore::new();
         let net =
             Mlp::new(&mut store, "net", &[784, 1024, 1024, 10], Activation::Relu, &mut rng, DType::F32).expect("mlp");
-        let x = rng.randn([256, 784], DType::F32).expect("x");
-        let y = rng.randint([256], 10, DType::I64).expect("y");
+        store.to_device(device).expect("parameters on the device");
+        let x = rng.randn([256, 784], DType::F32).and_then(|t| t.to_device(device)).expect("x");
+        let y = rng.randint([256], 10, DType::I64).and_then(|t| t.to_device(device)).expect("y");
         MlpStep { store, net, opt: Sgd::new(0.01), x, y }
     }
 }
@@ -84,12 +104,13 @@ pub fn gpt_config() -> GptConfig {
 }
 
 impl GptStep {
-    fn new() -> Self {
+    fn new(device: Device) -> Self {
         let mut rng = Rng::new(0);
         let mut store = ParamStore::new();
         let gpt = Gpt::new(&mut store, gpt_config(), &mut rng, DType::F32).expect("gpt");
-        let x = rng.randint([64, 9], 13, DType::I64).expect("x");
-        let y = rng.randint([64, 9], 13, DType::I64).expect("y");
+        store.to_device(device).expect("parameters on the device");
+        let x = rng.randint([64, 9], 13, DType::I64).and_then(|t| t.to_device(device)).expect("x");
+        let y = rng.randint([64, 9], 13, DType::I64).and_then(|t| t.to_device(device)).expect("y");
         let mut opt = Adam::adamw(3e-3, 0.1);
         opt.beta2 = 0.99;
         GptStep { store, gpt, opt, x, y }
@@ -114,17 +135,21 @@ impl Step for GptStep {
 /// Peak and live bytes of one step of the model `make` builds, after two
 /// warm-up steps (so the optimizer's state exists, as in a steady loop),
 /// counted from the bytes live before the model was made.
-fn memory<S: Step>(id: &str, make: impl FnOnce() -> S) -> S {
-    let base = memory_allocated(Device::Cpu);
-    let mut s = make();
+fn memory<S: Step>(id: &str, device: Device, make: impl FnOnce(Device) -> S) -> S {
+    let base = memory_allocated(device);
+    let mut s = make(device);
     s.step();
     s.step();
-    let live = memory_allocated(Device::Cpu);
-    reset_peak_memory_stats(Device::Cpu);
+    let live = memory_allocated(device);
+    reset_peak_memory_stats(device);
     s.step();
-    let peak = max_memory_allocated(Device::Cpu);
-    assert_eq!(memory_allocated(Device::Cpu), live, "{id}: live bytes changed across a step");
-    println!("{{\"id\": \"{id}\", \"peak_bytes\": {}, \"live_bytes\": {}}}", peak - base, live - base);
+    let peak = max_memory_allocated(device);
+    assert_eq!(memory_allocated(device), live, "{id}: live bytes changed across a step");
+    println!(
+        "{{\"id\": \"{id}\", \"device\": \"{device}\", \"peak_bytes\": {}, \"live_bytes\": {}}}",
+        peak - base,
+        live - base
+    );
     s
 }
 
@@ -132,7 +157,8 @@ fn bench(c: &mut Criterion, id: &str, s: &mut dyn Step) {
     let mut g = c.benchmark_group("nn_step");
     g.sample_size(20).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(4));
     g.bench_function(BenchmarkId::from_parameter(id), |b| {
-        // CPU steps are synchronous: the clock read after a step is its end.
+        // Each step reads its loss, which waits for the work queued before
+        // it: over many steps the clock reads work done on either device.
         b.iter_custom(|iters| {
             let t0 = Instant::now();
             for _ in 0..iters {
@@ -145,8 +171,9 @@ fn bench(c: &mut Criterion, id: &str, s: &mut dyn Step) {
 }
 
 fn main() {
-    let mut mlp = memory("nn_step/mlp", MlpStep::new);
-    let mut gpt = memory("nn_step/gpt", GptStep::new);
+    let device = device();
+    let mut mlp = memory("nn_step/mlp", device, MlpStep::new);
+    let mut gpt = memory("nn_step/gpt", device, GptStep::new);
     let mut c = Criterion::default().configure_from_args();
     bench(&mut c, "mlp", &mut mlp);
     bench(&mut c, "gpt", &mut gpt);
