@@ -799,6 +799,16 @@ fn new_handle(table: &Mutex<HashMap<usize, ()>>, out: *mut Handle) -> CUresult {
     write(out, id as Handle)
 }
 
+/// Destroys the stream or event `h` of `table`; one not there is
+/// `CUDA_ERROR_INVALID_HANDLE`.
+fn drop_handle(table: &Mutex<HashMap<usize, ()>>, h: Handle) -> CUresult {
+    if lock(table).remove(&handle_id(h)).is_some() {
+        SUCCESS
+    } else {
+        INVALID_HANDLE
+    }
+}
+
 fn check_stream(s: Handle) -> CUresult {
     let id = handle_id(s);
     // The null stream and the legacy/per-thread stream handles are always valid.
@@ -821,11 +831,7 @@ pub extern "C" fn cuStreamCreateWithPriority(out: *mut Handle, _flags: c_uint, _
 
 #[no_mangle]
 pub extern "C" fn cuStreamDestroy_v2(s: Handle) -> CUresult {
-    if lock(&emu().streams).remove(&handle_id(s)).is_some() {
-        SUCCESS
-    } else {
-        INVALID_HANDLE
-    }
+    drop_handle(&emu().streams, s)
 }
 
 #[no_mangle]
@@ -914,11 +920,7 @@ pub extern "C" fn cuEventQuery(e: Handle) -> CUresult {
 
 #[no_mangle]
 pub extern "C" fn cuEventDestroy_v2(e: Handle) -> CUresult {
-    if lock(&emu().events).remove(&handle_id(e)).is_some() {
-        SUCCESS
-    } else {
-        INVALID_HANDLE
-    }
+    drop_handle(&emu().events, e)
 }
 
 /// Elapsed time between events: always zero, since the emulator measures
