@@ -42,6 +42,8 @@ __device__ __forceinline__ Words philox_block(u64 b, unsigned k0, unsigned k1) {
 }
 
 __device__ __forceinline__ u64 join_words(unsigned hi, unsigned lo) { return ((u64)hi << 32) | (u64)lo; }
+// Words 2j and 2j + 1 of a block as one u64, the first the high half.
+__device__ __forceinline__ u64 word_pair(Words w, int j) { return join_words(w.w[2 * j], w.w[2 * j + 1]); }
 // The top 53 bits as a fraction in [0, 1).
 __device__ __forceinline__ double unit53(u64 x) { return __dmul_rn((double)(x >> 11), 0x1p-53); }
 
@@ -52,106 +54,91 @@ template <> struct Digits<tapir_f16> { enum { d = 11 }; };
 template <> struct Digits<tapir_bf16> { enum { d = 8 }; };
 
 // One Box-Muller pair from u1 in (0, 1] and u2 in [0, 1), in double.
-__device__ __forceinline__ void box_muller(double u1, double u2, double* z0, double* z1) {
+__device__ __forceinline__ void box_muller(double u1, double u2, double* z) {
     double r = sqrt(__dmul_rn(-2.0, log(u1)));
     double t = __dmul_rn(6.283185307179586, u2);
-    *z0 = __dmul_rn(r, cos(t));
-    *z1 = __dmul_rn(r, sin(t));
+    z[0] = __dmul_rn(r, cos(t));
+    z[1] = __dmul_rn(r, sin(t));
 }
+
+// The loop every draw shares: E elements a block, element i from block
+// offset + i / E, each thread taking whole blocks (grid-strided) so no
+// state is shared. `values(w, v)` computes a block's E elements from its
+// words; those past n are not stored.
+template <int E, typename T, typename F>
+__device__ __forceinline__ void draw_blocks(i64 n, int k0, int k1, i64 offset, T* out, F values) {
+    i64 blocks = (n + E - 1) / E;
+    for (i64 b = global_id(); b < blocks; b += global_stride()) {
+        T v[E];
+        values(philox_block((u64)offset + (u64)b, (unsigned)k0, (unsigned)k1), v);
+        for (int j = 0; j < E; ++j) {
+            if (b * E + j < n) out[b * E + j] = v[j];
+        }
+    }
+}
+
+// The arguments every kernel starts with: the element count, the key's
+// halves as ints and the draw's first block.
+#define DRAW_HEAD i64 n, int k0, int k1, i64 offset
 
 // Single-word dtypes (f32, f16, bf16): four elements a block.
 template <typename T>
-__device__ void uniform_narrow(i64 n, unsigned k0, unsigned k1, u64 offset, double lo_d, double scale_d, T* out) {
+__device__ void uniform_narrow(DRAW_HEAD, double lo_d, double scale_d, T* out) {
     const float lo = (float)lo_d, scale = (float)scale_d;
     const int d = Digits<T>::d;
     const float unit = 1.0f / (float)(1u << d);
-    i64 blocks = (n + 3) / 4;
-    for (i64 b = global_id(); b < blocks; b += global_stride()) {
-        Words w = philox_block(offset + (u64)b, k0, k1);
+    draw_blocks<4>(n, k0, k1, offset, out, [&](Words w, T* v) {
         for (int j = 0; j < 4; ++j) {
-            i64 i = b * 4 + j;
-            if (i < n) {
-                float u = __fmul_rn((float)(w.w[j] >> (32 - d)), unit);
-                out[i] = from_acc<T>(__fadd_rn(lo, __fmul_rn(scale, u)));
-            }
+            float u = __fmul_rn((float)(w.w[j] >> (32 - d)), unit);
+            v[j] = from_acc<T>(__fadd_rn(lo, __fmul_rn(scale, u)));
         }
-    }
+    });
 }
 
 template <typename T>
-__device__ void normal_narrow(i64 n, unsigned k0, unsigned k1, u64 offset, double mean, double std, T* out) {
-    i64 blocks = (n + 3) / 4;
-    for (i64 b = global_id(); b < blocks; b += global_stride()) {
-        Words w = philox_block(offset + (u64)b, k0, k1);
+__device__ void normal_narrow(DRAW_HEAD, double mean, double std, T* out) {
+    draw_blocks<4>(n, k0, k1, offset, out, [&](Words w, T* v) {
         for (int p = 0; p < 2; ++p) {
             double z[2];
-            box_muller(__dmul_rn((double)w.w[2 * p] + 1.0, 0x1p-32), __dmul_rn((double)w.w[2 * p + 1], 0x1p-32), &z[0],
-                       &z[1]);
-            for (int j = 0; j < 2; ++j) {
-                i64 i = b * 4 + 2 * p + j;
-                if (i < n) out[i] = from_acc<T>((float)__dadd_rn(mean, __dmul_rn(std, z[j])));
-            }
+            box_muller(__dmul_rn((double)w.w[2 * p] + 1.0, 0x1p-32), __dmul_rn((double)w.w[2 * p + 1], 0x1p-32), z);
+            for (int j = 0; j < 2; ++j) v[2 * p + j] = from_acc<T>((float)__dadd_rn(mean, __dmul_rn(std, z[j])));
         }
-    }
+    });
 }
 
-// f64: two words an element, two elements a block.
-__device__ void uniform_wide(i64 n, unsigned k0, unsigned k1, u64 offset, double lo, double scale, double* out) {
-    i64 blocks = (n + 1) / 2;
-    for (i64 b = global_id(); b < blocks; b += global_stride()) {
-        Words w = philox_block(offset + (u64)b, k0, k1);
-        for (int j = 0; j < 2; ++j) {
-            i64 i = b * 2 + j;
-            if (i < n) out[i] = __dadd_rn(lo, __dmul_rn(scale, unit53(join_words(w.w[2 * j], w.w[2 * j + 1]))));
-        }
-    }
-}
-
-__device__ void normal_wide(i64 n, unsigned k0, unsigned k1, u64 offset, double mean, double std, double* out) {
-    i64 blocks = (n + 1) / 2;
-    for (i64 b = global_id(); b < blocks; b += global_stride()) {
-        Words w = philox_block(offset + (u64)b, k0, k1);
-        double u1 = __dmul_rn((double)((join_words(w.w[0], w.w[1]) >> 11) + 1), 0x1p-53);
-        double z[2];
-        box_muller(u1, unit53(join_words(w.w[2], w.w[3])), &z[0], &z[1]);
-        for (int j = 0; j < 2; ++j) {
-            i64 i = b * 2 + j;
-            if (i < n) out[i] = __dadd_rn(mean, __dmul_rn(std, z[j]));
-        }
-    }
-}
-
-#define RANDOM_NARROW(T, S)                                                                                      \
-    extern "C" __global__ void uniform_##S(i64 n, int k0, int k1, i64 offset, double lo, double scale, T* out) { \
-        uniform_narrow<T>(n, (unsigned)k0, (unsigned)k1, (u64)offset, lo, scale, out);                           \
-    }                                                                                                            \
-    extern "C" __global__ void normal_##S(i64 n, int k0, int k1, i64 offset, double mean, double std, T* out) {  \
-        normal_narrow<T>(n, (unsigned)k0, (unsigned)k1, (u64)offset, mean, std, out);                            \
+#define RANDOM_NARROW(T, S)                                                                          \
+    extern "C" __global__ void uniform_##S(DRAW_HEAD, double lo, double scale, T* out) {            \
+        uniform_narrow<T>(n, k0, k1, offset, lo, scale, out);                                        \
+    }                                                                                                \
+    extern "C" __global__ void normal_##S(DRAW_HEAD, double mean, double std, T* out) {             \
+        normal_narrow<T>(n, k0, k1, offset, mean, std, out);                                         \
     }
 
 RANDOM_NARROW(float, f32)
 RANDOM_NARROW(tapir_f16, f16)
 RANDOM_NARROW(tapir_bf16, bf16)
 
-extern "C" __global__ void uniform_f64(i64 n, int k0, int k1, i64 offset, double lo, double scale, double* out) {
-    uniform_wide(n, (unsigned)k0, (unsigned)k1, (u64)offset, lo, scale, out);
+// f64: two words an element, two elements a block.
+extern "C" __global__ void uniform_f64(DRAW_HEAD, double lo, double scale, double* out) {
+    draw_blocks<2>(n, k0, k1, offset, out, [&](Words w, double* v) {
+        for (int j = 0; j < 2; ++j) v[j] = __dadd_rn(lo, __dmul_rn(scale, unit53(word_pair(w, j))));
+    });
 }
-extern "C" __global__ void normal_f64(i64 n, int k0, int k1, i64 offset, double mean, double std, double* out) {
-    normal_wide(n, (unsigned)k0, (unsigned)k1, (u64)offset, mean, std, out);
+extern "C" __global__ void normal_f64(DRAW_HEAD, double mean, double std, double* out) {
+    draw_blocks<2>(n, k0, k1, offset, out, [&](Words w, double* v) {
+        double z[2];
+        box_muller(__dmul_rn((double)((word_pair(w, 0) >> 11) + 1), 0x1p-53), unit53(word_pair(w, 1)), z);
+        for (int j = 0; j < 2; ++j) v[j] = __dadd_rn(mean, __dmul_rn(std, z[j]));
+    });
 }
 
 // Integers uniform in 0..range: (x * range) >> 64 of a 64-bit word pair,
 // saturated to i64 (another dtype is a cast of this, as on the CPU).
-extern "C" __global__ void randint_i64(i64 n, int k0, int k1, i64 offset, i64 range, i64* out) {
-    i64 blocks = (n + 1) / 2;
-    for (i64 b = global_id(); b < blocks; b += global_stride()) {
-        Words w = philox_block((u64)offset + (u64)b, (unsigned)k0, (unsigned)k1);
+extern "C" __global__ void randint_i64(DRAW_HEAD, i64 range, i64* out) {
+    draw_blocks<2>(n, k0, k1, offset, out, [&](Words w, i64* v) {
         for (int j = 0; j < 2; ++j) {
-            i64 i = b * 2 + j;
-            if (i < n) {
-                u64 v = __umul64hi(join_words(w.w[2 * j], w.w[2 * j + 1]), (u64)range);
-                out[i] = v > 0x7fffffffffffffffull ? 0x7fffffffffffffffll : (i64)v;
-            }
+            u64 x = __umul64hi(word_pair(w, j), (u64)range);
+            v[j] = x > 0x7fffffffffffffffull ? 0x7fffffffffffffffll : (i64)x;
         }
-    }
+    });
 }

@@ -24,109 +24,99 @@
 //   reduces the partials of each row (the logsumexp of the chunks'
 //   logsumexps is the row's).
 
-// Reads TI and writes TO, accumulating in TO's accumulation type: TI = TO
-// for the row kernels, TI = that accumulation type for the merges.
-template <int K, typename TI, typename T>
-__device__ __forceinline__ void reduce_last(i64 rows, i64 cols, const TI* x, T* out) {
-    typedef typename Acc<T>::type A;
-    const A identity = K == 0 ? A(0) : (K == 1 ? neg_inf<A>() : pos_inf<A>());
-    const RowSplit s = row_split(cols);
-    for (i64 r = s.first; r < rows; r += s.step) {
-        const TI* row = x + r * cols;
-        A acc = identity;
-        for (i64 c = s.lane; c < cols; c += s.width) acc = combine<K>(acc, to_acc(row[c]));
-        acc = s.warp ? warp_reduce<K>(acc) : block_reduce<K>(acc, identity);
-        if (s.lane == 0) out[r] = from_acc<T>(acc);
-    }
-}
+// The running state of a row reduction of op K (ReduceKind's order: 0 sum,
+// 1 max, 2 min, 3 logsumexp), so that one pair of loops below serves every
+// op: `init` is the state of no elements, `push` takes one more, `warp` and
+// `block` merge the states of a warp or of the block (every thread gets the
+// result), and `value` is the reduction the state stands for.
+template <int K, typename A> struct Fold {
+    typedef A S;
+    static __device__ __forceinline__ S init() { return K == 0 ? A(0) : (K == 1 ? neg_inf<A>() : pos_inf<A>()); }
+    static __device__ __forceinline__ S push(S s, A x) { return combine<K>(s, x); }
+    static __device__ __forceinline__ S warp(S s) { return warp_reduce<K>(s); }
+    static __device__ __forceinline__ S block(S s) { return block_reduce<K>(s, init()); }
+    static __device__ __forceinline__ A value(S s) { return s; }
+};
 
-// The chunks of long rows, a block each (see the header).
-template <int K, typename T>
-__device__ __forceinline__ void reduce_part(i64 rows, i64 cols, i64 chunk, const T* x, typename Acc<T>::type* out) {
-    typedef typename Acc<T>::type A;
-    const A identity = K == 0 ? A(0) : (K == 1 ? neg_inf<A>() : pos_inf<A>());
-    i64 parts = (cols + chunk - 1) / chunk;
-    for (i64 b = blockIdx.x; b < rows * parts; b += gridDim.x) {
-        const T* row = x + (b / parts) * cols;
-        i64 start = (b % parts) * chunk, end = start + chunk < cols ? start + chunk : cols;
-        A acc = identity;
-        for (i64 c = start + threadIdx.x; c < end; c += blockDim.x) acc = combine<K>(acc, to_acc(row[c]));
-        acc = block_reduce<K>(acc, identity);
-        if (threadIdx.x == 0) out[b] = acc;
+// log(sum(exp(x))) in one pass of the online (max, sum) state softmax
+// uses; -inf for an empty or all -inf row, the maximum when it is +inf or
+// NaN, as on the CPU.
+template <typename A> struct Fold<3, A> {
+    typedef Lse<A> S;
+    static __device__ __forceinline__ S init() {
+        S s;
+        s.m = neg_inf<A>();
+        s.s = A(0);
+        return s;
     }
-}
+    static __device__ __forceinline__ S push(S s, A x) { return lse_push(s, x); }
+    static __device__ __forceinline__ S warp(S s) { return warp_lse(s); }
+    static __device__ __forceinline__ S block(S s) { return block_lse(s); }
+    static __device__ __forceinline__ A value(S s) { return lse_value(s); }
+};
 
-#define REDUCE_KERNEL(NAME, K, T, SUFFIX)                                                                        \
-    extern "C" __global__ void NAME##_last_##SUFFIX(i64 rows, i64 cols, const T* x, T* out) {                   \
-        reduce_last<K, T, T>(rows, cols, x, out);                                                                \
-    }                                                                                                            \
-    extern "C" __global__ void NAME##_part_##SUFFIX(i64 rows, i64 cols, i64 chunk, const T* x,                  \
-                                                    typename Acc<T>::type* out) {                                \
-        reduce_part<K, T>(rows, cols, chunk, x, out);                                                            \
-    }                                                                                                            \
-    extern "C" __global__ void NAME##_merge_##SUFFIX(i64 rows, i64 cols, const typename Acc<T>::type* x, T* out) { \
-        reduce_last<K, typename Acc<T>::type, T>(rows, cols, x, out);                                            \
+// The row reductions of op K. `last` reads TI and writes T, accumulating in
+// T's accumulation type: TI = T for the row kernels, TI = that
+// accumulation type for the merges. `part` reduces the chunks of long
+// rows, a block each (see the header).
+template <int K> struct RowReduce {
+    template <typename TI, typename T>
+    static __device__ __forceinline__ void last(i64 rows, i64 cols, const TI* x, T* out) {
+        typedef Fold<K, typename Acc<T>::type> F;
+        const RowSplit s = row_split(cols);
+        for (i64 r = s.first; r < rows; r += s.step) {
+            const TI* row = x + r * cols;
+            typename F::S st = F::init();
+            for (i64 c = s.lane; c < cols; c += s.width) st = F::push(st, to_acc(row[c]));
+            st = s.warp ? F::warp(st) : F::block(st);
+            if (s.lane == 0) out[r] = from_acc<T>(F::value(st));
+        }
     }
-#define REDUCE_ALL(NAME, K)                   \
-    REDUCE_KERNEL(NAME, K, float, f32)        \
-    REDUCE_KERNEL(NAME, K, double, f64)       \
-    REDUCE_KERNEL(NAME, K, tapir_f16, f16)    \
-    REDUCE_KERNEL(NAME, K, tapir_bf16, bf16)
 
-REDUCE_ALL(sum, 0)
-REDUCE_ALL(max, 1)
-REDUCE_ALL(min, 2)
-
-// log(sum(exp(x))) of each row, in one pass of the online (max, sum) state
-// softmax uses; -inf for an empty or all -inf row, the maximum when it is
-// +inf or NaN, as on the CPU.
-template <typename TI, typename T>
-__device__ __forceinline__ void lse_last(i64 rows, i64 cols, const TI* x, T* out) {
-    typedef typename Acc<T>::type A;
-    const RowSplit s = row_split(cols);
-    for (i64 r = s.first; r < rows; r += s.step) {
-        const TI* row = x + r * cols;
-        Lse<A> st;
-        st.m = neg_inf<A>();
-        st.s = A(0);
-        for (i64 c = s.lane; c < cols; c += s.width) st = lse_push(st, to_acc(row[c]));
-        st = s.warp ? warp_lse(st) : block_lse(st);
-        if (s.lane == 0) out[r] = from_acc<T>(lse_value(st));
+    template <typename T>
+    static __device__ __forceinline__ void part(i64 rows, i64 cols, i64 chunk, const T* x, typename Acc<T>::type* out) {
+        typedef Fold<K, typename Acc<T>::type> F;
+        i64 parts = (cols + chunk - 1) / chunk;
+        for (i64 b = blockIdx.x; b < rows * parts; b += gridDim.x) {
+            const T* row = x + (b / parts) * cols;
+            i64 start = (b % parts) * chunk, end = start + chunk < cols ? start + chunk : cols;
+            typename F::S st = F::init();
+            for (i64 c = start + threadIdx.x; c < end; c += blockDim.x) st = F::push(st, to_acc(row[c]));
+            st = F::block(st);
+            if (threadIdx.x == 0) out[b] = F::value(st);
+        }
     }
-}
+};
 
-template <typename T>
-__device__ __forceinline__ void lse_part(i64 rows, i64 cols, i64 chunk, const T* x, typename Acc<T>::type* out) {
-    typedef typename Acc<T>::type A;
-    i64 parts = (cols + chunk - 1) / chunk;
-    for (i64 b = blockIdx.x; b < rows * parts; b += gridDim.x) {
-        const T* row = x + (b / parts) * cols;
-        i64 start = (b % parts) * chunk, end = start + chunk < cols ? start + chunk : cols;
-        Lse<A> st;
-        st.m = neg_inf<A>();
-        st.s = A(0);
-        for (i64 c = start + threadIdx.x; c < end; c += blockDim.x) st = lse_push(st, to_acc(row[c]));
-        st = block_lse(st);
-        if (threadIdx.x == 0) out[b] = lse_value(st);
+// The three entry points of a reduction that may split its work over two
+// launches, for element type T: LAST(rows, cols, x, out) in one launch,
+// PART(rows, cols, n, x, partial) writing partials in the accumulation
+// type, and MERGE(rows, cols, partial, out) reducing them. R's `last` and
+// `part` do the work.
+#define STAGED_KERNELS(R, LAST, PART, MERGE, T)                                                      \
+    extern "C" __global__ void LAST(i64 rows, i64 cols, const T* x, T* out) {                        \
+        R::last<T, T>(rows, cols, x, out);                                                           \
+    }                                                                                                \
+    extern "C" __global__ void PART(i64 rows, i64 cols, i64 n, const T* x, typename Acc<T>::type* out) { \
+        R::part<T>(rows, cols, n, x, out);                                                           \
+    }                                                                                                \
+    extern "C" __global__ void MERGE(i64 rows, i64 cols, const typename Acc<T>::type* x, T* out) {    \
+        R::last<typename Acc<T>::type, T>(rows, cols, x, out);                                       \
     }
-}
 
-#define LSE_KERNEL(T, SUFFIX)                                                                              \
-    extern "C" __global__ void logsumexp_last_##SUFFIX(i64 rows, i64 cols, const T* x, T* out) {           \
-        lse_last<T, T>(rows, cols, x, out);                                                                \
-    }                                                                                                      \
-    extern "C" __global__ void logsumexp_part_##SUFFIX(i64 rows, i64 cols, i64 chunk, const T* x,          \
-                                                       typename Acc<T>::type* out) {                       \
-        lse_part<T>(rows, cols, chunk, x, out);                                                            \
-    }                                                                                                      \
-    extern "C" __global__ void logsumexp_merge_##SUFFIX(i64 rows, i64 cols, const typename Acc<T>::type* x, \
-                                                        T* out) {                                          \
-        lse_last<typename Acc<T>::type, T>(rows, cols, x, out);                                            \
-    }
-LSE_KERNEL(float, f32)
-LSE_KERNEL(double, f64)
-LSE_KERNEL(tapir_f16, f16)
-LSE_KERNEL(tapir_bf16, bf16)
+// M(args..., T, SUFFIX) once for each float dtype.
+#define FOR_FLOATS(M, ...)         \
+    M(__VA_ARGS__, float, f32)     \
+    M(__VA_ARGS__, double, f64)    \
+    M(__VA_ARGS__, tapir_f16, f16) \
+    M(__VA_ARGS__, tapir_bf16, bf16)
+
+#define ROW_KERNELS(NAME, K, T, SUFFIX) \
+    STAGED_KERNELS(RowReduce<K>, NAME##_last_##SUFFIX, NAME##_part_##SUFFIX, NAME##_merge_##SUFFIX, T)
+FOR_FLOATS(ROW_KERNELS, sum, 0)
+FOR_FLOATS(ROW_KERNELS, max, 1)
+FOR_FLOATS(ROW_KERNELS, min, 2)
+FOR_FLOATS(ROW_KERNELS, logsumexp, 3)
 
 // Integer sums in 64 bits. The adds are unsigned, so overflow wraps (as
 // the CPU's wrapping_add) instead of being undefined.
@@ -185,52 +175,42 @@ __device__ __forceinline__ A cols_tile_sum(i64 r0, i64 r1, i64 cols, i64 tile, c
     return s;
 }
 
-// Column sums (see the header for the thread layout); TI = T, or the
-// accumulation type for the merge of partial sums.
-template <typename TI, typename T>
-__device__ __forceinline__ void sum_cols(i64 rows, i64 cols, const TI* x, T* out) {
-    typedef typename Acc<T>::type A;
-    int t = threadIdx.y * blockDim.x + threadIdx.x;
-    for (i64 tile = blockIdx.x; tile * WARP < cols; tile += gridDim.x) {
-        A s = cols_tile_sum<A>(0, rows, cols, tile, x);
-        i64 c = tile * WARP + t % WARP;
-        if (t < WARP && c < cols) out[c] = from_acc<T>(s);
+// Column sums (see the header for the thread layout), in the form
+// STAGED_KERNELS takes. `last` reads TI = T, or the accumulation
+// type for the merge of partial sums. `part` serves many rows over few
+// columns: each block sums `part_rows` rows of one tile into partial[part,
+// c] (accumulation type), and the merge adds the parts, so that more than a
+// few blocks share the rows.
+struct ColSum {
+    template <typename TI, typename T>
+    static __device__ __forceinline__ void last(i64 rows, i64 cols, const TI* x, T* out) {
+        typedef typename Acc<T>::type A;
+        int t = threadIdx.y * blockDim.x + threadIdx.x;
+        for (i64 tile = blockIdx.x; tile * WARP < cols; tile += gridDim.x) {
+            A s = cols_tile_sum<A>(0, rows, cols, tile, x);
+            i64 c = tile * WARP + t % WARP;
+            if (t < WARP && c < cols) out[c] = from_acc<T>(s);
+        }
     }
-}
 
-// Many rows over few columns: each block sums `part_rows` rows of one tile
-// into partial[part, c] (accumulation type), and `sum_cols_merge` adds the
-// parts, so that more than a few blocks share the rows.
-template <typename T>
-__device__ __forceinline__ void sum_cols_part(i64 rows, i64 cols, i64 part_rows, const T* x, typename Acc<T>::type* out) {
-    typedef typename Acc<T>::type A;
-    int t = threadIdx.y * blockDim.x + threadIdx.x;
-    i64 tiles = (cols + WARP - 1) / WARP, parts = (rows + part_rows - 1) / part_rows;
-    for (i64 b = blockIdx.x; b < tiles * parts; b += gridDim.x) {
-        i64 tile = b % tiles, part = b / tiles;
-        i64 r0 = part * part_rows, r1 = r0 + part_rows < rows ? r0 + part_rows : rows;
-        A s = cols_tile_sum<A>(r0, r1, cols, tile, x);
-        i64 c = tile * WARP + t % WARP;
-        if (t < WARP && c < cols) out[part * cols + c] = s;
+    template <typename T>
+    static __device__ __forceinline__ void part(i64 rows, i64 cols, i64 part_rows, const T* x, typename Acc<T>::type* out) {
+        typedef typename Acc<T>::type A;
+        int t = threadIdx.y * blockDim.x + threadIdx.x;
+        i64 tiles = (cols + WARP - 1) / WARP, parts = (rows + part_rows - 1) / part_rows;
+        for (i64 b = blockIdx.x; b < tiles * parts; b += gridDim.x) {
+            i64 tile = b % tiles, part = b / tiles;
+            i64 r0 = part * part_rows, r1 = r0 + part_rows < rows ? r0 + part_rows : rows;
+            A s = cols_tile_sum<A>(r0, r1, cols, tile, x);
+            i64 c = tile * WARP + t % WARP;
+            if (t < WARP && c < cols) out[part * cols + c] = s;
+        }
     }
-}
+};
 
-#define SUM_COLS_KERNEL(T, SUFFIX)                                                                    \
-    extern "C" __global__ void sum_cols_##SUFFIX(i64 rows, i64 cols, const T* x, T* out) {            \
-        sum_cols<T, T>(rows, cols, x, out);                                                           \
-    }                                                                                                 \
-    extern "C" __global__ void sum_cols_part_##SUFFIX(i64 rows, i64 cols, i64 part_rows, const T* x,  \
-                                                      typename Acc<T>::type* out) {                   \
-        sum_cols_part<T>(rows, cols, part_rows, x, out);                                              \
-    }                                                                                                 \
-    extern "C" __global__ void sum_cols_merge_##SUFFIX(i64 rows, i64 cols, const typename Acc<T>::type* x, \
-                                                       T* out) {                                      \
-        sum_cols<typename Acc<T>::type, T>(rows, cols, x, out);                                       \
-    }
-SUM_COLS_KERNEL(float, f32)
-SUM_COLS_KERNEL(double, f64)
-SUM_COLS_KERNEL(tapir_f16, f16)
-SUM_COLS_KERNEL(tapir_bf16, bf16)
+#define COL_KERNELS(NAME, T, SUFFIX) \
+    STAGED_KERNELS(ColSum, NAME##_##SUFFIX, NAME##_part_##SUFFIX, NAME##_merge_##SUFFIX, T)
+FOR_FLOATS(COL_KERNELS, sum_cols)
 
 // argmax / argmin over the last axis, i64 indices; the first occurrence
 // wins and NaN counts as the extreme, like torch and the CPU.
@@ -299,11 +279,5 @@ __device__ __forceinline__ void arg_last(i64 rows, i64 cols, const T* x, i64* ou
     extern "C" __global__ void NAME##_last_##SUFFIX(i64 rows, i64 cols, const T* x, i64* out) {   \
         arg_last<MIN, T>(rows, cols, x, out);                                                     \
     }
-ARG_KERNEL(argmax, false, float, f32)
-ARG_KERNEL(argmax, false, double, f64)
-ARG_KERNEL(argmax, false, tapir_f16, f16)
-ARG_KERNEL(argmax, false, tapir_bf16, bf16)
-ARG_KERNEL(argmin, true, float, f32)
-ARG_KERNEL(argmin, true, double, f64)
-ARG_KERNEL(argmin, true, tapir_f16, f16)
-ARG_KERNEL(argmin, true, tapir_bf16, bf16)
+FOR_FLOATS(ARG_KERNEL, argmax, false)
+FOR_FLOATS(ARG_KERNEL, argmin, true)

@@ -537,30 +537,46 @@ fn free(dptr: CUdeviceptr) -> CUresult {
     }
 }
 
-#[no_mangle]
-pub extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize) -> CUresult {
-    alloc(dptr, bytes)
+/// An entry point and its `Async` twin, which takes a stream as well and
+/// does the same: every call runs to completion before it returns (see the
+/// module docs), so the stream changes nothing. `unsafe` before the names
+/// makes both `unsafe fn`s, for entry points that read or write through a
+/// caller's host pointer, whose contract the body forwards.
+macro_rules! with_async {
+    ($sync:ident, $async_:ident, ($($arg:ident: $ty:ty),*) => $body:expr) => {
+        #[no_mangle]
+        pub extern "C" fn $sync($($arg: $ty),*) -> CUresult {
+            $body
+        }
+
+        #[no_mangle]
+        pub extern "C" fn $async_($($arg: $ty,)* _s: Handle) -> CUresult {
+            $body
+        }
+    };
+    (unsafe $sync:ident, $async_:ident, ($($arg:ident: $ty:ty),*) => $body:expr) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $sync($($arg: $ty),*) -> CUresult {
+            // SAFETY: forwarded contract.
+            unsafe { $body }
+        }
+
+        #[no_mangle]
+        pub unsafe extern "C" fn $async_($($arg: $ty,)* _s: Handle) -> CUresult {
+            // SAFETY: forwarded contract.
+            unsafe { $body }
+        }
+    };
 }
 
-#[no_mangle]
-pub extern "C" fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytes: usize, _s: Handle) -> CUresult {
-    alloc(dptr, bytes)
-}
+with_async!(cuMemAlloc_v2, cuMemAllocAsync, (dptr: *mut CUdeviceptr, bytes: usize) => alloc(dptr, bytes));
 
 #[no_mangle]
 pub extern "C" fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, bytes: usize, _p: Handle, _s: Handle) -> CUresult {
     alloc(dptr, bytes)
 }
 
-#[no_mangle]
-pub extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
-    free(dptr)
-}
-
-#[no_mangle]
-pub extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, _s: Handle) -> CUresult {
-    free(dptr)
-}
+with_async!(cuMemFree_v2, cuMemFreeAsync, (dptr: CUdeviceptr) => free(dptr));
 
 #[no_mangle]
 pub extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
@@ -578,38 +594,34 @@ fn dev_ptr(addr: CUdeviceptr, len: usize, what: &str) -> Result<*mut u8, CUresul
     })
 }
 
-unsafe fn htod(dst: CUdeviceptr, src: *const c_void, n: usize) -> CUresult {
+/// Runs `copy` on the host address of the `n` device bytes at `addr`,
+/// after the checks every copy between host and device makes: nothing to
+/// do for no bytes, `CUDA_ERROR_INVALID_VALUE` for a null host pointer
+/// (`host_null`) or a range outside one live allocation (named `what`).
+fn host_copy(addr: CUdeviceptr, n: usize, host_null: bool, what: &str, copy: impl FnOnce(*mut u8)) -> CUresult {
     if n == 0 {
         return SUCCESS;
     }
-    if src.is_null() {
+    if host_null {
         return INVALID_VALUE;
     }
-    match dev_ptr(dst, n, "cuMemcpyHtoD") {
-        // SAFETY: the host buffer holds `n` bytes (the caller's contract); the device range was checked.
-        Ok(p) => unsafe {
-            std::ptr::copy(src.cast::<u8>(), p, n);
+    match dev_ptr(addr, n, what) {
+        Ok(p) => {
+            copy(p);
             SUCCESS
-        },
+        }
         Err(rc) => rc,
     }
 }
 
+unsafe fn htod(dst: CUdeviceptr, src: *const c_void, n: usize) -> CUresult {
+    // SAFETY: the host buffer holds `n` bytes (the caller's contract); the device range was checked.
+    host_copy(dst, n, src.is_null(), "cuMemcpyHtoD", |p| unsafe { std::ptr::copy(src.cast::<u8>(), p, n) })
+}
+
 unsafe fn dtoh(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CUresult {
-    if n == 0 {
-        return SUCCESS;
-    }
-    if dst.is_null() {
-        return INVALID_VALUE;
-    }
-    match dev_ptr(src, n, "cuMemcpyDtoH") {
-        // SAFETY: as above.
-        Ok(p) => unsafe {
-            std::ptr::copy(p, dst.cast::<u8>(), n);
-            SUCCESS
-        },
-        Err(rc) => rc,
-    }
+    // SAFETY: as above.
+    host_copy(src, n, dst.is_null(), "cuMemcpyDtoH", |p| unsafe { std::ptr::copy(p, dst.cast::<u8>(), n) })
 }
 
 fn dtod(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
@@ -629,39 +641,11 @@ fn dtod(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
     SUCCESS
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, n: usize) -> CUresult {
-    // SAFETY: forwarded contract.
-    unsafe { htod(dst, src, n) }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2(dst: CUdeviceptr, src: *const c_void, n: usize, _s: Handle) -> CUresult {
-    // SAFETY: forwarded contract.
-    unsafe { htod(dst, src, n) }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CUresult {
-    // SAFETY: forwarded contract.
-    unsafe { dtoh(dst, src, n) }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: CUdeviceptr, n: usize, _s: Handle) -> CUresult {
-    // SAFETY: forwarded contract.
-    unsafe { dtoh(dst, src, n) }
-}
-
-#[no_mangle]
-pub extern "C" fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
-    dtod(dst, src, n)
-}
-
-#[no_mangle]
-pub extern "C" fn cuMemcpyDtoDAsync_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize, _s: Handle) -> CUresult {
-    dtod(dst, src, n)
-}
+with_async!(unsafe cuMemcpyHtoD_v2, cuMemcpyHtoDAsync_v2,
+    (dst: CUdeviceptr, src: *const c_void, n: usize) => htod(dst, src, n));
+with_async!(unsafe cuMemcpyDtoH_v2, cuMemcpyDtoHAsync_v2,
+    (dst: *mut c_void, src: CUdeviceptr, n: usize) => dtoh(dst, src, n));
+with_async!(cuMemcpyDtoD_v2, cuMemcpyDtoDAsync_v2, (dst: CUdeviceptr, src: CUdeviceptr, n: usize) => dtod(dst, src, n));
 
 #[no_mangle]
 pub extern "C" fn cuMemcpyPeerAsync(
@@ -695,35 +679,9 @@ fn memset(dst: CUdeviceptr, value: u32, elem: usize, n: usize) -> CUresult {
     SUCCESS
 }
 
-#[no_mangle]
-pub extern "C" fn cuMemsetD8_v2(dst: CUdeviceptr, v: u8, n: usize) -> CUresult {
-    memset(dst, u32::from(v), 1, n)
-}
-
-#[no_mangle]
-pub extern "C" fn cuMemsetD8Async(dst: CUdeviceptr, v: u8, n: usize, _s: Handle) -> CUresult {
-    memset(dst, u32::from(v), 1, n)
-}
-
-#[no_mangle]
-pub extern "C" fn cuMemsetD16_v2(dst: CUdeviceptr, v: u16, n: usize) -> CUresult {
-    memset(dst, u32::from(v), 2, n)
-}
-
-#[no_mangle]
-pub extern "C" fn cuMemsetD16Async(dst: CUdeviceptr, v: u16, n: usize, _s: Handle) -> CUresult {
-    memset(dst, u32::from(v), 2, n)
-}
-
-#[no_mangle]
-pub extern "C" fn cuMemsetD32_v2(dst: CUdeviceptr, v: u32, n: usize) -> CUresult {
-    memset(dst, v, 4, n)
-}
-
-#[no_mangle]
-pub extern "C" fn cuMemsetD32Async(dst: CUdeviceptr, v: u32, n: usize, _s: Handle) -> CUresult {
-    memset(dst, v, 4, n)
-}
+with_async!(cuMemsetD8_v2, cuMemsetD8Async, (dst: CUdeviceptr, v: u8, n: usize) => memset(dst, u32::from(v), 1, n));
+with_async!(cuMemsetD16_v2, cuMemsetD16Async, (dst: CUdeviceptr, v: u16, n: usize) => memset(dst, u32::from(v), 2, n));
+with_async!(cuMemsetD32_v2, cuMemsetD32Async, (dst: CUdeviceptr, v: u32, n: usize) => memset(dst, v, 4, n));
 
 #[no_mangle]
 pub extern "C" fn cuMemHostAlloc(pp: *mut *mut c_void, bytes: usize, _flags: c_uint) -> CUresult {
@@ -841,6 +799,16 @@ fn new_handle(table: &Mutex<HashMap<usize, ()>>, out: *mut Handle) -> CUresult {
     write(out, id as Handle)
 }
 
+/// Destroys the stream or event `h` of `table`; one not there is
+/// `CUDA_ERROR_INVALID_HANDLE`.
+fn drop_handle(table: &Mutex<HashMap<usize, ()>>, h: Handle) -> CUresult {
+    if lock(table).remove(&handle_id(h)).is_some() {
+        SUCCESS
+    } else {
+        INVALID_HANDLE
+    }
+}
+
 fn check_stream(s: Handle) -> CUresult {
     let id = handle_id(s);
     // The null stream and the legacy/per-thread stream handles are always valid.
@@ -863,11 +831,7 @@ pub extern "C" fn cuStreamCreateWithPriority(out: *mut Handle, _flags: c_uint, _
 
 #[no_mangle]
 pub extern "C" fn cuStreamDestroy_v2(s: Handle) -> CUresult {
-    if lock(&emu().streams).remove(&handle_id(s)).is_some() {
-        SUCCESS
-    } else {
-        INVALID_HANDLE
-    }
+    drop_handle(&emu().streams, s)
 }
 
 #[no_mangle]
@@ -956,11 +920,7 @@ pub extern "C" fn cuEventQuery(e: Handle) -> CUresult {
 
 #[no_mangle]
 pub extern "C" fn cuEventDestroy_v2(e: Handle) -> CUresult {
-    if lock(&emu().events).remove(&handle_id(e)).is_some() {
-        SUCCESS
-    } else {
-        INVALID_HANDLE
-    }
+    drop_handle(&emu().events, e)
 }
 
 /// Elapsed time between events: always zero, since the emulator measures

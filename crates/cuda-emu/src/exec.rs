@@ -158,32 +158,25 @@ fn sext(v: u64, w: u32) -> i64 {
     }
 }
 
-/// The next f32 toward +inf or -inf.
-fn next_f32(x: f32, up: bool) -> f32 {
-    if x.is_nan() || (x.is_infinite() && (x > 0.0) == up) {
-        return x;
-    }
-    if x == 0.0 {
-        let tiny = f32::from_bits(1);
-        return if up { tiny } else { -tiny };
-    }
-    let b = x.to_bits();
-    let b = if (x > 0.0) == up { b + 1 } else { b - 1 };
-    f32::from_bits(b)
+/// `$name(x, up)`: the next `$t` after `x` toward +inf (`up`) or -inf.
+macro_rules! next_float {
+    ($name:ident, $t:ty) => {
+        fn $name(x: $t, up: bool) -> $t {
+            if x.is_nan() || (x.is_infinite() && (x > 0.0) == up) {
+                return x;
+            }
+            if x == 0.0 {
+                let tiny = <$t>::from_bits(1);
+                return if up { tiny } else { -tiny };
+            }
+            let b = x.to_bits();
+            let b = if (x > 0.0) == up { b + 1 } else { b - 1 };
+            <$t>::from_bits(b)
+        }
+    };
 }
-
-fn next_f64(x: f64, up: bool) -> f64 {
-    if x.is_nan() || (x.is_infinite() && (x > 0.0) == up) {
-        return x;
-    }
-    if x == 0.0 {
-        let tiny = f64::from_bits(1);
-        return if up { tiny } else { -tiny };
-    }
-    let b = x.to_bits();
-    let b = if (x > 0.0) == up { b + 1 } else { b - 1 };
-    f64::from_bits(b)
-}
+next_float!(next_f32, f32);
+next_float!(next_f64, f64);
 
 /// Rounds the exact value `s + e` (an f64 and its error term) to f32 with
 /// a directed mode; the nearest mode is the plain cast.

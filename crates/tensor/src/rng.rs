@@ -112,6 +112,12 @@ fn join(hi: u32, lo: u32) -> u64 {
     (u64::from(hi) << 32) | u64::from(lo)
 }
 
+/// Words `2j` and `2j + 1` of a block as one `u64`, the first the high
+/// half: the two words of element `j` of a two-word draw.
+fn pair(w: [u32; 4], j: usize) -> u64 {
+    join(w[2 * j], w[2 * j + 1])
+}
+
 /// The top 53 bits of `x` as a fraction in `[0, 1)`.
 fn unit53(x: u64) -> f64 {
     (x >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
@@ -171,9 +177,9 @@ fn block_narrow<T: Narrow>(draw: Draw, dtype: DType, w: [u32; 4], out: &mut [T])
     }
 }
 
-/// The value of randint from two words, as i64 (saturating).
-fn int_value(n: u64, hi: u32, lo: u32) -> i64 {
-    let v = ((u128::from(join(hi, lo)) * u128::from(n)) >> 64) as u64;
+/// The value of randint from two words joined as `x`, as i64 (saturating).
+fn int_value(n: u64, x: u64) -> i64 {
+    let v = ((u128::from(x) * u128::from(n)) >> 64) as u64;
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
@@ -182,12 +188,12 @@ fn block_f64(draw: Draw, w: [u32; 4], out: &mut [f64]) {
     match draw {
         Draw::Uniform { lo, scale } => {
             for (j, o) in out.iter_mut().enumerate() {
-                *o = lo + scale * unit53(join(w[2 * j], w[2 * j + 1]));
+                *o = lo + scale * unit53(pair(w, j));
             }
         }
         Draw::Normal { mean, std } => {
-            let u1 = ((join(w[0], w[1]) >> 11) + 1) as f64 * (1.0 / (1u64 << 53) as f64);
-            let (z0, z1) = box_muller(u1, unit53(join(w[2], w[3])));
+            let u1 = ((pair(w, 0) >> 11) + 1) as f64 * (1.0 / (1u64 << 53) as f64);
+            let (z0, z1) = box_muller(u1, unit53(pair(w, 1)));
             for (o, z) in out.iter_mut().zip([z0, z1]) {
                 *o = mean + std * z;
             }
@@ -299,7 +305,7 @@ impl Rng {
         if let Draw::Int { n: range } = draw {
             let v = fill(n, e, self, |w, o: &mut [i64]| {
                 for (j, o) in o.iter_mut().enumerate() {
-                    *o = int_value(range, w[2 * j], w[2 * j + 1]);
+                    *o = int_value(range, pair(w, j));
                 }
             })?;
             let buf = with_dtype!(dtype, T => {

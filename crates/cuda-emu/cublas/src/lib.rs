@@ -128,14 +128,21 @@ pub unsafe extern "C" fn cublasGetStream_v2(handle: *mut c_void, stream: *mut *m
     SUCCESS
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn cublasGetVersion_v2(_handle: *mut c_void, v: *mut c_int) -> Status {
-    if v.is_null() {
+/// Writes `v` through the caller's out-pointer `out`; a null one is
+/// `CUBLAS_STATUS_INVALID_VALUE`.
+unsafe fn put(out: *mut c_int, v: c_int) -> Status {
+    if out.is_null() {
         return INVALID_VALUE;
     }
-    // SAFETY: the caller's out-pointer.
-    unsafe { *v = 120900 };
+    // SAFETY: a non-null out-pointer the caller gave.
+    unsafe { *out = v };
     SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasGetVersion_v2(_handle: *mut c_void, v: *mut c_int) -> Status {
+    // SAFETY: the caller's out-pointer.
+    unsafe { put(v, 120900) }
 }
 
 /// Math modes change nothing: products are computed in f32 or f64.
@@ -146,12 +153,8 @@ pub extern "C" fn cublasSetMathMode(_handle: *mut c_void, _mode: c_int) -> Statu
 
 #[no_mangle]
 pub unsafe extern "C" fn cublasGetMathMode(_handle: *mut c_void, mode: *mut c_int) -> Status {
-    if mode.is_null() {
-        return INVALID_VALUE;
-    }
     // SAFETY: the caller's out-pointer.
-    unsafe { *mode = 0 };
-    SUCCESS
+    unsafe { put(mode, 0) }
 }
 
 /// Only host scalars (the default) are supported.
@@ -166,12 +169,8 @@ pub extern "C" fn cublasSetPointerMode_v2(_handle: *mut c_void, mode: c_int) -> 
 
 #[no_mangle]
 pub unsafe extern "C" fn cublasGetPointerMode_v2(_handle: *mut c_void, mode: *mut c_int) -> Status {
-    if mode.is_null() {
-        return INVALID_VALUE;
-    }
     // SAFETY: the caller's out-pointer.
-    unsafe { *mode = 0 };
-    SUCCESS
+    unsafe { put(mode, 0) }
 }
 
 #[no_mangle]
@@ -179,229 +178,11 @@ pub extern "C" fn cublasSetWorkspace_v2(_handle: *mut c_void, _ws: *mut c_void, 
     SUCCESS
 }
 
-#[no_mangle]
-pub extern "C" fn cublasSgemm_v2(
-    _h: *mut c_void,
-    transa: c_int,
-    transb: c_int,
-    m: c_int,
-    n: c_int,
-    k: c_int,
-    alpha: *const f32,
-    a: u64,
-    lda: c_int,
-    b: u64,
-    ldb: c_int,
-    beta: *const f32,
-    c: u64,
-    ldc: c_int,
-) -> Status {
-    run(GemmDesc {
-        transa,
-        transb,
-        m,
-        n,
-        k,
-        alpha: alpha.cast(),
-        beta: beta.cast(),
-        a,
-        a_type: R_32F,
-        lda,
-        stride_a: 0,
-        b,
-        b_type: R_32F,
-        ldb,
-        stride_b: 0,
-        c,
-        c_type: R_32F,
-        ldc,
-        stride_c: 0,
-        batch: 1,
-        compute: R_32F,
-    })
-}
+/// `cublasGemmAlgo_t`'s default; the emulator has one algorithm.
+const DEFAULT_ALGO: c_int = -1;
 
-#[no_mangle]
-pub extern "C" fn cublasDgemm_v2(
-    _h: *mut c_void,
-    transa: c_int,
-    transb: c_int,
-    m: c_int,
-    n: c_int,
-    k: c_int,
-    alpha: *const f64,
-    a: u64,
-    lda: c_int,
-    b: u64,
-    ldb: c_int,
-    beta: *const f64,
-    c: u64,
-    ldc: c_int,
-) -> Status {
-    run(GemmDesc {
-        transa,
-        transb,
-        m,
-        n,
-        k,
-        alpha: alpha.cast(),
-        beta: beta.cast(),
-        a,
-        a_type: R_64F,
-        lda,
-        stride_a: 0,
-        b,
-        b_type: R_64F,
-        ldb,
-        stride_b: 0,
-        c,
-        c_type: R_64F,
-        ldc,
-        stride_c: 0,
-        batch: 1,
-        compute: R_64F,
-    })
-}
-
-#[no_mangle]
-pub extern "C" fn cublasSgemmStridedBatched(
-    _h: *mut c_void,
-    transa: c_int,
-    transb: c_int,
-    m: c_int,
-    n: c_int,
-    k: c_int,
-    alpha: *const f32,
-    a: u64,
-    lda: c_int,
-    stride_a: c_longlong,
-    b: u64,
-    ldb: c_int,
-    stride_b: c_longlong,
-    beta: *const f32,
-    c: u64,
-    ldc: c_int,
-    stride_c: c_longlong,
-    batch: c_int,
-) -> Status {
-    run(GemmDesc {
-        transa,
-        transb,
-        m,
-        n,
-        k,
-        alpha: alpha.cast(),
-        beta: beta.cast(),
-        a,
-        a_type: R_32F,
-        lda,
-        stride_a,
-        b,
-        b_type: R_32F,
-        ldb,
-        stride_b,
-        c,
-        c_type: R_32F,
-        ldc,
-        stride_c,
-        batch,
-        compute: R_32F,
-    })
-}
-
-#[no_mangle]
-pub extern "C" fn cublasDgemmStridedBatched(
-    _h: *mut c_void,
-    transa: c_int,
-    transb: c_int,
-    m: c_int,
-    n: c_int,
-    k: c_int,
-    alpha: *const f64,
-    a: u64,
-    lda: c_int,
-    stride_a: c_longlong,
-    b: u64,
-    ldb: c_int,
-    stride_b: c_longlong,
-    beta: *const f64,
-    c: u64,
-    ldc: c_int,
-    stride_c: c_longlong,
-    batch: c_int,
-) -> Status {
-    run(GemmDesc {
-        transa,
-        transb,
-        m,
-        n,
-        k,
-        alpha: alpha.cast(),
-        beta: beta.cast(),
-        a,
-        a_type: R_64F,
-        lda,
-        stride_a,
-        b,
-        b_type: R_64F,
-        ldb,
-        stride_b,
-        c,
-        c_type: R_64F,
-        ldc,
-        stride_c,
-        batch,
-        compute: R_64F,
-    })
-}
-
-#[no_mangle]
-pub extern "C" fn cublasGemmEx(
-    _h: *mut c_void,
-    transa: c_int,
-    transb: c_int,
-    m: c_int,
-    n: c_int,
-    k: c_int,
-    alpha: *const c_void,
-    a: u64,
-    a_type: c_int,
-    lda: c_int,
-    b: u64,
-    b_type: c_int,
-    ldb: c_int,
-    beta: *const c_void,
-    c: u64,
-    c_type: c_int,
-    ldc: c_int,
-    compute: c_int,
-    _algo: c_int,
-) -> Status {
-    run(GemmDesc {
-        transa,
-        transb,
-        m,
-        n,
-        k,
-        alpha,
-        beta,
-        a,
-        a_type,
-        lda,
-        stride_a: 0,
-        b,
-        b_type,
-        ldb,
-        stride_b: 0,
-        c,
-        c_type,
-        ldc,
-        stride_c: 0,
-        batch: 1,
-        compute,
-    })
-}
-
+/// Every product: the typed and the one-product entry points below are
+/// this one with their types, or with a batch of one (strides 0).
 #[no_mangle]
 pub extern "C" fn cublasGemmStridedBatchedEx(
     _h: *mut c_void,
@@ -452,6 +233,113 @@ pub extern "C" fn cublasGemmStridedBatchedEx(
         compute,
     })
 }
+
+#[no_mangle]
+pub extern "C" fn cublasGemmEx(
+    h: *mut c_void,
+    transa: c_int,
+    transb: c_int,
+    m: c_int,
+    n: c_int,
+    k: c_int,
+    alpha: *const c_void,
+    a: u64,
+    a_type: c_int,
+    lda: c_int,
+    b: u64,
+    b_type: c_int,
+    ldb: c_int,
+    beta: *const c_void,
+    c: u64,
+    c_type: c_int,
+    ldc: c_int,
+    compute: c_int,
+    algo: c_int,
+) -> Status {
+    cublasGemmStridedBatchedEx(
+        h, transa, transb, m, n, k, alpha, a, a_type, lda, 0, b, b_type, ldb, 0, beta, c, c_type, ldc, 0, 1, compute,
+        algo,
+    )
+}
+
+/// The products of one element type `$t`, cudaDataType `$r` for the three
+/// matrices and the arithmetic: `$strided` is cublasGemmStridedBatchedEx
+/// with those types, `$plain` a batch of one of it.
+macro_rules! typed_gemm {
+    ($plain:ident, $strided:ident, $t:ty, $r:expr) => {
+        #[no_mangle]
+        pub extern "C" fn $plain(
+            h: *mut c_void,
+            transa: c_int,
+            transb: c_int,
+            m: c_int,
+            n: c_int,
+            k: c_int,
+            alpha: *const $t,
+            a: u64,
+            lda: c_int,
+            b: u64,
+            ldb: c_int,
+            beta: *const $t,
+            c: u64,
+            ldc: c_int,
+        ) -> Status {
+            $strided(h, transa, transb, m, n, k, alpha, a, lda, 0, b, ldb, 0, beta, c, ldc, 0, 1)
+        }
+
+        #[no_mangle]
+        pub extern "C" fn $strided(
+            h: *mut c_void,
+            transa: c_int,
+            transb: c_int,
+            m: c_int,
+            n: c_int,
+            k: c_int,
+            alpha: *const $t,
+            a: u64,
+            lda: c_int,
+            stride_a: c_longlong,
+            b: u64,
+            ldb: c_int,
+            stride_b: c_longlong,
+            beta: *const $t,
+            c: u64,
+            ldc: c_int,
+            stride_c: c_longlong,
+            batch: c_int,
+        ) -> Status {
+            let (alpha, beta) = (alpha.cast(), beta.cast());
+            cublasGemmStridedBatchedEx(
+                h,
+                transa,
+                transb,
+                m,
+                n,
+                k,
+                alpha,
+                a,
+                $r,
+                lda,
+                stride_a,
+                b,
+                $r,
+                ldb,
+                stride_b,
+                beta,
+                c,
+                $r,
+                ldc,
+                stride_c,
+                batch,
+                $r,
+                DEFAULT_ALGO,
+            )
+        }
+    };
+}
+
+typed_gemm!(cublasSgemm_v2, cublasSgemmStridedBatched, f32, R_32F);
+typed_gemm!(cublasDgemm_v2, cublasDgemmStridedBatched, f64, R_64F);
 
 /// Level-1 and level-2 routines cudarc exposes but tapir does not use.
 macro_rules! not_supported {

@@ -13,6 +13,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::result;
+use smallvec::SmallVec;
 
 use super::buffer::{tensor_of, CudaBuffer};
 use super::context::{driver_error, CudaDevice};
@@ -142,13 +143,23 @@ fn check_shape_after_indices(
     shape.check(op, dtype).or_else(|e| checked(op, dev, idx, size, None).and(Err(e)))
 }
 
+/// Launches the index_select, embedding or index_add kernel `name` over
+/// `count` elements with the arguments all three take: the sizes around
+/// the axis (`[outer, size, inner, n]`, or `[size, inner, n]` for
+/// embedding, which runs on axis 0 only), then the addresses of the input,
+/// the indices, the output and the flag.
+fn launch_split(dev: &CudaDevice, name: &str, count: usize, sizes: &[usize], ptrs: [u64; 4]) -> Result<()> {
+    let args: SmallVec<[Arg; 8]> = sizes.iter().map(|&s| Arg::I64(s as i64)).chain(ptrs.map(Arg::Ptr)).collect();
+    launch(dev, FILE, name, count, &args)
+}
+
 /// Entries `idx` (1-D) of `x` along `axis`.
 pub(crate) fn index_select(axis: usize, x: &Tensor, idx: &Tensor) -> Result<Tensor> {
     let op = "index_select";
     let x = contiguous(x)?;
     let (outer, size, inner) = split(op, x.shape(), axis, idx)?;
     let ld = index_dtype(op, idx)?;
-    let (dev, xp) = device_of(op, &x)?;
+    let (dev, _) = device_of(op, &x)?;
     let idx = contiguous(idx)?;
     let ip = first_element(op, &idx)?;
     let n = idx.numel();
@@ -156,31 +167,13 @@ pub(crate) fn index_select(axis: usize, x: &Tensor, idx: &Tensor) -> Result<Tens
     shape.0[axis] = n;
     let count = check_shape_after_indices(op, &dev, &idx, size, &shape, x.dtype())?;
     let (out, _) = CudaBuffer::alloc(&dev, x.dtype(), count)?;
-    let (xp, outp) = (xp + (x.layout().offset * x.dtype().size_in_bytes()) as u64, out.ptr());
+    let xp = first_element(op, &x)?;
     let main = |bad: u64| {
+        let ptrs = [xp, ip, out.ptr(), bad];
         if axis == 0 && inner >= EMBEDDING_ROW {
-            let args = [
-                Arg::I64(size as i64),
-                Arg::I64(inner as i64),
-                Arg::I64(n as i64),
-                Arg::Ptr(xp),
-                Arg::Ptr(ip),
-                Arg::Ptr(outp),
-                Arg::Ptr(bad),
-            ];
-            launch(&dev, FILE, &kernel("embedding", x.dtype(), ld), count, &args)
+            launch_split(&dev, &kernel("embedding", x.dtype(), ld), count, &[size, inner, n], ptrs)
         } else {
-            let args = [
-                Arg::I64(outer as i64),
-                Arg::I64(size as i64),
-                Arg::I64(inner as i64),
-                Arg::I64(n as i64),
-                Arg::Ptr(xp),
-                Arg::Ptr(ip),
-                Arg::Ptr(outp),
-                Arg::Ptr(bad),
-            ];
-            launch(&dev, FILE, &kernel("index_select", x.dtype(), ld), count, &args)
+            launch_split(&dev, &kernel("index_select", x.dtype(), ld), count, &[outer, size, inner, n], ptrs)
         }
     };
     // With no rows around the axis the kernel visits no index: check them alone.
@@ -195,7 +188,7 @@ pub(crate) fn index_add(axis: usize, size: usize, g: &Tensor, idx: &Tensor) -> R
     let g = contiguous(g)?;
     let (outer, n, inner) = split(op, g.shape(), axis, idx)?;
     let ld = index_dtype(op, idx)?;
-    let (dev, gp) = device_of(op, &g)?;
+    let (dev, _) = device_of(op, &g)?;
     let idx = contiguous(idx)?;
     let ip = first_element(op, &idx)?;
     if n != idx.numel() {
@@ -207,20 +200,11 @@ pub(crate) fn index_add(axis: usize, size: usize, g: &Tensor, idx: &Tensor) -> R
     let count = check_shape_after_indices(op, &dev, &idx, size, &shape, g.dtype())?;
     let (out, _) = CudaBuffer::alloc(&dev, g.dtype(), count)?;
     fill_bytes(&dev, out.ptr(), 0, count * g.dtype().size_in_bytes())?;
-    let gp = gp + (g.layout().offset * g.dtype().size_in_bytes()) as u64;
+    let gp = first_element(op, &g)?;
     let total = g.numel();
     let main = |bad: u64| {
-        let args = [
-            Arg::I64(outer as i64),
-            Arg::I64(size as i64),
-            Arg::I64(inner as i64),
-            Arg::I64(n as i64),
-            Arg::Ptr(gp),
-            Arg::Ptr(ip),
-            Arg::Ptr(out.ptr()),
-            Arg::Ptr(bad),
-        ];
-        launch(&dev, FILE, &kernel("index_add", g.dtype(), ld), total, &args)
+        let sizes = [outer, size, inner, n];
+        launch_split(&dev, &kernel("index_add", g.dtype(), ld), total, &sizes, [gp, ip, out.ptr(), bad])
     };
     checked(op, &dev, &idx, size, (total > 0).then_some(&main as &dyn Fn(u64) -> Result<()>))?;
     Ok(tensor_of(out, shape))

@@ -20,11 +20,16 @@ fn suffix(dtype: DType) -> Option<&'static str> {
     }
 }
 
+/// The uniform or normal kernel of float `dtype`, `None` for another.
+fn float_kernel(normal: bool, dtype: DType) -> Option<String> {
+    suffix(dtype).map(|s| format!("{}_{s}", if normal { "normal" } else { "uniform" }))
+}
+
 /// Every kernel of random.cu, for the NVRTC test.
 pub(crate) fn kernel_names() -> Vec<String> {
     let mut out: Vec<String> = [DType::F32, DType::F64, DType::F16, DType::BF16]
         .into_iter()
-        .flat_map(|d| ["uniform", "normal"].map(|k| format!("{k}_{}", suffix(d).expect("internal: a float dtype"))))
+        .flat_map(|d| [false, true].map(|normal| float_kernel(normal, d).expect("internal: a float dtype")))
         .collect();
     out.push("randint_i64".into());
     out
@@ -49,9 +54,10 @@ pub(crate) fn generate(
     let (kernel, p0, p1, out_dtype) = match draw {
         Draw::Int { n: range } => ("randint_i64".to_string(), Arg::I64(range as i64), None, DType::I64),
         Draw::Uniform { lo, scale } | Draw::Normal { mean: lo, std: scale } => {
-            let s = suffix(dtype).ok_or(Error::UnsupportedDType { op, dtype, expected: "a float dtype" })?;
-            let k = if matches!(draw, Draw::Uniform { .. }) { "uniform" } else { "normal" };
-            (format!("{k}_{s}"), Arg::F64(lo), Some(Arg::F64(scale)), dtype)
+            let normal = matches!(draw, Draw::Normal { .. });
+            let k =
+                float_kernel(normal, dtype).ok_or(Error::UnsupportedDType { op, dtype, expected: "a float dtype" })?;
+            (k, Arg::F64(lo), Some(Arg::F64(scale)), dtype)
         }
     };
     let (out, _) = CudaBuffer::alloc(&dev, out_dtype, n)?;

@@ -15,6 +15,7 @@ use smallvec::SmallVec;
 
 use super::buffer::{tensor_of, CudaBuffer};
 use super::ops::{cast, contiguous, device_of, float_suffix, launch, Arg, BLOCK};
+use super::shape::first_element;
 use crate::ops::reduce::{check_axes, reduced_shape, ArgReduce, Reduce, ReduceKind};
 use crate::ops::softmax::Softmax;
 use crate::ops::Op;
@@ -80,13 +81,6 @@ pub(crate) fn kernels() -> Vec<(&'static str, String)> {
     out
 }
 
-/// The device address of `t`'s first element (its buffer's plus the
-/// view's offset).
-fn first_element(op: &'static str, t: &Tensor) -> Result<u64> {
-    let (_, ptr) = device_of(op, t)?;
-    Ok(ptr + (t.layout().offset * t.dtype().size_in_bytes()) as u64)
-}
-
 /// `x` with the kept axes first and `axes` last, contiguous, with the
 /// number of rows (one per kept index) and of elements in each.
 fn rows_last(x: &Tensor, axes: &[usize]) -> Result<(Tensor, usize, usize)> {
@@ -118,6 +112,27 @@ fn launch_rows(file: &'static str, name: &str, x: u64, dims: (usize, usize), out
     launch(&out.dev, file, name, rows.saturating_mul(per_row), &args)
 }
 
+/// The first launch of a split reduction: the `(rows, cols, n, x,
+/// partial)` kernel `name` of `reduce.cu` on the rows at device address
+/// `x`, on `blocks` blocks of [`BLOCK`] threads, into `len` partials in the
+/// accumulation type of `dtype` (f64 for f64, f32 otherwise), which it
+/// returns for the merge to read.
+fn launch_part(
+    out: &CudaBuffer,
+    name: &str,
+    dtype: DType,
+    x: u64,
+    [rows, cols, n]: [usize; 3],
+    len: usize,
+    blocks: usize,
+) -> Result<CudaBuffer> {
+    let acc = if dtype == DType::F64 { DType::F64 } else { DType::F32 };
+    let (partial, _) = CudaBuffer::alloc(&out.dev, acc, len)?;
+    let args = [Arg::I64(rows as i64), Arg::I64(cols as i64), Arg::I64(n as i64), Arg::Ptr(x), Arg::Ptr(partial.ptr())];
+    launch(&out.dev, REDUCE, name, blocks.saturating_mul(BLOCK as usize), &args)?;
+    Ok(partial)
+}
+
 /// The sum over the leading `rows` of contiguous `x`, viewed as `[rows,
 /// cols]`, into `out`: one launch, a block per tile of 32 columns, or, when
 /// that makes few blocks over many rows, partial sums of row ranges (freed
@@ -136,17 +151,8 @@ fn sum_leading(x: &Tensor, dims: (usize, usize), out: &CudaBuffer) -> Result<()>
     }
     let part_rows = rows.div_ceil(parts);
     let parts = rows.div_ceil(part_rows);
-    let acc = if x.dtype() == DType::F64 { DType::F64 } else { DType::F32 };
-    let (partial, _) = CudaBuffer::alloc(&out.dev, acc, parts * cols)?;
-    let args = [
-        Arg::I64(rows as i64),
-        Arg::I64(cols as i64),
-        Arg::I64(part_rows as i64),
-        Arg::Ptr(at),
-        Arg::Ptr(partial.ptr()),
-    ];
-    let threads = (tiles * parts).saturating_mul(BLOCK as usize);
-    launch(&out.dev, REDUCE, &sum_cols_kernel("part_", x.dtype()), threads, &args)?;
+    let kernel = sum_cols_kernel("part_", x.dtype());
+    let partial = launch_part(out, &kernel, x.dtype(), at, [rows, cols, part_rows], parts * cols, tiles * parts)?;
     let args = [Arg::I64(parts as i64), Arg::I64(cols as i64), Arg::Ptr(partial.ptr()), Arg::Ptr(out.ptr())];
     launch(&out.dev, REDUCE, &sum_cols_kernel("merge_", x.dtype()), tiles * BLOCK as usize, &args)
 }
@@ -157,17 +163,9 @@ fn sum_leading(x: &Tensor, dims: (usize, usize), out: &CudaBuffer) -> Result<()>
 fn reduce_split(op: &Reduce, v: &Tensor, dims: (usize, usize), out: &CudaBuffer) -> Result<()> {
     let (rows, cols) = dims;
     let parts = cols.div_ceil(CHUNK);
-    let acc = if v.dtype() == DType::F64 { DType::F64 } else { DType::F32 };
-    let (partial, _) = CudaBuffer::alloc(&out.dev, acc, rows * parts)?;
-    let args = [
-        Arg::I64(rows as i64),
-        Arg::I64(cols as i64),
-        Arg::I64(CHUNK as i64),
-        Arg::Ptr(first_element(op.name(), v)?),
-        Arg::Ptr(partial.ptr()),
-    ];
-    let threads = (rows * parts).saturating_mul(BLOCK as usize);
-    launch(&out.dev, REDUCE, &reduce_kernel(&op.kind, "part", v.dtype()), threads, &args)?;
+    let kernel = reduce_kernel(&op.kind, "part", v.dtype());
+    let at = first_element(op.name(), v)?;
+    let partial = launch_part(out, &kernel, v.dtype(), at, [rows, cols, CHUNK], rows * parts, rows * parts)?;
     launch_rows(REDUCE, &reduce_kernel(&op.kind, "merge", v.dtype()), partial.ptr(), (rows, parts), out)
 }
 
