@@ -1,9 +1,9 @@
 // Sparse cross-entropy on a contiguous [rows, v] block of logits: no
 // one-hot, no softmax buffer.
 //
-// Forward, `ce_fwd_<dtype>(rows, v, x, labels, ignore_index, smoothing,
-// lse, loss, bad_row, valid)`: one block per row (grid-stride over rows),
-// blockDim a multiple of 32. One pass over the row keeps an online
+// Forward, `ce_fwd_<dtype>(rows, v, x, bias, labels, ignore_index,
+// smoothing, lse, loss, bad_row, valid)`: one block per row (grid-stride
+// over rows), blockDim a multiple of 32. One pass over the row keeps an online
 // (max, sum exp) per thread, and the row sum when label smoothing needs it;
 // warp shuffles then shared memory merge them. Per row it writes
 //   lse[r]  = log sum_j exp(x_j)                    (kept for the backward)
@@ -17,8 +17,15 @@
 // error the CPU returns. *valid counts the non-ignored rows (for the mean),
 // when not null.
 //
-// Backward, `ce_bwd_<dtype>(rows, v, x, lse, labels, ignore_index,
-// smoothing, g, g_stride, scale)`: overwrites the logits x in place with
+// `bias` (v values, or null) is added to every row as it is read: the
+// fused linear head passes its bias here, so a chunk of logits is the
+// matmul's output alone and no second chunk-sized buffer holds the sum.
+// The sum is rounded to the accumulation type, which for the head's
+// compute dtype is the dtype itself, as the CPU's `logits + bias`.
+//
+// Backward, `ce_bwd_<dtype>(rows, v, x, bias, lse, labels, ignore_index,
+// smoothing, g, g_stride, scale)`: overwrites the logits x (plus bias, as
+// above) in place with
 //   w_r * (exp(x - lse_r) - eps / v),   minus w_r * (1 - eps) at the label,
 // where w_r = g[r * g_stride] * scale (g_stride 0 for a scalar upstream
 // gradient; scale 1 / valid for the mean, 1 otherwise). Ignored rows become
@@ -27,12 +34,14 @@
 // Offsets are 64-bit: rows * v may exceed 2^31 (N = 32768, V = 128256).
 // lse is kept in the accumulation type (float for f32/f16/bf16).
 //
-// `ce_scale_<dtype>(n, x, s)` and `ce_add_<dtype>(n, x, y)` scale and add
-// in place (x *= s, x += y): the fused linear head accumulates its weight
-// and bias gradients chunk by chunk without a second buffer of their size.
+// `ce_scale_<dtype>(n, x, s)` scales in place (x *= s), and
+// `ce_bias_grad_<dtype>(rows, v, g, db)` adds the column sums of the
+// [rows, v] block g to db (a thread per column, rows summed in the
+// accumulation type): the fused linear head scales its gradients and
+// accumulates its bias gradient chunk by chunk with no buffer beyond them.
 
 template <typename T, typename L>
-__device__ __forceinline__ void ce_fwd(i64 rows, i64 v, const T* x, const L* labels, i64 ignore_index,
+__device__ __forceinline__ void ce_fwd(i64 rows, i64 v, const T* x, const T* bias, const L* labels, i64 ignore_index,
                                        double smoothing, typename Acc<T>::type* lse_out, typename Acc<T>::type* loss_out,
                                        u64* bad_row, u64* valid) {
     typedef typename Acc<T>::type A;
@@ -45,6 +54,7 @@ __device__ __forceinline__ void ce_fwd(i64 rows, i64 v, const T* x, const L* lab
         A sx = A(0);
         for (i64 c = threadIdx.x; c < v; c += blockDim.x) {
             A e = to_acc(row[c]);
+            if (bias) e += to_acc(bias[c]);
             st = lse_push(st, e);
             if (smooth) sx += e;
         }
@@ -60,7 +70,9 @@ __device__ __forceinline__ void ce_fwd(i64 rows, i64 v, const T* x, const L* lab
                 // ignored: loss 0, not counted
             } else if (y >= 0 && y < v) {
                 A eps = (A)smoothing;
-                loss = lse - (A(1) - eps) * to_acc(row[y]) - eps * sx / (A)v;
+                A xy = to_acc(row[y]);
+                if (bias) xy += to_acc(bias[y]);
+                loss = lse - (A(1) - eps) * xy - eps * sx / (A)v;
                 if (valid) atomicAdd(valid, 1ull);
             } else {
                 atomicMin(bad_row, (u64)r);
@@ -71,7 +83,8 @@ __device__ __forceinline__ void ce_fwd(i64 rows, i64 v, const T* x, const L* lab
 }
 
 template <typename T, typename L>
-__device__ __forceinline__ void ce_bwd(i64 rows, i64 v, T* x, const typename Acc<T>::type* lse, const L* labels,
+__device__ __forceinline__ void ce_bwd(i64 rows, i64 v, T* x, const T* bias, const typename Acc<T>::type* lse,
+                                       const L* labels,
                                        i64 ignore_index, double smoothing, const T* g, i64 g_stride, double scale) {
     typedef typename Acc<T>::type A;
     const A eps_v = (A)(smoothing / (double)v);
@@ -86,25 +99,27 @@ __device__ __forceinline__ void ce_bwd(i64 rows, i64 v, T* x, const typename Acc
         A w = to_acc(g[r * g_stride]) * (A)scale;
         A l = lse[r];
         for (i64 c = threadIdx.x; c < v; c += blockDim.x) {
-            A d = w * (t_exp(to_acc(row[c]) - l) - eps_v);
+            A e = to_acc(row[c]);
+            if (bias) e += to_acc(bias[c]);
+            A d = w * (t_exp(e - l) - eps_v);
             if (c == y) d -= w * on;
             row[c] = from_acc<T>(d);
         }
     }
 }
 
-#define CE_KERNELS(T, SUFFIX, L, LSUFFIX)                                                                       \
-    extern "C" __global__ void ce_fwd_##SUFFIX##_##LSUFFIX(i64 rows, i64 v, const T* x, const L* labels,        \
-                                                            i64 ignore_index, double smoothing,                 \
-                                                            Acc<T>::type* lse, Acc<T>::type* loss, u64* bad_row,\
-                                                            u64* valid) {                                       \
-        ce_fwd<T, L>(rows, v, x, labels, ignore_index, smoothing, lse, loss, bad_row, valid);                   \
-    }                                                                                                           \
-    extern "C" __global__ void ce_bwd_##SUFFIX##_##LSUFFIX(i64 rows, i64 v, T* x, const Acc<T>::type* lse,      \
-                                                            const L* labels, i64 ignore_index,                  \
-                                                            double smoothing, const T* g, i64 g_stride,         \
-                                                            double scale) {                                     \
-        ce_bwd<T, L>(rows, v, x, lse, labels, ignore_index, smoothing, g, g_stride, scale);                     \
+#define CE_KERNELS(T, SUFFIX, L, LSUFFIX)                                                                      \
+    extern "C" __global__ void ce_fwd_##SUFFIX##_##LSUFFIX(i64 rows, i64 v, const T* x, const T* bias,         \
+                                                            const L* labels, i64 ignore_index,                 \
+                                                            double smoothing, Acc<T>::type* lse,               \
+                                                            Acc<T>::type* loss, u64* bad_row, u64* valid) {    \
+        ce_fwd<T, L>(rows, v, x, bias, labels, ignore_index, smoothing, lse, loss, bad_row, valid);            \
+    }                                                                                                          \
+    extern "C" __global__ void ce_bwd_##SUFFIX##_##LSUFFIX(i64 rows, i64 v, T* x, const T* bias,               \
+                                                            const Acc<T>::type* lse, const L* labels,          \
+                                                            i64 ignore_index, double smoothing, const T* g,    \
+                                                            i64 g_stride, double scale) {                      \
+        ce_bwd<T, L>(rows, v, x, bias, lse, labels, ignore_index, smoothing, g, g_stride, scale);              \
     }
 #define CE_ALL(L, LSUFFIX)                       \
     CE_KERNELS(float, f32, L, LSUFFIX)           \
@@ -118,9 +133,13 @@ __device__ __forceinline__ void ce_bwd(i64 rows, i64 v, T* x, const typename Acc
         for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) \
             x[i] = from_acc<T>(to_acc(x[i]) * (A)s);                                             \
     }                                                                                            \
-    extern "C" __global__ void ce_add_##SUFFIX(i64 n, T* x, const T* y) {                        \
-        for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) \
-            x[i] = from_acc<T>(to_acc(x[i]) + to_acc(y[i]));                                     \
+    extern "C" __global__ void ce_bias_grad_##SUFFIX(i64 rows, i64 v, const T* g, T* db) {      \
+        typedef Acc<T>::type A;                                                                  \
+        for (i64 j = (i64)blockIdx.x * blockDim.x + threadIdx.x; j < v; j += (i64)gridDim.x * blockDim.x) { \
+            A s = A(0);                                                                          \
+            for (i64 r = 0; r < rows; ++r) s += to_acc(g[r * v + j]);                            \
+            db[j] = from_acc<T>(to_acc(db[j]) + s);                                              \
+        }                                                                                        \
     }
 CE_INPLACE(float, f32)
 CE_INPLACE(double, f64)

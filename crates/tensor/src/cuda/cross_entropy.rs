@@ -12,12 +12,17 @@
 //! caller holds the only handle on it, else over a private copy.
 //!
 //! The fused linear head runs the same kernels over one chunk of rows of
-//! logits at a time, each made by cuBLAS (the matmul op) and consumed while
-//! it is in memory, so the `[N, V]` logits never exist. Its gradients are
-//! accumulated in place chunk by chunk; each chunk's weight-gradient
-//! product is a `V x D` temporary (the matmul op writes a fresh output)
-//! that is added in place and freed. Everything runs in the compute dtype
-//! (f32 for f16 and bf16, as on the CPU).
+//! logits at a time, each made by cuBLAS and consumed while it is in
+//! memory, so the `[N, V]` logits never exist. A call allocates one
+//! chunk-sized buffer that every chunk's product is written into; the
+//! kernels add the bias as they read a row, so the sum with the bias has
+//! no buffer of its own. The gradients are allocated once per call and
+//! each chunk's products land in them directly: `d_hidden`'s rows are
+//! written by cuBLAS, `d_weight` is accumulated by cuBLAS with `beta = 1`,
+//! and `d_bias` by a kernel adding the chunk's column sums. Above its
+//! inputs a call therefore holds one chunk, the gradients and O(N), the
+//! CPU's bound. Everything runs in the compute dtype (f32 for f16 and
+//! bf16, as on the CPU).
 
 use std::sync::Arc;
 
@@ -25,13 +30,12 @@ use cudarc::driver::result;
 
 use super::buffer::{tensor_of, CudaBuffer};
 use super::context::{driver_error, CudaDevice};
+use super::matmul::gemm_into;
 use super::ops::{cast, contiguous, device_of, launch, Arg, BLOCK};
 use super::shape::{fill_bytes, first_element};
-use crate::ops::binary::BinaryOps;
 use crate::ops::cross_entropy::{
     check_options, compute_dtype, CrossEntropyOptions, LinearCrossEntropy, Reduction, SparseCrossEntropy,
 };
-use crate::ops::matmul::MatmulOps;
 use crate::ops::reduce::ReduceOps;
 use crate::ops::shape::ShapeOps;
 use crate::ops::unary::UnaryOps;
@@ -64,7 +68,7 @@ pub(crate) fn kernels() -> Vec<(&'static str, String)> {
             out.push((FILE, bwd_kernel(dt, ld)));
         }
         out.push((FILE, inplace_kernel("scale", dt)));
-        out.push((FILE, inplace_kernel("add", dt)));
+        out.push((FILE, inplace_kernel("bias_grad", dt)));
     }
     out
 }
@@ -94,34 +98,49 @@ fn label_at(labels: &Tensor, row: usize) -> Result<i64> {
     .map_err(|e| driver_error("reading a label", e))
 }
 
+/// A fresh, uninitialised contiguous tensor of `shape` on `dev`, counted
+/// by the memory statistics from now on (a bare buffer is counted only
+/// once a tensor holds it).
+fn scratch(dev: &Arc<CudaDevice>, dtype: DType, shape: Shape) -> Result<Tensor> {
+    let (buf, _) = CudaBuffer::alloc(dev, dtype, shape.numel())?;
+    Ok(tensor_of(buf, shape))
+}
+
+/// The device address of `t`'s first element, for a tensor made here.
+fn ptr(t: &Tensor) -> Result<u64> {
+    first_element("cross_entropy", t)
+}
+
 /// The flag words of one call: `parts` bad-row words (all ones: none yet;
 /// the kernels take the minimum) and a zeroed count of kept rows last.
-fn flags(dev: &Arc<CudaDevice>, parts: usize) -> Result<CudaBuffer> {
-    let (buf, _) = CudaBuffer::alloc(dev, DType::I64, parts + 1)?;
-    fill_bytes(dev, buf.ptr(), 0xff, parts * 8)?;
-    fill_bytes(dev, buf.ptr() + (parts * 8) as u64, 0, 8)?;
-    Ok(buf)
+fn flags(dev: &Arc<CudaDevice>, parts: usize) -> Result<Tensor> {
+    let t = scratch(dev, DType::I64, Shape::from([parts + 1]))?;
+    let p = ptr(&t)?;
+    fill_bytes(dev, p, 0xff, parts * 8)?;
+    fill_bytes(dev, p + (parts * 8) as u64, 0, 8)?;
+    Ok(t)
 }
 
 /// Reads the flag words once (waiting for the kernels queued before).
-fn read_flags(dev: &Arc<CudaDevice>, buf: &CudaBuffer, parts: usize) -> Result<Vec<u64>> {
+fn read_flags(dev: &Arc<CudaDevice>, flag: &Tensor, parts: usize) -> Result<Vec<u64>> {
     dev.bind()?;
     let mut v = vec![0u64; parts + 1];
     // SAFETY: the block holds `parts + 1` u64s; the synchronous copy waits
     // for the kernels queued before it on the device's stream.
-    unsafe { result::memcpy_dtoh_sync(&mut v[..], buf.ptr()) }
+    unsafe { result::memcpy_dtoh_sync(&mut v[..], ptr(flag)?) }
         .map_err(|e| driver_error("reading the label flag", e))?;
     Ok(v)
 }
 
-/// The forward kernel over `rows` contiguous rows of `v` logits at `x`:
-/// their lse and per-row loss into `lse` and `loss` (accumulation type).
+/// The forward kernel over `rows` contiguous rows of `v` logits at `x`
+/// (plus the `v` values at `bias`, unless it is 0): their lse and per-row
+/// loss into `lse` and `loss` (accumulation type).
 #[allow(clippy::too_many_arguments)]
 fn launch_fwd(
     dev: &CudaDevice,
     kernel: &str,
     (rows, v): (usize, usize),
-    x: u64,
+    (x, bias): (u64, u64),
     labels: u64,
     o: &CrossEntropyOptions,
     (lse, loss): (u64, u64),
@@ -134,6 +153,7 @@ fn launch_fwd(
         Arg::I64(rows as i64),
         Arg::I64(v as i64),
         Arg::Ptr(x),
+        Arg::Ptr(bias),
         Arg::Ptr(labels),
         Arg::I64(o.ignore_index),
         Arg::F64(o.label_smoothing),
@@ -145,14 +165,14 @@ fn launch_fwd(
     launch(dev, FILE, kernel, rows.saturating_mul(BLOCK as usize), &args)
 }
 
-/// The backward kernel over `rows` contiguous rows at `x`, in place, with
-/// row weights `g[r * g_stride] * scale`.
+/// The backward kernel over `rows` contiguous rows at `x` (plus `bias`,
+/// unless it is 0), in place, with row weights `g[r * g_stride] * scale`.
 #[allow(clippy::too_many_arguments)]
 fn launch_bwd(
     dev: &CudaDevice,
     kernel: &str,
     (rows, v): (usize, usize),
-    x: u64,
+    (x, bias): (u64, u64),
     lse: u64,
     labels: u64,
     o: &CrossEntropyOptions,
@@ -165,6 +185,7 @@ fn launch_bwd(
         Arg::I64(rows as i64),
         Arg::I64(v as i64),
         Arg::Ptr(x),
+        Arg::Ptr(bias),
         Arg::Ptr(lse),
         Arg::Ptr(labels),
         Arg::I64(o.ignore_index),
@@ -186,15 +207,16 @@ fn scale_in_place(x: &Tensor, s: f64) -> Result<()> {
     launch(&dev, FILE, &inplace_kernel("scale", x.dtype()), n, &[Arg::I64(n as i64), Arg::Ptr(p), Arg::F64(s)])
 }
 
-/// `x += y` in place (`x` unique and contiguous, `y` contiguous, same size).
-fn add_in_place(x: &Tensor, y: &Tensor) -> Result<()> {
-    let n = x.numel();
-    if n == 0 {
+/// `db += column sums of g` in place (`g` a contiguous `[rows, v]` view,
+/// `db` the unique `[v]` bias gradient, same dtype).
+fn add_column_sums(db: &Tensor, g: &Tensor) -> Result<()> {
+    let (rows, v) = (g.dims()[0], g.dims()[1]);
+    if rows == 0 || v == 0 {
         return Ok(());
     }
-    let (dev, p) = device_of("add", x)?;
-    let q = first_element("add", y)?;
-    launch(&dev, FILE, &inplace_kernel("add", x.dtype()), n, &[Arg::I64(n as i64), Arg::Ptr(p), Arg::Ptr(q)])
+    let (dev, _) = device_of("bias_grad", db)?;
+    let args = [Arg::I64(rows as i64), Arg::I64(v as i64), Arg::Ptr(ptr(g)?), Arg::Ptr(ptr(db)?)];
+    launch(&dev, FILE, &inplace_kernel("bias_grad", db.dtype()), v, &args)
 }
 
 /// `t` itself when the caller holds the only handle on its whole,
@@ -283,24 +305,25 @@ fn sparse_rows(
     let labels = contiguous(&op.labels)?;
     let (dev, _) = device_of(op.name(), &x)?;
     let rows = lead.numel();
-    let (lse, _) = CudaBuffer::alloc(&dev, cd, rows)?;
-    let (loss, _) = CudaBuffer::alloc(&dev, cd, rows)?;
+    let lse = scratch(&dev, cd, lead.clone())?;
+    let loss = scratch(&dev, cd, lead.clone())?;
     let flag = flags(&dev, 1)?;
     if rows > 0 {
+        let fp = ptr(&flag)?;
         launch_fwd(
             &dev,
             &fwd_kernel(x.dtype(), ld),
             (rows, v),
-            first_element(op.name(), &x)?,
+            (first_element(op.name(), &x)?, 0),
             first_element(op.name(), &labels)?,
             &op.options,
-            (lse.ptr(), loss.ptr()),
-            (flag.ptr(), flag.ptr() + 8),
+            (ptr(&lse)?, ptr(&loss)?),
+            (fp, fp + 8),
         )?;
     }
     let words = read_flags(&dev, &flag, 1)?;
     bad_label(op.name(), &labels, &words[..1], 0, v)?;
-    Ok((tensor_of(lse, lead.clone()), tensor_of(loss, lead.clone()), words[1] as usize))
+    Ok((lse, loss, words[1] as usize))
 }
 
 /// The sparse loss's fused backward on CUDA: `g * (softmax - target)`
@@ -325,7 +348,7 @@ pub(crate) fn sparse_grad(op: &SparseCrossEntropy, logits: Tensor, g: &Tensor) -
         &dev,
         &bwd_kernel(grad.dtype(), ld),
         (lead.numel(), v),
-        xp,
+        (xp, 0),
         first_element(name, &lse)?,
         first_element(name, &labels)?,
         &op.options,
@@ -339,14 +362,13 @@ fn head_inputs(xs: &[&Tensor], cd: DType) -> Result<Vec<Tensor>> {
     xs.iter().map(|t| contiguous(&cast(t, cd)?)).collect()
 }
 
-/// One chunk of logits, rows `r0..r0 + c` of `h @ w^T + b`, by cuBLAS.
-fn chunk_logits(ins: &[Tensor], r0: usize, c: usize) -> Result<(Tensor, Tensor)> {
+/// Rows `r0..r0 + c` of `h @ w^T`, by cuBLAS, written over the first `c`
+/// rows of the call's chunk buffer `buf` (`[chunk, v]`); the bias is left
+/// to the kernels. Returns those rows of logits and of `h`.
+fn chunk_logits(ins: &[Tensor], buf: &Tensor, r0: usize, c: usize) -> Result<(Tensor, Tensor)> {
     let hc = ins[0].narrow(0, r0, c)?;
-    let logits = hc.matmul(&ins[1].t()?)?;
-    let logits = match ins.get(2) {
-        Some(b) => logits.add(b)?,
-        None => logits,
-    };
+    let logits = buf.narrow(0, 0, c)?;
+    gemm_into(&hc, &ins[1].t()?, &logits, 0.0)?;
     Ok((logits, hc))
 }
 
@@ -357,24 +379,16 @@ fn zero_grads(ins: &[Tensor], cd: DType) -> Result<Vec<Tensor>> {
 }
 
 /// Pushes the logits' gradient `g` (`c x v`) of rows `r0..` (hidden rows
-/// `hc`) into the gradients: `g @ w` into those rows of `d_hidden`,
-/// `g^T @ hc` and the column sums of `g` added to `d_weight` and `d_bias`.
+/// `hc`) into the gradients, with no buffer of its own: `g @ w` is written
+/// into those rows of `d_hidden` (no other chunk writes them), `g^T @ hc`
+/// is accumulated into `d_weight` (cuBLAS's `beta = 1`) and the column
+/// sums of `g` into `d_bias`.
 fn backprop_chunk(g: &Tensor, hc: &Tensor, ins: &[Tensor], r0: usize, grads: &[Tensor]) -> Result<()> {
-    let dh = g.matmul(&ins[1])?;
-    let bytes = dh.numel() * dh.dtype().size_in_bytes();
-    if bytes > 0 {
-        let (dev, base) = device_of("linear_cross_entropy", &grads[0])?;
-        let at = base + (r0 * ins[0].dims()[1] * dh.dtype().size_in_bytes()) as u64;
-        // SAFETY: rows `r0..r0 + c` of d_hidden hold exactly `bytes` bytes.
-        unsafe {
-            result::memcpy_dtod_async(at, first_element("linear_cross_entropy", &dh)?, bytes, dev.stream.cu_stream())
-        }
-        .map_err(|e| driver_error("device copy", e))?;
-    }
-    drop(dh);
-    add_in_place(&grads[1], &g.t()?.matmul(hc)?)?;
+    let c = g.dims()[0];
+    gemm_into(g, &ins[1], &grads[0].narrow(0, r0, c)?, 0.0)?;
+    gemm_into(&g.t()?, hc, &grads[1], 1.0)?;
     if let Some(db) = grads.get(2) {
-        add_in_place(db, &g.sum(&[0], false)?)?;
+        add_column_sums(db, g)?;
     }
     Ok(())
 }
@@ -397,6 +411,16 @@ impl HeadRun<'_> {
 
     fn chunks(&self) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
         (0..self.parts()).map(|k| (k, k * self.chunk, self.chunk.min(self.n - k * self.chunk)))
+    }
+
+    /// The one chunk of logits a call writes every chunk's product into.
+    fn chunk_buffer(&self, dev: &Arc<CudaDevice>, cd: DType) -> Result<Tensor> {
+        scratch(dev, cd, Shape::from([self.chunk.min(self.n), self.v]))
+    }
+
+    /// The address of the bias, or 0 (none) for the kernels.
+    fn bias(&self) -> Result<u64> {
+        self.ins.get(2).map_or(Ok(0), ptr)
     }
 }
 
@@ -431,35 +455,48 @@ fn head_forward(
 ) -> Result<(Tensor, Tensor, usize, Option<Vec<Tensor>>)> {
     let name = run.op.name();
     let (dev, _) = device_of(name, &run.ins[0])?;
-    let (lse, _) = CudaBuffer::alloc(&dev, cd, run.n)?;
-    let (loss, _) = CudaBuffer::alloc(&dev, cd, run.n)?;
+    let shape = Shape::from([run.n]);
+    let lse = scratch(&dev, cd, shape.clone())?;
+    let loss = scratch(&dev, cd, shape)?;
     let parts = run.parts();
     let flag = flags(&dev, parts)?;
     let grads = if precompute { Some(zero_grads(&run.ins, cd)?) } else { None };
     let one = Tensor::full_on((), 1.0, cd, run.ins[0].device())?;
+    let buf = run.chunk_buffer(&dev, cd)?;
     let (asz, lsz) = (cd.size_in_bytes() as u64, run.ld.size_in_bytes() as u64);
-    let lp = first_element(name, &run.labels)?;
+    let (lp, bp, fp) = (first_element(name, &run.labels)?, run.bias()?, ptr(&flag)?);
+    let (lsep, lossp) = (ptr(&lse)?, ptr(&loss)?);
     for (k, r0, c) in run.chunks() {
-        let (logits, hc) = chunk_logits(&run.ins, r0, c)?;
-        let xp = first_element(name, &logits)?;
+        let (logits, hc) = chunk_logits(&run.ins, &buf, r0, c)?;
+        let xp = ptr(&logits)?;
         let at = r0 as u64;
         launch_fwd(
             &dev,
             &fwd_kernel(cd, run.ld),
             (c, run.v),
-            xp,
+            (xp, bp),
             lp + at * lsz,
             &run.op.options,
-            (lse.ptr() + at * asz, loss.ptr() + at * asz),
-            (flag.ptr() + 8 * k as u64, flag.ptr() + 8 * parts as u64),
+            (lsep + at * asz, lossp + at * asz),
+            (fp + 8 * k as u64, fp + 8 * parts as u64),
         )?;
         if let Some(gr) = grads.as_ref() {
-            let g = (first_element(name, &one)?, 0, 1.0);
-            let lse_at = lse.ptr() + at * asz;
-            launch_bwd(&dev, &bwd_kernel(cd, run.ld), (c, run.v), xp, lse_at, lp + at * lsz, &run.op.options, g)?;
+            let g = (ptr(&one)?, 0, 1.0);
+            let x = (xp, bp);
+            launch_bwd(
+                &dev,
+                &bwd_kernel(cd, run.ld),
+                (c, run.v),
+                x,
+                lsep + at * asz,
+                lp + at * lsz,
+                &run.op.options,
+                g,
+            )?;
             backprop_chunk(&logits, &hc, &run.ins, r0, gr)?;
         }
     }
+    drop(buf);
     let words = read_flags(&dev, &flag, parts)?;
     bad_label(name, &run.labels, &words[..parts], run.chunk, run.v)?;
     let valid = words[parts] as usize;
@@ -470,7 +507,7 @@ fn head_forward(
             gr.iter().try_for_each(|t| scale_in_place(t, s))?;
         }
     }
-    Ok((tensor_of(loss, Shape::from([run.n])), tensor_of(lse, Shape::from([run.n])), valid, grads))
+    Ok((loss, lse, valid, grads))
 }
 
 /// The fused head's eager backward on CUDA: the forward's gradients scaled
@@ -506,15 +543,18 @@ pub(crate) fn linear_backward(op: &LinearCrossEntropy, xs: &[Tensor], g: &Tensor
     let (g, stride, scale) = weights(g, cd, op.options.reduction, valid)?;
     let (dev, _) = device_of(name, &run.ins[0])?;
     let grads = zero_grads(&run.ins, cd)?;
+    let buf = run.chunk_buffer(&dev, cd)?;
     let (asz, lsz) = (cd.size_in_bytes() as u64, ld.size_in_bytes() as u64);
     let (lp, lsep, gp) = (first_element(name, &run.labels)?, first_element(name, &lse)?, first_element(name, &g)?);
+    let bp = run.bias()?;
     for (_, r0, c) in run.chunks() {
-        let (logits, hc) = chunk_logits(&run.ins, r0, c)?;
+        let (logits, hc) = chunk_logits(&run.ins, &buf, r0, c)?;
         let at = r0 as u64;
         let w = (gp + (stride * r0) as u64 * asz, stride, scale);
-        let xp = first_element(name, &logits)?;
-        launch_bwd(&dev, &bwd_kernel(cd, ld), (c, v), xp, lsep + at * asz, lp + at * lsz, &op.options, w)?;
+        let xp = ptr(&logits)?;
+        launch_bwd(&dev, &bwd_kernel(cd, ld), (c, v), (xp, bp), lsep + at * asz, lp + at * lsz, &op.options, w)?;
         backprop_chunk(&logits, &hc, &run.ins, r0, &grads)?;
     }
+    drop(buf);
     grads.iter().map(|t| cast(t, dt)).collect()
 }

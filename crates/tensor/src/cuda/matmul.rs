@@ -177,6 +177,7 @@ pub(crate) fn forward(a: &Tensor, b: &Tensor) -> Result<Tensor> {
             b: (xa.ptr + off(&sa), xa.trans, xa.ld, ia),
             c: (out.ptr() + off(&sc), p.n, ic),
             batch: inner,
+            beta: 0.0,
         };
         // cudarc panics when cuBLAS lacks an entry point it looks up.
         let h = *blas.handle();
@@ -195,8 +196,84 @@ pub(crate) fn forward(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     Ok(tensor_of(out, shape))
 }
 
+/// `out = a @ b + beta * out` for the matrices `a` (`[m, k]`) and `b`
+/// (`[k, n]`) into `out`, a contiguous `[m, n]` view of a buffer the
+/// caller holds the only handle on, in one cuBLAS call. With `beta = 1`
+/// the product is accumulated where it will stay, so a caller summing
+/// products (the fused cross-entropy head's gradients, chunk by chunk)
+/// needs no buffer of the product's size; with `beta = 0` `out` is not
+/// read, as cuBLAS does not read `C` then.
+pub(crate) fn gemm_into(a: &Tensor, b: &Tensor, out: &Tensor, beta: f64) -> Result<()> {
+    let op = "matmul";
+    let dtype = out.dtype();
+    let (m, n) = match out.dims() {
+        &[m, n] => (m, n),
+        _ => return Err(Error::invalid_arg(op, "gemm_into writes a matrix")),
+    };
+    if a.rank() != 2 || b.rank() != 2 || a.dims()[0] != m || b.dims()[1] != n || a.dims()[1] != b.dims()[0] {
+        return Err(Error::ShapeMismatch { op, lhs: Box::new(a.shape().clone()), rhs: Box::new(b.shape().clone()) });
+    }
+    for t in [a, b] {
+        if t.dtype() != dtype {
+            return Err(Error::DTypeMismatch { op, lhs: t.dtype(), rhs: dtype });
+        }
+    }
+    if !dtype.is_float() {
+        return Err(Error::UnsupportedDType { op, dtype, expected: "a float dtype" });
+    }
+    if !out.is_contiguous() {
+        return Err(Error::invalid_arg(op, "gemm_into writes a contiguous output"));
+    }
+    let k = a.dims()[1];
+    for (what, v) in [("m", m), ("k", k), ("n", n)] {
+        if i32::try_from(v).is_err() {
+            return Err(Error::invalid_arg(op, format!("{what} {v} exceeds what one cuBLAS call takes (2^31 - 1)")));
+        }
+    }
+    let buf = buffer_of(out).ok_or(Error::Unsupported { op, device: out.device() })?;
+    let dev = buf.dev.clone();
+    let ptr = buf.ptr() + (out.layout().offset * dtype.size_in_bytes()) as u64;
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    dev.bind()?;
+    if k == 0 {
+        // An empty sum adds nothing; with beta = 0 the output is zeros.
+        if beta == 0.0 {
+            // SAFETY: the view holds `m * n` contiguous elements of the dtype.
+            unsafe {
+                cudarc::driver::result::memset_d8_async(ptr, 0, m * n * dtype.size_in_bytes(), dev.stream.cu_stream())
+            }
+            .map_err(|e| driver_error("matmul: zeroing an empty product", e))?;
+        } else if beta != 1.0 {
+            return Err(Error::invalid_arg(op, "gemm_into scales an empty product's output only by 0 or 1"));
+        }
+        return Ok(());
+    }
+    let none = Shape::from(Vec::new());
+    let (xa, xb) = (operand(a, &none)?, operand(b, &none)?);
+    let blas = dev.blas()?;
+    // Column-major C^T (n x m) = op(B) (n x k) op(A) (k x m), as in `forward`.
+    let call = Gemm {
+        dtype,
+        m: n,
+        n: m,
+        k,
+        a: (xb.ptr, xb.trans, xb.ld, 0),
+        b: (xa.ptr, xa.trans, xa.ld, 0),
+        c: (ptr, n, 0),
+        batch: 1,
+        beta,
+    };
+    let h = *blas.handle();
+    let status = std::panic::catch_unwind(AssertUnwindSafe(|| call.run(h)))
+        .map_err(|_| Error::Cuda("cuBLAS: the library lacks a gemm entry point cudarc needs".into()))?;
+    status.map_err(|e| Error::Cuda(format!("cuBLAS gemm ({dtype}, {m} x {k} x {n}, beta {beta}): {e}")))
+}
+
 /// One strided-batched call, column-major: `(pointer, transposed, ld,
-/// batch stride)` for `a` and `b`, `(pointer, ld, batch stride)` for `c`.
+/// batch stride)` for `a` and `b`, `(pointer, ld, batch stride)` for `c`,
+/// and the weight of `c`'s old value (0: not read).
 struct Gemm {
     dtype: DType,
     m: usize,
@@ -206,6 +283,7 @@ struct Gemm {
     b: (u64, bool, usize, usize),
     c: (u64, usize, usize),
     batch: usize,
+    beta: f64,
 }
 
 impl Gemm {
@@ -218,14 +296,15 @@ impl Gemm {
         let (lda, ldb, ldc) = (lda as i32, ldb as i32, ldc as i32);
         let (sa, sb, sc) = (sa as i64, sb as i64, sc as i64);
         // SAFETY: the pointers are live device blocks of this context
-        // (the operands' buffers, held by the caller, and the fresh
-        // output), each spanning the matrices these sizes, leading
-        // dimensions and strides describe; the scalars are host values of
-        // the compute type, which is the default pointer mode.
+        // (the operands' buffers, held by the caller, and the output, a
+        // fresh block or the caller's), each spanning the matrices these
+        // sizes, leading dimensions and strides describe; the scalars are
+        // host values of the compute type, which is the default pointer
+        // mode.
         unsafe {
             match self.dtype {
                 DType::F32 => {
-                    let (one, zero) = (1f32, 0f32);
+                    let (one, beta) = (1f32, self.beta as f32);
                     result::sgemm_strided_batched(
                         h,
                         op(ta),
@@ -240,7 +319,7 @@ impl Gemm {
                         pb as *const f32,
                         ldb,
                         sb,
-                        &zero,
+                        &beta,
                         pc as *mut f32,
                         ldc,
                         sc,
@@ -248,7 +327,7 @@ impl Gemm {
                     )
                 }
                 DType::F64 => {
-                    let (one, zero) = (1f64, 0f64);
+                    let (one, beta) = (1f64, self.beta);
                     result::dgemm_strided_batched(
                         h,
                         op(ta),
@@ -263,7 +342,7 @@ impl Gemm {
                         pb as *const f64,
                         ldb,
                         sb,
-                        &zero,
+                        &beta,
                         pc as *mut f64,
                         ldc,
                         sc,
@@ -274,7 +353,7 @@ impl Gemm {
                     let t =
                         if self.dtype == DType::F16 { cudaDataType_t::CUDA_R_16F } else { cudaDataType_t::CUDA_R_16BF };
                     // With CUBLAS_COMPUTE_32F the scalars are f32.
-                    let (one, zero) = (1f32, 0f32);
+                    let (one, beta) = (1f32, self.beta as f32);
                     result::gemm_strided_batched_ex(
                         h,
                         op(ta),
@@ -291,7 +370,7 @@ impl Gemm {
                         t,
                         ldb,
                         sb,
-                        (&zero as *const f32).cast::<c_void>(),
+                        (&beta as *const f32).cast::<c_void>(),
                         pc as *mut c_void,
                         t,
                         ldc,
