@@ -33,8 +33,10 @@
 # commit. `tapir bench --device cuda` (step 6) adds the cases at a GPU's
 # scale: sparse cross-entropy at N=32,768 V=32,000 and N=8,192 V=128,256,
 # the fused head at N=8,192 D=4,096 V=128,256 in bf16, each with its peak
-# beside torch.cuda.max_memory_allocated. Still owed beyond this script:
-# `tapir gpt` training steps on CUDA beside PyTorch eager.
+# beside torch.cuda.max_memory_allocated.
+#   8. the training steps (the MLP and the `tapir gpt` model) on CUDA beside
+#      PyTorch eager, time and peak (scripts/bench-nn.sh with
+#      TAPIR_BENCH_DEVICE=cuda).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -124,6 +126,10 @@ step memcheck_cuda 90 cargo run --release -q -p tapir-cli -- memcheck --device c
 step cuda_bench 150 bash -c "set -o pipefail; cargo build --release -q -p tapir-bench-ffi &&
     python3 benches/torch/cuda_ops.py \"\${CARGO_TARGET_DIR:-target}/release/libtapir_bench_ffi.so\" --pairs 3 --time 1 |
     tee \"$OUT/cuda-bench.jsonl\""
+
+# 8. The training steps on CUDA beside PyTorch eager (last: the budget may
+# be spent by now, and every figure before it matters more).
+step nn_steps 150 env TAPIR_BENCH_DEVICE=cuda TAPIR_BENCH_TIME=2 scripts/bench-nn.sh
 
 # Summary.
 {
