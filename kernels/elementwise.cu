@@ -122,6 +122,32 @@ UNARY_ALL(erf)
 UNARY_ALL(sign)
 UNARY_ALL(softplus)
 
+// Integer neg and abs wrap as torch's and the CPU's do (the minimum maps to
+// itself), computed on the unsigned type U. Same arguments as the float
+// unary kernels; p0 and p1 are ignored.
+template <typename T, typename U, bool ABS>
+__device__ __forceinline__ void int_neg_abs(i64 n, int ndim, const i64* info, const T* x, i64 x_off, T* out) {
+    for (i64 i = global_id(); i < n; i += global_stride()) {
+        T v = x[x_off + (info ? strided_offset(i, ndim, info, info + ndim) : i)];
+        out[i] = (ABS && v >= 0) ? v : (T)((U)0 - (U)v);
+    }
+}
+#define INT_UNARY(NAME, ABS)                                                                                   \
+    extern "C" __global__ void NAME##_i32(i64 n, int ndim, const i64* info, const int* x, i64 x_off, double p0, \
+                                          double p1, int* out) {                                              \
+        (void)p0;                                                                                              \
+        (void)p1;                                                                                              \
+        int_neg_abs<int, unsigned, ABS>(n, ndim, info, x, x_off, out);                                         \
+    }                                                                                                          \
+    extern "C" __global__ void NAME##_i64(i64 n, int ndim, const i64* info, const i64* x, i64 x_off, double p0, \
+                                          double p1, i64* out) {                                              \
+        (void)p0;                                                                                              \
+        (void)p1;                                                                                              \
+        int_neg_abs<i64, u64, ABS>(n, ndim, info, x, x_off, out);                                              \
+    }
+INT_UNARY(neg, false)
+INT_UNARY(abs, true)
+
 // Binary functors: `A operator()(A a, A b)`.
 #define BINARY_OP(NAME, EXPR)                                                              \
     struct Op_##NAME {                                                                     \
@@ -211,6 +237,33 @@ COMPARE_KERNEL(double, f64)
 COMPARE_KERNEL(tapir_f16, f16)
 COMPARE_KERNEL(tapir_bf16, bf16)
 
+// Integer comparisons of two tensors, in the operands' own type so int64
+// values past 2^53 compare exactly (as on the CPU). Same arguments as the
+// float kernels; b must be given (an integer tensor against a float scalar
+// is compared in f64 by the host, as the CPU does), `scalar` is ignored.
+template <typename T>
+__device__ __forceinline__ void int_compare(i64 n, int ndim, const i64* info, int cmp, const T* a, i64 a_off,
+                                            const T* b, i64 b_off, T* out) {
+    for (i64 i = global_id(); i < n; i += global_stride()) {
+        i64 ai = a_off + i, bi = b_off + i;
+        if (info) {
+            ai = a_off + strided_offset(i, ndim, info, info + ndim);
+            bi = b_off + strided_offset(i, ndim, info, info + 2 * ndim);
+        }
+        T x = a[ai], y = b[bi];
+        bool r = cmp == 0 ? x == y : cmp == 1 ? x != y : cmp == 2 ? x < y : cmp == 3 ? x <= y : cmp == 4 ? x > y : x >= y;
+        out[i] = r ? 1 : 0;
+    }
+}
+#define INT_COMPARE_KERNEL(T, SUFFIX)                                                                    \
+    extern "C" __global__ void compare_##SUFFIX(i64 n, int ndim, const i64* info, int cmp, const T* a,    \
+                                                i64 a_off, const T* b, i64 b_off, double scalar, T* out) { \
+        (void)scalar;                                                                                    \
+        int_compare<T>(n, ndim, info, cmp, a, a_off, b, b_off, out);                                     \
+    }
+INT_COMPARE_KERNEL(int, i32)
+INT_COMPARE_KERNEL(i64, i64)
+
 // Strided copy to a contiguous buffer (`contiguous()`, and the first step
 // of an op that needs dense rows). Same dtype in and out.
 template <typename T>
@@ -268,6 +321,43 @@ INT_BINARY(sub, 1)
 INT_BINARY(mul, 2)
 INT_BINARY(maximum, 3)
 INT_BINARY(minimum, 4)
+
+// Integer pow by squaring, wrapping as the CPU's (on U, as above). No
+// integer holds a negative power: such an element is written 0 and its
+// lowest output position recorded in *bad (set to ~0 by the host;
+// atomicMin), which the host turns into the CPU's error, reading the
+// exponent back. `pow_<dtype>(n, ndim, info, a, a_offset, b, b_offset, out, bad)`.
+template <typename T, typename U>
+__device__ __forceinline__ void int_pow(i64 n, int ndim, const i64* info, const T* a, i64 a_off, const T* b,
+                                        i64 b_off, T* out, u64* bad) {
+    for (i64 i = global_id(); i < n; i += global_stride()) {
+        i64 ai = a_off + i, bi = b_off + i;
+        if (info) {
+            ai = a_off + strided_offset(i, ndim, info, info + ndim);
+            bi = b_off + strided_offset(i, ndim, info, info + 2 * ndim);
+        }
+        T y = b[bi];
+        if (y < 0) {
+            atomicMin(bad, (u64)i);
+            out[i] = 0;
+            continue;
+        }
+        U base = (U)a[ai], acc = 1;
+        for (u64 e = (u64)y; e > 0; e >>= 1) {
+            if (e & 1) acc *= base;
+            base *= base;
+        }
+        out[i] = (T)acc;
+    }
+}
+extern "C" __global__ void pow_i32(i64 n, int ndim, const i64* info, const int* a, i64 a_off, const int* b,
+                                   i64 b_off, int* out, u64* bad) {
+    int_pow<int, unsigned>(n, ndim, info, a, a_off, b, b_off, out, bad);
+}
+extern "C" __global__ void pow_i64(i64 n, int ndim, const i64* info, const i64* a, i64 a_off, const i64* b,
+                                   i64 b_off, i64* out, u64* bad) {
+    int_pow<i64, u64>(n, ndim, info, a, a_off, b, b_off, out, bad);
+}
 
 // Kernels that move elements without computing on them are named by the
 // width of the value (u16 for f16/bf16, u32 for f32/i32, u64 for f64/i64),

@@ -97,7 +97,7 @@ fn int_kernel<T: Int>(op: Binary, a: &Tensor, b: &Tensor, shape: &Shape) -> Resu
         Binary::Minimum => map2(x, y, &nd, |p: T, q: T| p.min(q)),
         Binary::Pow => {
             if let Some(q) = map2(x, y, &nd, |_, q: T| q.as_i64())?.into_iter().find(|&q| q < 0) {
-                return Err(Error::invalid_arg("pow", format!("integers to negative integer powers are not allowed (exponent {q}); cast to a float dtype first")));
+                return Err(Binary::negative_int_power(q));
             }
             map2(x, y, &nd, |p: T, q: T| int_pow(p, q.as_i64()))
         }

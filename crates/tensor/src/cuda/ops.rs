@@ -100,9 +100,13 @@ pub(crate) fn dims_i64(shape: &Shape) -> Vec<i64> {
 }
 
 /// An elementwise function of one tensor.
+/// Integers: neg and abs (wrapping) have kernels, as on the CPU.
 pub(crate) fn unary(op: Unary, x: &Tensor) -> Result<Tensor> {
     let name = op.name();
-    let suffix = float_suffix(name, x.dtype())?;
+    let suffix = match x.dtype() {
+        d if d.is_int() && Unary::INT_KERNELS.contains(&op) => d.cuda_suffix(),
+        d => float_suffix(name, d)?,
+    };
     let (dev, xp) = device_of(name, x)?;
     let n = x.numel();
     let (out, _) = CudaBuffer::alloc(&dev, x.dtype(), n)?;
@@ -174,16 +178,79 @@ fn pair(op: &'static str, kernel: &str, suffix: &str, a: &Tensor, b: &Tensor, sh
 }
 
 /// An elementwise function of two tensors, broadcast to `shape`.
-/// Integers: add, sub, mul (wrapping), maximum and minimum have kernels;
-/// pow on integers runs on the CPU only (its negative-exponent error is
-/// not checked on the device yet).
+/// Integers: add, sub, mul and pow (wrapping), maximum and minimum have
+/// kernels; division never gets here with integers (it runs in float32).
 pub(crate) fn binary(op: Binary, a: &Tensor, b: &Tensor, shape: &Shape) -> Result<Tensor> {
     let name = crate::ops::Op::name(&op);
+    if op == Binary::Pow && a.dtype().is_int() {
+        return int_pow(a, b, shape);
+    }
     let suffix = match a.dtype() {
         d if d.is_int() && Binary::INT_KERNELS.contains(&op) => d.cuda_suffix(),
         d => float_suffix(name, d)?,
     };
     pair(name, name, suffix, a, b, shape)
+}
+
+/// Integer `a ^ b`, wrapping, broadcast to `shape`. A negative exponent is
+/// the CPU's error, naming the first one in the output's order: the kernel
+/// records the lowest such position in a one-word flag, read once; the
+/// exponent there is read back from `b`.
+fn int_pow(a: &Tensor, b: &Tensor, shape: &Shape) -> Result<Tensor> {
+    let (dev, ap) = device_of("pow", a)?;
+    let (_, bp) = device_of("pow", b)?;
+    let n = shape.numel();
+    let (out, _) = CudaBuffer::alloc(&dev, a.dtype(), n)?;
+    if n == 0 {
+        return Ok(tensor_of(out, shape.clone()));
+    }
+    let info = pair_info(&dev, a, Some(b), shape)?;
+    let (flag, _) = CudaBuffer::alloc(&dev, DType::I64, 1)?;
+    // All ones: no negative exponent yet (the kernel takes the minimum).
+    super::shape::fill_bytes(&dev, flag.ptr(), 0xff, 8)?;
+    let args = [
+        Arg::I64(n as i64),
+        Arg::I32(shape.rank() as i32),
+        Arg::Ptr(info.as_ref().map_or(0, CudaBuffer::ptr)),
+        Arg::Ptr(ap),
+        Arg::I64(a.layout().offset as i64),
+        Arg::Ptr(bp),
+        Arg::I64(b.layout().offset as i64),
+        Arg::Ptr(out.ptr()),
+        Arg::Ptr(flag.ptr()),
+    ];
+    launch(&dev, "elementwise.cu", &format!("pow_{}", a.dtype().cuda_suffix()), n, &args)?;
+    dev.bind()?;
+    let mut bad = [0u64];
+    // SAFETY: the flag is one u64; the synchronous copy waits for the
+    // kernel queued before it on the device's stream.
+    unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut bad, flag.ptr()) }
+        .map_err(|e| driver_error("reading the pow flag", e))?;
+    if bad[0] == u64::MAX {
+        return Ok(tensor_of(out, shape.clone()));
+    }
+    // The exponent's element at that output position, through b's
+    // broadcast strides.
+    let (mut rest, strides) = (bad[0] as usize, broadcast_strides(b, shape));
+    let mut at = b.layout().offset as i64;
+    for (&d, &s) in shape.dims().iter().zip(&strides).rev() {
+        at += (rest % d) as i64 * s;
+        rest /= d;
+    }
+    let addr = bp + (at as u64) * b.dtype().size_in_bytes() as u64;
+    // SAFETY: `at` is an element of b's view (a position of the output
+    // mapped through b's strides), so it lies in b's buffer.
+    let q = unsafe {
+        if b.dtype() == DType::I32 {
+            let mut v = [0i32];
+            cudarc::driver::result::memcpy_dtoh_sync(&mut v, addr).map(|_| i64::from(v[0]))
+        } else {
+            let mut v = [0i64];
+            cudarc::driver::result::memcpy_dtoh_sync(&mut v, addr).map(|_| v[0])
+        }
+    }
+    .map_err(|e| driver_error("reading an exponent", e))?;
+    Err(Binary::negative_int_power(q))
 }
 
 /// `g * (1 - y^2)`, broadcast to `shape`.
@@ -201,7 +268,17 @@ pub(crate) fn compare(
     scalar: f64,
     shape: &Shape,
 ) -> Result<Tensor> {
-    let suffix = float_suffix(op, a.dtype())?;
+    if a.dtype().is_int() && b.is_none() {
+        // As on the CPU: an integer tensor meets a float scalar in f64
+        // (which holds every i32, and i64 below 2^53), and the mask goes
+        // back to the integer dtype.
+        let mask = compare(op, cmp, &cast(a, DType::F64)?, None, scalar, shape)?;
+        return cast(&mask, a.dtype());
+    }
+    let suffix = match a.dtype() {
+        d if d.is_int() => d.cuda_suffix(),
+        d => float_suffix(op, d)?,
+    };
     let (dev, ap) = device_of(op, a)?;
     let bp = b.map(|b| device_of(op, b)).transpose()?.map_or(0, |(_, p)| p);
     // The scalar rounded to the dtype, as the CPU compares it.

@@ -329,9 +329,19 @@ impl Binary {
         Ok((a, b, shape))
     }
 
-    /// The functions with integer CUDA kernels (`add_i32`...).
+    /// The functions with integer CUDA kernels (`add_i32`...): all but
+    /// division, which runs in float32.
     pub const INT_KERNELS: &'static [Binary] =
-        &[Binary::Add, Binary::Sub, Binary::Mul, Binary::Maximum, Binary::Minimum];
+        &[Binary::Add, Binary::Sub, Binary::Mul, Binary::Pow, Binary::Maximum, Binary::Minimum];
+
+    /// The error of an integer raised to the negative power `q`, which no
+    /// integer holds (torch's rule), the same from every device.
+    pub(crate) fn negative_int_power(q: i64) -> crate::Error {
+        crate::Error::invalid_arg(
+            "pow",
+            format!("integers to negative integer powers are not allowed (exponent {q}); cast to a float dtype first"),
+        )
+    }
 
     /// Every two-operand function, once.
     pub const ALL: &'static [Binary] =

@@ -58,6 +58,8 @@ pub fn cuda_kernels() -> Vec<(&'static str, String)> {
     }
     for dt in [DType::I32, DType::I64] {
         out.extend(binary::Binary::INT_KERNELS.iter().map(|b| ("elementwise.cu", b.cuda_kernel(dt))));
+        out.push(("elementwise.cu", binary::Cmp::cuda_kernel(dt)));
+        out.extend(unary::Unary::INT_KERNELS.iter().map(|u| ("elementwise.cu", u.cuda_kernel(dt))));
     }
     out.extend(crate::cuda::index::kernels());
     out.extend(crate::cuda::shape::kernels());

@@ -112,6 +112,10 @@ impl Unary {
         format!("{}_{}", self.name(), dtype.cuda_suffix())
     }
 
+    /// The functions defined on integers too, with integer CUDA kernels
+    /// (`neg_i32`...): they wrap, as torch's do.
+    pub const INT_KERNELS: &'static [Unary] = &[Unary::Neg, Unary::Abs];
+
     /// The op's name, as errors and graph diagnostics show it.
     pub fn name(self) -> &'static str {
         match self {
