@@ -62,7 +62,8 @@ pub(crate) fn float_suffix(op: &'static str, dtype: DType) -> Result<&'static st
         DType::F64 => Ok("f64"),
         DType::F16 => Ok("f16"),
         DType::BF16 => Ok("bf16"),
-        _ => Err(Error::UnsupportedDType { op, dtype, expected: "f32, f64, f16 or bf16 on CUDA" }),
+        // The CPU's words, so an error reads the same from either device.
+        _ => Err(Error::UnsupportedDType { op, dtype, expected: "a float dtype" }),
     }
 }
 
