@@ -46,10 +46,7 @@ fn assert_close(what: &str, cpu: &Tensor, gpu: &Tensor) {
         DType::F16 => 2e-3,
         _ => 1.6e-2,
     };
-    let (a, b) = (cpu.to_vec_f64(), gpu.to_device(Device::Cpu).unwrap().to_vec_f64());
-    for (i, (x, y)) in a.iter().zip(&b).enumerate() {
-        assert!((x - y).abs() <= tol * (1.0 + x.abs()), "{what}: element {i}: cpu {x} vs cuda {y}");
-    }
+    tapir_testing::assert_close(what, &gpu.to_device(Device::Cpu).unwrap().to_vec_f64(), &cpu.to_vec_f64(), tol);
 }
 
 /// `a @ b` on both devices, compared.
