@@ -9,6 +9,7 @@
 use std::sync::{Mutex, MutexGuard};
 
 use tapir_tensor::format_bytes;
+use tapir_tensor::ops::cross_entropy::CrossEntropyOptions;
 use tapir_tensor::prelude::*;
 use tapir_testing::test_device;
 
@@ -407,6 +408,62 @@ test_device! {
         assert_err!(x.narrow(1, 2, 2), Error::IndexOutOfRange { op: "narrow", index: 4, size: 3, .. });
         assert_err!(x.narrow(0, 3, 0), Error::IndexOutOfRange { op: "narrow", size: 2, .. });
         assert_err!(x.narrow(0, usize::MAX, 2), Error::IndexOutOfRange { op: "narrow", .. });
+    }
+}
+
+// ----- labels ----------------------------------------------------------------------
+
+test_device! {
+    /// Both cross-entropies check their labels and shapes alike on every
+    /// device: the lowest bad row with its value, the labels' dtype, the
+    /// shapes, the options.
+    fn cross_entropy_labels_and_shapes_are_checked(device: Device) {
+        let on = On(device);
+        let _g = lock();
+        let x = m23(on);
+        let ce = |labels: &Tensor| x.sparse_cross_entropy(labels);
+        assert_err!(
+            ce(&i64s(on, &[0, 5], &[2])),
+            Error::LabelOutOfRange { op: "sparse_cross_entropy", label: 5, row: 1, classes: 3 }
+        );
+        // Below zero (and not the ignored -100) is out of range too; the
+        // lowest bad row is named, in int32 labels as in int64.
+        let l32 = on.vec(vec![-2i32, 7], [2]).expect("labels");
+        assert_err!(ce(&l32), Error::LabelOutOfRange { op: "sparse_cross_entropy", label: -2, row: 0, classes: 3 });
+        assert!(ce(&i64s(on, &[-100, 2], &[2])).is_ok(), "the ignored label");
+        assert_err!(
+            ce(&f32s(on, &[0.0, 1.0], &[2])),
+            Error::UnsupportedDType { op: "sparse_cross_entropy", dtype: DType::F32, .. }
+        );
+        assert_err!(ce(&i64s(on, &[0, 1, 2], &[3])), Error::ShapeMismatch { op: "sparse_cross_entropy", .. });
+        assert_err!(
+            on.scalar(1.0).sparse_cross_entropy(&i64s(on, &[0], &[])),
+            Error::InvalidShape { op: "sparse_cross_entropy", .. }
+        );
+        let smooth = CrossEntropyOptions { label_smoothing: 1.5, ..Default::default() };
+        assert_err!(
+            x.sparse_cross_entropy_with(&i64s(on, &[0, 1], &[2]), smooth),
+            Error::InvalidArgument { op: "sparse_cross_entropy", .. }
+        );
+        // The fused head: [2, 3] rows against a [4, 3] weight.
+        let w = on.ones([4, 3], DType::F32).expect("alloc");
+        let head = |w: &Tensor, labels: &Tensor, chunk| x.linear_cross_entropy(w, None, labels, Default::default(), chunk);
+        let good = i64s(on, &[3, 0], &[2]);
+        assert!(head(&w, &good, None).is_ok());
+        assert_err!(
+            head(&w, &i64s(on, &[1, 4], &[2]), None),
+            Error::LabelOutOfRange { op: "linear_cross_entropy", label: 4, row: 1, classes: 4 }
+        );
+        assert_err!(
+            head(&on.ones([4, 2], DType::F32).expect("alloc"), &good, None),
+            Error::ShapeMismatch { op: "linear_cross_entropy", .. }
+        );
+        assert_err!(head(&w, &i64s(on, &[0], &[1]), None), Error::ShapeMismatch { op: "linear_cross_entropy", .. });
+        assert_err!(
+            head(&on.ones([4, 3], DType::F64).expect("alloc"), &good, None),
+            Error::DTypeMismatch { op: "linear_cross_entropy", lhs: DType::F32, rhs: DType::F64 }
+        );
+        assert_err!(head(&w, &good, Some(0)), Error::InvalidArgument { op: "linear_cross_entropy", .. });
     }
 }
 
