@@ -157,13 +157,26 @@ fn pair_info(dev: &Arc<CudaDevice>, a: &Tensor, b: Option<&Tensor>, shape: &Shap
 
 /// A two-operand kernel of elementwise.cu named `kernel`, broadcasting to `shape`.
 fn pair(op: &'static str, kernel: &str, suffix: &str, a: &Tensor, b: &Tensor, shape: &Shape) -> Result<Tensor> {
+    pair_flagged(op, kernel, suffix, a, b, shape, None)
+}
+
+/// [`pair`], with the address of a flag the kernel takes after the output.
+fn pair_flagged(
+    op: &'static str,
+    kernel: &str,
+    suffix: &str,
+    a: &Tensor,
+    b: &Tensor,
+    shape: &Shape,
+    flag: Option<u64>,
+) -> Result<Tensor> {
     let (dev, ap) = device_of(op, a)?;
     let (_, bp) = device_of(op, b)?;
     let n = shape.numel();
     let (out, _) = CudaBuffer::alloc(&dev, a.dtype(), n)?;
     if n > 0 {
         let info = pair_info(&dev, a, Some(b), shape)?;
-        let args = [
+        let mut args = vec![
             Arg::I64(n as i64),
             Arg::I32(shape.rank() as i32),
             Arg::Ptr(info.as_ref().map_or(0, CudaBuffer::ptr)),
@@ -173,6 +186,7 @@ fn pair(op: &'static str, kernel: &str, suffix: &str, a: &Tensor, b: &Tensor, sh
             Arg::I64(b.layout().offset as i64),
             Arg::Ptr(out.ptr()),
         ];
+        args.extend(flag.map(Arg::Ptr));
         launch(&dev, "elementwise.cu", &format!("{kernel}_{suffix}"), n, &args)?;
     }
     Ok(tensor_of(out, shape.clone()))
@@ -198,29 +212,14 @@ pub(crate) fn binary(op: Binary, a: &Tensor, b: &Tensor, shape: &Shape) -> Resul
 /// records the lowest such position in a one-word flag, read once; the
 /// exponent there is read back from `b`.
 fn int_pow(a: &Tensor, b: &Tensor, shape: &Shape) -> Result<Tensor> {
-    let (dev, ap) = device_of("pow", a)?;
-    let (_, bp) = device_of("pow", b)?;
-    let n = shape.numel();
-    let (out, _) = CudaBuffer::alloc(&dev, a.dtype(), n)?;
-    if n == 0 {
-        return Ok(tensor_of(out, shape.clone()));
+    let (dev, bp) = device_of("pow", b)?;
+    if shape.numel() == 0 {
+        return pair("pow", "pow", a.dtype().cuda_suffix(), a, b, shape);
     }
-    let info = pair_info(&dev, a, Some(b), shape)?;
     let (flag, _) = CudaBuffer::alloc(&dev, DType::I64, 1)?;
     // All ones: no negative exponent yet (the kernel takes the minimum).
     super::shape::fill_bytes(&dev, flag.ptr(), 0xff, 8)?;
-    let args = [
-        Arg::I64(n as i64),
-        Arg::I32(shape.rank() as i32),
-        Arg::Ptr(info.as_ref().map_or(0, CudaBuffer::ptr)),
-        Arg::Ptr(ap),
-        Arg::I64(a.layout().offset as i64),
-        Arg::Ptr(bp),
-        Arg::I64(b.layout().offset as i64),
-        Arg::Ptr(out.ptr()),
-        Arg::Ptr(flag.ptr()),
-    ];
-    launch(&dev, "elementwise.cu", &format!("pow_{}", a.dtype().cuda_suffix()), n, &args)?;
+    let out = pair_flagged("pow", "pow", a.dtype().cuda_suffix(), a, b, shape, Some(flag.ptr()))?;
     dev.bind()?;
     let mut bad = [0u64];
     // SAFETY: the flag is one u64; the synchronous copy waits for the
@@ -228,7 +227,7 @@ fn int_pow(a: &Tensor, b: &Tensor, shape: &Shape) -> Result<Tensor> {
     unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut bad, flag.ptr()) }
         .map_err(|e| driver_error("reading the pow flag", e))?;
     if bad[0] == u64::MAX {
-        return Ok(tensor_of(out, shape.clone()));
+        return Ok(out);
     }
     // The exponent's element at that output position, through b's
     // broadcast strides.
