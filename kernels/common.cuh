@@ -92,6 +92,15 @@ __device__ __forceinline__ i64 strided_offset(i64 i, int ndim, const i64* dims, 
     return off;
 }
 
+// The offsets of element `i` in the two operands of a binary kernel: dense
+// when `info` is null, else through the operands' dims (info), a's strides
+// (info + ndim) and b's (info + 2 * ndim), the layout the host writes.
+__device__ __forceinline__ void pair_offsets(i64 i, int ndim, const i64* info, i64 a_off, i64 b_off, i64* ai,
+                                             i64* bi) {
+    *ai = a_off + (info ? strided_offset(i, ndim, info, info + ndim) : i);
+    *bi = b_off + (info ? strided_offset(i, ndim, info, info + 2 * ndim) : i);
+}
+
 // Warp and block reductions by shuffles. A block reduction needs blockDim.x
 // a multiple of 32 and at most 1024; every thread gets the result.
 template <typename A> __device__ __forceinline__ A warp_sum(A v) {

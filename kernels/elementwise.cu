@@ -173,11 +173,8 @@ __device__ __forceinline__ void binary(i64 n, int ndim, const i64* info, const T
                                        i64 b_off, T* out) {
     F f;
     for (i64 i = global_id(); i < n; i += global_stride()) {
-        i64 ai = a_off + i, bi = b_off + i;
-        if (info) {
-            ai = a_off + strided_offset(i, ndim, info, info + ndim);
-            bi = b_off + strided_offset(i, ndim, info, info + 2 * ndim);
-        }
+        i64 ai, bi;
+        pair_offsets(i, ndim, info, a_off, b_off, &ai, &bi);
         out[i] = from_acc<T>(f(to_acc(a[ai]), to_acc(b[bi])));
     }
 }
@@ -215,11 +212,8 @@ __device__ __forceinline__ void compare(i64 n, int ndim, const i64* info, int cm
                                         const T* b, i64 b_off, double scalar, T* out) {
     typedef typename Acc<T>::type A;
     for (i64 i = global_id(); i < n; i += global_stride()) {
-        i64 ai = a_off + i, bi = b_off + i;
-        if (info) {
-            ai = a_off + strided_offset(i, ndim, info, info + ndim);
-            bi = b_off + strided_offset(i, ndim, info, info + 2 * ndim);
-        }
+        i64 ai, bi;
+        pair_offsets(i, ndim, info, a_off, b_off, &ai, &bi);
         A x = to_acc(a[ai]);
         A y = b ? to_acc(b[bi]) : (A)scalar;
         bool r = cmp == 0 ? x == y : cmp == 1 ? x != y : cmp == 2 ? x < y : cmp == 3 ? x <= y : cmp == 4 ? x > y : x >= y;
@@ -245,11 +239,8 @@ template <typename T>
 __device__ __forceinline__ void int_compare(i64 n, int ndim, const i64* info, int cmp, const T* a, i64 a_off,
                                             const T* b, i64 b_off, T* out) {
     for (i64 i = global_id(); i < n; i += global_stride()) {
-        i64 ai = a_off + i, bi = b_off + i;
-        if (info) {
-            ai = a_off + strided_offset(i, ndim, info, info + ndim);
-            bi = b_off + strided_offset(i, ndim, info, info + 2 * ndim);
-        }
+        i64 ai, bi;
+        pair_offsets(i, ndim, info, a_off, b_off, &ai, &bi);
         T x = a[ai], y = b[bi];
         bool r = cmp == 0 ? x == y : cmp == 1 ? x != y : cmp == 2 ? x < y : cmp == 3 ? x <= y : cmp == 4 ? x > y : x >= y;
         out[i] = r ? 1 : 0;
@@ -290,11 +281,8 @@ template <typename T, typename U, int OP>
 __device__ __forceinline__ void int_binary(i64 n, int ndim, const i64* info, const T* a, i64 a_off, const T* b,
                                            i64 b_off, T* out) {
     for (i64 i = global_id(); i < n; i += global_stride()) {
-        i64 ai = a_off + i, bi = b_off + i;
-        if (info) {
-            ai = a_off + strided_offset(i, ndim, info, info + ndim);
-            bi = b_off + strided_offset(i, ndim, info, info + 2 * ndim);
-        }
+        i64 ai, bi;
+        pair_offsets(i, ndim, info, a_off, b_off, &ai, &bi);
         T x = a[ai], y = b[bi];
         T r;
         if (OP == 0) r = (T)((U)x + (U)y);
@@ -331,11 +319,8 @@ template <typename T, typename U>
 __device__ __forceinline__ void int_pow(i64 n, int ndim, const i64* info, const T* a, i64 a_off, const T* b,
                                         i64 b_off, T* out, u64* bad) {
     for (i64 i = global_id(); i < n; i += global_stride()) {
-        i64 ai = a_off + i, bi = b_off + i;
-        if (info) {
-            ai = a_off + strided_offset(i, ndim, info, info + ndim);
-            bi = b_off + strided_offset(i, ndim, info, info + 2 * ndim);
-        }
+        i64 ai, bi;
+        pair_offsets(i, ndim, info, a_off, b_off, &ai, &bi);
         T y = b[bi];
         if (y < 0) {
             atomicMin(bad, (u64)i);

@@ -5,6 +5,21 @@ use tapir::prelude::*;
 use tapir_cli::bench::{run, Args};
 use tapir_cli::device::DeviceArg;
 
+/// One repetition of the case `only` on `device`, tapir's side alone, its
+/// figures written under `dir`.
+fn one_case(only: &str, device: DeviceArg, dir: &std::path::Path) -> Args {
+    Args {
+        only: vec![only.into()],
+        reps: 1,
+        no_torch: true,
+        rounds: 1,
+        python: "python3".into(),
+        json: dir.join("b.json"),
+        plot: dir.join("b.png"),
+        device,
+    }
+}
+
 #[test]
 fn bench_on_cuda_runs_a_case_and_names_the_device() {
     if let Err(e) = Device::cuda(0) {
@@ -14,17 +29,7 @@ fn bench_on_cuda_runs_a_case_and_names_the_device() {
     }
     let dir = std::env::temp_dir().join(format!("tapir-bench-cuda-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let a = Args {
-        only: vec!["mlp_grad".into()],
-        reps: 1,
-        no_torch: true,
-        rounds: 1,
-        python: "python3".into(),
-        json: dir.join("b.json"),
-        plot: dir.join("b.png"),
-        device: DeviceArg::Cuda(0),
-    };
-    run(a).unwrap();
+    run(one_case("mlp_grad", DeviceArg::Cuda(0), &dir)).unwrap();
     let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("b.json")).unwrap()).unwrap();
     assert_eq!(doc["device"], "cuda:0");
     let ms = doc["cases"][0]["tapir_ms"].as_f64().unwrap();
@@ -35,16 +40,7 @@ fn bench_on_cuda_runs_a_case_and_names_the_device() {
 #[test]
 fn the_gpu_scale_cases_are_refused_on_the_cpu_by_name() {
     let dir = std::env::temp_dir().join(format!("tapir-bench-cpu-{}", std::process::id()));
-    let a = |only: &str| Args {
-        only: vec![only.into()],
-        reps: 1,
-        no_torch: true,
-        rounds: 1,
-        python: "python3".into(),
-        json: dir.join("b.json"),
-        plot: dir.join("b.png"),
-        device: DeviceArg::Cpu,
-    };
+    let a = |only: &str| one_case(only, DeviceArg::Cpu, &dir);
     let e = run(a("linear_ce_8192x128256x4096_bf16")).unwrap_err().to_string();
     assert!(e.contains("runs on CUDA only (pass --device cuda)"), "{e}");
     let e = run(a("no_such_case")).unwrap_err().to_string();
