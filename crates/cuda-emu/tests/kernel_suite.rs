@@ -106,10 +106,13 @@ fn cross_entropy_forward_and_backward() {
     let mut valid = s.alloc_zeros::<u64>(1).unwrap();
     let f = func(&s, "cross_entropy.cu", "ce_fwd_f32_i64");
     let (r, vv, ignore, smooth) = (rows as i64, v as i64, -100i64, 0f64);
+    // No bias: the sparse loss's launch passes a null bias pointer.
+    let no_bias = 0u64;
     let mut l = s.launch_builder(&f);
     l.arg(&r)
         .arg(&vv)
         .arg(&dx)
+        .arg(&no_bias)
         .arg(&dl)
         .arg(&ignore)
         .arg(&smooth)
@@ -117,7 +120,7 @@ fn cross_entropy_forward_and_backward() {
         .arg(&mut loss)
         .arg(&mut bad)
         .arg(&mut valid);
-    // SAFETY: ce_fwd(rows, v, x, labels, ignore_index, smoothing, lse, loss, bad_row, valid).
+    // SAFETY: ce_fwd(rows, v, x, bias, labels, ignore_index, smoothing, lse, loss, bad_row, valid).
     unsafe { l.launch(cfg(4, (256, 1))) }.unwrap();
     let (glse, gloss) = (s.clone_dtoh(&lse).unwrap(), s.clone_dtoh(&loss).unwrap());
     assert_eq!(s.clone_dtoh(&bad).unwrap(), vec![u64::MAX], "no bad label");
@@ -137,8 +140,9 @@ fn cross_entropy_forward_and_backward() {
     let f = func(&s, "cross_entropy.cu", "ce_bwd_f32_i64");
     let (gs, scale) = (0i64, 1.0 / 5.0f64);
     let mut l = s.launch_builder(&f);
-    l.arg(&r).arg(&vv).arg(&mut dx).arg(&lse).arg(&dl).arg(&ignore).arg(&smooth).arg(&g).arg(&gs).arg(&scale);
-    // SAFETY: ce_bwd(rows, v, x, lse, labels, ignore_index, smoothing, g, g_stride, scale).
+    l.arg(&r).arg(&vv).arg(&mut dx).arg(&no_bias).arg(&lse).arg(&dl).arg(&ignore).arg(&smooth).arg(&g).arg(&gs);
+    l.arg(&scale);
+    // SAFETY: ce_bwd(rows, v, x, bias, lse, labels, ignore_index, smoothing, g, g_stride, scale).
     unsafe { l.launch(cfg(4, (256, 1))) }.unwrap();
     let grad = s.clone_dtoh(&dx).unwrap();
     for row in 0..rows {
@@ -161,6 +165,7 @@ fn cross_entropy_forward_and_backward() {
     l.arg(&r)
         .arg(&vv)
         .arg(&dx)
+        .arg(&no_bias)
         .arg(&bad_labels)
         .arg(&ignore)
         .arg(&smooth)
