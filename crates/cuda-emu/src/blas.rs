@@ -53,6 +53,19 @@ pub struct GemmDesc {
     pub batch: c_int,
     /// cublasComputeType_t, or a cudaDataType for the legacy forms.
     pub compute: c_int,
+    /// Nonzero: f32 inputs are rounded to TF32 (1 sign, 8 exponent and 10
+    /// mantissa bits, to nearest with ties away from zero, as
+    /// `cvt.rna.tf32.f32`) before the product, which accumulates in f32.
+    pub tf32: c_int,
+}
+
+/// `x` rounded to TF32: the low 13 mantissa bits go, to nearest with ties
+/// away from zero; infinities and NaN pass through.
+fn to_tf32(x: f32) -> f32 {
+    if !x.is_finite() {
+        return x;
+    }
+    f32::from_bits((x.to_bits() + 0x1000) & !0x1fff)
 }
 
 fn elem_size(t: c_int) -> Option<usize> {
@@ -189,6 +202,9 @@ pub unsafe extern "C" fn tapirEmuGemm(d: *const GemmDesc) -> c_int {
             }
         }
     }
+    // TF32 changes f32 products only; f16/bf16 inputs have fewer bits already.
+    let tf32 = d.tf32 != 0 && d.a_type == R_32F && d.b_type == R_32F;
+    let input = |v: f64| if tf32 { f64::from(to_tf32(v as f32)) } else { v };
     let mut col = vec![0f64; k];
     let mut arow = vec![0f64; k * m];
     for bi in 0..batch {
@@ -198,14 +214,14 @@ pub unsafe extern "C" fn tapirEmuGemm(d: *const GemmDesc) -> c_int {
             for l in 0..k {
                 let idx = if ta { l + i * d.lda as usize } else { i + l * d.lda as usize };
                 // SAFETY: inside the span checked above.
-                arow[i * k + l] = unsafe { read(ptrs[0], d.a_type, oa + idx) };
+                arow[i * k + l] = input(unsafe { read(ptrs[0], d.a_type, oa + idx) });
             }
         }
         for j in 0..n {
             for (l, c) in col.iter_mut().enumerate() {
                 let idx = if tb { j + l * d.ldb as usize } else { l + j * d.ldb as usize };
                 // SAFETY: as above.
-                *c = unsafe { read(ptrs[1], d.b_type, ob + idx) };
+                *c = input(unsafe { read(ptrs[1], d.b_type, ob + idx) });
             }
             for i in 0..m {
                 let a = &arow[i * k..(i + 1) * k];
@@ -237,4 +253,26 @@ pub unsafe extern "C" fn tapirEmuGemm(d: *const GemmDesc) -> c_int {
         }
     }
     STATUS_SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::to_tf32;
+
+    #[test]
+    fn tf32_keeps_ten_mantissa_bits_rounding_ties_away_from_zero() {
+        let ulp = 2f32.powi(-10);
+        for sign in [1.0f32, -1.0] {
+            // Exact TF32 values stay; below half an ulp goes down, half an
+            // ulp (a tie) and above go up.
+            assert_eq!(to_tf32(sign * (1.0 + ulp)), sign * (1.0 + ulp));
+            assert_eq!(to_tf32(sign * (1.0 + ulp / 4.0)), sign);
+            assert_eq!(to_tf32(sign * (1.0 + ulp / 2.0)), sign * (1.0 + ulp));
+            assert_eq!(to_tf32(sign * (1.0 + 3.0 * ulp / 4.0)), sign * (1.0 + ulp));
+        }
+        assert_eq!(to_tf32(f32::INFINITY), f32::INFINITY);
+        assert!(to_tf32(f32::NAN).is_nan());
+        assert_eq!(to_tf32(0.0).to_bits(), 0);
+        assert_eq!(to_tf32(-0.0).to_bits(), (-0.0f32).to_bits());
+    }
 }

@@ -275,3 +275,68 @@ fn cuda_fused_linear_sums_run_composed_to_the_cpus_values() {
         assert_close(what, &cpu, &gpu);
     }
 }
+
+/// The largest error of `c = a b` (f32, `[m, k] x [k, n]`) against the
+/// product in f64, relative to `sum_l |a_il b_lj|` (the scale rounding
+/// errors of a dot product are measured in).
+fn relative_product_error(a: &Tensor, b: &Tensor, c: &Tensor) -> f64 {
+    let (m, k, n) = (a.dims()[0], a.dims()[1], b.dims()[1]);
+    let (av, bv, cv) = (a.to_vec_f64(), b.to_vec_f64(), c.to_vec_f64());
+    let mut worst = 0f64;
+    for i in 0..m {
+        for j in 0..n {
+            let (mut exact, mut scale) = (0f64, 0f64);
+            for l in 0..k {
+                exact += av[i * k + l] * bv[l * n + j];
+                scale += (av[i * k + l] * bv[l * n + j]).abs();
+            }
+            worst = worst.max((cv[i * n + j] - exact).abs() / scale);
+        }
+    }
+    worst
+}
+
+#[test]
+fn cuda_tf32_is_off_unless_asked_for_and_changes_f32_products_only() {
+    assert!(matches!(
+        tapir_tensor::cuda::set_allow_tf32(Device::Cpu, true),
+        Err(Error::InvalidArgument { op: "set_allow_tf32", .. })
+    ));
+    assert!(!tapir_tensor::cuda::allow_tf32(Device::Cpu));
+    let Some((dev, _lock)) = cuda("cuda_tf32_is_off_unless_asked_for_and_changes_f32_products_only") else { return };
+    // Values with all 23 mantissa bits in use, so rounding them to TF32's
+    // 10 shows.
+    let mut rng = Rng::new(31);
+    let (a, b) = (rng.randn([24, 96], DType::F32).unwrap(), rng.randn([96, 16], DType::F32).unwrap());
+    let (ad, bd) = (a.to_device(dev).unwrap(), b.to_device(dev).unwrap());
+    assert!(!tapir_tensor::cuda::allow_tf32(dev), "TF32 is off by default");
+    let f32_product = ad.matmul(&bd).unwrap();
+    // f32 accumulation: a few units of 2^-24 per term at most.
+    let k = 96.0;
+    let exact_bound = k * 2f64.powi(-23);
+    let off = relative_product_error(&a, &b, &f32_product);
+    assert!(off <= exact_bound, "f32 product error {off:e} above {exact_bound:e}");
+    let (a64, b64) = (ad.cast(DType::F64).unwrap(), bd.cast(DType::F64).unwrap());
+    let f64_product = a64.matmul(&b64).unwrap().to_vec_f64();
+    let bf16_product = ad.cast(DType::BF16).unwrap().matmul(&bd.cast(DType::BF16).unwrap()).unwrap().to_vec_f64();
+
+    tapir_tensor::cuda::set_allow_tf32(dev, true).unwrap();
+    assert!(tapir_tensor::cuda::allow_tf32(dev));
+    let tf32_product = ad.matmul(&bd).unwrap();
+    let (f64_then, bf16_then) = (
+        a64.matmul(&b64).unwrap().to_vec_f64(),
+        ad.cast(DType::BF16).unwrap().matmul(&bd.cast(DType::BF16).unwrap()).unwrap().to_vec_f64(),
+    );
+    tapir_tensor::cuda::set_allow_tf32(dev, false).unwrap();
+    let on = relative_product_error(&a, &b, &tf32_product);
+    // Each input loses at most 2^-11 (rounded) or 2^-10 (truncated) of
+    // itself, so a product term at most about 2^-9 of its size.
+    let tf32_bound = 2f64.powi(-9) + exact_bound;
+    assert!(on > exact_bound, "TF32 on: error {on:e} is f32's ({exact_bound:e}): the inputs were not rounded");
+    assert!(on <= tf32_bound, "TF32 on: error {on:e} above TF32's bound {tf32_bound:e}");
+    assert_eq!(f64_then, f64_product, "f64 products ignore TF32");
+    assert_eq!(bf16_then, bf16_product, "bf16 products ignore TF32");
+    // Off again: f32 products as before, bit for bit.
+    assert!(!tapir_tensor::cuda::allow_tf32(dev));
+    assert_eq!(ad.matmul(&bd).unwrap().to_vec_f64(), f32_product.to_vec_f64());
+}

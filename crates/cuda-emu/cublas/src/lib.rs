@@ -49,6 +49,10 @@ struct GemmDesc {
     stride_c: i64,
     batch: c_int,
     compute: c_int,
+    /// Nonzero: f32 inputs are rounded to TF32 first (the handle's math
+    /// mode is CUBLAS_TF32_TENSOR_OP_MATH, or the compute type is
+    /// CUBLAS_COMPUTE_32F_FAST_TF32).
+    tf32: c_int,
 }
 
 type GemmFn = unsafe extern "C" fn(*const GemmDesc) -> c_int;
@@ -80,10 +84,17 @@ fn run(d: GemmDesc) -> Status {
     }
 }
 
-/// A handle: the stream it was given (unused: work is synchronous).
+/// A handle: the stream it was given (unused: work is synchronous) and
+/// its math mode.
 struct Handle {
     _stream: *mut c_void,
+    math_mode: c_int,
 }
+
+/// cublasMath_t's TF32 mode (the low bits; the high ones are flags).
+const TF32_TENSOR_OP_MATH: c_int = 3;
+/// cublasComputeType_t's f32 compute with TF32 inputs.
+const COMPUTE_32F_FAST_TF32: c_int = 77;
 
 #[no_mangle]
 pub unsafe extern "C" fn cublasCreate_v2(handle: *mut *mut c_void) -> Status {
@@ -94,7 +105,7 @@ pub unsafe extern "C" fn cublasCreate_v2(handle: *mut *mut c_void) -> Status {
         return NOT_INITIALIZED;
     }
     // SAFETY: the caller's out-pointer.
-    unsafe { *handle = Box::into_raw(Box::new(Handle { _stream: std::ptr::null_mut() })).cast() };
+    unsafe { *handle = Box::into_raw(Box::new(Handle { _stream: std::ptr::null_mut(), math_mode: 0 })).cast() };
     SUCCESS
 }
 
@@ -145,16 +156,25 @@ pub unsafe extern "C" fn cublasGetVersion_v2(_handle: *mut c_void, v: *mut c_int
     unsafe { put(v, 120900) }
 }
 
-/// Math modes change nothing: products are computed in f32 or f64.
+/// The handle's math mode: CUBLAS_TF32_TENSOR_OP_MATH rounds the inputs
+/// of f32 products to TF32; every other mode computes them in f32.
 #[no_mangle]
-pub extern "C" fn cublasSetMathMode(_handle: *mut c_void, _mode: c_int) -> Status {
+pub unsafe extern "C" fn cublasSetMathMode(handle: *mut c_void, mode: c_int) -> Status {
+    if handle.is_null() {
+        return NOT_INITIALIZED;
+    }
+    // SAFETY: created by cublasCreate_v2.
+    unsafe { (*handle.cast::<Handle>()).math_mode = mode };
     SUCCESS
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cublasGetMathMode(_handle: *mut c_void, mode: *mut c_int) -> Status {
-    // SAFETY: the caller's out-pointer.
-    unsafe { put(mode, 0) }
+pub unsafe extern "C" fn cublasGetMathMode(handle: *mut c_void, mode: *mut c_int) -> Status {
+    if handle.is_null() {
+        return NOT_INITIALIZED;
+    }
+    // SAFETY: created by cublasCreate_v2; the caller's out-pointer.
+    unsafe { put(mode, (*handle.cast::<Handle>()).math_mode) }
 }
 
 /// Only host scalars (the default) are supported.
@@ -184,8 +204,8 @@ const DEFAULT_ALGO: c_int = -1;
 /// Every product: the typed and the one-product entry points below are
 /// this one with their types, or with a batch of one (strides 0).
 #[no_mangle]
-pub extern "C" fn cublasGemmStridedBatchedEx(
-    _h: *mut c_void,
+pub unsafe extern "C" fn cublasGemmStridedBatchedEx(
+    h: *mut c_void,
     transa: c_int,
     transb: c_int,
     m: c_int,
@@ -209,6 +229,12 @@ pub extern "C" fn cublasGemmStridedBatchedEx(
     compute: c_int,
     _algo: c_int,
 ) -> Status {
+    if h.is_null() {
+        return NOT_INITIALIZED;
+    }
+    // SAFETY: created by cublasCreate_v2.
+    let mode = unsafe { (*h.cast::<Handle>()).math_mode };
+    let tf32 = c_int::from((mode & 0xf) == TF32_TENSOR_OP_MATH || compute == COMPUTE_32F_FAST_TF32);
     run(GemmDesc {
         transa,
         transb,
@@ -231,11 +257,12 @@ pub extern "C" fn cublasGemmStridedBatchedEx(
         stride_c,
         batch,
         compute,
+        tf32,
     })
 }
 
 #[no_mangle]
-pub extern "C" fn cublasGemmEx(
+pub unsafe extern "C" fn cublasGemmEx(
     h: *mut c_void,
     transa: c_int,
     transb: c_int,
@@ -256,10 +283,13 @@ pub extern "C" fn cublasGemmEx(
     compute: c_int,
     algo: c_int,
 ) -> Status {
-    cublasGemmStridedBatchedEx(
-        h, transa, transb, m, n, k, alpha, a, a_type, lda, 0, b, b_type, ldb, 0, beta, c, c_type, ldc, 0, 1, compute,
-        algo,
-    )
+    // SAFETY: the caller's handle and scalars, passed on.
+    unsafe {
+        cublasGemmStridedBatchedEx(
+            h, transa, transb, m, n, k, alpha, a, a_type, lda, 0, b, b_type, ldb, 0, beta, c, c_type, ldc, 0, 1,
+            compute, algo,
+        )
+    }
 }
 
 /// The products of one element type `$t`, cudaDataType `$r` for the three
@@ -268,7 +298,7 @@ pub extern "C" fn cublasGemmEx(
 macro_rules! typed_gemm {
     ($plain:ident, $strided:ident, $t:ty, $r:expr) => {
         #[no_mangle]
-        pub extern "C" fn $plain(
+        pub unsafe extern "C" fn $plain(
             h: *mut c_void,
             transa: c_int,
             transb: c_int,
@@ -284,11 +314,12 @@ macro_rules! typed_gemm {
             c: u64,
             ldc: c_int,
         ) -> Status {
-            $strided(h, transa, transb, m, n, k, alpha, a, lda, 0, b, ldb, 0, beta, c, ldc, 0, 1)
+            // SAFETY: the caller's handle and scalars, passed on.
+            unsafe { $strided(h, transa, transb, m, n, k, alpha, a, lda, 0, b, ldb, 0, beta, c, ldc, 0, 1) }
         }
 
         #[no_mangle]
-        pub extern "C" fn $strided(
+        pub unsafe extern "C" fn $strided(
             h: *mut c_void,
             transa: c_int,
             transb: c_int,
@@ -309,31 +340,34 @@ macro_rules! typed_gemm {
             batch: c_int,
         ) -> Status {
             let (alpha, beta) = (alpha.cast(), beta.cast());
-            cublasGemmStridedBatchedEx(
-                h,
-                transa,
-                transb,
-                m,
-                n,
-                k,
-                alpha,
-                a,
-                $r,
-                lda,
-                stride_a,
-                b,
-                $r,
-                ldb,
-                stride_b,
-                beta,
-                c,
-                $r,
-                ldc,
-                stride_c,
-                batch,
-                $r,
-                DEFAULT_ALGO,
-            )
+            // SAFETY: the caller's handle and scalars, passed on.
+            unsafe {
+                cublasGemmStridedBatchedEx(
+                    h,
+                    transa,
+                    transb,
+                    m,
+                    n,
+                    k,
+                    alpha,
+                    a,
+                    $r,
+                    lda,
+                    stride_a,
+                    b,
+                    $r,
+                    ldb,
+                    stride_b,
+                    beta,
+                    c,
+                    $r,
+                    ldc,
+                    stride_c,
+                    batch,
+                    $r,
+                    DEFAULT_ALGO,
+                )
+            }
         }
     };
 }

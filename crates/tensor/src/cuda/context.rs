@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use cudarc::cublas::CudaBlas;
@@ -65,6 +66,16 @@ pub struct CudaDevice {
     functions: Mutex<HashMap<(&'static str, String), CudaFunction>>,
     /// The cuBLAS handle, created on the first product (or found missing).
     blas: OnceLock<std::result::Result<Arc<CudaBlas>, String>>,
+    /// Whether f32 products may use TF32 tensor cores (off unless asked).
+    tf32: AtomicBool,
+}
+
+/// `CUBLAS_TF32_TENSOR_OP_MATH` when `tf32`, else `CUBLAS_DEFAULT_MATH`.
+fn set_math_mode(blas: &CudaBlas, tf32: bool) -> std::result::Result<(), cudarc::cublas::result::CublasError> {
+    use cudarc::cublas::sys::cublasMath_t::{CUBLAS_DEFAULT_MATH, CUBLAS_TF32_TENSOR_OP_MATH};
+    let mode = if tf32 { CUBLAS_TF32_TENSOR_OP_MATH } else { CUBLAS_DEFAULT_MATH };
+    // SAFETY: a live handle; the mode is one of cuBLAS's enum values.
+    unsafe { cudarc::cublas::sys::cublasSetMathMode(*blas.handle(), mode) }.result()
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -102,6 +113,7 @@ impl CudaDevice {
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
             blas: OnceLock::new(),
+            tf32: AtomicBool::new(false),
         })
     }
 
@@ -201,9 +213,10 @@ impl CudaDevice {
     ///
     /// The math mode is `CUBLAS_DEFAULT_MATH`: f32 products run in f32
     /// (TF32 is used only under `CUBLAS_TF32_TENSOR_OP_MATH` or a
-    /// `_FAST_TF32` compute type, neither of which tapir sets), while
-    /// f16/bf16 products with f32 compute may still use tensor cores.
-    /// (`CUBLAS_PEDANTIC_MATH` would also keep those off the tensor cores.)
+    /// `_FAST_TF32` compute type), while f16/bf16 products with f32 compute
+    /// may still use tensor cores. (`CUBLAS_PEDANTIC_MATH` would also keep
+    /// those off the tensor cores.) [`CudaDevice::set_tf32`] switches f32
+    /// products to `CUBLAS_TF32_TENSOR_OP_MATH` and back.
     /// A missing cuBLAS, or one lacking an entry point cudarc looks up, is
     /// an error here rather than cudarc's panic.
     pub(crate) fn blas(&self) -> Result<Arc<CudaBlas>> {
@@ -213,14 +226,7 @@ impl CudaDevice {
             let stream = self.stream.clone();
             let created = std::panic::catch_unwind(AssertUnwindSafe(move || {
                 let blas = CudaBlas::new(stream)?;
-                // SAFETY: a live handle; the mode is one of cuBLAS's enum values.
-                unsafe {
-                    cudarc::cublas::sys::cublasSetMathMode(
-                        *blas.handle(),
-                        cudarc::cublas::sys::cublasMath_t::CUBLAS_DEFAULT_MATH,
-                    )
-                }
-                .result()?;
+                set_math_mode(&blas, self.tf32.load(Ordering::Relaxed))?;
                 Ok::<_, cudarc::cublas::result::CublasError>(blas)
             }));
             match created {
@@ -230,6 +236,20 @@ impl CudaDevice {
             }
         });
         made.clone().map_err(|why| Error::Cuda(format!("cuBLAS: {why}")))
+    }
+
+    /// Lets f32 products use TF32 tensor cores (`allow`) or keeps them in
+    /// f32; the handle's math mode changes at once, for every later product.
+    pub(crate) fn set_tf32(&self, allow: bool) -> Result<()> {
+        self.tf32.store(allow, Ordering::Relaxed);
+        let blas = self.blas()?;
+        self.bind()?;
+        set_math_mode(&blas, allow).map_err(|e| Error::Cuda(format!("cuBLAS: setting the math mode: {e}")))
+    }
+
+    /// Whether f32 products may use TF32.
+    pub(crate) fn tf32(&self) -> bool {
+        self.tf32.load(Ordering::Relaxed)
     }
 
     /// Binds the context to the calling thread (every raw driver call needs it).

@@ -64,6 +64,32 @@ pub fn synchronize(device: crate::Device) -> crate::Result<()> {
     Ok(())
 }
 
+/// Lets f32 matrix products on `device` use TF32 tensor cores (10-bit
+/// mantissa inputs, f32 accumulation; faster on Ampere and later, about
+/// 1e-3 relative error instead of f32's 1e-7), as
+/// `torch.backends.cuda.matmul.allow_tf32 = True` does; `false` restores
+/// f32 products, the default. f64, f16 and bf16 products are unaffected.
+/// On the CPU, which computes f32 products in f32 always, this is an
+/// `Error::InvalidArgument`.
+pub fn set_allow_tf32(device: crate::Device, allow: bool) -> crate::Result<()> {
+    match device {
+        crate::Device::Cuda(i) => CudaDevice::get(i)?.set_tf32(allow),
+        crate::Device::Cpu => Err(crate::Error::invalid_arg(
+            "set_allow_tf32",
+            "TF32 is a CUDA math mode; the CPU computes f32 products in f32",
+        )),
+    }
+}
+
+/// Whether f32 matrix products on `device` may use TF32 (see
+/// [`set_allow_tf32`]); false on the CPU and on a device never opened.
+pub fn allow_tf32(device: crate::Device) -> bool {
+    match device {
+        crate::Device::Cuda(i) => CudaDevice::opened(i).is_some_and(|d| d.tf32()),
+        crate::Device::Cpu => false,
+    }
+}
+
 /// Returns every cached block of `device` that no tensor uses to the
 /// driver (`torch.cuda.empty_cache`); reserved memory drops to what live
 /// blocks' segments hold. Nothing to do on the CPU's CUDA-less devices.
