@@ -30,6 +30,10 @@ const R_16BF: c_int = 14;
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct GemmDesc {
+    /// `size_of::<GemmDesc>()` as the caller built it: the two libraries
+    /// are separate builds, and a descriptor of another layout must be
+    /// refused, not misread.
+    pub size: u32,
     pub transa: c_int,
     pub transb: c_int,
     pub m: c_int,
@@ -122,7 +126,18 @@ pub unsafe extern "C" fn tapirEmuGemm(d: *const GemmDesc) -> c_int {
     if d.is_null() {
         return STATUS_INVALID_VALUE;
     }
-    // SAFETY: the caller's descriptor.
+    // SAFETY: every layout the stand-in has had starts with a 4-byte field;
+    // the rest is read only once the size says the layouts agree.
+    let size = unsafe { d.cast::<u32>().read() };
+    if size as usize != std::mem::size_of::<GemmDesc>() {
+        return fail(format!(
+            "the cuBLAS stand-in passed a {size}-byte product descriptor where this driver emulator takes {} \
+             bytes: the two libraries come from different builds (rebuild both: cargo build -p tapir-cuda-emu \
+             -p tapir-cuda-emu-cublas)",
+            std::mem::size_of::<GemmDesc>()
+        ));
+    }
+    // SAFETY: the caller's descriptor, of this layout.
     let d = unsafe { *d };
     let op = |t: c_int| match t {
         0 => Some(false),
@@ -257,7 +272,43 @@ pub unsafe extern "C" fn tapirEmuGemm(d: *const GemmDesc) -> c_int {
 
 #[cfg(test)]
 mod tests {
-    use super::to_tf32;
+    use super::*;
+
+    #[test]
+    fn a_descriptor_of_another_layout_is_refused_not_misread() {
+        let one = 1f32;
+        let mut d = GemmDesc {
+            size: 0,
+            transa: 0,
+            transb: 0,
+            m: 1,
+            n: 1,
+            k: 1,
+            alpha: (&one as *const f32).cast(),
+            beta: (&one as *const f32).cast(),
+            a: 0,
+            a_type: R_32F,
+            lda: 1,
+            stride_a: 0,
+            b: 0,
+            b_type: R_32F,
+            ldb: 1,
+            stride_b: 0,
+            c: 0,
+            c_type: R_32F,
+            ldc: 1,
+            stride_c: 0,
+            batch: 1,
+            compute: 68,
+            tf32: 0,
+        };
+        // An older stand-in's first field was transa (0 or 1).
+        for size in [0, 1, std::mem::size_of::<GemmDesc>() as u32 - 8] {
+            d.size = size;
+            // SAFETY: a descriptor on the stack with valid scalar pointers.
+            assert_eq!(unsafe { tapirEmuGemm(&d) }, STATUS_EXECUTION_FAILED, "size {size}");
+        }
+    }
 
     #[test]
     fn tf32_keeps_ten_mantissa_bits_rounding_ties_away_from_zero() {

@@ -28,6 +28,8 @@ const R_64F: c_int = 1;
 /// emulator's `blas::GemmDesc`.
 #[repr(C)]
 struct GemmDesc {
+    /// This struct's size, which the driver emulator checks against its own.
+    size: u32,
     transa: c_int,
     transb: c_int,
     m: c_int,
@@ -236,6 +238,7 @@ pub unsafe extern "C" fn cublasGemmStridedBatchedEx(
     let mode = unsafe { (*h.cast::<Handle>()).math_mode };
     let tf32 = c_int::from((mode & 0xf) == TF32_TENSOR_OP_MATH || compute == COMPUTE_32F_FAST_TF32);
     run(GemmDesc {
+        size: std::mem::size_of::<GemmDesc>() as u32,
         transa,
         transb,
         m,
