@@ -1,8 +1,13 @@
 //! `tapir gpt` at tiny sizes: a run is scored and memory-flat, a resumed
-//! run continues bit-for-bit, and a text file trains and samples. The
+//! run continues bit-for-bit, and a text file trains and samples; with
+//! `--device cuda` (the emulated device in CI) a run learns with the
+//! device's live bytes identical at every step boundary, and a checkpoint
+//! saved there resumes on the CPU. The
 //! allocator's counters are process-wide, so this file is its own test
 //! binary and its tests run one at a time.
 
+use tapir::prelude::*;
+use tapir_cli::device::DeviceArg;
 use tapir_cli::gpt::{train, Args};
 
 fn tiny(steps: usize) -> Args {
@@ -20,6 +25,11 @@ fn tiny(steps: usize) -> Args {
         quiet: true,
         ..Args::default()
     }
+}
+
+/// The same run on CUDA device 0.
+fn on_cuda(steps: usize) -> Args {
+    Args { device: DeviceArg::Cuda(0), ..tiny(steps) }
 }
 
 /// The allocator's counters are process-wide: these tests run one at a time.
@@ -73,4 +83,49 @@ fn text_file_trains_and_samples() {
     assert_eq!(s.samples[0].chars().count(), 3 + 12);
     assert!(s.samples[0].starts_with("hel"));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn gpt_on_cuda_learns_with_flat_device_memory() {
+    let _s = serial();
+    let Some(dev) = tapir_testing::cuda_or_skip("gpt_on_cuda_learns_with_flat_device_memory", Device::cuda(0)) else {
+        return;
+    };
+    let before = memory_allocated(dev);
+    let a = on_cuda(20);
+    let s = train(&a).unwrap();
+    assert_eq!(s.steps_run, 20);
+    let (first, last) = (s.losses[0], *s.losses.last().unwrap());
+    assert!(last < 0.9 * first, "loss {first} -> {last}");
+    // The same run on the CPU starts from the same loss (same seed, same
+    // initial parameters): the device computes what the host does.
+    let cpu = train(&Args { device: DeviceArg::Cpu, ..a.clone() }).unwrap();
+    assert!((cpu.losses[0] - first).abs() <= 1e-4 * first.abs(), "first loss: cpu {} vs cuda {first}", cpu.losses[0]);
+    assert!(s.memory_flat, "device live bytes moved: {:?}", s.live);
+    assert!(s.live[0] > before, "nothing was live on {dev}: the run did not use it");
+    assert_eq!(memory_allocated(dev), before, "the run freed what it made on {dev}");
+}
+
+#[test]
+fn a_run_saved_on_cuda_resumes_on_the_cpu() {
+    // Half a run on the device, saved; the other half resumed from that
+    // checkpoint on the host. The parameters and AdamW's moments cross in
+    // the file, so the resumed half follows the uninterrupted device run up
+    // to the rounding by which the devices' kernels differ.
+    let _s = serial();
+    let Some(dev) = tapir_testing::cuda_or_skip("a_run_saved_on_cuda_resumes_on_the_cpu", Device::cuda(0)) else {
+        return;
+    };
+    let ck = std::env::temp_dir().join(format!("tapir-gpt-cuda-{}.safetensors", std::process::id()));
+    let whole = train(&on_cuda(10)).unwrap();
+    let first = train(&Args { save: Some(ck.clone()), stop_after: Some(5), ..on_cuda(10) }).unwrap();
+    assert_eq!(first.losses, whole.losses[..5].to_vec(), "a device run is deterministic");
+    let before = memory_allocated(dev);
+    let rest = train(&Args { resume: Some(ck.clone()), ..tiny(10) }).unwrap();
+    assert_eq!(memory_allocated(dev), before, "the resumed run did not touch {dev}");
+    assert_eq!(rest.steps_run, 5);
+    for (k, (cpu, cuda)) in rest.losses.iter().zip(&whole.losses[5..]).enumerate() {
+        assert!((cpu - cuda).abs() <= 1e-4 * cuda.abs(), "step {}: resumed on the cpu {cpu}, cuda {cuda}", k + 5);
+    }
+    let _ = std::fs::remove_file(&ck);
 }
