@@ -23,6 +23,10 @@ pub struct GradOptions {
     pub retain_graph: bool,
 }
 
+/// What hears of each input's gradient once it is final: the input's
+/// position in `inputs` and the gradient.
+type ReadyHook<'a, V> = dyn FnMut(usize, &V) -> Result<()> + 'a;
+
 /// Which way a pass walks the tape, which decides the nodes it visits.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Direction {
@@ -185,7 +189,51 @@ impl Graph {
         let in_ids: Vec<NodeId> = inputs.iter().map(|v| v.id).collect();
         let order = path(self, &out_ids, &in_ids, Direction::Reverse);
         let saved = if opts.retain_graph { None } else { Some(SavedValues::new(self, &order, &out_ids, &in_ids)) };
-        self.backward(&order, &out_ids, inputs, seeds, saved)
+        self.backward(&order, &out_ids, inputs, seeds, saved, None)
+    }
+
+    /// [`grad`](Self::grad), calling `on_ready(k, gradient)` for each of
+    /// `inputs` the moment its gradient is final, while the pass goes on
+    /// (inputs no gradient reaches are not reported). The walk is in reverse
+    /// topological order, so an input is final as soon as every node that
+    /// reads it has run: the gradients of the last layer come first, the
+    /// first layer's last. It is what lets data parallelism start reducing a
+    /// bucket of gradients before the backward has produced the rest (torch's
+    /// gradient hooks in DistributedDataParallel). An error from `on_ready`
+    /// ends the pass and is returned.
+    ///
+    /// ```
+    /// use tapir::prelude::*;
+    ///
+    /// let order = Graph::scope(|g| {
+    ///     let (a, b) = (g.leaf(Tensor::scalar(2.0f32)), g.leaf(Tensor::scalar(3.0f32)));
+    ///     let loss = a.mul(&b)?.tanh()?.mul(&b)?;
+    ///     let mut order = Vec::new();
+    ///     let grads = g.grad_hooked(loss, &[a, b], &mut |k, _grad| {
+    ///         order.push(k);
+    ///         Ok(())
+    ///     })?;
+    ///     assert_eq!(grads.len(), 2);
+    ///     Ok::<_, Error>(order)
+    /// })?;
+    /// assert_eq!(order.len(), 2); // each input once, when it was final
+    /// # Ok::<(), Error>(())
+    /// ```
+    pub fn grad_hooked(
+        &self,
+        output: Var<'_>,
+        inputs: &[Var<'_>],
+        on_ready: &mut dyn FnMut(usize, &Tensor) -> Result<()>,
+    ) -> Result<Vec<Tensor>> {
+        let outputs = [output];
+        check_inputs(self, &outputs)?;
+        check_inputs(self, inputs)?;
+        let seeds = seeds(&outputs, None)?;
+        let out_ids = [output.id];
+        let in_ids: Vec<NodeId> = inputs.iter().map(|v| v.id).collect();
+        let order = path(self, &out_ids, &in_ids, Direction::Reverse);
+        let saved = Some(SavedValues::new(self, &order, &out_ids, &in_ids));
+        self.backward(&order, &out_ids, inputs, seeds, saved, Some(on_ready))
     }
 
     /// Recorded backward from several outputs, seeded by `grad_outputs`
@@ -223,7 +271,7 @@ impl Graph {
                 None => o.traced().lift(Tensor::ones_on(o.shape(), o.dtype(), o.device())?),
             });
         }
-        let grads = self.backward(&order, &out_ids, inputs, seeds, None)?;
+        let grads = self.backward(&order, &out_ids, inputs, seeds, None, None)?;
         Ok(grads.into_iter().map(|t| self.var(from_raw(t.id))).collect())
     }
 
@@ -231,7 +279,8 @@ impl Graph {
     /// reached node's rule in reverse topological `order`, adds up what
     /// flows into each node, and returns the gradient of each of `inputs`
     /// (zeros where none arrived). `saved` is what releases values as
-    /// their last reader runs; without it every value stays.
+    /// their last reader runs; without it every value stays. `on_ready`
+    /// hears of each input's gradient as soon as it is final.
     fn backward<'g, V: Value<'g>>(
         &'g self,
         order: &[NodeId],
@@ -239,6 +288,7 @@ impl Graph {
         inputs: &[Var<'_>],
         seeds: Vec<V>,
         mut saved: Option<SavedValues>,
+        mut on_ready: Option<&mut ReadyHook<'_, V>>,
     ) -> Result<Vec<V>> {
         let mut grads: HashMap<NodeId, V> = HashMap::new();
         for (&o, s) in out_ids.iter().zip(seeds) {
@@ -249,7 +299,12 @@ impl Graph {
             // A node no gradient reached keeps its values: another pass may
             // still run its rule.
             let Some(gn) = grads.remove(&n) else { continue };
-            if inputs.iter().any(|v| v.id == n) {
+            if let Some(k) = inputs.iter().position(|v| v.id == n) {
+                // Every reader of an input has run before it (reverse
+                // topological order): its gradient is final here.
+                if let Some(hook) = on_ready.as_mut() {
+                    hook(k, &gn)?;
+                }
                 results.insert(n, gn.clone());
             }
             let (op, input_ids) = {

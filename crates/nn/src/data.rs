@@ -44,6 +44,8 @@ pub struct DataLoader {
     batch_size: usize,
     seed: Option<u64>,
     drop_last: bool,
+    /// This process's part of every epoch, `(rank, world)`.
+    shard: Option<(usize, usize)>,
 }
 
 impl DataLoader {
@@ -75,6 +77,7 @@ impl DataLoader {
             batch_size,
             seed: None,
             drop_last: false,
+            shard: None,
         })
     }
 
@@ -92,7 +95,24 @@ impl DataLoader {
         self
     }
 
-    /// Number of samples.
+    /// Gives this process (rank `rank` of `world`) a disjoint part of every
+    /// epoch, as torch's `DistributedSampler`: the epoch's order (the same on
+    /// every rank for a given seed) is padded by repeating its first samples
+    /// to a multiple of `world`, and rank `r` takes every `world`-th sample
+    /// from position `r`. With a batch size of `B` on each of `world` ranks,
+    /// batch `b` of all ranks together holds exactly the samples of batch `b`
+    /// of one process with batch size `world * B`, so data-parallel training
+    /// follows single-process training. An error when `world` is 0 or `rank`
+    /// is not below it.
+    pub fn shard(mut self, rank: usize, world: usize) -> Result<Self> {
+        if world == 0 || rank >= world {
+            return Err(Error::invalid_arg("DataLoader::shard", format!("rank {rank} of a world of {world}")));
+        }
+        self.shard = (world > 1).then_some((rank, world));
+        Ok(self)
+    }
+
+    /// Number of samples (of the whole data set, whatever the shard).
     pub fn len(&self) -> usize {
         self.samples
     }
@@ -102,12 +122,35 @@ impl DataLoader {
         self.samples == 0
     }
 
-    /// Batches per epoch.
+    /// Samples this process sees per epoch: all of them, or its shard's
+    /// `ceil(len / world)`.
+    pub fn shard_len(&self) -> usize {
+        match self.shard {
+            None => self.samples,
+            Some((_, world)) => self.samples.div_ceil(world),
+        }
+    }
+
+    /// Batches per epoch (of this process's shard).
     pub fn num_batches(&self) -> usize {
+        let n = self.shard_len();
         if self.drop_last {
-            self.samples / self.batch_size
+            n / self.batch_size
         } else {
-            self.samples.div_ceil(self.batch_size)
+            n.div_ceil(self.batch_size)
+        }
+    }
+
+    /// The samples this process visits in `epoch`, in order: [`order`]
+    /// (Self::order), then this process's shard of it.
+    pub fn indices(&self, epoch: u64) -> Vec<usize> {
+        let order = self.order(epoch);
+        match self.shard {
+            None => order,
+            Some((rank, world)) => {
+                let padded = self.samples.div_ceil(world) * world;
+                (rank..padded).step_by(world).map(|i| order[i % self.samples.max(1)]).collect()
+            }
         }
     }
 
@@ -131,7 +174,7 @@ impl DataLoader {
     /// in the order given to [`DataLoader::new`]. Unshuffled batches are
     /// views (no copy); shuffled ones are gathered copies.
     pub fn epoch(&self, epoch: u64) -> Epoch<'_> {
-        let order = self.seed.map(|_| self.order(epoch));
+        let order = (self.seed.is_some() || self.shard.is_some()).then(|| self.indices(epoch));
         Epoch { loader: self, order, next: 0, batches: self.num_batches() }
     }
 }
@@ -155,7 +198,7 @@ impl Iterator for Epoch<'_> {
         }
         let l = self.loader;
         let start = self.next * l.batch_size;
-        let len = l.batch_size.min(l.samples - start);
+        let len = l.batch_size.min(l.shard_len() - start);
         self.next += 1;
         Some(match &self.order {
             None => l.tensors.iter().map(|t| t.narrow(0, start, len)).collect(),

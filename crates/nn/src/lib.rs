@@ -47,6 +47,7 @@ mod attention;
 pub mod checkpoint;
 mod cpu;
 mod data;
+pub mod dist;
 mod gpt;
 pub mod init;
 mod jet;
