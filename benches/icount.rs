@@ -15,8 +15,11 @@
 use tapir::nn::{Activation, Mlp, ParamStore};
 use tapir::prelude::*;
 
+/// A case's work.
+type Work = fn() -> Result<()>;
+
 /// Every case, by name, with its work.
-const CASES: &[(&str, fn() -> Result<()>)] = &[
+const CASES: &[(&str, Work)] = &[
     ("matmul_f32_128", || matmul(DType::F32, 128)),
     ("matmul_f64_128", || matmul(DType::F64, 128)),
     ("sparse_ce_64x2000", sparse_ce),
