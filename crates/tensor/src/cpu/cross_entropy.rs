@@ -1,16 +1,18 @@
 //! The CPU kernels of the cross-entropy losses ([`crate::ops::cross_entropy`]).
 //!
-//! A row's log-sum-exp comes from the row kernels of `cpu::rows` (its
-//! maximum, then the sum of the shifted exponentials; and the row's sum
-//! when label smoothing needs it), and the row is then overwritten with its
-//! gradient `w * (softmax - target)` while it is still in this core's
-//! cache, a loop compiled for the processor's vector instructions through
-//! [`crate::cpu::simd`]. Rows are
+//! A row's log-sum-exp comes from the row kernels of `cpu::rows` (one pass
+//! over memory: block by block, its maximum and the rescaled sum of the
+//! shifted exponentials; and the row's sum when label smoothing needs it),
+//! and the gradient `w * (softmax - target)` is one more pass, reading each
+//! logit once and writing its gradient (over the logits when nothing else
+//! holds them), a loop compiled for the processor's vector instructions
+//! through [`crate::cpu::simd`]. Two reads and one write of the `N x V`
+//! block in all, the floor for a forward that keeps no `N x V` state. Rows are
 //! split over the pool; each row's result does not depend on the split or
 //! on the instruction set. The fused linear head runs the same rows over
 //! one chunk of logits at a time, made and consumed by matrix products.
 
-use crate::cpu::iter::SPLIT_MIN;
+use crate::cpu::iter::{fill_vec, SPLIT_MIN};
 use crate::cpu::math::exp_f32;
 use crate::cpu::matmul::{gemm_into, MatRef};
 use crate::cpu::pool::{self, Disjoint};
@@ -234,10 +236,57 @@ pub(crate) fn sparse_forward(
     Ok((lse, out.cast_raw(x.dtype())?))
 }
 
+/// Whether `t` is the only handle on all of its storage, so a kernel may
+/// write over it (what [`Tensor::make_mut`] would do without copying).
+fn sole_owner(t: &Tensor) -> bool {
+    t.is_contiguous()
+        && t.layout.offset == 0
+        && t.numel() == t.storage.len()
+        && std::sync::Arc::strong_count(&t.storage) == 1
+}
+
+/// Writes the gradient of elements `j0..j0 + src.len()` of one row into
+/// `dst`: [`grad_row`]'s expression, element for element, so both give the
+/// same bits.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn grad_segment<T: CeFloat>(
+    src: &[T],
+    dst: &mut [std::mem::MaybeUninit<T>],
+    j0: usize,
+    lse: T,
+    weight: T,
+    s: &Smoothing<T>,
+    label: Option<usize>,
+) {
+    match label {
+        None => dst.iter_mut().for_each(|e| {
+            e.write(T::ZERO);
+        }),
+        Some(y) => {
+            simd::run(
+                #[inline(always)]
+                || {
+                    for (o, &x) in dst.iter_mut().zip(src) {
+                        o.write(weight * ((x - lse).fexp() - s.eps_v));
+                    }
+                },
+            );
+            if (j0..j0 + src.len()).contains(&y) {
+                // SAFETY: written just above.
+                let e = unsafe { dst[y - j0].assume_init_mut() };
+                *e = *e - weight * s.label;
+            }
+        }
+    }
+}
+
 /// The sparse loss's gradient `w_r * (softmax - target)` from the logits
-/// and their saved log-sum-exp (in `cd`), written over the logits' buffer
-/// when `logits` is the only handle on it, else over a private copy, and
-/// returned in the logits' dtype.
+/// and their saved log-sum-exp (in `cd`), returned in the logits' dtype.
+/// Written over the logits' buffer when `logits` is the only handle on it;
+/// else read from the logits and written into a fresh buffer in the same
+/// pass (one read and one write of the `N x V` block either way, where a
+/// private copy first would cost a second read and write).
 pub(crate) fn sparse_grad(
     logits: Tensor,
     cd: DType,
@@ -247,29 +296,48 @@ pub(crate) fn sparse_grad(
     smoothing: f64,
 ) -> Result<Tensor> {
     fn run<T: CeFloat>(
-        grad: &mut Tensor,
+        x: Tensor,
         lse: &Tensor,
         labels: &[Option<usize>],
         weights: &[f64],
         smoothing: f64,
-    ) -> Result<()> {
-        let v = grad.dims().last().copied().unwrap_or(0);
+    ) -> Result<Tensor> {
+        let v = x.dims().last().copied().unwrap_or(0);
+        if v == 0 || x.numel() == 0 {
+            return Ok(x);
+        }
         let l = lse.as_slice::<T>().expect("internal: lse contiguous");
         let w: Vec<T> = weights.iter().map(|&x| T::from_f64(x)).collect();
-        let buf = grad.make_mut::<T>()?;
-        if v > 0 {
-            grad_rows_in_place::<T>(buf, v, l, labels, &w, smoothing);
+        if sole_owner(&x) {
+            let mut x = x;
+            grad_rows_in_place::<T>(x.make_mut::<T>()?, v, l, labels, &w, smoothing);
+            return Ok(x);
         }
-        Ok(())
+        let src = x.as_slice::<T>().expect("internal: contiguous");
+        let s = Smoothing::<T>::new(smoothing, v);
+        // The gradient is elementwise given its row's statistics, so the
+        // output splits anywhere: each part walks the row segments it covers.
+        let out = fill_vec(src.len(), |start, mut part| {
+            let mut at = start;
+            while !part.is_empty() {
+                let (r, j0) = (at / v, at % v);
+                let len = (v - j0).min(part.len());
+                let (head, tail) = part.split_at_mut(len);
+                grad_segment(&src[at..at + len], head, j0, l[r], w[r], &s, labels[r]);
+                at += len;
+                part = tail;
+            }
+        })?;
+        Tensor::from_vec(out, x.shape().clone())
     }
     let dtype = logits.dtype();
-    let mut grad = logits.cast_raw(cd)?.contiguous()?;
+    let x = logits.cast_raw(cd)?.contiguous()?;
     drop(logits);
-    if cd == DType::F64 {
-        run::<f64>(&mut grad, lse, labels, weights, smoothing)?
+    let grad = if cd == DType::F64 {
+        run::<f64>(x, lse, labels, weights, smoothing)?
     } else {
-        run::<f32>(&mut grad, lse, labels, weights, smoothing)?
-    }
+        run::<f32>(x, lse, labels, weights, smoothing)?
+    };
     grad.cast_raw(dtype)
 }
 
@@ -563,6 +631,32 @@ mod tests {
                 for isa in [Isa::Avx2, Isa::Avx512] {
                     assert_eq!(run(isa), base, "v {v} smoothing {smoothing} {isa:?}");
                 }
+            }
+        }
+    }
+
+    /// Shared logits get their gradient in a fresh buffer, read and written
+    /// in one pass split anywhere over the pool; sole-owner logits get it in
+    /// place. Both give the same bits, ignored rows and smoothing included.
+    #[test]
+    fn gradient_of_shared_logits_equals_the_in_place_one() {
+        for (n, v) in [(3usize, 1usize), (5, 17), (40, 1000), (9, 70_001)] {
+            for smoothing in [0.0, 0.1] {
+                let x: Vec<f32> = (0..n * v).map(|i| ((i * 7919 % 1013) as f32 - 506.0) / 23.0).collect();
+                let labels: Vec<Option<usize>> = (0..n).map(|r| (r % 4 != 3).then_some(r * 7 % v)).collect();
+                let (lse, _) = forward_rows::<f32>(&x, v, &labels, smoothing);
+                let lse = Tensor::from_vec(lse, [n]).unwrap();
+                let w: Vec<f64> = (0..n).map(|r| 0.25 + r as f64 / 8.0).collect();
+                let t = Tensor::from_vec(x, [n, v]).unwrap();
+                let at = t.as_slice::<f32>().unwrap().as_ptr();
+                let copied = sparse_grad(t.clone(), DType::F32, &lse, &labels, &w, smoothing).unwrap();
+                let copied = copied.as_slice::<f32>().unwrap().to_vec();
+                // (One class: softmax is 1, so the gradient is all zero.)
+                assert!(v == 1 || copied.iter().any(|&g| g != 0.0));
+                let own = sparse_grad(t, DType::F32, &lse, &labels, &w, smoothing).unwrap();
+                assert_eq!(own.as_slice::<f32>().unwrap().as_ptr(), at, "sole owner: written in place");
+                let bits = |g: &[f32]| g.iter().map(|e| e.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&copied), bits(own.as_slice::<f32>().unwrap()), "n {n} v {v} smoothing {smoothing}");
             }
         }
     }

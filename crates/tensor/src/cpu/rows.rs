@@ -98,18 +98,69 @@ fn extreme_body<T: Float, const L: usize, const MAX: bool>(s: &[T]) -> T {
     m.iter().fold(m[0], |a, &b| if better(b, a) { b } else { a })
 }
 
-/// log(sum(exp(x))) of a row: its maximum, then a lane-parallel sum of the
-/// shifted exponentials. -inf for an empty or all -inf row, the maximum when
-/// it is +inf or NaN.
+/// Bytes of a row the one-pass log-sum-exp takes at a time: read from
+/// memory by the block's maximum, then again from the core's L1 cache (32
+/// KiB or more on current x86 cores) by its exponentials.
+const LSE_BLOCK_BYTES: usize = 16 << 10;
+
+/// Lanes of the exponentials' sum: each exponential is a dozen
+/// instructions, so a few vectors already hide their latency, and more
+/// would spill.
+const EXP_LANES: usize = 16;
+
+/// log(sum(exp(x))) of a row in one pass over memory: block by block
+/// ([`LSE_BLOCK_BYTES`]), the block's maximum, then, the running sums
+/// rescaled by `exp(old max - new max)` when the maximum grew, the block's
+/// shifted exponentials added while the block is still in L1 (the online
+/// softmax of Milakov and Gimelshein, 2018, by blocks rather than by
+/// elements, so each element costs one exponential). -inf for an empty or
+/// all -inf row, the row's maximum when it is +inf or NaN.
 #[inline(always)]
 fn lse_body<T: Float, const L: usize>(s: &[T], exp: impl Fn(T) -> T) -> T {
-    let m = extreme_body::<T, L, true>(s);
-    if m == T::NEG_INF || m == T::INF || m.is_nan() {
+    let block = LSE_BLOCK_BYTES / std::mem::size_of::<T>();
+    let mut m = T::NEG_INF;
+    let mut total = [T::ZERO; EXP_LANES];
+    for b in s.chunks(block) {
+        let bm = extreme_body::<T, L, true>(b);
+        if bm == T::INF || bm.is_nan() {
+            // The row's maximum is +inf or NaN: that is the answer (NaN
+            // wins over +inf wherever it is).
+            return extreme_body::<T, L, true>(s);
+        }
+        if bm == T::NEG_INF {
+            // Every element is -inf: it adds nothing.
+            continue;
+        }
+        if bm > m {
+            // exp(-inf) = 0 on the first block with a finite maximum.
+            let scale = exp(m - bm);
+            for t in total.iter_mut() {
+                *t *= scale;
+            }
+            m = bm;
+        }
+        // Blocked as in `sum_map_body`: at most `BLOCK` terms per lane
+        // before they join the lane totals.
+        for sub in b.chunks(EXP_LANES * BLOCK) {
+            let (chunks, rest) = sub.as_chunks::<EXP_LANES>();
+            let mut acc = [T::ZERO; EXP_LANES];
+            for c in chunks {
+                for i in 0..EXP_LANES {
+                    acc[i] += exp(c[i] - m);
+                }
+            }
+            for (a, &r) in acc.iter_mut().zip(rest) {
+                *a += exp(r - m);
+            }
+            for i in 0..EXP_LANES {
+                total[i] += acc[i];
+            }
+        }
+    }
+    if m == T::NEG_INF {
         return m;
     }
-    // Fewer lanes for the exponentials: each is a dozen instructions, so
-    // four vectors already hide their latency, and more would spill.
-    m + sum_map_body::<T, 16>(s, |v| exp(v - m)).ln()
+    m + fold_lanes(total).ln()
 }
 
 /// The row kernels of a float type, each dispatched once per call to the
@@ -203,6 +254,39 @@ mod tests {
         assert_eq!(f32::row_lse(&x).to_bits(), lse_body::<f32, { lanes::<f32>() }>(&x, exp_f32).to_bits());
         let y: Vec<f64> = x.iter().map(|&v| v as f64 / 3.0).collect();
         assert_eq!(f64::row_sum(&y).to_bits(), sum_map_body::<f64, { lanes::<f64>() }>(&y, |v| v).to_bits());
+    }
+
+    /// The one-pass log-sum-exp over rows whose maximum grows from block
+    /// to block (each growth rescales the running sums), falls, or sits in
+    /// the last, short block, against an f64 reference; and a row whose
+    /// first blocks are all -inf.
+    #[test]
+    fn one_pass_lse_rescales_when_the_maximum_grows() {
+        let block = LSE_BLOCK_BYTES / 4;
+        for n in [block - 1, block, block + 1, 3 * block + 17, 40_000] {
+            for shape in 0..3 {
+                let x: Vec<f32> = (0..n)
+                    .map(|i| {
+                        let t = i as f32 / n as f32;
+                        let wobble = ((i * 7919 % 1013) as f32) / 1013.0;
+                        match shape {
+                            0 => 30.0 * t + wobble,
+                            1 => -30.0 * t + wobble,
+                            _ => wobble + if i == n - 1 { 40.0 } else { 0.0 },
+                        }
+                    })
+                    .collect();
+                let m = x.iter().fold(f64::NEG_INFINITY, |a, &b| a.max(b as f64));
+                let want = m + x.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln();
+                let got = f32::row_lse(&x) as f64;
+                assert!((got - want).abs() <= 1e-5 * (1.0 + want.abs()), "n {n} shape {shape}: {got} vs {want}");
+            }
+        }
+        let mut x = vec![f32::NEG_INFINITY; 3 * block];
+        x[2 * block + 5] = 1.5;
+        x[2 * block + 9] = 0.5;
+        let want = 1.5 + (1.0f64 + (-1.0f64).exp()).ln();
+        assert!((f32::row_lse(&x) as f64 - want).abs() <= 1e-6, "{}", f32::row_lse(&x));
     }
 
     #[test]
