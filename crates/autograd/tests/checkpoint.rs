@@ -89,7 +89,7 @@ fn second_order_and_forward_mode_through_a_checkpoint() {
             let loss = y.square()?.sum_all()?;
             // Forward mode, eager and recorded (before the first-order
             // backward below releases the values).
-            let jv = g.jvp(&[y], &[x], &[t0.clone()])?.remove(0);
+            let jv = g.jvp(&[y], &[x], std::slice::from_ref(&t0))?.remove(0);
             let jvr = g.jvp_graph(&[y], &[x], &[g.constant(t0.clone())])?[0].value()?;
             // Gradient of the squared norm of dloss/dx (grad of grad).
             let dx = g.grad_graph(loss, &[x])?[0];
