@@ -48,3 +48,40 @@ __device__ __forceinline__ void softmax_rows(i64 rows, i64 cols, const T* x, T* 
 
 SOFTMAX_ALL(softmax, false)
 SOFTMAX_ALL(log_softmax, true)
+
+// softmax(scale * x) of each row of a contiguous [rows, tk] buffer of
+// scores [..., tq, tk], where row r is query i = r % tq and sees keys
+// j <= i + (tk - tq) only (crates/nn's CausalSoftmax): the mask is this
+// comparison, never a tensor, and the masked entries are written as exact
+// zeros. The row split and reductions are softmax_rows'.
+template <typename T>
+__device__ __forceinline__ void causal_softmax_rows(i64 rows, i64 tk, i64 tq, double scale_, const T* x, T* out) {
+    typedef typename Acc<T>::type A;
+    const A scale = A(scale_);
+    const RowSplit sp = row_split(tk);
+    for (i64 r = sp.first; r < rows; r += sp.step) {
+        const T* row = x + r * tk;
+        T* orow = out + r * tk;
+        const i64 i = r % tq;
+        const i64 n = i + 1 + tk - tq < tk ? i + 1 + tk - tq : tk;
+        Lse<A> st;
+        st.m = neg_inf<A>();
+        st.s = A(0);
+        for (i64 c = sp.lane; c < n; c += sp.width) st = lse_push(st, to_acc(row[c]) * scale);
+        st = sp.warp ? warp_lse(st) : block_lse(st);
+        if (st.m == pos_inf<A>()) st.s = quiet_nan<A>();
+        const A inv = A(1) / st.s;
+        for (i64 c = sp.lane; c < tk; c += sp.width)
+            orow[c] = from_acc<T>(c < n ? t_exp(to_acc(row[c]) * scale - st.m) * inv : A(0));
+    }
+}
+
+#define CAUSAL_SOFTMAX_KERNEL(T, SUFFIX)                                                                    \
+    extern "C" __global__ void causal_softmax_##SUFFIX(i64 rows, i64 tk, i64 tq, double scale, const T* x, \
+                                                       T* out) {                                           \
+        causal_softmax_rows<T>(rows, tk, tq, scale, x, out);                                               \
+    }
+CAUSAL_SOFTMAX_KERNEL(float, f32)
+CAUSAL_SOFTMAX_KERNEL(double, f64)
+CAUSAL_SOFTMAX_KERNEL(tapir_f16, f16)
+CAUSAL_SOFTMAX_KERNEL(tapir_bf16, bf16)

@@ -423,6 +423,9 @@ impl<'g> Value<'g> for Traced<'g> {
         g: Traced<'g>,
         _: Option<&mut SavedValues>,
     ) -> Result<SmallVec<[Option<Traced<'g>>; 3]>> {
+        if let Some(block) = graph.block_of(n) {
+            return crate::checkpoint::reverse_recorded(graph, &*block, input_ids, g);
+        }
         let (xs, y) = handles(graph, n, input_ids);
         let refs: SmallVec<[&Traced<'g>; 3]> = xs.iter().collect();
         op.vjp_traced(&refs, &y, &g)
@@ -435,6 +438,9 @@ impl<'g> Value<'g> for Traced<'g> {
         input_ids: &[NodeId],
         ts: &[Option<&Traced<'g>>],
     ) -> Result<Option<Traced<'g>>> {
+        if let Some(block) = graph.block_of(n) {
+            return crate::checkpoint::forward_recorded(graph, &*block, input_ids, ts);
+        }
         let (xs, y) = handles(graph, n, input_ids);
         let refs: SmallVec<[&Traced<'g>; 3]> = xs.iter().collect();
         op.jvp_traced(&refs, &y, ts)

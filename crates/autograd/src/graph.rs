@@ -2,7 +2,7 @@
 //! and every node is freed, whole, when the scope that made the graph ends.
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::marker::PhantomData;
 use std::sync::Arc;
 
@@ -37,6 +37,9 @@ pub(crate) struct Node {
 /// [`Graph::scope`], which frees every node when the closure returns.
 pub struct Graph {
     pub(crate) nodes: RefCell<SlotMap<NodeId, Node>>,
+    /// The blocks of checkpoint nodes ([`Graph::checkpoint`]), which a
+    /// recorded pass runs again in this graph.
+    pub(crate) blocks: RefCell<HashMap<NodeId, Arc<crate::checkpoint::BlockFn>>>,
     /// Pointer identity used to reject handles from another graph at run
     /// time (the lifetime brand already rejects them at compile time).
     id: usize,
@@ -77,6 +80,7 @@ impl Graph {
     fn new() -> Self {
         Graph {
             nodes: RefCell::new(SlotMap::with_key()),
+            blocks: RefCell::new(HashMap::new()),
             id: NEXT_GRAPH.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             _not_sync: PhantomData,
         }

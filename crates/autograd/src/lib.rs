@@ -20,6 +20,7 @@
 #![deny(missing_docs)]
 
 mod backward;
+mod checkpoint;
 mod forward;
 mod gradcheck;
 mod graph;

@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressStyle};
-use tapir::nn::{checkpoint, Adam, Gpt, GptConfig, Optimizer, ParamStore, Schedule};
+use tapir::nn::{checkpoint, Adam, Gpt, GptConfig, GradScaler, Optimizer, ParamStore, Precision, Schedule};
 use tapir::prelude::*;
 
 use crate::chart::{self, Panel, Series};
@@ -108,6 +108,18 @@ pub struct Args {
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
+    /// Activation checkpointing: keep only each transformer block's input
+    /// between the forward and the backward, and recompute the block's
+    /// activations in the backward (torch.utils.checkpoint per block):
+    /// fewer live bytes for about one more forward of compute.
+    #[arg(long)]
+    pub checkpoint: bool,
+    /// Mixed precision: f32 (off), bf16, or f16 (with a dynamic loss
+    /// scaler that skips steps whose gradients overflow). The parameters
+    /// and the optimizer stay in f32; the layers' products run in the
+    /// low dtype, norms, softmax, residuals and the loss in f32.
+    #[arg(long, default_value = "f32")]
+    pub precision: String,
     /// Where to train: cpu, cuda, cuda:N, or auto (CUDA when present, else
     /// the CPU). Memory figures are that device's.
     #[arg(long, default_value = "cpu")]
@@ -474,7 +486,8 @@ pub fn train(a: &Args) -> anyhow::Result<Summary> {
 
     let mut rng = Rng::new(seed);
     let mut store = ParamStore::new();
-    let model = Gpt::new(&mut store, cfg.clone(), &mut rng, DType::F32)?;
+    let mut model = Gpt::new(&mut store, cfg.clone(), &mut rng, DType::F32)?;
+    model.checkpoint = a.checkpoint;
     let mut opt = Adam::adamw(a.lr, a.weight_decay);
     opt.beta2 = 0.99;
     let mut start = 0;
@@ -532,6 +545,8 @@ pub fn train(a: &Args) -> anyhow::Result<Summary> {
         tokens_per_s: 0.0,
         samples: vec![],
     };
+    let precision = Precision::parse(&a.precision)?;
+    let mut scaler = (precision == Precision::F16).then(GradScaler::default);
     let mut tokens = 0usize;
     let meta = |step: usize| config_metadata(&cfg, &task_name, &vocab, seed, step);
     for step in start..end {
@@ -546,17 +561,33 @@ pub fn train(a: &Args) -> anyhow::Result<Summary> {
         tokens += x.numel();
         reset_peak_memory_stats(device);
         let training = cfg.dropout > 0.0;
-        let (loss, mut grads) = Graph::scope(|g| {
-            let p = store.bind(g);
+        let (loss, grads) = Graph::scope(|g| {
+            let p = store.bind(g).with_precision(precision);
             let loss = model.loss(&p, &x, &y, training.then_some(&mut drop_rng))?;
             let value = loss.item()? as f32;
-            Ok::<_, Error>((value, p.grads(loss)?))
+            let seed = match &scaler {
+                Some(s) => s.scale_loss(loss)?,
+                None => loss,
+            };
+            Ok::<_, Error>((value, p.grads(seed)?))
         })?;
-        if a.clip > 0.0 {
-            grads.clip_global_norm(a.clip)?;
+        // With a loss scaler, the gradients unscaled, or none when they
+        // overflowed (the step is skipped and the scale backs off).
+        let grads = match &mut scaler {
+            Some(s) => {
+                let unscaled = s.unscale(&grads)?;
+                s.update(unscaled.is_some());
+                unscaled
+            }
+            None => Some(grads),
+        };
+        if let Some(mut grads) = grads {
+            if a.clip > 0.0 {
+                grads.clip_global_norm(a.clip)?;
+            }
+            opt.step(&mut store, &grads)?;
         }
-        opt.step(&mut store, &grads)?;
-        drop((grads, x, y));
+        drop((x, y));
         let stats = memory_stats(device);
         if let Some(&first) = summary.live.first() {
             if stats.allocated != first {

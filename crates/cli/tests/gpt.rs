@@ -129,3 +129,31 @@ fn a_run_saved_on_cuda_resumes_on_the_cpu() {
     }
     let _ = std::fs::remove_file(&ck);
 }
+
+#[test]
+fn checkpointed_run_matches_the_plain_run() {
+    let _s = serial();
+    let args = Args { layers: 2, ..tiny(6) };
+    let plain = train(&args).unwrap();
+    let ckpt = train(&Args { checkpoint: true, ..args }).unwrap();
+    // The blocks' gradients are the plain ones, so the runs agree bit for bit.
+    assert_eq!(ckpt.losses, plain.losses);
+    assert!(ckpt.memory_flat, "{:?}", ckpt.live);
+}
+
+#[test]
+fn bf16_and_f16_runs_learn_as_the_f32_run_does() {
+    let _s = serial();
+    let args = Args { d_model: 32, ..tiny(80) };
+    let full = train(&args).unwrap();
+    for precision in ["bf16", "f16"] {
+        let low = train(&Args { precision: precision.into(), ..args.clone() }).unwrap();
+        let (a, b) = (low.accuracy.unwrap(), full.accuracy.unwrap());
+        let (la, lb) = (*low.losses.last().unwrap(), *full.losses.last().unwrap());
+        println!("{precision}: accuracy {a} (f32 {b}), last loss {la} (f32 {lb})");
+        assert!(low.memory_flat, "{precision}: {:?}", low.live);
+        assert!((a - b).abs() <= 0.1, "{precision}: held-out accuracy {a} against f32's {b}");
+        assert!((la - lb).abs() <= 0.1 * lb.abs(), "{precision}: last loss {la} against f32's {lb}");
+    }
+    assert!(train(&Args { precision: "f8".into(), ..tiny(1) }).is_err());
+}

@@ -14,13 +14,24 @@
 //! ops' rules are written in differentiable ops (masked entries have
 //! `p = 0`, so they get zero gradient with no special case), so every
 //! derivative order works.
+//!
+//! On CUDA both ops have kernels (launched by
+//! `tapir_tensor::cuda::attention`): the causal softmax computes its mask
+//! from the row and column, and the attention is fused in the manner of
+//! FlashAttention-2 (query tiles, keys and values streamed through shared
+//! memory, an online softmax, and a backward that recomputes the
+//! probabilities tile by tile from each row's log-sum-exp), f32 arithmetic
+//! for f32, f16 and bf16 inputs. Neither holds a `[T, T]` tensor. A graph
+//! that records through the attention (second order, forward mode) uses
+//! the composed rule, as on the CPU.
 
 use crate::cpu::attention::Heads;
 use smallvec::SmallVec;
 use tapir_autograd::Var;
+use tapir_tensor::cuda::attention as flash;
 use tapir_tensor::ops::{add_opt, one, Arity, InputGrads, Op, Saved};
 use tapir_tensor::{
-    BinaryOps, DType, Device, Diff, Error, MatmulOps, ReduceOps, Result, Rng, ShapeOps, SoftmaxOps, Tensor, UnaryOps,
+    BinaryOps, DType, Device, Diff, Error, MatmulOps, ReduceOps, Result, Rng, ShapeOps, Tensor, UnaryOps,
 };
 
 use crate::layers::{Dropout, Linear};
@@ -50,14 +61,11 @@ impl Op for CausalSoftmax {
         let (tq, tk) = self.check(xs[0])?;
         crate::cpu::attention::causal_softmax(self, xs[0], tq, tk)
     }
-    /// Off the host, an additive mask (the kernel reads host memory).
+    /// On CUDA, the kernel of `kernels/softmax.cu`, which computes the mask
+    /// from the row and column it is at: no mask tensor exists.
     fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        let x = xs[0];
-        let (tq, tk) = self.check(x)?;
-        let mask: Vec<f32> =
-            (0..tq * tk).map(|r| if r % tk <= r / tk + tk - tq { 0.0 } else { f32::NEG_INFINITY }).collect();
-        let mask = Tensor::from_vec(mask, [tq, tk])?.cast(x.dtype())?.to_device(x.device())?;
-        x.mul_scalar(self.scale)?.add(&mask)?.softmax(-1)
+        self.check(xs[0])?;
+        tapir_tensor::cuda::attention::causal_softmax(xs[0], self.scale)
     }
     fn vjp<T: Diff>(&self, _: &[&T], y: &T, g: &T) -> Result<InputGrads<T>> {
         Ok(one(self.pushforward(y, g)?))
@@ -159,10 +167,22 @@ impl CausalAttention {
 
     fn vjp_kernel(&self, xs: [&Tensor; 3], y: &Tensor, g: &Tensor) -> Result<Option<[Tensor; 3]>> {
         let hs = self.check(xs[0], xs[1], xs[2])?;
-        if xs.iter().chain([&y, &g]).any(|t| t.device() != Device::Cpu) {
-            return Ok(None);
+        let devices = xs.iter().chain([&y, &g]).map(|t| t.device());
+        match xs[0].device() {
+            Device::Cpu if devices.clone().all(|d| d == Device::Cpu) => {
+                crate::cpu::attention::backward(self, &hs, xs, y, g)
+            }
+            Device::Cuda(_)
+                if devices.clone().all(|d| d == xs[0].device())
+                    && g.dtype() == xs[0].dtype()
+                    && y.dtype() == xs[0].dtype()
+                    && flash::flash_applies(xs[0], self.heads) =>
+            {
+                let [q, k, v] = xs;
+                flash::flash_backward(q, k, v, y, g, None, self.heads, self.scale).map(Some)
+            }
+            _ => Ok(None),
         }
-        crate::cpu::attention::backward(self, &hs, xs, y, g)
     }
 }
 
@@ -177,9 +197,18 @@ impl Op for CausalAttention {
         let hs = self.check(xs[0], xs[1], xs[2])?;
         crate::cpu::attention::forward(self, &hs, xs)
     }
-    /// Off the host, the composition (the kernel reads host memory).
+    /// On CUDA, the fused kernel of `kernels/attention.cu` where it applies
+    /// (f32, f16, bf16 heads up to 128 wide, f64 up to 64), else the
+    /// composition.
     fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
         self.check(xs[0], xs[1], xs[2])?;
+        if flash::flash_applies(xs[0], self.heads) {
+            // The log-sum-exp is dropped: the op has one output, and the
+            // backward recomputes it with one pass of the forward kernel
+            // that writes no output ([B, H, T], never [T, T]).
+            let (y, _lse) = flash::flash_forward(xs[0], xs[1], xs[2], self.heads, self.scale)?;
+            return Ok(y);
+        }
         self.composed(xs[0], xs[1], xs[2])
     }
     /// The fused backward kernel where it applies, else the composed rule.

@@ -125,6 +125,11 @@ pub struct Gpt {
     pub head: Option<Linear>,
     /// Dropout on the embeddings.
     pub drop: Dropout,
+    /// Activation checkpointing: each block runs as one
+    /// [`Graph::checkpoint`](tapir_autograd::Graph::checkpoint) node that
+    /// keeps only its input between the forward and the backward, which
+    /// recomputes the block's activations (false from [`Gpt::new`]).
+    pub checkpoint: bool,
 }
 
 impl Gpt {
@@ -145,7 +150,7 @@ impl Gpt {
             Some(Linear { weight: w, bias: None })
         };
         let drop = Dropout::new(cfg.dropout)?;
-        Ok(Gpt { cfg, wte, wpe, blocks, ln_f, head, drop })
+        Ok(Gpt { cfg, wte, wpe, blocks, ln_f, head, drop, checkpoint: false })
     }
 
     /// The final hidden states `[B, T, d_model]` for token ids `[B, T]`
@@ -165,7 +170,23 @@ impl Gpt {
         let x = self.wte.forward(p, ids)?.add(&self.wpe.first(p, t)?)?;
         let mut x = self.drop.forward(x, rng.as_deref_mut())?;
         for b in &self.blocks {
-            x = b.forward(p, x, rng.as_deref_mut())?;
+            x = if self.checkpoint {
+                // The block sees the parameters as the node's inputs (so
+                // their gradients flow out) and draws its dropout from a
+                // seed of its own, the same in the forward and in the
+                // recomputation.
+                let block = b.clone();
+                let seed = rng.as_deref_mut().map(|r| r.next_u64());
+                let precision = p.precision();
+                let inputs: Vec<Var<'g>> = std::iter::once(x).chain(p.vars().iter().copied()).collect();
+                p.graph().checkpoint(&inputs, move |h, vs| {
+                    let bound = Bound::from_vars(h, vs[1..].to_vec()).with_precision(precision);
+                    let mut rng = seed.map(Rng::new);
+                    block.forward(&bound, vs[0], rng.as_mut())
+                })?
+            } else {
+                b.forward(p, x, rng.as_deref_mut())?
+            };
         }
         self.ln_f.forward(p, x)
     }

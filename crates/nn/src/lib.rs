@@ -43,6 +43,7 @@
 #![deny(missing_docs)]
 
 mod affine;
+pub mod amp;
 mod attention;
 pub mod checkpoint;
 mod cpu;
@@ -59,6 +60,7 @@ mod optim;
 mod params;
 
 pub use affine::{affine, affine_with, Affine};
+pub use amp::{GradScaler, Precision};
 pub use attention::{causal_attention, causal_softmax, CausalAttention, CausalSelfAttention, CausalSoftmax};
 pub use checkpoint::{Checkpoint, CheckpointError, Mismatch};
 pub use data::{DataLoader, Epoch};

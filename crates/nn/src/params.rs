@@ -3,6 +3,8 @@
 use std::collections::HashMap;
 
 use tapir_autograd::{Graph, Var};
+
+use crate::amp::Precision;
 use tapir_tensor::{Device, Error, Result, Tensor, UnaryOps};
 
 /// Identifies a parameter in its [`ParamStore`].
@@ -158,7 +160,11 @@ impl ParamStore {
     /// parameters' storage (no copy) and are dropped with the scope, so the
     /// store's tensors are unshared again after it.
     pub fn bind<'g>(&self, g: &'g Graph) -> Bound<'g> {
-        Bound { graph: g, vars: self.params.iter().map(|p| g.leaf(p.value.clone())).collect() }
+        Bound {
+            graph: g,
+            vars: self.params.iter().map(|p| g.leaf(p.value.clone())).collect(),
+            precision: Precision::Full,
+        }
     }
 }
 
@@ -166,6 +172,7 @@ impl ParamStore {
 pub struct Bound<'g> {
     graph: &'g Graph,
     vars: Vec<Var<'g>>,
+    precision: Precision,
 }
 
 impl<'g> Bound<'g> {
@@ -173,7 +180,18 @@ impl<'g> Bound<'g> {
     /// store order: how a layer runs on leaves made elsewhere, e.g. by the
     /// gradient checker.
     pub fn from_vars(graph: &'g Graph, vars: Vec<Var<'g>>) -> Self {
-        Bound { graph, vars }
+        Bound { graph, vars, precision: Precision::Full }
+    }
+    /// The same parameters with mixed precision `precision` (see
+    /// [`crate::amp`]): the layers run their products in its dtype and
+    /// the rest in the parameters' own; set once, for the whole forward.
+    pub fn with_precision(mut self, precision: Precision) -> Self {
+        self.precision = precision;
+        self
+    }
+    /// The mixed precision the layers run in.
+    pub fn precision(&self) -> Precision {
+        self.precision
     }
     /// Every bound value, in store order.
     pub fn vars(&self) -> &[Var<'g>] {

@@ -14,6 +14,7 @@
 //! instead of the system's driver ([`driver_library`] says which is in use).
 
 pub mod alloc;
+pub mod attention;
 mod buffer;
 mod context;
 pub(crate) mod cross_entropy;
@@ -51,6 +52,7 @@ pub const KERNELS: &[(&str, &str)] = &[
     ("cast.cu", include_str!("../../../../kernels/cast.cu")),
     ("random.cu", include_str!("../../../../kernels/random.cu")),
     ("optim.cu", include_str!("../../../../kernels/optim.cu")),
+    ("attention.cu", include_str!("../../../../kernels/attention.cu")),
 ];
 
 /// Waits until every launch and copy queued on `device`'s stream has

@@ -70,6 +70,8 @@ pub fn cuda_kernels() -> Vec<(&'static str, String)> {
     out.extend(crate::cuda::random::kernel_names().into_iter().map(|k| ("random.cu", k)));
     // The optimizers' in-place updates, one launch per parameter.
     out.extend(crate::cuda::optim::kernels());
+    // tapir-nn's causal softmax and fused attention.
+    out.extend(crate::cuda::attention::kernels());
     out
 }
 

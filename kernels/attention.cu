@@ -1,0 +1,309 @@
+// Fused causal attention in the manner of FlashAttention-2, for q, k, v
+// [B, T, C] with H heads of width D = C / H addressed in place (head h is
+// channels h*D..(h+1)*D, so row t of head h starts at b*T*C + t*C + h*D).
+// No [T, T] matrix exists anywhere: keys and values stream through shared
+// memory in tiles of KT, the softmax is online, and the backward recomputes
+// the probabilities tile by tile from the per-row log-sum-exp.
+//
+// Entry points (SUFFIX is the dtype, DR = ceil(D / 32) in {1, 2, 4}; f64
+// has DR 1 and 2 only, its tiles would not fit the static 48 KiB):
+//   flash_fwd_SUFFIX_DR(T, H, C, D, scale, q, k, v, y, lse)
+//       grid (ceil(T / FQ), B * H), block 128. y may be null: only the
+//       log-sum-exp (A, [B, H, T]) is written, for a backward that did
+//       not keep the forward's.
+//   flash_prep_SUFFIX(rows, T, H, C, D, g, y, dsum)
+//       dsum[b, h, i] = g_i . y_i (the softmax backward's row term), a warp
+//       a row, grid-strided; rows = B * H * T.
+//   flash_dq_SUFFIX_DR(T, H, C, D, scale, q, k, v, g, lse, dsum, dq)
+//       grid (ceil(T / BQ), B * H), block 128: dq of BQ query rows.
+//   flash_dkv_SUFFIX_DR(T, H, C, D, scale, q, k, v, g, lse, dsum, dk, dv)
+//       grid (ceil(T / KT), B * H), block 128: dk and dv of KT keys.
+// The gradient of q and those of k, v come from two kernels rather than
+// one with atomic adds, so every result is computed in one fixed order:
+// the same inputs give the same bits on every run.
+//
+// Within a warp, lane j holds the score of key j of the tile (a dot
+// product over D read from shared memory, rows padded to 32 DR + 1 so the
+// 32 lanes hit 32 banks), and lane d holds output channels d, d + 32, ...;
+// probabilities pass between the two layouts by shuffles. All arithmetic is
+// in the accumulation type A (float for f32, f16, bf16; double for f64).
+
+#define ATT_WARPS 4
+#define ATT_THREADS (ATT_WARPS * WARP)
+#define KT 32  // keys a tile (one a lane)
+#define FQ 16  // query rows a forward block (4 a warp)
+#define BQ 8   // query rows a backward block or chunk (2 a warp)
+
+// Rows [r0, r0 + n) of one head into s[n][W] (A), zeros past row T.
+template <typename T, typename A, int W>
+__device__ __forceinline__ void load_rows(A (*s)[W], const T* x, i64 base, i64 r0, int n, i64 t, i64 c, i64 d) {
+    for (int e = threadIdx.x; e < n * d; e += blockDim.x) {
+        int r = e / (int)d, col = e % (int)d;
+        i64 row = r0 + r;
+        s[r][col] = row < t ? to_acc(x[base + row * c + col]) : A(0);
+    }
+}
+
+template <typename A> __device__ __forceinline__ A dot_rows(const A* a, const A* b, i64 d) {
+    A s = A(0);
+    for (int x = 0; x < (int)d; x++) s += a[x] * b[x];
+    return s;
+}
+
+template <typename T, int DR>
+__device__ __forceinline__ void flash_fwd(i64 t, i64 heads, i64 c, i64 d, double scale_, const T* q, const T* k,
+                                          const T* v, T* y, typename Acc<T>::type* lse) {
+    typedef typename Acc<T>::type A;
+    const int RPW = FQ / ATT_WARPS;
+    __shared__ A Qs[FQ][32 * DR];
+    __shared__ A Ks[KT][32 * DR + 1];
+    __shared__ A Vs[KT][32 * DR + 1];
+    const A scale = A(scale_);
+    const i64 bh = blockIdx.y, b = bh / heads, h = bh % heads;
+    const i64 base = b * t * c + h * d;
+    const i64 q0 = (i64)blockIdx.x * FQ;
+    const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
+    load_rows<T, A, 32 * DR>(Qs, q, base, q0, FQ, t, c, d);
+    A m[RPW], l[RPW], o[RPW][DR];
+#pragma unroll
+    for (int rr = 0; rr < RPW; rr++) {
+        m[rr] = neg_inf<A>();
+        l[rr] = A(0);
+#pragma unroll
+        for (int r = 0; r < DR; r++) o[rr][r] = A(0);
+    }
+    const i64 kend = q0 + FQ < t ? q0 + FQ : t;  // keys past the block's last query are masked
+    for (i64 k0 = 0; k0 < kend; k0 += KT) {
+        __syncthreads();  // the previous tile is no longer read
+        load_rows<T, A, 32 * DR + 1>(Ks, k, base, k0, KT, t, c, d);
+        load_rows<T, A, 32 * DR + 1>(Vs, v, base, k0, KT, t, c, d);
+        __syncthreads();
+#pragma unroll
+        for (int rr = 0; rr < RPW; rr++) {
+            const int row = w * RPW + rr;
+            const i64 i = q0 + row;
+            if (i >= t || k0 > i) continue;  // uniform over the warp
+            const i64 j = k0 + lane;
+            const bool ok = j <= i;
+            A s = ok ? dot_rows(Qs[row], Ks[lane], d) * scale : neg_inf<A>();
+            const A mt = warp_max(s);
+            const A mn = m[rr] > mt ? m[rr] : mt;
+            const A p = ok ? t_exp(s - mn) : A(0);
+            const A corr = t_exp(m[rr] - mn);  // 0 while m is -inf
+            l[rr] = l[rr] * corr + warp_sum(p);
+            m[rr] = mn;
+            const int nk = (int)(i - k0 + 1 < KT ? i - k0 + 1 : KT);
+#pragma unroll
+            for (int r = 0; r < DR; r++) o[rr][r] *= corr;
+            for (int jj = 0; jj < nk; jj++) {
+                const A pj = __shfl_sync(FULL_MASK, p, jj);
+#pragma unroll
+                for (int r = 0; r < DR; r++)
+                    if (lane + 32 * r < d) o[rr][r] += pj * Vs[jj][lane + 32 * r];
+            }
+        }
+    }
+#pragma unroll
+    for (int rr = 0; rr < RPW; rr++) {
+        const i64 i = q0 + w * RPW + rr;
+        if (i >= t) continue;
+        if (y) {
+            const A inv = A(1) / l[rr];
+#pragma unroll
+            for (int r = 0; r < DR; r++)
+                if (lane + 32 * r < d) y[base + i * c + lane + 32 * r] = from_acc<T>(o[rr][r] * inv);
+        }
+        if (lane == 0) lse[bh * t + i] = m[rr] + t_log(l[rr]);
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void flash_prep(i64 rows, i64 t, i64 heads, i64 c, i64 d, const T* g, const T* y,
+                                           typename Acc<T>::type* dsum) {
+    typedef typename Acc<T>::type A;
+    const int lane = threadIdx.x % WARP;
+    const i64 per = blockDim.x / WARP;
+    for (i64 r = (i64)blockIdx.x * per + threadIdx.x / WARP; r < rows; r += (i64)gridDim.x * per) {
+        const i64 i = r % t, bh = r / t, b = bh / heads, h = bh % heads;
+        const i64 at = b * t * c + i * c + h * d;
+        A s = A(0);
+        for (i64 x = lane; x < d; x += WARP) s += to_acc(g[at + x]) * to_acc(y[at + x]);
+        s = warp_sum(s);
+        if (lane == 0) dsum[r] = s;
+    }
+}
+
+template <typename T, int DR>
+__device__ __forceinline__ void flash_dq(i64 t, i64 heads, i64 c, i64 d, double scale_, const T* q, const T* k,
+                                         const T* v, const T* g, const typename Acc<T>::type* lse,
+                                         const typename Acc<T>::type* dsum, T* dq) {
+    typedef typename Acc<T>::type A;
+    const int RPW = BQ / ATT_WARPS;
+    __shared__ A Qs[BQ][32 * DR];
+    __shared__ A Gs[BQ][32 * DR];
+    __shared__ A Ks[KT][32 * DR + 1];
+    __shared__ A Vs[KT][32 * DR + 1];
+    const A scale = A(scale_);
+    const i64 bh = blockIdx.y, b = bh / heads, h = bh % heads;
+    const i64 base = b * t * c + h * d;
+    const i64 q0 = (i64)blockIdx.x * BQ;
+    const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
+    load_rows<T, A, 32 * DR>(Qs, q, base, q0, BQ, t, c, d);
+    load_rows<T, A, 32 * DR>(Gs, g, base, q0, BQ, t, c, d);
+    A acc[RPW][DR], li[RPW], di[RPW];
+#pragma unroll
+    for (int rr = 0; rr < RPW; rr++) {
+        const i64 i = q0 + w * RPW + rr;
+        li[rr] = i < t ? lse[bh * t + i] : A(0);
+        di[rr] = i < t ? dsum[bh * t + i] : A(0);
+#pragma unroll
+        for (int r = 0; r < DR; r++) acc[rr][r] = A(0);
+    }
+    const i64 kend = q0 + BQ < t ? q0 + BQ : t;
+    for (i64 k0 = 0; k0 < kend; k0 += KT) {
+        __syncthreads();
+        load_rows<T, A, 32 * DR + 1>(Ks, k, base, k0, KT, t, c, d);
+        load_rows<T, A, 32 * DR + 1>(Vs, v, base, k0, KT, t, c, d);
+        __syncthreads();
+#pragma unroll
+        for (int rr = 0; rr < RPW; rr++) {
+            const int row = w * RPW + rr;
+            const i64 i = q0 + row;
+            if (i >= t || k0 > i) continue;  // uniform over the warp
+            const bool ok = k0 + lane <= i;
+            A ds = A(0);
+            if (ok) {
+                const A p = t_exp(dot_rows(Qs[row], Ks[lane], d) * scale - li[rr]);
+                ds = p * (dot_rows(Gs[row], Vs[lane], d) - di[rr]) * scale;
+            }
+            const int nk = (int)(i - k0 + 1 < KT ? i - k0 + 1 : KT);
+            for (int jj = 0; jj < nk; jj++) {
+                const A sj = __shfl_sync(FULL_MASK, ds, jj);
+#pragma unroll
+                for (int r = 0; r < DR; r++)
+                    if (lane + 32 * r < d) acc[rr][r] += sj * Ks[jj][lane + 32 * r];
+            }
+        }
+    }
+#pragma unroll
+    for (int rr = 0; rr < RPW; rr++) {
+        const i64 i = q0 + w * RPW + rr;
+        if (i >= t) continue;
+#pragma unroll
+        for (int r = 0; r < DR; r++)
+            if (lane + 32 * r < d) dq[base + i * c + lane + 32 * r] = from_acc<T>(acc[rr][r]);
+    }
+}
+
+template <typename T, int DR>
+__device__ __forceinline__ void flash_dkv(i64 t, i64 heads, i64 c, i64 d, double scale_, const T* q, const T* k,
+                                          const T* v, const T* g, const typename Acc<T>::type* lse,
+                                          const typename Acc<T>::type* dsum, T* dk, T* dv) {
+    typedef typename Acc<T>::type A;
+    const int RPW = BQ / ATT_WARPS;      // query rows a warp scores per chunk
+    const int KPW = KT / ATT_WARPS;      // keys a warp accumulates
+    __shared__ A Ks[KT][32 * DR + 1];
+    __shared__ A Vs[KT][32 * DR + 1];
+    __shared__ A Qs[BQ][32 * DR];
+    __shared__ A Gs[BQ][32 * DR];
+    __shared__ A Ps[BQ][KT];
+    __shared__ A Ss[BQ][KT];
+    __shared__ A Ls[BQ], Ds[BQ];
+    const A scale = A(scale_);
+    const i64 bh = blockIdx.y, b = bh / heads, h = bh % heads;
+    const i64 base = b * t * c + h * d;
+    const i64 k0 = (i64)blockIdx.x * KT;
+    const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
+    load_rows<T, A, 32 * DR + 1>(Ks, k, base, k0, KT, t, c, d);
+    load_rows<T, A, 32 * DR + 1>(Vs, v, base, k0, KT, t, c, d);
+    A ak[KPW][DR], av[KPW][DR];
+#pragma unroll
+    for (int jj = 0; jj < KPW; jj++)
+#pragma unroll
+        for (int r = 0; r < DR; r++) ak[jj][r] = av[jj][r] = A(0);
+    // Queries before the tile's first key attend to none of its keys.
+    for (i64 i0 = k0; i0 < t; i0 += BQ) {
+        __syncthreads();  // the previous chunk is no longer read
+        load_rows<T, A, 32 * DR>(Qs, q, base, i0, BQ, t, c, d);
+        load_rows<T, A, 32 * DR>(Gs, g, base, i0, BQ, t, c, d);
+        if (threadIdx.x < BQ) {
+            const i64 i = i0 + threadIdx.x;
+            Ls[threadIdx.x] = i < t ? lse[bh * t + i] : A(0);
+            Ds[threadIdx.x] = i < t ? dsum[bh * t + i] : A(0);
+        }
+        __syncthreads();
+#pragma unroll
+        for (int rr = 0; rr < RPW; rr++) {
+            const int row = w * RPW + rr;
+            const i64 i = i0 + row, j = k0 + lane;
+            A p = A(0), ds = A(0);
+            if (i < t && j <= i) {
+                p = t_exp(dot_rows(Qs[row], Ks[lane], d) * scale - Ls[row]);
+                ds = p * (dot_rows(Gs[row], Vs[lane], d) - Ds[row]) * scale;
+            }
+            Ps[row][lane] = p;
+            Ss[row][lane] = ds;
+        }
+        __syncthreads();
+        for (int row = 0; row < BQ; row++) {
+#pragma unroll
+            for (int jj = 0; jj < KPW; jj++) {
+                const A p = Ps[row][w * KPW + jj], ds = Ss[row][w * KPW + jj];
+#pragma unroll
+                for (int r = 0; r < DR; r++) {
+                    if (lane + 32 * r < d) {
+                        av[jj][r] += p * Gs[row][lane + 32 * r];
+                        ak[jj][r] += ds * Qs[row][lane + 32 * r];
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int jj = 0; jj < KPW; jj++) {
+        const i64 j = k0 + w * KPW + jj;
+        if (j >= t) continue;
+#pragma unroll
+        for (int r = 0; r < DR; r++) {
+            if (lane + 32 * r < d) {
+                dk[base + j * c + lane + 32 * r] = from_acc<T>(ak[jj][r]);
+                dv[base + j * c + lane + 32 * r] = from_acc<T>(av[jj][r]);
+            }
+        }
+    }
+}
+
+#define FLASH_KERNELS(T, SUFFIX, DR)                                                                              \
+    extern "C" __global__ void __launch_bounds__(ATT_THREADS)                                                    \
+        flash_fwd_##SUFFIX##_##DR(i64 t, i64 heads, i64 c, i64 d, double scale, const T* q, const T* k,           \
+                                  const T* v, T* y, Acc<T>::type* lse) {                                         \
+        flash_fwd<T, DR>(t, heads, c, d, scale, q, k, v, y, lse);                                                \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(ATT_THREADS)                                                    \
+        flash_dq_##SUFFIX##_##DR(i64 t, i64 heads, i64 c, i64 d, double scale, const T* q, const T* k,            \
+                                 const T* v, const T* g, const Acc<T>::type* lse, const Acc<T>::type* dsum,     \
+                                 T* dq) {                                                                         \
+        flash_dq<T, DR>(t, heads, c, d, scale, q, k, v, g, lse, dsum, dq);                                       \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(ATT_THREADS)                                                    \
+        flash_dkv_##SUFFIX##_##DR(i64 t, i64 heads, i64 c, i64 d, double scale, const T* q, const T* k,           \
+                                  const T* v, const T* g, const Acc<T>::type* lse, const Acc<T>::type* dsum,    \
+                                  T* dk, T* dv) {                                                                \
+        flash_dkv<T, DR>(t, heads, c, d, scale, q, k, v, g, lse, dsum, dk, dv);                                  \
+    }
+
+#define FLASH_PREP(T, SUFFIX)                                                                                     \
+    extern "C" __global__ void flash_prep_##SUFFIX(i64 rows, i64 t, i64 heads, i64 c, i64 d, const T* g,          \
+                                                   const T* y, Acc<T>::type* dsum) {                             \
+        flash_prep<T>(rows, t, heads, c, d, g, y, dsum);                                                         \
+    }
+
+#define FLASH_ALL(T, SUFFIX) \
+    FLASH_KERNELS(T, SUFFIX, 1) FLASH_KERNELS(T, SUFFIX, 2) FLASH_KERNELS(T, SUFFIX, 4) FLASH_PREP(T, SUFFIX)
+
+FLASH_ALL(float, f32)
+FLASH_ALL(tapir_f16, f16)
+FLASH_ALL(tapir_bf16, bf16)
+FLASH_KERNELS(double, f64, 1)
+FLASH_KERNELS(double, f64, 2)
+FLASH_PREP(double, f64)
