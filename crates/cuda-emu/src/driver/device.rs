@@ -1,0 +1,290 @@
+//! Initialisation, devices and contexts.
+
+use super::*;
+
+#[no_mangle]
+pub extern "C" fn cuInit(_flags: c_uint) -> CUresult {
+    emu();
+    SUCCESS
+}
+
+#[no_mangle]
+pub extern "C" fn cuDriverGetVersion(v: *mut c_int) -> CUresult {
+    write(v, 12090)
+}
+
+#[no_mangle]
+pub extern "C" fn cuDeviceGetCount(count: *mut c_int) -> CUresult {
+    write(count, 1)
+}
+
+#[no_mangle]
+pub extern "C" fn cuDeviceGet(dev: *mut CUdevice, ordinal: c_int) -> CUresult {
+    if ordinal != 0 {
+        return INVALID_DEVICE;
+    }
+    write(dev, 0)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice) -> CUresult {
+    if dev != 0 {
+        return INVALID_DEVICE;
+    }
+    if name.is_null() || len <= 0 {
+        return INVALID_VALUE;
+    }
+    let bytes = DEVICE_NAME.as_bytes();
+    let n = bytes.len().min(len as usize - 1);
+    // SAFETY: the caller's buffer holds `len` bytes.
+    unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), name.cast::<u8>(), n);
+        *name.add(n) = 0;
+    }
+    SUCCESS
+}
+
+#[no_mangle]
+pub extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
+    if dev != 0 {
+        return INVALID_DEVICE;
+    }
+    write(bytes, emu().memory.capacity() as usize)
+}
+
+#[no_mangle]
+pub extern "C" fn cuDeviceGetUuid(uuid: *mut [u8; 16], dev: CUdevice) -> CUresult {
+    if dev != 0 {
+        return INVALID_DEVICE;
+    }
+    write(uuid, *b"tapir-cuda-emu\0\0")
+}
+
+#[no_mangle]
+pub extern "C" fn cuDeviceGetUuid_v2(uuid: *mut [u8; 16], dev: CUdevice) -> CUresult {
+    cuDeviceGetUuid(uuid, dev)
+}
+
+/// The device's attributes, those of an H100-class part at sm_90.
+pub fn device_attribute(attr: c_int) -> Option<c_int> {
+    Some(match attr {
+        1 => 1024,                    // MAX_THREADS_PER_BLOCK
+        2 | 3 => 1024,                // MAX_BLOCK_DIM_X/Y
+        4 => 64,                      // MAX_BLOCK_DIM_Z
+        5 => i32::MAX,                // MAX_GRID_DIM_X
+        6 | 7 => 65535,               // MAX_GRID_DIM_Y/Z
+        8 => SHARED_DEFAULT as c_int, // MAX_SHARED_MEMORY_PER_BLOCK
+        9 => 65536,                   // TOTAL_CONSTANT_MEMORY
+        10 => 32,                     // WARP_SIZE
+        11 => i32::MAX,               // MAX_PITCH
+        12 => 65536,                  // MAX_REGISTERS_PER_BLOCK
+        13 => 1_755_000,              // CLOCK_RATE (kHz)
+        14 => 512,                    // TEXTURE_ALIGNMENT
+        15 => 1,                      // GPU_OVERLAP
+        16 => 132,                    // MULTIPROCESSOR_COUNT
+        17 => 0,                      // KERNEL_EXEC_TIMEOUT
+        18 => 0,                      // INTEGRATED
+        19 => 1,                      // CAN_MAP_HOST_MEMORY
+        20 => 0,                      // COMPUTE_MODE
+        31 => 1,                      // CONCURRENT_KERNELS
+        32 => 0,                      // ECC_ENABLED
+        33..=35 => 0,                 // PCI ids
+        36 => 2_619_000,              // MEMORY_CLOCK_RATE
+        37 => 5120,                   // GLOBAL_MEMORY_BUS_WIDTH
+        38 => 50 * 1024 * 1024,       // L2_CACHE_SIZE
+        39 => 2048,                   // MAX_THREADS_PER_MULTIPROCESSOR
+        40 => 2,                      // ASYNC_ENGINE_COUNT
+        41 => 1,                      // UNIFIED_ADDRESSING
+        75 => 9,                      // COMPUTE_CAPABILITY_MAJOR
+        76 => 0,                      // COMPUTE_CAPABILITY_MINOR
+        81 => 228 * 1024,             // MAX_SHARED_MEMORY_PER_MULTIPROCESSOR
+        82 => 65536,                  // MAX_REGISTERS_PER_MULTIPROCESSOR
+        83 => 0,                      // MANAGED_MEMORY
+        84 => 0,                      // MULTI_GPU_BOARD
+        86 => 1,                      // SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO
+        89 => 0,                      // CONCURRENT_MANAGED_ACCESS
+        95 => 1,                      // COOPERATIVE_LAUNCH
+        97 => SHARED_OPTIN as c_int,  // MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+        106 => 32,                    // MAX_BLOCKS_PER_MULTIPROCESSOR
+        115 => 1,                     // MEMORY_POOLS_SUPPORTED
+        _ => 0,
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuDeviceGetAttribute(pi: *mut c_int, attr: c_int, dev: CUdevice) -> CUresult {
+    if dev != 0 {
+        return INVALID_DEVICE;
+    }
+    match device_attribute(attr) {
+        Some(v) => write(pi, v),
+        None => INVALID_VALUE,
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn cuDeviceComputeCapability(major: *mut c_int, minor: *mut c_int, dev: CUdevice) -> CUresult {
+    if dev != 0 {
+        return INVALID_DEVICE;
+    }
+    let rc = write(major, 9);
+    if rc != SUCCESS {
+        return rc;
+    }
+    write(minor, 0)
+}
+
+#[no_mangle]
+pub extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut Handle, dev: CUdevice) -> CUresult {
+    if dev != 0 {
+        return INVALID_DEVICE;
+    }
+    emu().primary_refs.fetch_add(1, Ordering::Relaxed);
+    write(pctx, CTX as Handle)
+}
+
+#[no_mangle]
+pub extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
+    if dev != 0 {
+        return INVALID_DEVICE;
+    }
+    let _ = emu().primary_refs.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+    SUCCESS
+}
+
+#[no_mangle]
+pub extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult {
+    if dev != 0 {
+        return INVALID_DEVICE;
+    }
+    SUCCESS
+}
+
+#[no_mangle]
+pub extern "C" fn cuCtxCreate_v2(pctx: *mut Handle, _flags: c_uint, dev: CUdevice) -> CUresult {
+    cuDevicePrimaryCtxRetain(pctx, dev)
+}
+
+#[no_mangle]
+pub extern "C" fn cuCtxCreate_v3(
+    pctx: *mut Handle,
+    _p: *mut c_void,
+    _n: c_int,
+    _flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    cuDevicePrimaryCtxRetain(pctx, dev)
+}
+
+#[no_mangle]
+pub extern "C" fn cuCtxCreate_v4(pctx: *mut Handle, _p: *mut c_void, _flags: c_uint, dev: CUdevice) -> CUresult {
+    cuDevicePrimaryCtxRetain(pctx, dev)
+}
+
+#[no_mangle]
+pub extern "C" fn cuProfilerStart() -> CUresult {
+    SUCCESS
+}
+
+#[no_mangle]
+pub extern "C" fn cuProfilerStop() -> CUresult {
+    SUCCESS
+}
+
+#[no_mangle]
+pub extern "C" fn cuOccupancyMaxActiveClusters(_n: *mut c_int, _f: Handle, _cfg: *const c_void) -> CUresult {
+    NOT_SUPPORTED
+}
+
+#[no_mangle]
+pub extern "C" fn cuOccupancyMaxPotentialClusterSize(_n: *mut c_int, _f: Handle, _cfg: *const c_void) -> CUresult {
+    NOT_SUPPORTED
+}
+
+#[no_mangle]
+pub extern "C" fn cuCtxDestroy_v2(_ctx: Handle) -> CUresult {
+    SUCCESS
+}
+
+#[no_mangle]
+pub extern "C" fn cuCtxGetCurrent(pctx: *mut Handle) -> CUresult {
+    write(pctx, CURRENT.with(|c| c.get()) as Handle)
+}
+
+#[no_mangle]
+pub extern "C" fn cuCtxSetCurrent(ctx: Handle) -> CUresult {
+    let id = ctx as usize;
+    if id != 0 && id != CTX {
+        return INVALID_CONTEXT;
+    }
+    CURRENT.with(|c| c.set(id));
+    SUCCESS
+}
+
+#[no_mangle]
+pub extern "C" fn cuCtxPushCurrent_v2(ctx: Handle) -> CUresult {
+    cuCtxSetCurrent(ctx)
+}
+
+#[no_mangle]
+pub extern "C" fn cuCtxPopCurrent_v2(pctx: *mut Handle) -> CUresult {
+    if !pctx.is_null() {
+        cuCtxGetCurrent(pctx);
+    }
+    CURRENT.with(|c| c.set(0));
+    SUCCESS
+}
+
+#[no_mangle]
+pub extern "C" fn cuCtxGetDevice(dev: *mut CUdevice) -> CUresult {
+    write(dev, 0)
+}
+
+#[no_mangle]
+pub extern "C" fn cuCtxSynchronize() -> CUresult {
+    SUCCESS
+}
+
+#[no_mangle]
+pub extern "C" fn cuCtxSetFlags(_flags: c_uint) -> CUresult {
+    SUCCESS
+}
+
+#[no_mangle]
+pub extern "C" fn cuCtxGetLimit(v: *mut usize, limit: c_int) -> CUresult {
+    write(
+        v,
+        match limit {
+            0 => 1024,    // STACK_SIZE
+            1 => 1 << 20, // PRINTF_FIFO_SIZE
+            2 => 8 << 20, // MALLOC_HEAP_SIZE
+            _ => 0,
+        },
+    )
+}
+
+#[no_mangle]
+pub extern "C" fn cuCtxSetLimit(_limit: c_int, _v: usize) -> CUresult {
+    SUCCESS
+}
+
+#[no_mangle]
+pub extern "C" fn cuCtxGetCacheConfig(c: *mut c_int) -> CUresult {
+    write(c, 0)
+}
+
+#[no_mangle]
+pub extern "C" fn cuCtxSetCacheConfig(_c: c_int) -> CUresult {
+    SUCCESS
+}
+
+#[no_mangle]
+pub extern "C" fn cuCtxGetStreamPriorityRange(least: *mut c_int, greatest: *mut c_int) -> CUresult {
+    if !least.is_null() {
+        write(least, 0);
+    }
+    if !greatest.is_null() {
+        write(greatest, -5);
+    }
+    SUCCESS
+}

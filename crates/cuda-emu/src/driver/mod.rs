@@ -1,0 +1,191 @@
+//! The driver API, with the C ABI of CUDA 12.9: what cudarc 0.19 calls.
+//!
+//! All work is synchronous: a copy, memset or launch is complete when its
+//! call returns, which is one legal schedule of CUDA's stream semantics;
+//! streams and events are therefore only handles. Handles of modules,
+//! functions, streams and events are small integers looked up in tables,
+//! so a stale or made-up handle is an error, not a crash.
+//!
+//! This file holds the device's state and what every chapter shares; the
+//! entry points live in one file per chapter of the driver API's
+//! reference: `device` (initialisation, devices, contexts), `memory`,
+//! `stream` (streams and events), `module` (modules, functions,
+//! occupancy), `launch`, `unsupported` (graphs, external memory),
+//! `errors`, and `extensions` (the emulator's own entry points).
+
+#![allow(non_snake_case)]
+#![allow(clippy::missing_safety_doc)]
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use crate::exec::{self, Launch};
+use crate::memory::Memory;
+use crate::ptx::{self, Module};
+
+mod device;
+mod errors;
+mod extensions;
+mod launch;
+mod memory;
+mod module;
+mod stream;
+mod unsupported;
+
+pub use device::*;
+pub use errors::*;
+pub use extensions::*;
+pub use launch::*;
+pub use memory::*;
+pub use module::*;
+pub use stream::*;
+pub use unsupported::*;
+
+pub type CUresult = c_uint;
+pub type CUdevice = c_int;
+pub type CUdeviceptr = u64;
+pub type Handle = *mut c_void;
+
+pub const SUCCESS: CUresult = 0;
+pub const INVALID_VALUE: CUresult = 1;
+pub const OUT_OF_MEMORY: CUresult = 2;
+pub const NOT_INITIALIZED: CUresult = 3;
+pub const INVALID_DEVICE: CUresult = 101;
+pub const INVALID_IMAGE: CUresult = 200;
+pub const INVALID_CONTEXT: CUresult = 201;
+pub const INVALID_PTX: CUresult = 218;
+pub const NOT_FOUND: CUresult = 500;
+pub const INVALID_HANDLE: CUresult = 400;
+pub const NOT_SUPPORTED: CUresult = 801;
+
+/// The emulated device's name.
+pub const DEVICE_NAME: &str = "tapir emulated CUDA device (PTX interpreter, sm_90)";
+/// Default capacity: 4 GiB, or a quarter of the host's memory if that is less.
+const DEFAULT_CAPACITY: u64 = 4 << 30;
+/// Static shared memory a block may use without opting in.
+const SHARED_DEFAULT: u32 = 48 * 1024;
+/// The most a block may opt in to (sm_90).
+const SHARED_OPTIN: u32 = 227 * 1024;
+
+struct LoadedModule {
+    module: Module,
+    /// Device allocations of the module's `.global`/`.const` variables.
+    globals: Vec<(String, u64, u64)>,
+}
+
+struct FuncObj {
+    module: Arc<LoadedModule>,
+    index: usize,
+    max_dyn_shared: u32,
+}
+
+/// The device: memory, and the tables behind every handle.
+pub struct Emu {
+    pub memory: Memory,
+    modules: Mutex<HashMap<usize, Arc<LoadedModule>>>,
+    funcs: Mutex<HashMap<usize, FuncObj>>,
+    streams: Mutex<HashMap<usize, ()>>,
+    events: Mutex<HashMap<usize, ()>>,
+    next: AtomicUsize,
+    primary_refs: AtomicUsize,
+    racecheck: bool,
+    /// Host threads a launch runs its blocks on.
+    workers: usize,
+    instructions: std::sync::atomic::AtomicU64,
+}
+
+/// The context handle: one primary context on one device.
+const CTX: usize = 0xC0_7E47;
+
+fn host_memory() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = s.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Parses a byte count with an optional K/M/G suffix.
+pub fn parse_bytes(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let (num, mul) = match s.chars().last()? {
+        'k' | 'K' => (&s[..s.len() - 1], 1u64 << 10),
+        'm' | 'M' => (&s[..s.len() - 1], 1 << 20),
+        'g' | 'G' => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.trim().parse::<u64>().ok()?.checked_mul(mul)
+}
+
+/// The process's emulated device, created on first use.
+pub fn emu() -> &'static Emu {
+    static EMU: OnceLock<Emu> = OnceLock::new();
+    EMU.get_or_init(|| {
+        let host = host_memory().unwrap_or(DEFAULT_CAPACITY * 4);
+        let capacity = std::env::var("TAPIR_CUDA_EMU_MEMORY")
+            .ok()
+            .and_then(|s| parse_bytes(&s))
+            .unwrap_or(DEFAULT_CAPACITY.min(host / 4))
+            .min(host);
+        let racecheck = std::env::var("TAPIR_CUDA_EMU_RACECHECK").map_or(true, |v| v != "0");
+        let workers = std::env::var("TAPIR_CUDA_EMU_THREADS")
+            .ok()
+            .and_then(|s| s.parse::<usize>().ok())
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get().min(8)))
+            .max(1);
+        Emu {
+            memory: Memory::new(capacity),
+            modules: Mutex::default(),
+            funcs: Mutex::default(),
+            streams: Mutex::default(),
+            events: Mutex::default(),
+            next: AtomicUsize::new(1),
+            primary_refs: AtomicUsize::new(0),
+            racecheck,
+            workers,
+            instructions: std::sync::atomic::AtomicU64::new(0),
+        }
+    })
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+thread_local! {
+    static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
+    static CURRENT: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Records a failure's message for `tapirEmuLastError` and prints it, as
+/// compute-sanitizer does.
+fn fail(code: CUresult, msg: String) -> CUresult {
+    eprintln!("========= tapir-cuda-emu: {msg}");
+    LAST_ERROR.with(|e| *e.borrow_mut() = msg);
+    code
+}
+
+/// Records a failure message without a driver result code.
+pub fn record_failure(msg: String) {
+    fail(SUCCESS, msg);
+}
+
+/// The calling thread's last failure message, in words.
+pub fn last_error() -> String {
+    LAST_ERROR.with(|e| e.borrow().clone())
+}
+
+fn handle_id(h: Handle) -> usize {
+    h as usize
+}
+
+fn write<T>(p: *mut T, v: T) -> CUresult {
+    if p.is_null() {
+        return INVALID_VALUE;
+    }
+    // SAFETY: the caller passed a pointer to write the result to.
+    unsafe { p.write(v) };
+    SUCCESS
+}
