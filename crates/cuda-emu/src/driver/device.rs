@@ -8,6 +8,19 @@ pub extern "C" fn cuInit(_flags: c_uint) -> CUresult {
     SUCCESS
 }
 
+/// The driver's private tables, which NVRTC and the CUDA runtime ask a
+/// driver found as `libcuda.so.1` for. The emulator has none: it answers
+/// `CUDA_ERROR_NOT_FOUND` with a null table, which NVRTC takes as "no such
+/// table" and compiles on (without this symbol it calls through a null
+/// pointer and crashes).
+#[no_mangle]
+pub extern "C" fn cuGetExportTable(table: *mut *const c_void, _id: *const [u8; 16]) -> CUresult {
+    if !table.is_null() {
+        write(table, std::ptr::null());
+    }
+    NOT_FOUND
+}
+
 #[no_mangle]
 pub extern "C" fn cuDriverGetVersion(v: *mut c_int) -> CUresult {
     write(v, 12090)
@@ -250,31 +263,45 @@ pub extern "C" fn cuCtxSetFlags(_flags: c_uint) -> CUresult {
     SUCCESS
 }
 
+/// The index of `CUlimit` `limit`, or `CUDA_ERROR_UNSUPPORTED_LIMIT`.
+fn limit_index(limit: c_int) -> Result<usize, CUresult> {
+    usize::try_from(limit).ok().filter(|&i| i < LIMITS).ok_or(UNSUPPORTED_LIMIT)
+}
+
+/// A limit reads back what `cuCtxSetLimit` last set (the emulator enforces
+/// none of them: its stack, printf buffer and heap are the host's).
 #[no_mangle]
 pub extern "C" fn cuCtxGetLimit(v: *mut usize, limit: c_int) -> CUresult {
-    write(
-        v,
-        match limit {
-            0 => 1024,    // STACK_SIZE
-            1 => 1 << 20, // PRINTF_FIFO_SIZE
-            2 => 8 << 20, // MALLOC_HEAP_SIZE
-            _ => 0,
-        },
-    )
+    match limit_index(limit) {
+        Ok(i) => write(v, lock(&emu().limits)[i]),
+        Err(rc) => rc,
+    }
 }
 
 #[no_mangle]
-pub extern "C" fn cuCtxSetLimit(_limit: c_int, _v: usize) -> CUresult {
-    SUCCESS
+pub extern "C" fn cuCtxSetLimit(limit: c_int, v: usize) -> CUresult {
+    match limit_index(limit) {
+        Ok(i) => {
+            lock(&emu().limits)[i] = v;
+            SUCCESS
+        }
+        Err(rc) => rc,
+    }
 }
 
 #[no_mangle]
 pub extern "C" fn cuCtxGetCacheConfig(c: *mut c_int) -> CUresult {
-    write(c, 0)
+    write(c, emu().cache_config.load(Ordering::Relaxed))
 }
 
+/// Keeps a `CUfunc_cache` (PREFER_NONE, SHARED, L1 or EQUAL) to read back;
+/// the emulator has no L1 to split.
 #[no_mangle]
-pub extern "C" fn cuCtxSetCacheConfig(_c: c_int) -> CUresult {
+pub extern "C" fn cuCtxSetCacheConfig(c: c_int) -> CUresult {
+    if !(0..=3).contains(&c) {
+        return INVALID_VALUE;
+    }
+    emu().cache_config.store(c, Ordering::Relaxed);
     SUCCESS
 }
 

@@ -12,6 +12,7 @@ const ERRORS: &[(CUresult, &str, &str)] = &[
     (101, "CUDA_ERROR_INVALID_DEVICE\0", "invalid device ordinal\0"),
     (200, "CUDA_ERROR_INVALID_IMAGE\0", "device kernel image is invalid\0"),
     (201, "CUDA_ERROR_INVALID_CONTEXT\0", "invalid device context\0"),
+    (215, "CUDA_ERROR_UNSUPPORTED_LIMIT\0", "limit is not supported on this architecture\0"),
     (218, "CUDA_ERROR_INVALID_PTX\0", "a PTX JIT compilation failed\0"),
     (400, "CUDA_ERROR_INVALID_HANDLE\0", "invalid resource handle\0"),
     (500, "CUDA_ERROR_NOT_FOUND\0", "named symbol not found\0"),

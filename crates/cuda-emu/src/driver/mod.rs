@@ -60,6 +60,7 @@ pub const INVALID_PTX: CUresult = 218;
 pub const NOT_FOUND: CUresult = 500;
 pub const INVALID_HANDLE: CUresult = 400;
 pub const NOT_SUPPORTED: CUresult = 801;
+pub const UNSUPPORTED_LIMIT: CUresult = 215;
 
 /// The emulated device's name.
 pub const DEVICE_NAME: &str = "tapir emulated CUDA device (PTX interpreter, sm_90)";
@@ -95,7 +96,28 @@ pub struct Emu {
     /// Host threads a launch runs its blocks on.
     workers: usize,
     instructions: std::sync::atomic::AtomicU64,
+    /// `cuCtxSetLimit`'s values, by `CUlimit`.
+    limits: Mutex<[usize; LIMITS]>,
+    /// `cuCtxSetCacheConfig`'s value (a `CUfunc_cache`).
+    cache_config: std::sync::atomic::AtomicI32,
 }
+
+/// `CUlimit` values the driver knows (stack size to the CIG shared-memory
+/// fallback).
+const LIMITS: usize = 10;
+/// Each limit's value before a context sets it, as an H100's driver reports.
+const LIMIT_DEFAULTS: [usize; LIMITS] = [
+    1024,    // STACK_SIZE
+    1 << 20, // PRINTF_FIFO_SIZE
+    8 << 20, // MALLOC_HEAP_SIZE
+    2,       // DEV_RUNTIME_SYNC_DEPTH
+    2048,    // DEV_RUNTIME_PENDING_LAUNCH_COUNT
+    64,      // MAX_L2_FETCH_GRANULARITY
+    0,       // PERSISTING_L2_CACHE_SIZE
+    0,       // SHMEM_SIZE
+    0,       // CIG_ENABLED
+    0,       // CIG_SHMEM_FALLBACK_ENABLED
+];
 
 /// The context handle: one primary context on one device.
 const CTX: usize = 0xC0_7E47;
@@ -146,6 +168,8 @@ pub fn emu() -> &'static Emu {
             racecheck,
             workers,
             instructions: std::sync::atomic::AtomicU64::new(0),
+            limits: Mutex::new(LIMIT_DEFAULTS),
+            cache_config: std::sync::atomic::AtomicI32::new(0),
         }
     })
 }
