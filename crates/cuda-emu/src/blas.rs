@@ -191,7 +191,7 @@ pub unsafe extern "C" fn tapirEmuGemm(d: *const GemmDesc) -> c_int {
         let stride = u64::try_from(stride).ok()?;
         (batch as u64 - 1).checked_mul(stride)?.checked_add(one)
     };
-    let mem = &emu().memory;
+    let mem = emu();
     let mut ptrs = [std::ptr::null_mut::<u8>(); 3];
     for (slot, (name, addr, t, rows, cols, ld, stride)) in [
         ("A", d.a, d.a_type, a_rows, a_cols, d.lda, d.stride_a),
@@ -289,7 +289,7 @@ fn scalar_ptr(addr: u64, t: c_int, device: bool, what: &str) -> Result<*mut u8, 
     if !device {
         return Ok(addr as *mut u8);
     }
-    emu().memory.host_ptr(addr, size).ok_or_else(|| {
+    emu().host_ptr(addr, size).ok_or_else(|| {
         fail(format!(
             "{what}: pointer mode is DEVICE but {addr:#x} is not {size} bytes inside one live device allocation"
         ))
@@ -351,7 +351,7 @@ impl Strided {
         if span == 0 {
             return Ok(Strided { p: std::ptr::null_mut(), t, len: 0, inc: 1 });
         }
-        match emu().memory.host_ptr(addr, span * size) {
+        match emu().host_ptr(addr, span * size) {
             Some(p) => Ok(Strided { p, t, len, inc: inc as isize }),
             None => Err(fail(format!(
                 "{what}: {len} elements with increment {inc} need {} bytes at {addr:#x}, which are not inside \

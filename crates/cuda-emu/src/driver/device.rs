@@ -28,21 +28,21 @@ pub extern "C" fn cuDriverGetVersion(v: *mut c_int) -> CUresult {
 
 #[no_mangle]
 pub extern "C" fn cuDeviceGetCount(count: *mut c_int) -> CUresult {
-    write(count, 1)
+    write(count, emu().devices.len() as c_int)
 }
 
 #[no_mangle]
 pub extern "C" fn cuDeviceGet(dev: *mut CUdevice, ordinal: c_int) -> CUresult {
-    if ordinal != 0 {
-        return INVALID_DEVICE;
+    if let Err(rc) = emu().device(ordinal) {
+        return rc;
     }
-    write(dev, 0)
+    write(dev, ordinal)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice) -> CUresult {
-    if dev != 0 {
-        return INVALID_DEVICE;
+    if let Err(rc) = emu().device(dev) {
+        return rc;
     }
     if name.is_null() || len <= 0 {
         return INVALID_VALUE;
@@ -59,18 +59,23 @@ pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUd
 
 #[no_mangle]
 pub extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
-    if dev != 0 {
-        return INVALID_DEVICE;
+    if let Err(rc) = emu().device(dev) {
+        return rc;
     }
-    write(bytes, emu().memory.capacity() as usize)
+    match emu().device(dev) {
+        Ok(d) => write(bytes, d.memory.capacity() as usize),
+        Err(rc) => rc,
+    }
 }
 
 #[no_mangle]
 pub extern "C" fn cuDeviceGetUuid(uuid: *mut [u8; 16], dev: CUdevice) -> CUresult {
-    if dev != 0 {
-        return INVALID_DEVICE;
+    if let Err(rc) = emu().device(dev) {
+        return rc;
     }
-    write(uuid, *b"tapir-cuda-emu\0\0")
+    let mut id = *b"tapir-cuda-emu\0\0";
+    id[15] = dev as u8;
+    write(uuid, id)
 }
 
 #[no_mangle]
@@ -126,8 +131,8 @@ pub fn device_attribute(attr: c_int) -> Option<c_int> {
 
 #[no_mangle]
 pub extern "C" fn cuDeviceGetAttribute(pi: *mut c_int, attr: c_int, dev: CUdevice) -> CUresult {
-    if dev != 0 {
-        return INVALID_DEVICE;
+    if let Err(rc) = emu().device(dev) {
+        return rc;
     }
     match device_attribute(attr) {
         Some(v) => write(pi, v),
@@ -137,8 +142,8 @@ pub extern "C" fn cuDeviceGetAttribute(pi: *mut c_int, attr: c_int, dev: CUdevic
 
 #[no_mangle]
 pub extern "C" fn cuDeviceComputeCapability(major: *mut c_int, minor: *mut c_int, dev: CUdevice) -> CUresult {
-    if dev != 0 {
-        return INVALID_DEVICE;
+    if let Err(rc) = emu().device(dev) {
+        return rc;
     }
     let rc = write(major, 9);
     if rc != SUCCESS {
@@ -149,26 +154,30 @@ pub extern "C" fn cuDeviceComputeCapability(major: *mut c_int, minor: *mut c_int
 
 #[no_mangle]
 pub extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut Handle, dev: CUdevice) -> CUresult {
-    if dev != 0 {
-        return INVALID_DEVICE;
+    if let Err(rc) = emu().device(dev) {
+        return rc;
     }
-    emu().primary_refs.fetch_add(1, Ordering::Relaxed);
-    write(pctx, CTX as Handle)
+    match emu().device(dev) {
+        Ok(d) => d.primary_refs.fetch_add(1, Ordering::Relaxed),
+        Err(rc) => return rc,
+    };
+    write(pctx, (CTX + dev as usize) as Handle)
 }
 
 #[no_mangle]
 pub extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
-    if dev != 0 {
-        return INVALID_DEVICE;
+    if let Err(rc) = emu().device(dev) {
+        return rc;
     }
-    let _ = emu().primary_refs.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+    let Ok(d) = emu().device(dev) else { return INVALID_DEVICE };
+    let _ = d.primary_refs.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
     SUCCESS
 }
 
 #[no_mangle]
 pub extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult {
-    if dev != 0 {
-        return INVALID_DEVICE;
+    if let Err(rc) = emu().device(dev) {
+        return rc;
     }
     SUCCESS
 }
@@ -227,7 +236,7 @@ pub extern "C" fn cuCtxGetCurrent(pctx: *mut Handle) -> CUresult {
 #[no_mangle]
 pub extern "C" fn cuCtxSetCurrent(ctx: Handle) -> CUresult {
     let id = ctx as usize;
-    if id != 0 && id != CTX {
+    if id != 0 && ctx_device(id).is_none() {
         return INVALID_CONTEXT;
     }
     CURRENT.with(|c| c.set(id));
@@ -250,7 +259,7 @@ pub extern "C" fn cuCtxPopCurrent_v2(pctx: *mut Handle) -> CUresult {
 
 #[no_mangle]
 pub extern "C" fn cuCtxGetDevice(dev: *mut CUdevice) -> CUresult {
-    write(dev, 0)
+    write(dev, current_device() as CUdevice)
 }
 
 #[no_mangle]
@@ -273,7 +282,7 @@ fn limit_index(limit: c_int) -> Result<usize, CUresult> {
 #[no_mangle]
 pub extern "C" fn cuCtxGetLimit(v: *mut usize, limit: c_int) -> CUresult {
     match limit_index(limit) {
-        Ok(i) => write(v, lock(&emu().limits)[i]),
+        Ok(i) => write(v, lock(&emu().devices[current_device()].limits)[i]),
         Err(rc) => rc,
     }
 }
@@ -282,7 +291,7 @@ pub extern "C" fn cuCtxGetLimit(v: *mut usize, limit: c_int) -> CUresult {
 pub extern "C" fn cuCtxSetLimit(limit: c_int, v: usize) -> CUresult {
     match limit_index(limit) {
         Ok(i) => {
-            lock(&emu().limits)[i] = v;
+            lock(&emu().devices[current_device()].limits)[i] = v;
             SUCCESS
         }
         Err(rc) => rc,
@@ -291,7 +300,7 @@ pub extern "C" fn cuCtxSetLimit(limit: c_int, v: usize) -> CUresult {
 
 #[no_mangle]
 pub extern "C" fn cuCtxGetCacheConfig(c: *mut c_int) -> CUresult {
-    write(c, emu().cache_config.load(Ordering::Relaxed))
+    write(c, emu().devices[current_device()].cache_config.load(Ordering::Relaxed))
 }
 
 /// Keeps a `CUfunc_cache` (PREFER_NONE, SHARED, L1 or EQUAL) to read back;
@@ -301,7 +310,7 @@ pub extern "C" fn cuCtxSetCacheConfig(c: c_int) -> CUresult {
     if !(0..=3).contains(&c) {
         return INVALID_VALUE;
     }
-    emu().cache_config.store(c, Ordering::Relaxed);
+    emu().devices[current_device()].cache_config.store(c, Ordering::Relaxed);
     SUCCESS
 }
 
@@ -314,4 +323,63 @@ pub extern "C" fn cuCtxGetStreamPriorityRange(least: *mut c_int, greatest: *mut 
         write(greatest, -5);
     }
     SUCCESS
+}
+
+// ---- peer access ----
+
+/// Every pair of distinct emulated devices can reach each other's memory.
+#[no_mangle]
+pub extern "C" fn cuDeviceCanAccessPeer(can: *mut c_int, dev: CUdevice, peer: CUdevice) -> CUresult {
+    if let Err(rc) = emu().device(dev).and(emu().device(peer)) {
+        return rc;
+    }
+    write(can, c_int::from(dev != peer))
+}
+
+/// `CUdevice_P2PAttribute`: performance rank, access supported, native
+/// atomics, CUDA array access.
+#[no_mangle]
+pub extern "C" fn cuDeviceGetP2PAttribute(v: *mut c_int, attr: c_int, src: CUdevice, dst: CUdevice) -> CUresult {
+    if let Err(rc) = emu().device(src).and(emu().device(dst)) {
+        return rc;
+    }
+    if src == dst {
+        return INVALID_DEVICE;
+    }
+    match attr {
+        1..=4 => write(v, c_int::from(attr != 1)),
+        _ => INVALID_VALUE,
+    }
+}
+
+/// Lets the current context's kernels access the memory of `peer`'s device.
+#[no_mangle]
+pub extern "C" fn cuCtxEnablePeerAccess(peer: Handle, flags: c_uint) -> CUresult {
+    let Some(p) = ctx_device(peer as usize) else { return INVALID_CONTEXT };
+    if flags != 0 {
+        return INVALID_VALUE;
+    }
+    let me = current_device();
+    if p == me {
+        return fail(INVALID_DEVICE, format!("cuCtxEnablePeerAccess: device {me} cannot be its own peer"));
+    }
+    let mut peers = lock(&emu().devices[me].peers);
+    if peers.contains(&p) {
+        return PEER_ACCESS_ALREADY_ENABLED;
+    }
+    peers.push(p);
+    SUCCESS
+}
+
+#[no_mangle]
+pub extern "C" fn cuCtxDisablePeerAccess(peer: Handle) -> CUresult {
+    let Some(p) = ctx_device(peer as usize) else { return INVALID_CONTEXT };
+    let mut peers = lock(&emu().devices[current_device()].peers);
+    let before = peers.len();
+    peers.retain(|&d| d != p);
+    if peers.len() == before {
+        PEER_ACCESS_NOT_ENABLED
+    } else {
+        SUCCESS
+    }
 }

@@ -19,6 +19,8 @@ const ERRORS: &[(CUresult, &str, &str)] = &[
     (600, "CUDA_ERROR_NOT_READY\0", "device not ready\0"),
     (700, "CUDA_ERROR_ILLEGAL_ADDRESS\0", "an illegal memory access was encountered\0"),
     (701, "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES\0", "too many resources requested for launch\0"),
+    (704, "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED\0", "peer access is already enabled\0"),
+    (705, "CUDA_ERROR_PEER_ACCESS_NOT_ENABLED\0", "peer access has not been enabled\0"),
     (716, "CUDA_ERROR_MISALIGNED_ADDRESS\0", "misaligned address\0"),
     (719, "CUDA_ERROR_LAUNCH_FAILED\0", "unspecified launch failure\0"),
     (801, "CUDA_ERROR_NOT_SUPPORTED\0", "operation not supported\0"),

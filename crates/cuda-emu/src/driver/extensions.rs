@@ -28,7 +28,7 @@ pub extern "C" fn tapirEmuInstructions() -> u64 {
 /// they are not inside one live allocation (for the cuBLAS stand-in).
 #[no_mangle]
 pub extern "C" fn tapirEmuHostPtr(addr: CUdeviceptr, len: usize) -> *mut c_void {
-    emu().memory.host_ptr(addr, len as u64).map_or(std::ptr::null_mut(), |p| p.cast())
+    emu().host_ptr(addr, len as u64).map_or(std::ptr::null_mut(), |p| p.cast())
 }
 
 /// Records a failure message from the cuBLAS stand-in.

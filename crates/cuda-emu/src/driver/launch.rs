@@ -23,8 +23,15 @@ unsafe fn launch(
         let Some(fo) = funcs.get(&handle_id(f)) else { return INVALID_HANDLE };
         (fo.module.clone(), fo.index, fo.max_dyn_shared)
     };
-    if check_stream(stream) != SUCCESS {
-        return INVALID_HANDLE;
+    match stream_device(stream) {
+        None => return INVALID_HANDLE,
+        Some(d) if d != lm.device => {
+            return fail(
+                INVALID_HANDLE,
+                format!("launch of a function of device {}'s module on a stream of device {d}", lm.device),
+            )
+        }
+        Some(_) => {}
     }
     let func = &lm.module.funcs[index];
     let threads = u64::from(block[0]) * u64::from(block[1]) * u64::from(block[2]);
@@ -123,7 +130,22 @@ unsafe fn launch(
             };
         }
     }
-    let snapshot = e.memory.snapshot();
+    // The kernel sees its device's memory and that of the peers its
+    // device's context enabled access to.
+    let own = e.devices[lm.device].memory.snapshot();
+    let peers = lock(&e.devices[lm.device].peers).clone();
+    let snapshot = if peers.is_empty() {
+        own
+    } else {
+        let mut all = (*own).clone();
+        for p in peers {
+            let s = e.devices[p].memory.snapshot();
+            all.regions.extend(s.regions.iter().cloned());
+            all.freed.extend(s.freed.iter().copied());
+        }
+        all.regions.sort_by_key(|r| r.base);
+        Arc::new(all)
+    };
     let l = Launch {
         module: &lm.module,
         func: index,

@@ -6,14 +6,16 @@ fn alloc(dptr: *mut CUdeviceptr, bytes: usize) -> CUresult {
     if dptr.is_null() || bytes == 0 {
         return INVALID_VALUE;
     }
-    match emu().memory.alloc(bytes as u64) {
+    let d = current_device();
+    let m = &emu().devices[d].memory;
+    match m.alloc(bytes as u64) {
         Ok(a) => write(dptr, a),
         Err(_) => fail(
             OUT_OF_MEMORY,
             format!(
-                "out of memory: {bytes} bytes requested, {} of {} bytes in use",
-                emu().memory.used(),
-                emu().memory.capacity()
+                "out of memory on device {d}: {bytes} bytes requested, {} of {} bytes in use",
+                m.used(),
+                m.capacity()
             ),
         ),
     }
@@ -23,7 +25,8 @@ fn free(dptr: CUdeviceptr) -> CUresult {
     if dptr == 0 {
         return SUCCESS;
     }
-    if emu().memory.free(dptr) {
+    let e = emu();
+    if e.device_of(dptr).is_some_and(|d| e.devices[d].memory.free(dptr)) {
         SUCCESS
     } else {
         fail(INVALID_VALUE, format!("cuMemFree of {dptr:#x}, which is not the start of a live allocation"))
@@ -73,7 +76,7 @@ with_async!(cuMemFree_v2, cuMemFreeAsync, (dptr: CUdeviceptr) => free(dptr));
 
 #[no_mangle]
 pub extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
-    let m = &emu().memory;
+    let m = &emu().devices[current_device()].memory;
     let rc = write(free, (m.capacity() - m.used()) as usize);
     if rc != SUCCESS {
         return rc;
@@ -82,7 +85,7 @@ pub extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresu
 }
 
 fn dev_ptr(addr: CUdeviceptr, len: usize, what: &str) -> Result<*mut u8, CUresult> {
-    emu().memory.host_ptr(addr, len as u64).ok_or_else(|| {
+    emu().host_ptr(addr, len as u64).ok_or_else(|| {
         fail(INVALID_VALUE, format!("{what}: {len} bytes at {addr:#x} are not inside one live device allocation"))
     })
 }
@@ -140,17 +143,31 @@ with_async!(unsafe cuMemcpyDtoH_v2, cuMemcpyDtoHAsync_v2,
     (dst: *mut c_void, src: CUdeviceptr, n: usize) => dtoh(dst, src, n));
 with_async!(cuMemcpyDtoD_v2, cuMemcpyDtoDAsync_v2, (dst: CUdeviceptr, src: CUdeviceptr, n: usize) => dtod(dst, src, n));
 
-#[no_mangle]
-pub extern "C" fn cuMemcpyPeerAsync(
-    dst: CUdeviceptr,
-    _dc: Handle,
-    src: CUdeviceptr,
-    _sc: Handle,
-    n: usize,
-    _s: Handle,
-) -> CUresult {
+/// A copy between the memories of two contexts' devices: each address
+/// must belong to its context's device (every emulated device reaches
+/// every other's memory for copies, as peer copies do on hardware).
+fn peer(dst: CUdeviceptr, dst_ctx: Handle, src: CUdeviceptr, src_ctx: Handle, n: usize) -> CUresult {
+    let (Some(dd), Some(sd)) = (ctx_device(dst_ctx as usize), ctx_device(src_ctx as usize)) else {
+        return INVALID_CONTEXT;
+    };
+    if n == 0 {
+        return SUCCESS;
+    }
+    let e = emu();
+    for (what, addr, dev) in [("destination", dst, dd), ("source", src, sd)] {
+        if e.device_of(addr) != Some(dev) {
+            return fail(
+                INVALID_VALUE,
+                format!("cuMemcpyPeer {what} {addr:#x} is not memory of device {dev}, its context's device"),
+            );
+        }
+    }
     dtod(dst, src, n)
 }
+
+with_async!(cuMemcpyPeer, cuMemcpyPeerAsync,
+    (dst: CUdeviceptr, dst_ctx: Handle, src: CUdeviceptr, src_ctx: Handle, n: usize) =>
+    peer(dst, dst_ctx, src, src_ctx, n));
 
 fn memset(dst: CUdeviceptr, value: u32, elem: usize, n: usize) -> CUresult {
     if n == 0 {
@@ -233,10 +250,10 @@ pub extern "C" fn cuStreamAttachMemAsync(_s: Handle, _d: CUdeviceptr, _n: usize,
 
 #[no_mangle]
 pub extern "C" fn cuDeviceGetDefaultMemPool(pool: *mut Handle, dev: CUdevice) -> CUresult {
-    if dev != 0 {
-        return INVALID_DEVICE;
+    if let Err(rc) = emu().device(dev) {
+        return rc;
     }
-    write(pool, 0x9001 as Handle)
+    write(pool, (0x9001 + dev as usize) as Handle)
 }
 
 #[no_mangle]

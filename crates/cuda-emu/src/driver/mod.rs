@@ -60,6 +60,8 @@ pub const INVALID_PTX: CUresult = 218;
 pub const NOT_FOUND: CUresult = 500;
 pub const INVALID_HANDLE: CUresult = 400;
 pub const NOT_SUPPORTED: CUresult = 801;
+pub const PEER_ACCESS_ALREADY_ENABLED: CUresult = 704;
+pub const PEER_ACCESS_NOT_ENABLED: CUresult = 705;
 pub const UNSUPPORTED_LIMIT: CUresult = 215;
 
 /// The emulated device's name.
@@ -72,6 +74,8 @@ const SHARED_DEFAULT: u32 = 48 * 1024;
 const SHARED_OPTIN: u32 = 227 * 1024;
 
 struct LoadedModule {
+    /// The device whose memory holds the globals and runs the kernels.
+    device: usize,
     module: Module,
     /// Device allocations of the module's `.global`/`.const` variables.
     globals: Vec<(String, u64, u64)>,
@@ -83,23 +87,57 @@ struct FuncObj {
     max_dyn_shared: u32,
 }
 
-/// The device: memory, and the tables behind every handle.
-pub struct Emu {
+/// One emulated device: its memory (addresses `ordinal * DEVICE_SPAN`
+/// above the base) and its primary context's settings.
+pub struct Device {
     pub memory: Memory,
-    modules: Mutex<HashMap<usize, Arc<LoadedModule>>>,
-    funcs: Mutex<HashMap<usize, FuncObj>>,
-    streams: Mutex<HashMap<usize, ()>>,
-    events: Mutex<HashMap<usize, ()>>,
-    next: AtomicUsize,
     primary_refs: AtomicUsize,
-    racecheck: bool,
-    /// Host threads a launch runs its blocks on.
-    workers: usize,
-    instructions: std::sync::atomic::AtomicU64,
     /// `cuCtxSetLimit`'s values, by `CUlimit`.
     limits: Mutex<[usize; LIMITS]>,
     /// `cuCtxSetCacheConfig`'s value (a `CUfunc_cache`).
     cache_config: std::sync::atomic::AtomicI32,
+    /// Devices whose memory this device's kernels may access
+    /// (`cuCtxEnablePeerAccess` from this device's context).
+    peers: Mutex<Vec<usize>>,
+}
+
+/// The emulated devices, and the tables behind every handle.
+pub struct Emu {
+    pub devices: Vec<Device>,
+    modules: Mutex<HashMap<usize, Arc<LoadedModule>>>,
+    funcs: Mutex<HashMap<usize, FuncObj>>,
+    /// Streams and events, each with the device of its context.
+    streams: Mutex<HashMap<usize, usize>>,
+    events: Mutex<HashMap<usize, usize>>,
+    next: AtomicUsize,
+    racecheck: bool,
+    /// Host threads a launch runs its blocks on.
+    workers: usize,
+    instructions: std::sync::atomic::AtomicU64,
+}
+
+/// The address range of each device's memory.
+const DEVICE_SPAN: u64 = 1 << 40;
+/// The most devices `TAPIR_CUDA_EMU_DEVICES` may ask for.
+const MAX_DEVICES: usize = 16;
+
+impl Emu {
+    /// The device whose address range holds `addr`.
+    pub fn device_of(&self, addr: CUdeviceptr) -> Option<usize> {
+        let d = usize::try_from(addr.checked_sub(crate::memory::GLOBAL_BASE)? / DEVICE_SPAN).ok()?;
+        (d < self.devices.len()).then_some(d)
+    }
+
+    /// A host pointer to `[addr, addr + len)` when it lies in one live
+    /// allocation of any device.
+    pub fn host_ptr(&self, addr: CUdeviceptr, len: u64) -> Option<*mut u8> {
+        self.devices[self.device_of(addr)?].memory.host_ptr(addr, len)
+    }
+
+    /// The device `ordinal`, or `CUDA_ERROR_INVALID_DEVICE`.
+    fn device(&self, ordinal: CUdevice) -> Result<&Device, CUresult> {
+        usize::try_from(ordinal).ok().and_then(|d| self.devices.get(d)).ok_or(INVALID_DEVICE)
+    }
 }
 
 /// `CUlimit` values the driver knows (stack size to the CIG shared-memory
@@ -119,8 +157,20 @@ const LIMIT_DEFAULTS: [usize; LIMITS] = [
     0,       // CIG_SHMEM_FALLBACK_ENABLED
 ];
 
-/// The context handle: one primary context on one device.
+/// The context handles: device `d`'s primary context is `CTX + d` (the
+/// emulator has one context a device).
 const CTX: usize = 0xC0_7E47;
+
+/// The device of context handle `ctx`, if it is one.
+fn ctx_device(ctx: usize) -> Option<usize> {
+    ctx.checked_sub(CTX).filter(|&d| d < emu().devices.len())
+}
+
+/// The device of the calling thread's current context; device 0 when none
+/// is current (cudarc makes one current before every call that needs it).
+fn current_device() -> usize {
+    ctx_device(CURRENT.with(|c| c.get())).unwrap_or(0)
+}
 
 fn host_memory() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/meminfo").ok()?;
@@ -157,19 +207,30 @@ pub fn emu() -> &'static Emu {
             .and_then(|s| s.parse::<usize>().ok())
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get().min(8)))
             .max(1);
+        let count = std::env::var("TAPIR_CUDA_EMU_DEVICES")
+            .ok()
+            .and_then(|s| s.trim().parse::<usize>().ok())
+            .unwrap_or(1)
+            .clamp(1, MAX_DEVICES);
+        let devices = (0..count)
+            .map(|d| Device {
+                memory: Memory::with_base(capacity, crate::memory::GLOBAL_BASE + d as u64 * DEVICE_SPAN),
+                primary_refs: AtomicUsize::new(0),
+                limits: Mutex::new(LIMIT_DEFAULTS),
+                cache_config: std::sync::atomic::AtomicI32::new(0),
+                peers: Mutex::default(),
+            })
+            .collect();
         Emu {
-            memory: Memory::new(capacity),
+            devices,
             modules: Mutex::default(),
             funcs: Mutex::default(),
             streams: Mutex::default(),
             events: Mutex::default(),
             next: AtomicUsize::new(1),
-            primary_refs: AtomicUsize::new(0),
             racecheck,
             workers,
             instructions: std::sync::atomic::AtomicU64::new(0),
-            limits: Mutex::new(LIMIT_DEFAULTS),
-            cache_config: std::sync::atomic::AtomicI32::new(0),
         }
     })
 }

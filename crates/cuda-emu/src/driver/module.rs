@@ -5,15 +5,17 @@ use super::*;
 /// Loads PTX text into a module, allocating its global variables.
 pub fn load_module(src: &str) -> Result<usize, (CUresult, String)> {
     let e = emu();
+    let device = current_device();
+    let mem = &e.devices[device].memory;
     let mut allocs: Vec<(String, u64, u64)> = Vec::new();
     let failed = std::cell::Cell::new(false);
     let module = ptx::load(src, &|globals| {
         let mut out = Vec::new();
         for g in globals {
             let len = (g.init.len() as u64).max(1);
-            match e.memory.alloc(len) {
+            match mem.alloc(len) {
                 Ok(a) => {
-                    if let Some(p) = e.memory.host_ptr(a, g.init.len() as u64) {
+                    if let Some(p) = mem.host_ptr(a, g.init.len() as u64) {
                         // SAFETY: the allocation has room for the initialiser.
                         unsafe { std::ptr::copy_nonoverlapping(g.init.as_ptr(), p, g.init.len()) };
                     }
@@ -32,25 +34,25 @@ pub fn load_module(src: &str) -> Result<usize, (CUresult, String)> {
         allocs.push((g.name.clone(), a, g.init.len() as u64));
     }
     if failed.get() {
-        free_globals(&allocs);
+        free_globals(device, &allocs);
         return Err((OUT_OF_MEMORY, "no device memory for the module's global variables".into()));
     }
     if !module.unsupported.is_empty() {
-        free_globals(&allocs);
+        free_globals(device, &allocs);
         return Err((
             NOT_SUPPORTED,
             format!("the PTX uses instructions the emulator does not implement: {}", module.unsupported.join(", ")),
         ));
     }
     let id = e.next.fetch_add(1, Ordering::Relaxed);
-    lock(&e.modules).insert(id, Arc::new(LoadedModule { module, globals: allocs }));
+    lock(&e.modules).insert(id, Arc::new(LoadedModule { device, module, globals: allocs }));
     Ok(id)
 }
 
-fn free_globals(allocs: &[(String, u64, u64)]) {
+fn free_globals(device: usize, allocs: &[(String, u64, u64)]) {
     for (_, a, _) in allocs {
         if *a != 0 {
-            emu().memory.free(*a);
+            emu().devices[device].memory.free(*a);
         }
     }
 }
@@ -103,7 +105,7 @@ pub unsafe extern "C" fn cuModuleLoad(out: *mut Handle, fname: *const c_char) ->
 pub extern "C" fn cuModuleUnload(m: Handle) -> CUresult {
     let e = emu();
     let Some(lm) = lock(&e.modules).remove(&handle_id(m)) else { return INVALID_HANDLE };
-    free_globals(&lm.globals);
+    free_globals(lm.device, &lm.globals);
     lock(&e.funcs).retain(|_, f| !Arc::ptr_eq(&f.module, &lm));
     SUCCESS
 }

@@ -2,23 +2,34 @@
 
 use super::*;
 
-fn new_handle(table: &Mutex<HashMap<usize, ()>>, out: *mut Handle) -> CUresult {
+/// A new stream or event in `table`, of the current context's device.
+fn new_handle(table: &Mutex<HashMap<usize, usize>>, out: *mut Handle) -> CUresult {
     if out.is_null() {
         return INVALID_VALUE;
     }
     let id = emu().next.fetch_add(1, Ordering::Relaxed);
-    lock(table).insert(id, ());
+    lock(table).insert(id, current_device());
     write(out, id as Handle)
 }
 
 /// Destroys the stream or event `h` of `table`; one not there is
 /// `CUDA_ERROR_INVALID_HANDLE`.
-fn drop_handle(table: &Mutex<HashMap<usize, ()>>, h: Handle) -> CUresult {
+fn drop_handle(table: &Mutex<HashMap<usize, usize>>, h: Handle) -> CUresult {
     if lock(table).remove(&handle_id(h)).is_some() {
         SUCCESS
     } else {
         INVALID_HANDLE
     }
+}
+
+/// The device of stream `s`: its context's, or the current context's for
+/// the null and the legacy/per-thread streams; None for no stream.
+pub(super) fn stream_device(s: Handle) -> Option<usize> {
+    let id = handle_id(s);
+    if id <= 2 {
+        return Some(current_device());
+    }
+    lock(&emu().streams).get(&id).copied()
 }
 
 pub(super) fn check_stream(s: Handle) -> CUresult {
@@ -109,10 +120,13 @@ fn check_event(e: Handle) -> CUresult {
 
 #[no_mangle]
 pub extern "C" fn cuEventRecord(e: Handle, s: Handle) -> CUresult {
-    if check_stream(s) != SUCCESS {
-        return INVALID_HANDLE;
+    let Some(sd) = stream_device(s) else { return INVALID_HANDLE };
+    let Some(ed) = lock(&emu().events).get(&handle_id(e)).copied() else { return INVALID_HANDLE };
+    if sd != ed {
+        // An event records only on a stream of its own context.
+        return fail(INVALID_HANDLE, format!("cuEventRecord of an event of device {ed} on a stream of device {sd}"));
     }
-    check_event(e)
+    SUCCESS
 }
 
 #[no_mangle]
