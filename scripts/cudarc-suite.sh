@@ -27,6 +27,17 @@ EXCLUDED_TESTS=(
     "driver::safe::launch::tests::test_peer_memcpy_waits_for_src_stream|same slow kernel (minutes in the interpreter); it checks stream ordering, which only asynchronous streams can get wrong"
     "driver::safe::core::tests::test_event_try_is_complete|NOT an allowed exclusion: needs an event seen pending, i.e. asynchronous streams (issue 24), not built yet"
 )
+# Tests cudarc marks #[ignore] ("must be executed by itself" or "with
+# multiple gpus"), each run alone here (the emulator has two devices).
+ALONE_TESTS=(
+    driver::result::tests::peer_transfer_contexts
+    driver::result::tests::re_associate_context_for_memory_op
+    driver::safe::core::tests::test_post_alloc_memory
+)
+# name|reason: ignored tests not run alone.
+EXCLUDED_ALONE=(
+    "driver::safe::launch::tests::test_device_side_assert|device-side assert (__assertfail) has no body in the emulator yet (issue 24's interpreter half)"
+)
 # name|reason: examples the emulator cannot run.
 EXCLUDED_EXAMPLES=(
     "08-cupti|CUPTI (the profiling library) is not emulated and needs its own feature"
@@ -106,6 +117,23 @@ if [ -z "$summary" ]; then
 fi
 failed_tests="${failed_tests:-}$(grep -E "^test .* \.\.\. FAILED" "$work/tests.log" | sed 's/^test \(.*\) \.\.\. FAILED/\1/' || true)"
 
+echo "== cudarc's ignored tests, each alone"
+alone_pass=0
+for t in "${ALONE_TESTS[@]}"; do
+    if cargo test --offline -q --no-default-features --features "$features" --lib -- --ignored --exact "$t" \
+        >"$work/alone.log" 2>&1; then
+        alone_pass=$((alone_pass + 1))
+        echo "test $t (alone): ok"
+    else
+        failed_tests="$failed_tests $t"
+        echo "test $t (alone): FAILED"
+        tail -5 "$work/alone.log" | sed 's/^/    /'
+    fi
+done
+for e in "${EXCLUDED_ALONE[@]}"; do
+    echo "excluded test ${e%%|*}: ${e#*|}"
+done
+
 echo "== examples"
 ex_pass=0 ex_total=0 failed_examples=()
 for f in examples/*.rs; do
@@ -131,6 +159,7 @@ done
 
 echo "== cudarc 0.19.10 against the emulator"
 echo "unit tests: $summary"
+echo "ignored tests run alone: $alone_pass of ${#ALONE_TESTS[@]} passed"
 echo "examples: $ex_pass of $ex_total passed"
 if [ -n "$failed_tests" ] || [ ${#failed_examples[@]} -gt 0 ]; then
     echo "failed tests: $(echo $failed_tests)"
