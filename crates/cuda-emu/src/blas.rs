@@ -61,6 +61,9 @@ pub struct GemmDesc {
     /// mantissa bits, to nearest with ties away from zero, as
     /// `cvt.rna.tf32.f32`) before the product, which accumulates in f32.
     pub tf32: c_int,
+    /// Nonzero: `alpha` and `beta` are device addresses
+    /// (CUBLAS_POINTER_MODE_DEVICE), not host pointers.
+    pub device_scalars: c_int,
 }
 
 /// `x` rounded to TF32: the low 13 mantissa bits go, to nearest with ties
@@ -167,16 +170,14 @@ pub unsafe extern "C" fn tapirEmuGemm(d: *const GemmDesc) -> c_int {
         (R_16BF, R_16BF, R_16BF | R_32F, 0 | 68 | 69) => false,
         _ => return STATUS_NOT_SUPPORTED,
     };
-    if d.alpha.is_null() || d.beta.is_null() {
-        return STATUS_INVALID_VALUE;
-    }
-    // SAFETY: the scalars are of the compute type (host pointer mode).
-    let (alpha, beta) = unsafe {
-        if f64_mode {
-            (d.alpha.cast::<f64>().read(), d.beta.cast::<f64>().read())
-        } else {
-            (f64::from(d.alpha.cast::<f32>().read()), f64::from(d.beta.cast::<f32>().read()))
-        }
+    let scalar_type = if f64_mode { R_64F } else { R_32F };
+    let scalars = (
+        scalar(d.alpha as u64, scalar_type, d.device_scalars != 0, "gemm alpha"),
+        scalar(d.beta as u64, scalar_type, d.device_scalars != 0, "gemm beta"),
+    );
+    let (alpha, beta) = match scalars {
+        (Ok(a), Ok(b)) => (a, b),
+        (Err(s), _) | (_, Err(s)) => return s,
     };
     if m == 0 || n == 0 || d.batch == 0 {
         return STATUS_SUCCESS;
@@ -190,7 +191,7 @@ pub unsafe extern "C" fn tapirEmuGemm(d: *const GemmDesc) -> c_int {
         let stride = u64::try_from(stride).ok()?;
         (batch as u64 - 1).checked_mul(stride)?.checked_add(one)
     };
-    let mem = &emu().memory;
+    let mem = emu();
     let mut ptrs = [std::ptr::null_mut::<u8>(); 3];
     for (slot, (name, addr, t, rows, cols, ld, stride)) in [
         ("A", d.a, d.a_type, a_rows, a_cols, d.lda, d.stride_a),
@@ -270,6 +271,267 @@ pub unsafe extern "C" fn tapirEmuGemm(d: *const GemmDesc) -> c_int {
     STATUS_SUCCESS
 }
 
+/// Reads a scalar of type `t` (f32 or f64) at `addr`: a host pointer, or
+/// with `device` a device address inside one live allocation
+/// (CUBLAS_POINTER_MODE_DEVICE).
+fn scalar(addr: u64, t: c_int, device: bool, what: &str) -> Result<f64, c_int> {
+    let p = scalar_ptr(addr, t, device, what)?;
+    // SAFETY: `scalar_ptr` checked the pointer (host: non-null, the caller's contract).
+    Ok(unsafe { read(p, t, 0) })
+}
+
+/// The host address of a scalar of type `t` at `addr` (see [`scalar`]).
+fn scalar_ptr(addr: u64, t: c_int, device: bool, what: &str) -> Result<*mut u8, c_int> {
+    let size = elem_size(t).expect("internal: scalar types are f32 or f64") as u64;
+    if addr == 0 {
+        return Err(STATUS_INVALID_VALUE);
+    }
+    if !device {
+        return Ok(addr as *mut u8);
+    }
+    emu().host_ptr(addr, size).ok_or_else(|| {
+        fail(format!(
+            "{what}: pointer mode is DEVICE but {addr:#x} is not {size} bytes inside one live device allocation"
+        ))
+    })
+}
+
+/// The level-1 routines and gemv, by [`VecDesc::op`].
+pub const OP_ASUM: c_int = 0;
+pub const OP_NRM2: c_int = 1;
+pub const OP_DOT: c_int = 2;
+pub const OP_AXPY: c_int = 3;
+pub const OP_SCAL: c_int = 4;
+pub const OP_GEMV: c_int = 5;
+
+/// One level-1 routine or one gemv, of f32 or f64 (`dtype`).
+///
+/// Vectors follow BLAS's stride rule: element `i` of a vector of `len`
+/// elements with increment `inc` is at `i * inc` when `inc > 0`, and at
+/// `(len - 1 - i) * |inc|` when it is negative.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct VecDesc {
+    /// `size_of::<VecDesc>()` as the caller built it (see [`GemmDesc::size`]).
+    pub size: u32,
+    pub op: c_int,
+    pub dtype: c_int,
+    /// Elements of the vectors; for gemv, the columns of A as stored.
+    pub n: c_int,
+    /// gemv: the rows of A as stored.
+    pub m: c_int,
+    /// gemv: cublasOperation_t.
+    pub trans: c_int,
+    pub x: u64,
+    pub incx: c_int,
+    pub y: u64,
+    pub incy: c_int,
+    pub a: u64,
+    pub lda: c_int,
+    /// The scalars and the result: host pointers, or device addresses when
+    /// `device_scalars` is nonzero.
+    pub alpha: u64,
+    pub beta: u64,
+    pub result: u64,
+    pub device_scalars: c_int,
+}
+
+/// A strided vector of device memory, checked against the live allocations.
+struct Strided {
+    p: *mut u8,
+    t: c_int,
+    len: usize,
+    inc: isize,
+}
+
+impl Strided {
+    fn new(addr: u64, t: c_int, len: usize, inc: c_int, what: &str) -> Result<Self, c_int> {
+        let size = elem_size(t).expect("internal: type checked") as u64;
+        let span = if len == 0 { 0 } else { (len as u64 - 1) * u64::from(inc.unsigned_abs()) + 1 };
+        if span == 0 {
+            return Ok(Strided { p: std::ptr::null_mut(), t, len: 0, inc: 1 });
+        }
+        match emu().host_ptr(addr, span * size) {
+            Some(p) => Ok(Strided { p, t, len, inc: inc as isize }),
+            None => Err(fail(format!(
+                "{what}: {len} elements with increment {inc} need {} bytes at {addr:#x}, which are not inside \
+                 one live device allocation",
+                span * size
+            ))),
+        }
+    }
+
+    fn index(&self, i: usize) -> usize {
+        if self.inc > 0 {
+            i * self.inc as usize
+        } else {
+            (self.len - 1 - i) * self.inc.unsigned_abs()
+        }
+    }
+
+    fn get(&self, i: usize) -> f64 {
+        // SAFETY: `i < len`, inside the span checked in `new`.
+        unsafe { read(self.p, self.t, self.index(i)) }
+    }
+
+    fn set(&self, i: usize, v: f64) {
+        // SAFETY: as above.
+        unsafe { store(self.p, self.t, self.index(i), v) }
+    }
+}
+
+/// Runs one level-1 routine or gemv; returns a cublasStatus_t.
+///
+/// Sums accumulate in f64 and round once to the element type, so an f32
+/// result is the correctly rounded exact sum for all but pathological
+/// inputs (cuBLAS's own order of summation differs, within its bounds).
+///
+/// # Safety
+/// `d` must point at a valid descriptor whose host scalar pointers (when
+/// `device_scalars` is zero) are valid.
+#[no_mangle]
+pub unsafe extern "C" fn tapirEmuBlasVector(d: *const VecDesc) -> c_int {
+    if d.is_null() {
+        return STATUS_INVALID_VALUE;
+    }
+    // SAFETY: as in tapirEmuGemm, the size is read first.
+    let size = unsafe { d.cast::<u32>().read() };
+    if size as usize != std::mem::size_of::<VecDesc>() {
+        return fail(format!(
+            "the cuBLAS stand-in passed a {size}-byte vector descriptor where this driver emulator takes {} bytes: \
+             the two libraries come from different builds (rebuild both)",
+            std::mem::size_of::<VecDesc>()
+        ));
+    }
+    // SAFETY: the caller's descriptor, of this layout.
+    let d = unsafe { *d };
+    match vector_op(&d) {
+        Ok(()) => STATUS_SUCCESS,
+        Err(s) => s,
+    }
+}
+
+fn vector_op(d: &VecDesc) -> Result<(), c_int> {
+    if d.dtype != R_32F && d.dtype != R_64F {
+        return Err(STATUS_NOT_SUPPORTED);
+    }
+    let (t, dev) = (d.dtype, d.device_scalars != 0);
+    let put = |v: f64, what: &str| -> Result<(), c_int> {
+        let p = scalar_ptr(d.result, t, dev, what)?;
+        // SAFETY: checked by `scalar_ptr`.
+        unsafe { store(p, t, 0, v) };
+        Ok(())
+    };
+    match d.op {
+        OP_ASUM | OP_NRM2 => {
+            let name = if d.op == OP_ASUM { "asum" } else { "nrm2" };
+            // cuBLAS returns 0 for n <= 0 or incx <= 0.
+            if d.n <= 0 || d.incx <= 0 {
+                return put(0.0, name);
+            }
+            let x = Strided::new(d.x, t, d.n as usize, d.incx, name)?;
+            let v = if d.op == OP_ASUM {
+                (0..x.len).map(|i| x.get(i).abs()).sum::<f64>()
+            } else {
+                // Scaled by the largest magnitude so squares neither overflow nor underflow.
+                let big = (0..x.len).map(|i| x.get(i).abs()).fold(0.0, f64::max);
+                if big == 0.0 || !big.is_finite() {
+                    big
+                } else {
+                    big * (0..x.len).map(|i| (x.get(i) / big).powi(2)).sum::<f64>().sqrt()
+                }
+            };
+            put(v, name)
+        }
+        OP_DOT => {
+            if d.n <= 0 {
+                return put(0.0, "dot");
+            }
+            let n = d.n as usize;
+            let x = Strided::new(d.x, t, n, d.incx, "dot x")?;
+            let y = Strided::new(d.y, t, n, d.incy, "dot y")?;
+            put((0..n).map(|i| x.get(i) * y.get(i)).sum(), "dot")
+        }
+        OP_AXPY => {
+            let alpha = scalar(d.alpha, t, dev, "axpy alpha")?;
+            if d.n <= 0 {
+                return Ok(());
+            }
+            let n = d.n as usize;
+            let x = Strided::new(d.x, t, n, d.incx, "axpy x")?;
+            let y = Strided::new(d.y, t, n, d.incy, "axpy y")?;
+            for i in 0..n {
+                y.set(i, fma_in(t, alpha, x.get(i), y.get(i)));
+            }
+            Ok(())
+        }
+        OP_SCAL => {
+            let alpha = scalar(d.alpha, t, dev, "scal alpha")?;
+            if d.n <= 0 || d.incx <= 0 {
+                return Ok(());
+            }
+            let x = Strided::new(d.x, t, d.n as usize, d.incx, "scal x")?;
+            for i in 0..x.len {
+                x.set(i, round_to(t, alpha * x.get(i)));
+            }
+            Ok(())
+        }
+        OP_GEMV => gemv(d),
+        _ => Err(STATUS_INVALID_VALUE),
+    }
+}
+
+/// `a * x + y` rounded once to the element type `t`.
+fn fma_in(t: c_int, a: f64, x: f64, y: f64) -> f64 {
+    if t == R_32F {
+        f64::from((a as f32).mul_add(x as f32, y as f32))
+    } else {
+        a.mul_add(x, y)
+    }
+}
+
+fn round_to(t: c_int, v: f64) -> f64 {
+    if t == R_32F {
+        f64::from(v as f32)
+    } else {
+        v
+    }
+}
+
+/// `y = alpha op(A) x + beta y`, A `m x n` column-major with leading
+/// dimension `lda`; cuBLAS's argument checks first.
+fn gemv(d: &VecDesc) -> Result<(), c_int> {
+    let trans = match d.trans {
+        0 => false,
+        1 | 2 => true,
+        _ => return Err(STATUS_INVALID_VALUE),
+    };
+    if d.m < 0 || d.n < 0 || d.lda < d.m.max(1) || d.incx == 0 || d.incy == 0 {
+        return Err(STATUS_INVALID_VALUE);
+    }
+    let (t, dev) = (d.dtype, d.device_scalars != 0);
+    let alpha = scalar(d.alpha, t, dev, "gemv alpha")?;
+    let beta = scalar(d.beta, t, dev, "gemv beta")?;
+    let (m, n, lda) = (d.m as usize, d.n as usize, d.lda as usize);
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    // op(A) is rows x cols.
+    let (rows, cols) = if trans { (n, m) } else { (m, n) };
+    let a = Strided::new(d.a, t, (n - 1) * lda + m, 1, "gemv A")?;
+    let x = Strided::new(d.x, t, cols, d.incx, "gemv x")?;
+    let y = Strided::new(d.y, t, rows, d.incy, "gemv y")?;
+    let xs: Vec<f64> = (0..cols).map(|j| x.get(j)).collect();
+    for i in 0..rows {
+        let acc: f64 =
+            xs.iter().enumerate().map(|(j, xj)| a.get(if trans { j + i * lda } else { i + j * lda }) * xj).sum();
+        // cuBLAS does not read y when beta is zero, so NaNs there do not propagate.
+        let old = if beta == 0.0 { 0.0 } else { y.get(i) };
+        y.set(i, round_to(t, alpha * acc + beta * old));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -301,6 +563,7 @@ mod tests {
             batch: 1,
             compute: 68,
             tf32: 0,
+            device_scalars: 0,
         };
         // An older stand-in's first field was transa (0 or 1).
         for size in [0, 1, std::mem::size_of::<GemmDesc>() as u32 - 8] {

@@ -140,12 +140,19 @@ pub struct Memory {
 impl Memory {
     /// An empty device memory of `capacity` bytes.
     pub fn new(capacity: u64) -> Memory {
+        Memory::with_base(capacity, GLOBAL_BASE)
+    }
+
+    /// An empty device memory of `capacity` bytes whose addresses start at
+    /// `base`: each emulated device has a range of its own, so an address
+    /// names its device (unified addressing, as on hardware).
+    pub fn with_base(capacity: u64, base: u64) -> Memory {
         Memory {
             capacity,
             state: Mutex::new(State {
                 live: BTreeMap::new(),
                 lens: BTreeMap::new(),
-                next: GLOBAL_BASE,
+                next: base,
                 used: 0,
                 freed: Vec::new(),
                 snapshot: None,

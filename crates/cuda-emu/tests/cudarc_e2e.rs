@@ -1,6 +1,7 @@
 //! cudarc end to end against the emulator: a context, allocations, copies,
 //! NVRTC-compiled kernels of kernels/ launched with `launch_builder`,
-//! cuBLAS products against a naive one, and out-of-memory at the capacity.
+//! cuBLAS products and vector routines against naive ones, out-of-memory at
+//! the capacity, limits read back, and the library found as `libcuda.so.1`.
 
 mod common;
 
@@ -399,6 +400,7 @@ const CUDARC_DRIVER_SYMBOLS: &[&str] = &[
     "cuStreamIsCapturing",
     "cuStreamSynchronize",
     "cuStreamWaitEvent",
+    "cuGetExportTable",
 ];
 
 /// The cuBLAS entry points cudarc's cublas module can call.
@@ -419,6 +421,14 @@ const CUDARC_CUBLAS_SYMBOLS: &[&str] = &[
     "cublasDasum_v2",
     "cublasSgemv_v2",
     "cublasDgemv_v2",
+    "cublasSdot_v2",
+    "cublasDdot_v2",
+    "cublasSnrm2_v2",
+    "cublasDnrm2_v2",
+    "cublasSaxpy_v2",
+    "cublasDaxpy_v2",
+    "cublasSscal_v2",
+    "cublasDscal_v2",
 ];
 
 #[test]
@@ -447,4 +457,275 @@ fn every_symbol_cudarc_may_call_is_exported() {
         .filter(|s| unsafe { blas.get::<unsafe extern "C" fn()>(s.as_bytes()) }.is_err())
         .collect();
     assert!(missing.is_empty(), "cuBLAS symbols missing: {missing:?}");
+}
+
+/// `x` with increment `inc` as BLAS reads it: element `i` at `i * inc`,
+/// or counted from the far end when `inc` is negative.
+fn strided(x: &[f64], n: usize, inc: i32) -> Vec<f64> {
+    let step = inc.unsigned_abs() as usize;
+    let v: Vec<f64> = (0..n).map(|i| x[i * step]).collect();
+    if inc < 0 {
+        v.into_iter().rev().collect()
+    } else {
+        v
+    }
+}
+
+/// Level-1 routines and gemv of f32 and f64 against naive sums, with
+/// strides (negative ones included), and under CUBLAS_POINTER_MODE_DEVICE.
+#[test]
+fn cublas_vector_routines_against_naive_sums() {
+    if !common::emulator_or_skip("cublas_vector_routines_against_naive_sums")
+        || !common::cublas_or_skip("cublas_vector_routines_against_naive_sums")
+    {
+        return;
+    }
+    use cudarc::cublas::sys::{self as cb, cublasPointerMode_t, cublasStatus_t};
+    use cudarc::cublas::{Asum, AsumConfig, Gemv, GemvConfig};
+    use cudarc::driver::{DevicePtr, DevicePtrMut};
+    let ok = |rc: cublasStatus_t| assert_eq!(rc, cublasStatus_t::CUBLAS_STATUS_SUCCESS);
+    let s = stream();
+    let blas = CudaBlas::new(s.clone()).unwrap();
+    let h = *blas.handle();
+    let n = 301usize;
+    let xf = common::data(3 * n, 11, 2.0);
+    let yf = common::data(3 * n, 12, 2.0);
+    let x64: Vec<f64> = xf.iter().map(|&v| f64::from(v)).collect();
+    let y64: Vec<f64> = yf.iter().map(|&v| f64::from(v)).collect();
+    let (dx, dy) = (s.clone_htod(&xf).unwrap(), s.clone_htod(&yf).unwrap());
+    let (dx64, dy64) = (s.clone_htod(&x64).unwrap(), s.clone_htod(&y64).unwrap());
+    for (incx, incy) in [(1i32, 1i32), (2, 3), (-2, 1), (3, -1)] {
+        let xs = strided(&x64, n, incx);
+        let ys = strided(&y64, n, incy);
+        let (px, _gx) = dx.device_ptr(&s);
+        let (py, _gy) = dy.device_ptr(&s);
+        let (px64, _gx64) = dx64.device_ptr(&s);
+        let (py64, _gy64) = dy64.device_ptr(&s);
+        let ni = n as i32;
+        let dot: f64 = xs.iter().zip(&ys).map(|(a, b)| a * b).sum();
+        let (mut rf, mut rd) = (0f32, 0f64);
+        // SAFETY: the buffers hold n elements at these increments; the results are host scalars.
+        unsafe {
+            ok(cb::cublasSdot_v2(h, ni, px as *const f32, incx, py as *const f32, incy, &mut rf));
+            ok(cb::cublasDdot_v2(h, ni, px64 as *const f64, incx, py64 as *const f64, incy, &mut rd));
+        }
+        assert!((f64::from(rf) - dot).abs() < 1e-3, "sdot ({incx}, {incy}): {rf} vs {dot}");
+        assert!((rd - dot).abs() < 1e-9, "ddot ({incx}, {incy}): {rd} vs {dot}");
+        if incx > 0 {
+            let nrm = xs.iter().map(|v| v * v).sum::<f64>().sqrt();
+            // SAFETY: as above.
+            unsafe {
+                ok(cb::cublasSnrm2_v2(h, ni, px as *const f32, incx, &mut rf));
+                ok(cb::cublasDnrm2_v2(h, ni, px64 as *const f64, incx, &mut rd));
+            }
+            assert!((f64::from(rf) - nrm).abs() < 1e-4 * nrm, "snrm2 {incx}: {rf} vs {nrm}");
+            assert!((rd - nrm).abs() < 1e-12 * nrm, "dnrm2 {incx}: {rd} vs {nrm}");
+        }
+    }
+    // asum through cudarc's safe wrapper, which passes a host result.
+    let asum: f64 = strided(&x64, n, 2).iter().map(|v| v.abs()).sum();
+    let mut r = 0f32;
+    // SAFETY: x holds n elements at increment 2.
+    unsafe { blas.asum(AsumConfig { n: n as i32, incx: 2 }, &dx, &mut r) }.unwrap();
+    assert!((f64::from(r) - asum).abs() < 1e-3, "sasum {r} vs {asum}");
+    let mut r64 = 0f64;
+    // SAFETY: as above.
+    unsafe { blas.asum(AsumConfig { n: n as i32, incx: 2 }, &dx64, &mut r64) }.unwrap();
+    assert!((r64 - asum).abs() < 1e-9, "dasum {r64} vs {asum}");
+    // axpy and scal write y and x in place: y = 1.5 x + y over increments (2, -1), then x *= -0.5.
+    {
+        let mut dy2 = s.clone_htod(&y64).unwrap();
+        let mut dx2 = s.clone_htod(&x64).unwrap();
+        let (alpha, half) = (1.5f64, -0.5f64);
+        {
+            let (px, _gx) = dx2.device_ptr_mut(&s);
+            let (py, _gy) = dy2.device_ptr_mut(&s);
+            // SAFETY: both hold n elements at these increments.
+            unsafe {
+                ok(cb::cublasDaxpy_v2(h, n as i32, &alpha, px as *const f64, 2, py as *mut f64, -1));
+                ok(cb::cublasDscal_v2(h, n as i32, &half, px as *mut f64, 1));
+            }
+        }
+        let got_y = s.clone_dtoh(&dy2).unwrap();
+        let got_x = s.clone_dtoh(&dx2).unwrap();
+        let xs = strided(&x64, n, 2);
+        for i in 0..n {
+            // y with increment -1: element i of the vector is y[n - 1 - i].
+            let want = 1.5 * xs[i] + y64[n - 1 - i];
+            assert!((got_y[n - 1 - i] - want).abs() < 1e-12, "daxpy element {i}: {} vs {want}", got_y[n - 1 - i]);
+            assert_eq!(got_x[i], -0.5 * x64[i], "dscal element {i}");
+        }
+        assert_eq!(got_y[n..], y64[n..], "daxpy wrote past its vector");
+        assert_eq!(got_x[n..], x64[n..], "dscal wrote past its vector");
+    }
+    // gemv both ways through cudarc's safe wrapper: y = 2 op(A) x - y.
+    let (m, k, lda) = (29usize, 17usize, 31usize);
+    let a = common::data(lda * k, 13, 2.0);
+    let da = s.clone_htod(&a).unwrap();
+    for trans in [false, true] {
+        let (rows, cols) = if trans { (k, m) } else { (m, k) };
+        let xv = common::data(cols, 14, 2.0);
+        let y0 = common::data(rows, 15, 2.0);
+        let dxv = s.clone_htod(&xv).unwrap();
+        let mut dyv = s.clone_htod(&y0).unwrap();
+        let cfg = GemvConfig {
+            trans: if trans { cublasOperation_t::CUBLAS_OP_T } else { cublasOperation_t::CUBLAS_OP_N },
+            m: m as i32,
+            n: k as i32,
+            alpha: 2.0f32,
+            lda: lda as i32,
+            incx: 1,
+            beta: -1.0f32,
+            incy: 1,
+        };
+        // SAFETY: A is lda x k, x and y hold op(A)'s columns and rows.
+        unsafe { blas.gemv(cfg, &da, &dxv, &mut dyv) }.unwrap();
+        let got = s.clone_dtoh(&dyv).unwrap();
+        for i in 0..rows {
+            let acc: f64 = (0..cols)
+                .map(|j| f64::from(if trans { a[j + i * lda] } else { a[i + j * lda] }) * f64::from(xv[j]))
+                .sum();
+            let want = 2.0 * acc - f64::from(y0[i]);
+            assert!((f64::from(got[i]) - want).abs() < 1e-4, "gemv trans={trans} row {i}: {} vs {want}", got[i]);
+        }
+        // lda < m is CUBLAS_STATUS_INVALID_VALUE, as cuBLAS checks.
+        // SAFETY: rejected before any access.
+        let err = unsafe { blas.gemv(GemvConfig { lda: m as i32 - 1, ..cfg }, &da, &dxv, &mut dyv) }
+            .expect_err("lda < m is rejected");
+        assert_eq!(err.0, cublasStatus_t::CUBLAS_STATUS_INVALID_VALUE);
+    }
+    // Device pointer mode: the scalar and the result live in device memory.
+    blas.set_pointer_mode(cublasPointerMode_t::CUBLAS_POINTER_MODE_DEVICE).unwrap();
+    assert_eq!(blas.get_pointer_mode().unwrap(), cublasPointerMode_t::CUBLAS_POINTER_MODE_DEVICE);
+    let mut dres = s.alloc_zeros::<f64>(1).unwrap();
+    {
+        let (px64, _gx) = dx64.device_ptr(&s);
+        let (pr, _gr) = dres.device_ptr_mut(&s);
+        // SAFETY: x holds n elements; the result is one device f64.
+        unsafe { ok(cb::cublasDasum_v2(h, n as i32, px64 as *const f64, 2, pr as *mut f64)) };
+    }
+    let got = s.clone_dtoh(&dres).unwrap()[0];
+    assert!((got - asum).abs() < 1e-9, "dasum into device memory: {got} vs {asum}");
+    let dalpha = s.clone_htod(&[3.0f32]).unwrap();
+    let dbeta = s.clone_htod(&[0.0f32]).unwrap();
+    let (gm, gn, gk) = (5usize, 4usize, 3usize);
+    let ga = common::data(gm * gk, 16, 2.0);
+    let gb = common::data(gk * gn, 17, 2.0);
+    let (dga, dgb) = (s.clone_htod(&ga).unwrap(), s.clone_htod(&gb).unwrap());
+    let mut dgc = s.alloc_zeros::<f32>(gm * gn).unwrap();
+    {
+        let (pal, _g1) = dalpha.device_ptr(&s);
+        let (pbe, _g2) = dbeta.device_ptr(&s);
+        let (pa, _g3) = dga.device_ptr(&s);
+        let (pb, _g4) = dgb.device_ptr(&s);
+        let (pc, _g5) = dgc.device_ptr_mut(&s);
+        let (mi, ni, ki) = (gm as i32, gn as i32, gk as i32);
+        let nop = cublasOperation_t::CUBLAS_OP_N;
+        // SAFETY: the matrices are as described; alpha and beta are device f32s.
+        unsafe {
+            ok(cb::cublasSgemm_v2(
+                h,
+                nop,
+                nop,
+                mi,
+                ni,
+                ki,
+                pal as *const f32,
+                pa as *const f32,
+                mi,
+                pb as *const f32,
+                ki,
+                pbe as *const f32,
+                pc as *mut f32,
+                mi,
+            ))
+        };
+    }
+    let got = s.clone_dtoh(&dgc).unwrap();
+    let want = naive(false, false, gm, gn, gk, &ga, gm, &gb, gk);
+    for i in 0..gm * gn {
+        assert!((f64::from(got[i]) - 3.0 * want[i]).abs() < 1e-4, "sgemm, device alpha = 3, element {i}");
+    }
+    // A host address in device mode is not a device allocation: an error, not a crash.
+    let host_result = 0f64;
+    let (px64, _gx) = dx64.device_ptr(&s);
+    // SAFETY: the emulator checks the (bogus) device address before writing.
+    let rc = unsafe { cb::cublasDasum_v2(h, n as i32, px64 as *const f64, 1, &host_result as *const f64 as *mut f64) };
+    assert_eq!(rc, cublasStatus_t::CUBLAS_STATUS_EXECUTION_FAILED);
+    assert!(common::last_error().contains("pointer mode is DEVICE"), "{}", common::last_error());
+}
+
+/// Limits and the cache configuration read back what was set.
+#[test]
+fn limits_and_cache_config_read_back_what_was_set() {
+    if !common::emulator_or_skip("limits_and_cache_config_read_back_what_was_set") {
+        return;
+    }
+    use cudarc::driver::sys::{self as ds, CUfunc_cache, CUlimit, CUresult};
+    let ctx = CudaContext::new(0).unwrap();
+    ctx.bind_to_thread().unwrap();
+    let get = |l: CUlimit| {
+        let mut v = 0usize;
+        // SAFETY: an out-pointer.
+        assert_eq!(unsafe { ds::cuCtxGetLimit(&mut v, l) }, CUresult::CUDA_SUCCESS);
+        v
+    };
+    for (l, v) in [(CUlimit::CU_LIMIT_STACK_SIZE, 4096usize), (CUlimit::CU_LIMIT_PRINTF_FIFO_SIZE, 3 << 20)] {
+        assert_ne!(get(l), v, "{l:?} already {v}");
+        // SAFETY: plain values.
+        assert_eq!(unsafe { ds::cuCtxSetLimit(l, v) }, CUresult::CUDA_SUCCESS);
+        assert_eq!(get(l), v, "{l:?}");
+    }
+    // SAFETY: as above.
+    unsafe {
+        assert_eq!(ds::cuCtxSetCacheConfig(CUfunc_cache::CU_FUNC_CACHE_PREFER_L1), CUresult::CUDA_SUCCESS);
+        let mut c = CUfunc_cache::CU_FUNC_CACHE_PREFER_NONE;
+        assert_eq!(ds::cuCtxGetCacheConfig(&mut c), CUresult::CUDA_SUCCESS);
+        assert_eq!(c, CUfunc_cache::CU_FUNC_CACHE_PREFER_L1);
+        assert_eq!(ds::cuCtxSetCacheConfig(CUfunc_cache::CU_FUNC_CACHE_PREFER_NONE), CUresult::CUDA_SUCCESS);
+    }
+}
+
+/// The emulator on the loader's path as `libcuda.so.1`, the name NVRTC
+/// opens by itself: NVRTC asks it for `cuGetExportTable`, and compiling
+/// must work (it crashed inside libnvrtc while the symbol was missing).
+/// Runs in a child process, whose loader path can be set.
+#[test]
+fn found_as_libcuda_so_1_with_nvrtc_in_the_process() {
+    const CHILD: &str = "TAPIR_EMU_TEST_AS_LIBCUDA_SO_1";
+    if std::env::var_os(CHILD).is_some() {
+        let ptx = compile_kernel("elementwise.cu", DEFAULT_ARCH).expect("NVRTC compiles with the emulator loaded");
+        assert!(ptx.contains(".entry"));
+        // SAFETY: opening by name returns the object NVRTC loaded (or loads the emulator from the path set).
+        let lib = unsafe { libloading::Library::new("libcuda.so.1") }.unwrap();
+        // SAFETY: only looks the symbol up.
+        assert!(
+            unsafe { lib.get::<unsafe extern "C" fn() -> u64>(b"tapirEmuInstructions\0") }.is_ok(),
+            "libcuda.so.1 in this process is not the emulator"
+        );
+        println!("child: NVRTC compiled {} bytes of PTX beside the emulator as libcuda.so.1", ptx.len());
+        return;
+    }
+    if !common::emulator_or_skip("found_as_libcuda_so_1_with_nvrtc_in_the_process")
+        || !common::nvrtc_or_skip("found_as_libcuda_so_1_with_nvrtc_in_the_process")
+    {
+        return;
+    }
+    let emu = tapir_tensor::cuda::driver_library().unwrap();
+    let dir = std::env::temp_dir().join(format!("tapir-emu-libcuda-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let link = dir.join("libcuda.so.1");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(&emu, &link).unwrap();
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "found_as_libcuda_so_1_with_nvrtc_in_the_process", "--nocapture", "--test-threads=1"])
+        .env(CHILD, "1")
+        .env_remove("TAPIR_CUDA")
+        .env("LD_LIBRARY_PATH", &dir)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "the child failed ({:?}):\n{text}", out.status);
+    assert!(text.contains("child: NVRTC compiled"), "{text}");
 }

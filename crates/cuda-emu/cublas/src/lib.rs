@@ -55,27 +55,95 @@ struct GemmDesc {
     /// mode is CUBLAS_TF32_TENSOR_OP_MATH, or the compute type is
     /// CUBLAS_COMPUTE_32F_FAST_TF32).
     tf32: c_int,
+    /// Nonzero: `alpha` and `beta` are device addresses (the handle's
+    /// pointer mode is CUBLAS_POINTER_MODE_DEVICE).
+    device_scalars: c_int,
 }
 
+/// The descriptor `tapirEmuBlasVector` takes; the same layout as the
+/// driver emulator's `blas::VecDesc`.
+#[repr(C)]
+struct VecDesc {
+    size: u32,
+    op: c_int,
+    dtype: c_int,
+    n: c_int,
+    m: c_int,
+    trans: c_int,
+    x: u64,
+    incx: c_int,
+    y: u64,
+    incy: c_int,
+    a: u64,
+    lda: c_int,
+    alpha: u64,
+    beta: u64,
+    result: u64,
+    device_scalars: c_int,
+}
+
+impl VecDesc {
+    /// A descriptor of `op` on elements of `dtype`, every operand absent.
+    fn new(op: c_int, dtype: c_int, n: c_int) -> Self {
+        VecDesc {
+            size: std::mem::size_of::<VecDesc>() as u32,
+            op,
+            dtype,
+            n,
+            m: 0,
+            trans: 0,
+            x: 0,
+            incx: 1,
+            y: 0,
+            incy: 1,
+            a: 0,
+            lda: 1,
+            alpha: 0,
+            beta: 0,
+            result: 0,
+            device_scalars: 0,
+        }
+    }
+}
+
+/// `VecDesc::op` values, as the driver emulator numbers them.
+const OP_ASUM: c_int = 0;
+const OP_NRM2: c_int = 1;
+const OP_DOT: c_int = 2;
+const OP_AXPY: c_int = 3;
+const OP_SCAL: c_int = 4;
+const OP_GEMV: c_int = 5;
+
 type GemmFn = unsafe extern "C" fn(*const GemmDesc) -> c_int;
+type VecFn = unsafe extern "C" fn(*const VecDesc) -> c_int;
+
+/// The address of `name` in the loaded driver emulator, if it is loaded.
+fn emulator_symbol(name: &std::ffi::CStr) -> Option<usize> {
+    // SAFETY: RTLD_NOLOAD only returns an object already loaded.
+    unsafe {
+        let h = libc::dlopen(c"libcuda.so".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
+        if h.is_null() {
+            return None;
+        }
+        let s = libc::dlsym(h, name.as_ptr());
+        (!s.is_null()).then_some(s as usize)
+    }
+}
 
 /// `tapirEmuGemm` of the loaded driver emulator.
 fn gemm_fn() -> Option<GemmFn> {
     static F: OnceLock<Option<usize>> = OnceLock::new();
-    let f = F.get_or_init(|| {
-        // SAFETY: RTLD_NOLOAD only returns an object already loaded; the
-        // symbol has the signature above.
-        unsafe {
-            let h = libc::dlopen(c"libcuda.so".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
-            if h.is_null() {
-                return None;
-            }
-            let s = libc::dlsym(h, c"tapirEmuGemm".as_ptr());
-            (!s.is_null()).then_some(s as usize)
-        }
-    });
+    let f = F.get_or_init(|| emulator_symbol(c"tapirEmuGemm"));
     // SAFETY: the address of a function with this signature.
     f.map(|a| unsafe { std::mem::transmute::<usize, GemmFn>(a) })
+}
+
+/// `tapirEmuBlasVector` of the loaded driver emulator.
+fn vec_fn() -> Option<VecFn> {
+    static F: OnceLock<Option<usize>> = OnceLock::new();
+    let f = F.get_or_init(|| emulator_symbol(c"tapirEmuBlasVector"));
+    // SAFETY: the address of a function with this signature.
+    f.map(|a| unsafe { std::mem::transmute::<usize, VecFn>(a) })
 }
 
 fn run(d: GemmDesc) -> Status {
@@ -86,11 +154,29 @@ fn run(d: GemmDesc) -> Status {
     }
 }
 
-/// A handle: the stream it was given (unused: work is synchronous) and
-/// its math mode.
+/// Runs a vector routine with the handle `h`'s pointer mode.
+///
+/// # Safety
+/// `h` is null or was created by `cublasCreate_v2`.
+unsafe fn run_vec(h: *mut c_void, mut d: VecDesc) -> Status {
+    if h.is_null() {
+        return NOT_INITIALIZED;
+    }
+    // SAFETY: created by cublasCreate_v2.
+    d.device_scalars = unsafe { (*h.cast::<Handle>()).pointer_mode };
+    match vec_fn() {
+        // SAFETY: the descriptor is valid for the call.
+        Some(f) => unsafe { f(&d) },
+        None => NOT_INITIALIZED,
+    }
+}
+
+/// A handle: the stream it was given (unused: work is synchronous), its
+/// math mode and its pointer mode (0 host, 1 device).
 struct Handle {
     _stream: *mut c_void,
     math_mode: c_int,
+    pointer_mode: c_int,
 }
 
 /// cublasMath_t's TF32 mode (the low bits; the high ones are flags).
@@ -107,7 +193,10 @@ pub unsafe extern "C" fn cublasCreate_v2(handle: *mut *mut c_void) -> Status {
         return NOT_INITIALIZED;
     }
     // SAFETY: the caller's out-pointer.
-    unsafe { *handle = Box::into_raw(Box::new(Handle { _stream: std::ptr::null_mut(), math_mode: 0 })).cast() };
+    unsafe {
+        *handle =
+            Box::into_raw(Box::new(Handle { _stream: std::ptr::null_mut(), math_mode: 0, pointer_mode: 0 })).cast()
+    };
     SUCCESS
 }
 
@@ -179,20 +268,28 @@ pub unsafe extern "C" fn cublasGetMathMode(handle: *mut c_void, mode: *mut c_int
     unsafe { put(mode, (*handle.cast::<Handle>()).math_mode) }
 }
 
-/// Only host scalars (the default) are supported.
+/// CUBLAS_POINTER_MODE_HOST (0, the default) or _DEVICE (1): where the
+/// scalars and results of later calls on the handle live.
 #[no_mangle]
-pub extern "C" fn cublasSetPointerMode_v2(_handle: *mut c_void, mode: c_int) -> Status {
-    if mode == 0 {
-        SUCCESS
-    } else {
-        NOT_SUPPORTED
+pub unsafe extern "C" fn cublasSetPointerMode_v2(handle: *mut c_void, mode: c_int) -> Status {
+    if handle.is_null() {
+        return NOT_INITIALIZED;
     }
+    if mode != 0 && mode != 1 {
+        return INVALID_VALUE;
+    }
+    // SAFETY: created by cublasCreate_v2.
+    unsafe { (*handle.cast::<Handle>()).pointer_mode = mode };
+    SUCCESS
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cublasGetPointerMode_v2(_handle: *mut c_void, mode: *mut c_int) -> Status {
-    // SAFETY: the caller's out-pointer.
-    unsafe { put(mode, 0) }
+pub unsafe extern "C" fn cublasGetPointerMode_v2(handle: *mut c_void, mode: *mut c_int) -> Status {
+    if handle.is_null() {
+        return NOT_INITIALIZED;
+    }
+    // SAFETY: created by cublasCreate_v2; the caller's out-pointer.
+    unsafe { put(mode, (*handle.cast::<Handle>()).pointer_mode) }
 }
 
 #[no_mangle]
@@ -235,7 +332,7 @@ pub unsafe extern "C" fn cublasGemmStridedBatchedEx(
         return NOT_INITIALIZED;
     }
     // SAFETY: created by cublasCreate_v2.
-    let mode = unsafe { (*h.cast::<Handle>()).math_mode };
+    let (mode, device_scalars) = unsafe { ((*h.cast::<Handle>()).math_mode, (*h.cast::<Handle>()).pointer_mode) };
     let tf32 = c_int::from((mode & 0xf) == TF32_TENSOR_OP_MATH || compute == COMPUTE_32F_FAST_TF32);
     run(GemmDesc {
         size: std::mem::size_of::<GemmDesc>() as u32,
@@ -261,6 +358,7 @@ pub unsafe extern "C" fn cublasGemmStridedBatchedEx(
         batch,
         compute,
         tf32,
+        device_scalars,
     })
 }
 
@@ -378,7 +476,119 @@ macro_rules! typed_gemm {
 typed_gemm!(cublasSgemm_v2, cublasSgemmStridedBatched, f32, R_32F);
 typed_gemm!(cublasDgemm_v2, cublasDgemmStridedBatched, f64, R_64F);
 
-/// Level-1 and level-2 routines cudarc exposes but tapir does not use.
+/// The level-1 routines and gemv of one element type `$t` (cudaDataType
+/// `$r`), each a vector descriptor for the driver emulator. Scalars and
+/// results are host pointers or device addresses by the handle's pointer
+/// mode, so they travel as addresses.
+macro_rules! typed_vector {
+    ($t:ty, $r:expr, $asum:ident, $nrm2:ident, $dot:ident, $axpy:ident, $scal:ident, $gemv:ident) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $asum(h: *mut c_void, n: c_int, x: u64, incx: c_int, result: *mut $t) -> Status {
+            let d = VecDesc { x, incx, result: result as u64, ..VecDesc::new(OP_ASUM, $r, n) };
+            // SAFETY: the caller's handle.
+            unsafe { run_vec(h, d) }
+        }
+
+        #[no_mangle]
+        pub unsafe extern "C" fn $nrm2(h: *mut c_void, n: c_int, x: u64, incx: c_int, result: *mut $t) -> Status {
+            let d = VecDesc { x, incx, result: result as u64, ..VecDesc::new(OP_NRM2, $r, n) };
+            // SAFETY: the caller's handle.
+            unsafe { run_vec(h, d) }
+        }
+
+        #[no_mangle]
+        pub unsafe extern "C" fn $dot(
+            h: *mut c_void,
+            n: c_int,
+            x: u64,
+            incx: c_int,
+            y: u64,
+            incy: c_int,
+            result: *mut $t,
+        ) -> Status {
+            let d = VecDesc { x, incx, y, incy, result: result as u64, ..VecDesc::new(OP_DOT, $r, n) };
+            // SAFETY: the caller's handle.
+            unsafe { run_vec(h, d) }
+        }
+
+        #[no_mangle]
+        pub unsafe extern "C" fn $axpy(
+            h: *mut c_void,
+            n: c_int,
+            alpha: *const $t,
+            x: u64,
+            incx: c_int,
+            y: u64,
+            incy: c_int,
+        ) -> Status {
+            let d = VecDesc { x, incx, y, incy, alpha: alpha as u64, ..VecDesc::new(OP_AXPY, $r, n) };
+            // SAFETY: the caller's handle.
+            unsafe { run_vec(h, d) }
+        }
+
+        #[no_mangle]
+        pub unsafe extern "C" fn $scal(h: *mut c_void, n: c_int, alpha: *const $t, x: u64, incx: c_int) -> Status {
+            let d = VecDesc { x, incx, alpha: alpha as u64, ..VecDesc::new(OP_SCAL, $r, n) };
+            // SAFETY: the caller's handle.
+            unsafe { run_vec(h, d) }
+        }
+
+        #[no_mangle]
+        pub unsafe extern "C" fn $gemv(
+            h: *mut c_void,
+            trans: c_int,
+            m: c_int,
+            n: c_int,
+            alpha: *const $t,
+            a: u64,
+            lda: c_int,
+            x: u64,
+            incx: c_int,
+            beta: *const $t,
+            y: u64,
+            incy: c_int,
+        ) -> Status {
+            let d = VecDesc {
+                m,
+                trans,
+                a,
+                lda,
+                x,
+                incx,
+                y,
+                incy,
+                alpha: alpha as u64,
+                beta: beta as u64,
+                ..VecDesc::new(OP_GEMV, $r, n)
+            };
+            // SAFETY: the caller's handle.
+            unsafe { run_vec(h, d) }
+        }
+    };
+}
+
+typed_vector!(
+    f32,
+    R_32F,
+    cublasSasum_v2,
+    cublasSnrm2_v2,
+    cublasSdot_v2,
+    cublasSaxpy_v2,
+    cublasSscal_v2,
+    cublasSgemv_v2
+);
+typed_vector!(
+    f64,
+    R_64F,
+    cublasDasum_v2,
+    cublasDnrm2_v2,
+    cublasDdot_v2,
+    cublasDaxpy_v2,
+    cublasDscal_v2,
+    cublasDgemv_v2
+);
+
+/// Routines cudarc may call that the emulator does not compute.
 macro_rules! not_supported {
     ($($name:ident),*) => {
         $(
@@ -390,12 +600,4 @@ macro_rules! not_supported {
     };
 }
 
-not_supported!(
-    cublasGemmGroupedBatchedEx,
-    cublasSasum_v2,
-    cublasDasum_v2,
-    cublasSgemv_v2,
-    cublasDgemv_v2,
-    cublasHgemm,
-    cublasHgemmStridedBatched
-);
+not_supported!(cublasGemmGroupedBatchedEx, cublasHgemm, cublasHgemmStridedBatched);
