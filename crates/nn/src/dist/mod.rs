@@ -56,11 +56,17 @@ pub enum HostBuf<'a> {
 }
 
 impl HostBuf<'_> {
-    fn len(&self) -> usize {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
         match self {
             HostBuf::F32(s) => s.len(),
             HostBuf::F64(s) => s.len(),
         }
+    }
+
+    /// True when there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
@@ -378,9 +384,4 @@ fn through_host(t: &Tensor, dims: Vec<usize>, f: impl FnOnce(&mut Staged) -> Res
     let mut staged = Staged::from(t)?;
     f(&mut staged)?;
     staged.into_tensor(dims, t.dtype(), t.device())
-}
-
-/// The length of a buffer, for the backends' checks.
-pub(crate) fn buf_len(b: &HostBuf<'_>) -> usize {
-    b.len()
 }

@@ -1,7 +1,7 @@
 //! The MPI backend (Open MPI or any MPI through the `mpi` crate): CPU ranks
 //! started by `mpirun`, and the way an NCCL job across nodes shares its id.
 
-use super::{buf_len, Backend, Communicator, HostBuf};
+use super::{Backend, Communicator, HostBuf};
 use mpi::collective::{CommunicatorCollectives, Root, SystemOperation};
 use mpi::environment::Universe;
 use mpi::topology::{Communicator as _, SimpleCommunicator};
@@ -79,7 +79,7 @@ impl Backend for Mpi {
     }
 
     fn all_gather(&self, send: HostBuf<'_>, recv: HostBuf<'_>) -> Result<()> {
-        same_len("all_gather", buf_len(&send) * self.world_size(), buf_len(&recv))?;
+        same_len("all_gather", send.len() * self.world_size(), recv.len())?;
         match (send, recv) {
             (HostBuf::F32(s), HostBuf::F32(r)) => self.world.all_gather_into(&s[..], r),
             (HostBuf::F64(s), HostBuf::F64(r)) => self.world.all_gather_into(&s[..], r),
@@ -89,7 +89,7 @@ impl Backend for Mpi {
     }
 
     fn reduce_scatter_sum(&self, send: HostBuf<'_>, recv: HostBuf<'_>) -> Result<()> {
-        same_len("reduce_scatter", buf_len(&send), buf_len(&recv) * self.world_size())?;
+        same_len("reduce_scatter", send.len(), recv.len() * self.world_size())?;
         match (send, recv) {
             (HostBuf::F32(s), HostBuf::F32(r)) => {
                 self.world.reduce_scatter_block_into(&s[..], r, SystemOperation::sum())
