@@ -1,0 +1,192 @@
+//! The sanitizer's checks: every global access against the live
+//! allocations, shared and local ones against their sizes, and shared
+//! accesses between two barriers against each other (racecheck).
+
+use super::step::Th;
+use super::{Block, Fault, ILLEGAL_ADDRESS, LAUNCH_FAILED};
+use crate::memory::{LOCAL_WIN, SHARED_WIN, WIN_SIZE};
+use crate::ptx::Space;
+
+/// A shared-memory byte's last accesses in the current barrier interval.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Shadow {
+    pub(super) w_gen: u32,
+    pub(super) w_tid: u32,
+    pub(super) w_wep: u32,
+    pub(super) r_gen: u32,
+    pub(super) r_tid: u32,
+    pub(super) r_wep: u32,
+    /// Readers other than `r_tid` exist: u32::MAX when in several warps,
+    /// else their warp.
+    pub(super) r_many: u32,
+}
+
+pub(super) const NO_MANY: u32 = u32::MAX - 1;
+
+impl<'a> Block<'a> {
+    #[cold]
+    pub(super) fn fault(&self, code: u32, tid: usize, msg: String) -> Fault {
+        let b = self.l.block;
+        let t = [tid as u32 % b[0], tid as u32 / b[0] % b[1], tid as u32 / (b[0] * b[1])];
+        let f = &self.l.module.funcs[self.l.func];
+        Fault {
+            code,
+            message: format!(
+                "{msg}: kernel {}, block ({}, {}, {}), thread ({}, {}, {})",
+                f.name, self.ctaid[0], self.ctaid[1], self.ctaid[2], t[0], t[1], t[2]
+            ),
+        }
+    }
+
+    /// The host address of `len` bytes of global memory at `addr`.
+    #[inline]
+    pub(super) fn global(&mut self, tid: usize, addr: u64, len: u64, write: bool) -> Result<*mut u8, Fault> {
+        if let Some((b, l, p)) = self.last {
+            if addr >= b && addr.saturating_add(len) <= b + l {
+                // SAFETY: within the region, which the snapshot keeps alive.
+                return Ok(unsafe { p.add((addr - b) as usize) });
+            }
+        }
+        match self.l.mem.find(addr, len) {
+            Some(r) => {
+                self.last = Some((r.base, r.len, r.buf.ptr()));
+                // SAFETY: as above.
+                Ok(unsafe { r.buf.ptr().add((addr - r.base) as usize) })
+            }
+            None => {
+                let what = if write { "write" } else { "read" };
+                let why = self.l.mem.describe(addr, len);
+                Err(self.fault(
+                    ILLEGAL_ADDRESS,
+                    tid,
+                    format!("invalid __global__ {what} of size {len} at address {addr:#x} ({why})"),
+                ))
+            }
+        }
+    }
+
+    /// Checks and records a shared access of `len` bytes at `off`.
+    pub(super) fn race(&mut self, tid: usize, off: usize, len: usize, write: bool, line: u32) -> Result<(), Fault> {
+        let me = tid as u32;
+        let warp = me / 32;
+        let wep = self.wep[warp as usize];
+        let gen = self.gen;
+        for k in off..off + len {
+            let e = self.shadow[k];
+            let ordered = |other: u32, other_wep: u32| other / 32 == warp && other_wep < wep;
+            let mut hazard = None;
+            if e.w_gen == gen && e.w_tid != me && !ordered(e.w_tid, e.w_wep) {
+                hazard = Some((e.w_tid, "write"));
+            }
+            if write && hazard.is_none() && e.r_gen == gen {
+                let single = e.r_tid != me && !ordered(e.r_tid, e.r_wep);
+                let many = e.r_many != NO_MANY && (e.r_many != warp || e.r_wep >= wep);
+                if single || many {
+                    hazard = Some((e.r_tid, "read"));
+                }
+            }
+            if let Some((other, what)) = hazard {
+                let b = self.l.block;
+                let o = [other % b[0], other / b[0] % b[1], other / (b[0] * b[1])];
+                let mine = if write { "write" } else { "read" };
+                return Err(self.fault(
+                    LAUNCH_FAILED,
+                    tid,
+                    format!(
+                        "shared-memory race (racecheck): a {mine} at shared offset {k:#x} (PTX line {line}) \
+                         and a {what} by thread ({}, {}, {}) with no barrier between them, found in",
+                        o[0], o[1], o[2]
+                    ),
+                ));
+            }
+            let s = &mut self.shadow[k];
+            if write {
+                s.w_gen = gen;
+                s.w_tid = me;
+                s.w_wep = wep;
+            } else if s.r_gen != gen {
+                s.r_gen = gen;
+                s.r_tid = me;
+                s.r_wep = wep;
+                s.r_many = NO_MANY;
+            } else if s.r_tid != me {
+                s.r_many = if s.r_many == NO_MANY || s.r_many == warp { warp } else { u32::MAX };
+                s.r_wep = s.r_wep.max(wep);
+            }
+        }
+        Ok(())
+    }
+
+    /// Resolves an address of space `sp` to (space, offset-or-address).
+    #[inline]
+    pub(super) fn resolve(sp: Space, a: u64) -> (Space, u64) {
+        match sp {
+            Space::Generic => {
+                if (SHARED_WIN..SHARED_WIN + WIN_SIZE).contains(&a) {
+                    (Space::Shared, a - SHARED_WIN)
+                } else if (LOCAL_WIN..LOCAL_WIN + WIN_SIZE).contains(&a) {
+                    (Space::Local, a - LOCAL_WIN)
+                } else {
+                    (Space::Global, a)
+                }
+            }
+            Space::Const => (Space::Global, a),
+            s => (s, a),
+        }
+    }
+
+    /// A pointer to `len` bytes of memory for thread `tid`.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn ptr(
+        &mut self,
+        th: &mut Th,
+        tid: usize,
+        sp: Space,
+        a: u64,
+        len: u64,
+        write: bool,
+        line: u32,
+    ) -> Result<*mut u8, Fault> {
+        let (sp, a) = Self::resolve(sp, a);
+        let what = if write { "write" } else { "read" };
+        match sp {
+            Space::Global | Space::Const | Space::Generic => self.global(tid, a, len, write),
+            Space::Shared => {
+                if a.saturating_add(len) > self.shared.len() as u64 {
+                    return Err(self.fault(
+                        ILLEGAL_ADDRESS,
+                        tid,
+                        format!(
+                            "invalid __shared__ {what} of size {len} at shared offset {a:#x} (the block has {} bytes of shared memory)",
+                            self.shared.len()
+                        ),
+                    ));
+                }
+                if self.l.racecheck {
+                    self.race(tid, a as usize, len as usize, write, line)?;
+                }
+                // SAFETY: bounds checked above.
+                Ok(unsafe { self.shared.as_mut_ptr().add(a as usize) })
+            }
+            Space::Local => {
+                if a.saturating_add(len) > th.local.len() as u64 {
+                    return Err(self.fault(
+                        ILLEGAL_ADDRESS,
+                        tid,
+                        format!("invalid __local__ {what} of size {len} at local offset {a:#x} (the thread's stack has {} bytes)", th.local.len()),
+                    ));
+                }
+                // SAFETY: bounds checked above.
+                Ok(unsafe { th.local.as_mut_ptr().add(a as usize) })
+            }
+            Space::Param => {
+                if a.saturating_add(len) > th.params.len() as u64 {
+                    return Err(self.fault(ILLEGAL_ADDRESS, tid, format!("invalid .param {what} at offset {a:#x}")));
+                }
+                // SAFETY: bounds checked above.
+                Ok(unsafe { th.params.as_mut_ptr().add(a as usize) })
+            }
+        }
+    }
+}
