@@ -80,13 +80,25 @@ fn main() {
     let pf = params(
         &ce,
         fwd,
-        &[b(rows as i64), b(v as i64), b(dx), b(dl), b(-100i64), b(0f64), b(lse), b(loss), b(bad), b(valid)],
+        &[b(rows as i64), b(v as i64), b(dx), b(0u64), b(dl), b(-100i64), b(0f64), b(lse), b(loss), b(bad), b(valid)],
     );
     let bwd = entry(&ce, "ce_bwd_f32_i64");
     let pb = params(
         &ce,
         bwd,
-        &[b(rows as i64), b(v as i64), b(dx), b(lse), b(dl), b(-100i64), b(0f64), b(g), b(0i64), b(1.0 / rows as f64)],
+        &[
+            b(rows as i64),
+            b(v as i64),
+            b(dx),
+            b(0u64),
+            b(lse),
+            b(dl),
+            b(-100i64),
+            b(0f64),
+            b(g),
+            b(0i64),
+            b(1.0 / rows as f64),
+        ],
     );
     let snap = mem.snapshot();
     let launch = |m: &'static str, module: &Module, func: usize, grid: u32, block: u32, p: &[u8]| {
