@@ -43,10 +43,13 @@ fn time(name: &str, l: &Launch) {
     let t = Instant::now();
     let stats = exec::run(l).expect("the launch succeeds");
     let s = t.elapsed().as_secs_f64();
+    let c = stats.counters;
     println!(
-        "{name}: {:.3} s, {} thread-instructions, {:.1} M thread-instructions/s",
+        "{name}: {:.3} s, {} thread-instructions ({} warp-instructions, {:.1} active lanes), {:.1} M thread-instructions/s",
         s,
         stats.instructions,
+        c.warp_instructions,
+        c.thread_instructions as f64 / c.warp_instructions.max(1) as f64,
         stats.instructions as f64 / s / 1e6
     );
 }

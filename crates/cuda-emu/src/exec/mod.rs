@@ -1,14 +1,17 @@
 //! The interpreter: runs one launch of a decoded kernel, block by block.
 //!
-//! Each thread has its own program counter and registers. A block runs its
-//! threads one after another, each until it reaches a barrier, a warp
-//! collective (`shfl.sync`, `vote.sync`, `bar.warp.sync`) or its exit; a
-//! collective completes once every lane of its member mask has arrived,
-//! and `bar.sync` once every live thread of the block has. That is one
-//! legal schedule of the hardware's, and it makes every access visible to
-//! the sanitizer: global accesses are checked against the live
-//! allocations, local and shared ones against their sizes, and shared
-//! accesses between two barriers against each other (racecheck).
+//! The lanes of a warp execute each decoded instruction together under an
+//! active mask, diverging at branches and reconverging where their paths
+//! meet ([`schedule`]); a warp runs until its lanes wait at a barrier, at
+//! a warp collective whose members have not all arrived, or have exited,
+//! and `bar.sync` completes once every live thread of the block waits at
+//! it. That is one legal schedule of the hardware's, and it makes every
+//! access visible to the sanitizer: global accesses are checked against
+//! the live allocations, local and shared ones against their sizes, and
+//! shared accesses between two barriers against each other (racecheck).
+//!
+//! Stages: [`schedule`] (blocks, warps, lanes), [`step`] (one
+//! warp-instruction), [`numeric`] (PTX arithmetic), [`sanitizer`].
 
 mod numeric;
 mod sanitizer;
@@ -16,6 +19,7 @@ mod schedule;
 mod step;
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
 use crate::memory::Snapshot;
 use crate::ptx::Module;
@@ -56,8 +60,52 @@ pub struct Launch<'a> {
 /// What a launch did.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Stats {
-    /// Thread-instructions executed (an instruction counted once per thread).
+    /// Thread-instructions executed (an instruction counted once per
+    /// thread that fetched it, guard false or not).
     pub instructions: u64,
+    /// The launch's counters.
+    pub counters: Counters,
+}
+
+/// What the interpreter counts of a launch (or, summed, of all launches
+/// of one kernel): exact, and the same whatever the number of host threads.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Counters {
+    pub launches: u64,
+    pub threads: u64,
+    /// Warp-instructions executed: one per instruction a warp issued.
+    pub warp_instructions: u64,
+    /// Their active lanes, summed: `thread_instructions / warp_instructions`
+    /// is the mean active lanes (32 when no warp ever diverges).
+    pub thread_instructions: u64,
+    /// Block-wide barriers completed.
+    pub barriers: u64,
+}
+
+impl Counters {
+    fn add(&mut self, o: &Counters) {
+        self.launches += o.launches;
+        self.threads += o.threads;
+        self.warp_instructions += o.warp_instructions;
+        self.thread_instructions += o.thread_instructions;
+        self.barriers += o.barriers;
+    }
+}
+
+/// The counters of every kernel run so far in this process, by name, in
+/// the order the kernels first ran (what a profiler's summary reads).
+pub fn kernel_counters() -> Vec<(String, Counters)> {
+    KERNELS.lock().unwrap_or_else(|p| p.into_inner()).clone()
+}
+
+static KERNELS: Mutex<Vec<(String, Counters)>> = Mutex::new(Vec::new());
+
+fn record(name: &str, c: &Counters) {
+    let mut k = KERNELS.lock().unwrap_or_else(|p| p.into_inner());
+    match k.iter_mut().find(|(n, _)| n == name) {
+        Some((_, t)) => t.add(c),
+        None => k.push((name.to_string(), *c)),
+    }
 }
 
 /// A block being run: its shared memory, the sanitizer's shadow of it, and
@@ -68,10 +116,9 @@ pub(crate) struct Block<'a> {
     pub(crate) shared: Vec<u8>,
     pub(crate) shadow: Vec<Shadow>,
     pub(crate) gen: u32,
-    pub(crate) wep: Vec<u32>,
     /// The last region hit, to skip the search on the next access.
     pub(crate) last: Option<(u64, u64, *mut u8)>,
-    pub(crate) count: u64,
+    pub(crate) counters: Counters,
 }
 
 /// Runs the whole launch. Blocks are handed out in order from a shared
@@ -81,38 +128,43 @@ pub(crate) struct Block<'a> {
 pub fn run(l: &Launch) -> Result<Stats, Fault> {
     let nblocks = u64::from(l.grid[0]) * u64::from(l.grid[1]) * u64::from(l.grid[2]);
     let workers = (l.workers.max(1) as u64).min(nblocks).max(1) as usize;
+    let mut counters = Counters { launches: 1, ..Counters::default() };
     if workers == 1 {
         let mut w = Worker::new(l);
         for id in 0..nblocks {
             w.block(id)?;
         }
-        return Ok(Stats { instructions: w.blk.count });
-    }
-    let next = AtomicU64::new(0);
-    let first_fault = AtomicU64::new(u64::MAX);
-    let results: Vec<(u64, Option<(u64, Fault)>)> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..workers)
-            .map(|_| {
-                s.spawn(|| {
-                    let mut w = Worker::new(l);
-                    loop {
-                        let id = next.fetch_add(1, Ordering::Relaxed);
-                        if id >= nblocks || id > first_fault.load(Ordering::Relaxed) {
-                            return (w.blk.count, None);
+        counters.add(&w.blk.counters);
+    } else {
+        let next = AtomicU64::new(0);
+        let first_fault = AtomicU64::new(u64::MAX);
+        let results: Vec<(Counters, Option<(u64, Fault)>)> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..workers)
+                .map(|_| {
+                    s.spawn(|| {
+                        let mut w = Worker::new(l);
+                        loop {
+                            let id = next.fetch_add(1, Ordering::Relaxed);
+                            if id >= nblocks || id > first_fault.load(Ordering::Relaxed) {
+                                return (w.blk.counters, None);
+                            }
+                            if let Err(f) = w.block(id) {
+                                first_fault.fetch_min(id, Ordering::Relaxed);
+                                return (w.blk.counters, Some((id, f)));
+                            }
                         }
-                        if let Err(f) = w.block(id) {
-                            first_fault.fetch_min(id, Ordering::Relaxed);
-                            return (w.blk.count, Some((id, f)));
-                        }
-                    }
+                    })
                 })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().expect("internal: an interpreter worker panicked")).collect()
-    });
-    let instructions = results.iter().map(|r| r.0).sum();
-    match results.into_iter().filter_map(|r| r.1).min_by_key(|(id, _)| *id) {
-        Some((_, f)) => Err(f),
-        None => Ok(Stats { instructions }),
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("internal: an interpreter worker panicked")).collect()
+        });
+        for r in &results {
+            counters.add(&r.0);
+        }
+        if let Some((_, f)) = results.into_iter().filter_map(|r| r.1).min_by_key(|(id, _)| *id) {
+            return Err(f);
+        }
     }
+    record(&l.module.funcs[l.func].name, &counters);
+    Ok(Stats { instructions: counters.thread_instructions, counters })
 }

@@ -643,3 +643,121 @@ pub(super) unsafe fn atomic(p: *mut u8, op: AtomOp, t: Ty, b: u64, c: u64) -> u6
         _ => unreachable!("internal: a {}-byte atomic", t.size()),
     }
 }
+
+/// `fma` / `mad` on floats.
+#[inline]
+pub(super) fn fma(t: Ty, rnd: Rnd, ftz: bool, a: u64, b: u64, c: u64) -> u64 {
+    match t {
+        Ty::F32 => {
+            let (x, y, z) = (f32b(a), f32b(b), f32b(c));
+            let (x, y, z) = if ftz { (ftz32(x), ftz32(y), ftz32(z)) } else { (x, y, z) };
+            let r = if matches!(rnd, Rnd::Rn | Rnd::None) {
+                x.mul_add(y, z)
+            } else {
+                let p = f64::from(x) * f64::from(y);
+                let (s, e) = two_sum(p, f64::from(z));
+                round_f32(s, e, rnd)
+            };
+            bf32(if ftz { ftz32(r) } else { r })
+        }
+        _ => f64b(a).mul_add(f64b(b), f64b(c)).to_bits(),
+    }
+}
+
+/// Integer `mad.lo/hi/wide`, with the carry flag `cc`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn mad(
+    t: Ty,
+    hi: bool,
+    wide: bool,
+    cc_in: bool,
+    cc_out: bool,
+    a: u64,
+    b: u64,
+    c: u64,
+    cc: &mut bool,
+) -> u64 {
+    let w = bits(t);
+    let cin = u128::from(cc_in && *cc);
+    let prod: u128 = if t.signed() {
+        (i128::from(sext(a, w)) * i128::from(sext(b, w))) as u128
+    } else {
+        u128::from(a & mask_of(w)) * u128::from(b & mask_of(w))
+    };
+    let (part, ow) = if wide {
+        (prod & u128::from(mask_of(2 * w)), 2 * w)
+    } else if hi {
+        ((prod >> w) & u128::from(mask_of(w)), w)
+    } else {
+        (prod & u128::from(mask_of(w)), w)
+    };
+    let addend = if t.signed() && wide { sext(c, ow) as u128 } else { u128::from(c & mask_of(ow)) };
+    let sum = part.wrapping_add(addend).wrapping_add(cin);
+    if cc_out {
+        *cc = (sum >> ow) & 1 == 1;
+    }
+    (sum as u64) & mask_of(ow)
+}
+
+/// The comparison of `setp` (before any combining predicate).
+#[inline(always)]
+pub(super) fn setp(cmp: Cmp, t: Ty, ftz: bool, a: u64, b: u64) -> bool {
+    if t.float() {
+        let (x, y) = (to_f64(t, a), to_f64(t, b));
+        let (x, y) =
+            if ftz && t == Ty::F32 { (f64::from(ftz32(x as f32)), f64::from(ftz32(y as f32))) } else { (x, y) };
+        cmp_f(cmp, x, y)
+    } else {
+        cmp_i(cmp, t, a, b)
+    }
+}
+
+/// `prmt.b32`: bytes of `b:a` picked by the selectors in `c`.
+pub(super) fn prmt(a: u64, b: u64, c: u64) -> u64 {
+    let (a, b, c) = (a as u32, b as u32, c as u32);
+    let bytes = (u64::from(b) << 32 | u64::from(a)).to_le_bytes();
+    let mut r = 0u32;
+    for k in 0..4 {
+        let sel = (c >> (4 * k)) & 0xf;
+        let mut byte = bytes[(sel & 7) as usize];
+        if sel & 8 != 0 {
+            byte = if byte & 0x80 != 0 { 0xff } else { 0 };
+        }
+        r |= u32::from(byte) << (8 * k);
+    }
+    u64::from(r)
+}
+
+/// `bfi`: the low `len` bits of `a` inserted into `b` at `pos`.
+pub(super) fn bfi(t: Ty, a: u64, b: u64, pos: u64, len: u64) -> u64 {
+    let w = bits(t);
+    let (pos, len) = ((pos & 0xff) as u32, (len & 0xff) as u32);
+    let mut r = b;
+    for k in 0..len {
+        if pos + k >= w {
+            break;
+        }
+        let bit = (a >> k) & 1;
+        r = (r & !(1u64 << (pos + k))) | (bit << (pos + k));
+    }
+    r & mask_of(w)
+}
+
+/// `bfe`: `len` bits of `a` from `pos`, sign-extended for signed types.
+pub(super) fn bfe(t: Ty, a: u64, pos: u64, len: u64) -> u64 {
+    let w = bits(t);
+    let (pos, len) = ((pos & 0xff) as u32, (len & 0xff) as u32);
+    let mut r = 0u64;
+    let msb = if pos + len == 0 || pos >= w { 0 } else { (a >> (pos + len - 1).min(w - 1)) & 1 };
+    for k in 0..w {
+        let bit = if k < len && pos + k < w {
+            (a >> (pos + k)) & 1
+        } else if t.signed() {
+            msb
+        } else {
+            0
+        };
+        r |= bit << k;
+    }
+    r & mask_of(w)
+}

@@ -2,7 +2,6 @@
 //! allocations, shared and local ones against their sizes, and shared
 //! accesses between two barriers against each other (racecheck).
 
-use super::step::Th;
 use super::{Block, Fault, ILLEGAL_ADDRESS, LAUNCH_FAILED};
 use crate::memory::{LOCAL_WIN, SHARED_WIN, WIN_SIZE};
 use crate::ptx::Space;
@@ -66,10 +65,17 @@ impl<'a> Block<'a> {
     }
 
     /// Checks and records a shared access of `len` bytes at `off`.
-    pub(super) fn race(&mut self, tid: usize, off: usize, len: usize, write: bool, line: u32) -> Result<(), Fault> {
+    pub(super) fn race(
+        &mut self,
+        tid: usize,
+        wep: u32,
+        off: usize,
+        len: usize,
+        write: bool,
+        line: u32,
+    ) -> Result<(), Fault> {
         let me = tid as u32;
         let warp = me / 32;
-        let wep = self.wep[warp as usize];
         let gen = self.gen;
         for k in off..off + len {
             let e = self.shadow[k];
@@ -140,7 +146,9 @@ impl<'a> Block<'a> {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn ptr(
         &mut self,
-        th: &mut Th,
+        local: &mut [u8],
+        params: &mut [u8],
+        wep: u32,
         tid: usize,
         sp: Space,
         a: u64,
@@ -164,29 +172,46 @@ impl<'a> Block<'a> {
                     ));
                 }
                 if self.l.racecheck {
-                    self.race(tid, a as usize, len as usize, write, line)?;
+                    self.race(tid, wep, a as usize, len as usize, write, line)?;
                 }
                 // SAFETY: bounds checked above.
                 Ok(unsafe { self.shared.as_mut_ptr().add(a as usize) })
             }
             Space::Local => {
-                if a.saturating_add(len) > th.local.len() as u64 {
+                if a.saturating_add(len) > local.len() as u64 {
                     return Err(self.fault(
                         ILLEGAL_ADDRESS,
                         tid,
-                        format!("invalid __local__ {what} of size {len} at local offset {a:#x} (the thread's stack has {} bytes)", th.local.len()),
+                        format!("invalid __local__ {what} of size {len} at local offset {a:#x} (the thread's stack has {} bytes)", local.len()),
                     ));
                 }
                 // SAFETY: bounds checked above.
-                Ok(unsafe { th.local.as_mut_ptr().add(a as usize) })
+                Ok(unsafe { local.as_mut_ptr().add(a as usize) })
             }
             Space::Param => {
-                if a.saturating_add(len) > th.params.len() as u64 {
+                if a.saturating_add(len) > params.len() as u64 {
                     return Err(self.fault(ILLEGAL_ADDRESS, tid, format!("invalid .param {what} at offset {a:#x}")));
                 }
                 // SAFETY: bounds checked above.
-                Ok(unsafe { th.params.as_mut_ptr().add(a as usize) })
+                Ok(unsafe { params.as_mut_ptr().add(a as usize) })
             }
         }
+    }
+
+    /// A pointer for an atomic outside shared memory (which the caller
+    /// handles): checked as a write.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn atomic_ptr(
+        &mut self,
+        local: &mut [u8],
+        params: &mut [u8],
+        wep: u32,
+        tid: usize,
+        sp: Space,
+        a: u64,
+        len: u64,
+        line: u32,
+    ) -> Result<*mut u8, Fault> {
+        self.ptr(local, params, wep, tid, sp, a, len, true, line)
     }
 }

@@ -1,15 +1,291 @@
-//! The schedule within a block: threads run until they park at a barrier
-//! or a warp collective, then collectives and barriers complete.
+//! The schedule: blocks handed to workers, warps within a block, and the
+//! lanes of a warp.
+//!
+//! A warp runs the group of its lanes at the lowest program counter, all of
+//! them together, one decode and dispatch per warp-instruction under an
+//! active mask. A branch that splits the group leaves the lanes at the
+//! higher address waiting; the lower group runs until its program counter
+//! reaches theirs, where the two merge again (min-pc reconvergence: for the
+//! structured code NVRTC emits, that is the branch's immediate
+//! post-dominator). A warp runs until none of its lanes can move (each has
+//! exited or waits at `bar.sync` or at a warp collective whose members have
+//! not all arrived); the block then completes its barrier, once every live
+//! thread waits at the same one. Everything depends only on the kernel and
+//! its inputs, never on the host threads.
 
 use super::sanitizer::Shadow;
-use super::step::{St, Th};
-use super::{Block, Fault, Launch, LAUNCH_FAILED};
+use super::{Block, Counters, Fault, Launch, LAUNCH_FAILED};
 use crate::ptx::*;
 
-/// A worker's state: a block's shared memory and shadow, and its threads.
+/// Lanes in a warp.
+pub(super) const WARP: usize = 32;
+/// Every lane of a warp.
+pub(super) const FULL: u32 = u32::MAX;
+
+/// The lanes of a mask, lowest first.
+#[inline]
+pub(super) fn lanes(mut m: u32) -> impl Iterator<Item = usize> {
+    std::iter::from_fn(move || {
+        (m != 0).then(|| {
+            let l = m.trailing_zeros() as usize;
+            m &= m - 1;
+            l
+        })
+    })
+}
+
+/// A device-function call in progress: what the warp returns to.
+pub(super) struct Frame {
+    func: u32,
+    regs: Vec<u64>,
+    pcs: [u32; WARP],
+    /// The caller's lanes, and those of them that had returned.
+    mask: u32,
+    returned: u32,
+    /// The lanes that made the call and where they continue.
+    callers: u32,
+    ret_pc: u32,
+    ret_off: Option<u32>,
+    params: Vec<Vec<u8>>,
+    local_len: [usize; WARP],
+}
+
+/// A warp: its lanes' registers (register `r` of lane `l` at `r * 32 + l`),
+/// program counters, and which lanes are where.
+pub(super) struct Warp {
+    /// The thread index of lane 0.
+    pub(super) base: u32,
+    /// Lanes that exist (a block's last warp may be partial).
+    pub(super) exists: u32,
+    pub(super) func: u32,
+    pub(super) regs: Vec<u64>,
+    pub(super) pcs: [u32; WARP],
+    /// Lanes in the current frame (all of them outside calls).
+    pub(super) frame: u32,
+    pub(super) done: u32,
+    /// Lanes parked at `bar.sync`, and at a warp collective.
+    pub(super) bar: u32,
+    pub(super) coll: u32,
+    /// Lanes of the current frame that have returned from it.
+    pub(super) returned: u32,
+    /// The carry flag of each lane.
+    pub(super) cc: u32,
+    pub(super) params: Vec<Vec<u8>>,
+    pub(super) local: Vec<Vec<u8>>,
+    pub(super) frames: Vec<Frame>,
+    /// The warp's epoch: collectives completed, which order its lanes'
+    /// shared accesses for racecheck.
+    pub(super) wep: u32,
+}
+
+/// What a warp-instruction does to the group's program counter.
+pub(super) enum Flow {
+    /// On to the next instruction, with these lanes (a collective may
+    /// bring parked lanes along).
+    Next(u32),
+    /// Every lane of the group branches.
+    Jump(u32),
+    /// These lanes go to the target, the others of the group to the next
+    /// instruction.
+    Split(u32, u32),
+    /// The group has parked, exited, returned or called: pick again.
+    Repick,
+}
+
+impl Warp {
+    fn new(base: u32, n: usize, f: &Func) -> Warp {
+        let exists = if n >= WARP { FULL } else { (1u32 << n) - 1 };
+        Warp {
+            base,
+            exists,
+            func: 0,
+            regs: vec![0; f.nregs * WARP],
+            pcs: [0; WARP],
+            frame: exists,
+            done: !exists,
+            bar: 0,
+            coll: 0,
+            returned: 0,
+            cc: 0,
+            params: vec![Vec::new(); WARP],
+            local: vec![Vec::new(); WARP],
+            frames: Vec::new(),
+            wep: 0,
+        }
+    }
+
+    /// Lanes that can run now.
+    #[inline]
+    pub(super) fn runnable(&self) -> u32 {
+        self.frame & !(self.done | self.bar | self.coll | self.returned)
+    }
+
+    /// Runs until no lane can move.
+    pub(super) fn run(&mut self, blk: &mut Block) -> Result<(), Fault> {
+        loop {
+            let r = self.runnable();
+            if r == 0 {
+                if !self.frames.is_empty() && self.frame & !(self.done | self.returned) == 0 {
+                    self.pop_frame(blk);
+                    continue;
+                }
+                return Ok(());
+            }
+            let pc = lanes(r).map(|l| self.pcs[l]).min().expect("internal: a runnable lane");
+            let group = lanes(r).filter(|&l| self.pcs[l] == pc).fold(0, |m, l| m | 1 << l);
+            self.run_group(blk, pc, group)?;
+        }
+    }
+
+    /// The lowest program counter among `m`'s lanes, and those lanes.
+    #[inline]
+    fn lowest(&self, m: u32) -> (u32, u32) {
+        let pc = lanes(m).map(|l| self.pcs[l]).min().unwrap_or(u32::MAX);
+        (pc, lanes(m).filter(|&l| self.pcs[l] == pc).fold(0, |a, l| a | 1 << l))
+    }
+
+    fn park(&mut self, m: u32, pc: u32) {
+        for l in lanes(m) {
+            self.pcs[l] = pc;
+        }
+    }
+
+    /// Runs the group `active` from `pc` until it splits, parks, or passes
+    /// lanes waiting further on, merging with waiting lanes it reaches.
+    fn run_group(&mut self, blk: &mut Block, mut pc: u32, mut active: u32) -> Result<(), Fault> {
+        let module = blk.l.module;
+        let insts: &[Inst] = &module.funcs[self.func as usize].insts;
+        let mut others = self.runnable() & !active;
+        let (mut wait, mut at_wait) = self.lowest(others);
+        let (mut winst, mut lanes_n) = (0u64, 0u64);
+        let result = loop {
+            if pc == wait {
+                active |= at_wait;
+                others &= !at_wait;
+                (wait, at_wait) = self.lowest(others);
+            }
+            let inst = &insts[pc as usize];
+            winst += 1;
+            lanes_n += u64::from(active.count_ones());
+            let exec = match inst.guard {
+                None => active,
+                Some((p, neg)) => {
+                    let r = &self.regs[p as usize * WARP..p as usize * WARP + WARP];
+                    let mut g = 0u32;
+                    for (l, v) in r.iter().enumerate() {
+                        g |= u32::from((*v != 0) != neg) << l;
+                    }
+                    g & active
+                }
+            };
+            let flow = match self.step(blk, inst, pc, active, exec) {
+                Ok(f) => f,
+                Err(e) => break Err(e),
+            };
+            match flow {
+                Flow::Next(m) => {
+                    active = m;
+                    pc += 1;
+                }
+                Flow::Jump(t) => pc = t,
+                Flow::Split(taken, t) => {
+                    self.park(taken, t);
+                    self.park(active & !taken, pc + 1);
+                    // A control instruction split by its guard runs again
+                    // for the lanes that execute it: count it once.
+                    if t == pc {
+                        winst -= 1;
+                        lanes_n -= u64::from(taken.count_ones());
+                    }
+                    break Ok(());
+                }
+                Flow::Repick => break Ok(()),
+            }
+            if pc > wait {
+                self.park(active, pc);
+                break Ok(());
+            }
+        };
+        blk.counters.warp_instructions += winst;
+        blk.counters.thread_instructions += lanes_n;
+        result
+    }
+
+    /// Enters device function `func` with the lanes `callers`, which
+    /// continue at `pc + 1` when they return.
+    pub(super) fn call(&mut self, blk: &Block, callee_ix: u32, ret: Option<u32>, args: &[u32], callers: u32, pc: u32) {
+        let module = blk.l.module;
+        let callee = &module.funcs[callee_ix as usize];
+        let mut regs = vec![0u64; callee.nregs * WARP];
+        regs[..NSPECIAL as usize * WARP].copy_from_slice(&self.regs[..NSPECIAL as usize * WARP]);
+        let mut params = vec![Vec::new(); WARP];
+        let mut local_len = [0usize; WARP];
+        for l in lanes(callers) {
+            let mut p = vec![0u8; callee.param_size as usize];
+            for (k, &off) in args.iter().enumerate() {
+                let Some(cp) = callee.params.get(k) else { break };
+                let (o, s) = (off as usize, cp.size as usize);
+                if o + s <= self.params[l].len() {
+                    p[cp.offset as usize..cp.offset as usize + s].copy_from_slice(&self.params[l][o..o + s]);
+                }
+            }
+            params[l] = p;
+            local_len[l] = self.local[l].len();
+            if callee.local_size > 0 {
+                let al = callee.local_align as usize;
+                let start = local_len[l].div_ceil(al) * al;
+                self.local[l].resize(start + callee.local_size as usize, 0);
+            }
+        }
+        self.frames.push(Frame {
+            func: self.func,
+            regs: std::mem::replace(&mut self.regs, regs),
+            pcs: self.pcs,
+            mask: self.frame,
+            returned: self.returned,
+            callers,
+            ret_pc: pc + 1,
+            ret_off: ret,
+            params: std::mem::replace(&mut self.params, params),
+            local_len,
+        });
+        self.func = callee_ix;
+        self.frame = callers;
+        self.returned = 0;
+        self.park(callers, 0);
+    }
+
+    /// Leaves the current device function once all its lanes have
+    /// returned or exited.
+    fn pop_frame(&mut self, blk: &Block) {
+        let f = self.frames.pop().expect("internal: a frame to pop");
+        let callee = &blk.l.module.funcs[self.func as usize];
+        let back = f.callers & !self.done;
+        let ret_params = std::mem::replace(&mut self.params, f.params);
+        for l in lanes(back) {
+            if let (Some(off), Some(r)) = (f.ret_off, &callee.ret) {
+                let (o, s) = (off as usize, r.size as usize);
+                if o + s <= self.params[l].len() && r.offset as usize + s <= ret_params[l].len() {
+                    self.params[l][o..o + s].copy_from_slice(&ret_params[l][r.offset as usize..r.offset as usize + s]);
+                }
+            }
+        }
+        for l in lanes(f.callers) {
+            self.local[l].truncate(f.local_len[l]);
+        }
+        self.regs = f.regs;
+        self.func = f.func;
+        self.pcs = f.pcs;
+        self.park(back, f.ret_pc);
+        self.frame = f.mask;
+        self.returned = f.returned;
+    }
+}
+
+/// A worker's state: a block's shared memory and shadow, and its warps.
 pub(super) struct Worker<'a> {
     pub(super) blk: Block<'a>,
-    threads: Vec<Th>,
+    warps: Vec<Warp>,
 }
 
 impl<'a> Worker<'a> {
@@ -23,23 +299,13 @@ impl<'a> Worker<'a> {
             shared: vec![0u8; shared_len],
             shadow: vec![Shadow::default(); if l.racecheck { shared_len } else { 0 }],
             gen: 0,
-            wep: vec![0; nthreads.div_ceil(32)],
             last: None,
-            count: 0,
+            counters: Counters::default(),
         };
-        let threads = (0..nthreads)
-            .map(|_| Th {
-                pc: 0,
-                func: l.func as u32,
-                regs: vec![0; f.nregs],
-                params: Vec::new(),
-                local: Vec::new(),
-                frames: Vec::new(),
-                cc: false,
-                st: St::Run,
-            })
+        let warps = (0..nthreads.div_ceil(WARP))
+            .map(|w| Warp::new((w * WARP) as u32, (nthreads - w * WARP).min(WARP), f))
             .collect();
-        Worker { blk, threads }
+        Worker { blk, warps }
     }
 
     /// Runs block number `id` (x fastest, as the hardware numbers them).
@@ -48,218 +314,178 @@ impl<'a> Worker<'a> {
         let f = &l.module.funcs[l.func];
         let (gx, gy) = (u64::from(l.grid[0]), u64::from(l.grid[1]));
         let (bx, by, bz) = ((id % gx) as u32, (id / gx % gy) as u32, (id / (gx * gy)) as u32);
-        let nthreads = self.threads.len();
+        let nwarps = self.warps.len() as u32;
         self.blk.ctaid = [bx, by, bz];
         self.blk.gen += 1;
-        for (tid, th) in self.threads.iter_mut().enumerate() {
-            let t = tid as u32;
-            th.pc = 0;
-            th.func = l.func as u32;
-            th.frames.clear();
-            th.cc = false;
-            th.st = St::Run;
-            th.regs.clear();
-            th.regs.resize(f.nregs, 0);
-            let x = t % l.block[0];
-            let y = t / l.block[0] % l.block[1];
-            let z = t / (l.block[0] * l.block[1]);
-            let sp = [
-                x,
-                y,
-                z,
-                l.block[0],
-                l.block[1],
-                l.block[2],
-                bx,
-                by,
-                bz,
-                l.grid[0],
-                l.grid[1],
-                l.grid[2],
-                t % 32,
-                t / 32,
-                nthreads.div_ceil(32) as u32,
-                32,
-            ];
-            for (k, v) in sp.iter().enumerate() {
-                th.regs[k] = u64::from(*v);
+        self.blk.counters.threads += u64::from(l.block[0] * l.block[1] * l.block[2]);
+        for w in &mut self.warps {
+            w.func = l.func as u32;
+            w.frames.clear();
+            w.pcs = [0; WARP];
+            w.frame = w.exists;
+            w.done = !w.exists;
+            w.bar = 0;
+            w.coll = 0;
+            w.returned = 0;
+            w.cc = 0;
+            w.regs.clear();
+            w.regs.resize(f.nregs * WARP, 0);
+            for l_ in lanes(w.exists) {
+                let t = w.base + l_ as u32;
+                let sp = [
+                    t % l.block[0],
+                    t / l.block[0] % l.block[1],
+                    t / (l.block[0] * l.block[1]),
+                    l.block[0],
+                    l.block[1],
+                    l.block[2],
+                    bx,
+                    by,
+                    bz,
+                    l.grid[0],
+                    l.grid[1],
+                    l.grid[2],
+                    t % 32,
+                    t / 32,
+                    nwarps,
+                    32,
+                ];
+                for (k, v) in sp.iter().enumerate() {
+                    w.regs[k * WARP + l_] = u64::from(*v);
+                }
+                let p = &mut w.params[l_];
+                p.clear();
+                p.extend_from_slice(l.params);
+                p.resize((f.param_size as usize).max(l.params.len()), 0);
+                w.local[l_].clear();
+                w.local[l_].resize(f.local_size as usize, 0);
             }
-            th.params.clear();
-            th.params.extend_from_slice(l.params);
-            th.params.resize((f.param_size as usize).max(l.params.len()), 0);
-            th.local.clear();
-            th.local.resize(f.local_size as usize, 0);
         }
-        run_block(&mut self.blk, &mut self.threads)
+        run_block(&mut self.blk, &mut self.warps)
     }
 }
 
-fn run_block(blk: &mut Block, threads: &mut [Th]) -> Result<(), Fault> {
-    let n = threads.len();
+/// Runs a block's warps until all have exited, completing barriers.
+fn run_block(blk: &mut Block, warps: &mut [Warp]) -> Result<(), Fault> {
     loop {
-        for (tid, th) in threads.iter_mut().enumerate() {
-            if th.st == St::Run {
-                th.st = blk.run(th, tid)?;
-            }
+        for w in warps.iter_mut() {
+            w.run(blk)?;
         }
-        if threads.iter().all(|t| t.st == St::Done) {
+        if warps.iter().all(|w| w.done == FULL) {
             return Ok(());
         }
-        let mut progressed = false;
-        for w in 0..n.div_ceil(32) {
-            let lo = w * 32;
-            let hi = (lo + 32).min(n);
-            if warp_collectives(blk, &mut threads[lo..hi], lo)? {
-                progressed = true;
+        // No lane can move: every live thread should wait at one barrier.
+        if let Some(w) = warps.iter().find(|w| w.coll != 0) {
+            return Err(stuck_collective(blk, w, warps));
+        }
+        let mut site: Option<(usize, u32, u32)> = None;
+        for w in warps.iter() {
+            let live = !w.done;
+            let at_bar = w.bar;
+            if live & !at_bar != 0 {
+                let l = lanes(live & !at_bar).next().expect("internal: a lane");
+                return Err(blk.fault(
+                    LAUNCH_FAILED,
+                    (w.base as usize) + l,
+                    "deadlock: this thread is suspended in a caller while the rest of its warp waits at a barrier \
+                     inside a device function"
+                        .into(),
+                ));
             }
-        }
-        if progressed {
-            continue;
-        }
-        let waiting_bar = threads.iter().filter(|t| t.st == St::Bar).count();
-        let done = threads.iter().filter(|t| t.st == St::Done).count();
-        if waiting_bar + done == n {
-            for th in threads.iter_mut() {
-                if th.st == St::Bar {
-                    th.st = St::Run;
-                    th.pc += 1;
-                }
-            }
-            blk.gen += 1;
-            continue;
-        }
-        // Nothing can move: some lanes wait at a collective their peers never reach.
-        let (tid, th) = threads.iter().enumerate().find(|(_, t)| t.st == St::Warp).expect("internal: a stuck thread");
-        let line = blk.l.module.funcs[th.func as usize].insts[th.pc as usize].line;
-        return Err(blk.fault(
-            LAUNCH_FAILED,
-            tid,
-            format!(
-                "deadlock: a warp collective at PTX line {line} waits for lanes of its member mask that \
-                 have exited or wait at a barrier or another collective"
-            ),
-        ));
-    }
-}
-
-/// Completes the warp collectives whose member masks have all arrived;
-/// true when any did.
-fn warp_collectives(blk: &mut Block, lanes: &mut [Th], base: usize) -> Result<bool, Fault> {
-    let module = blk.l.module;
-    let exists: u32 = if lanes.len() == 32 { u32::MAX } else { (1u32 << lanes.len()) - 1 };
-    let mut progressed = false;
-    // Group waiting lanes by the instruction they wait at.
-    let mut handled = 0u32;
-    for k in 0..lanes.len() {
-        if lanes[k].st != St::Warp || handled & (1 << k) != 0 {
-            continue;
-        }
-        let (func, pc) = (lanes[k].func, lanes[k].pc);
-        let mut group = 0u32;
-        for (j, t) in lanes.iter().enumerate() {
-            if t.st == St::Warp && t.func == func && t.pc == pc {
-                group |= 1 << j;
-            }
-        }
-        handled |= group;
-        let inst = &module.funcs[func as usize].insts[pc as usize];
-        let rd = |t: &Th, o: Opnd| match o {
-            Opnd::R(r) => t.regs[r as usize],
-            Opnd::I(v) => v,
-        };
-        let mask_op = match inst.ins {
-            Ins::Shfl { mask, .. } | Ins::Vote { mask, .. } | Ins::WarpSync { mask } => mask,
-            _ => unreachable!("internal: parked at a non-collective"),
-        };
-        // Every lane's member mask (lanes beyond the block do not exist) must be in the group.
-        let mut ready = true;
-        for j in 0..lanes.len() {
-            if group & (1 << j) != 0 {
-                let m = rd(&lanes[j], mask_op) as u32 & exists;
-                if m & !group != 0 {
-                    ready = false;
-                    let exited = (0..lanes.len()).find(|&q| m & (1 << q) != 0 && lanes[q].st == St::Done);
-                    if let Some(q) = exited {
+            for l in lanes(at_bar) {
+                let here = (w.base as usize + l, w.func, w.pcs[l]);
+                match site {
+                    None => site = Some(here),
+                    Some((tid, func, pc)) if (func, pc) != (here.1, here.2) => {
+                        let line = |f: u32, p: u32| module_line(blk, f, p);
+                        let b = blk.l.block;
+                        let o = [tid as u32 % b[0], tid as u32 / b[0] % b[1], tid as u32 / (b[0] * b[1])];
                         return Err(blk.fault(
                             LAUNCH_FAILED,
-                            base + j,
+                            here.0,
                             format!(
-                                "a warp collective at PTX line {} names lane {q} in its member mask {m:#010x}, \
-                                 but that lane has exited",
-                                inst.line
+                                "barrier error (synccheck): threads wait at different barriers, this thread at \
+                                 the barrier at PTX line {} and thread ({}, {}, {}) at the barrier at PTX line {}, \
+                                 found in",
+                                line(here.1, here.2),
+                                o[0],
+                                o[1],
+                                o[2],
+                                line(func, pc)
                             ),
                         ));
                     }
+                    Some(_) => {}
                 }
             }
         }
-        if !ready {
-            continue;
-        }
-        match inst.ins {
-            Ins::Shfl { mode, d, dp, a, b, c, .. } => {
-                let vals: Vec<u64> = lanes.iter().map(|t| rd(t, a)).collect();
-                for j in 0..lanes.len() {
-                    if group & (1 << j) == 0 {
-                        continue;
-                    }
-                    let t = &lanes[j];
-                    let bval = (rd(t, b) & 31) as i32;
-                    let cv = rd(t, c) as u32;
-                    let cval = (cv & 31) as i32;
-                    let segmask = ((cv >> 8) & 31) as i32;
-                    let lane = j as i32;
-                    let max_lane = (lane & segmask) | (cval & !segmask);
-                    let min_lane = lane & segmask;
-                    let (jj, p) = match mode {
-                        ShflMode::Up => (lane - bval, lane - bval >= max_lane),
-                        ShflMode::Down => (lane + bval, lane + bval <= max_lane),
-                        ShflMode::Bfly => (lane ^ bval, (lane ^ bval) <= max_lane),
-                        ShflMode::Idx => {
-                            let jj = min_lane | (bval & !segmask);
-                            (jj, jj <= max_lane)
-                        }
-                    };
-                    let src = if p { jj as usize } else { j };
-                    let v = if src < lanes.len() && group & (1 << src) != 0 { vals[src] } else { vals[j] };
-                    let t = &mut lanes[j];
-                    t.regs[d as usize] = v & 0xffff_ffff;
-                    if let Some(dp) = dp {
-                        t.regs[dp as usize] = u64::from(p);
-                    }
-                }
+        for w in warps.iter_mut() {
+            for l in lanes(w.bar) {
+                w.pcs[l] += 1;
             }
-            Ins::Vote { mode, d, a, neg, .. } => {
-                let mut ballot = 0u32;
-                for (j, t) in lanes.iter().enumerate() {
-                    if group & (1 << j) != 0 && ((rd(t, a) != 0) != neg) {
-                        ballot |= 1 << j;
-                    }
-                }
-                for (j, lane) in lanes.iter_mut().enumerate() {
-                    if group & (1 << j) == 0 {
-                        continue;
-                    }
-                    let m = rd(lane, mask_op) as u32 & exists;
-                    let v = match mode {
-                        VoteMode::Ballot => u64::from(ballot & m),
-                        VoteMode::All => u64::from(ballot & m == m),
-                        VoteMode::Any => u64::from(ballot & m != 0),
-                        VoteMode::Uni => u64::from(ballot & m == m || ballot & m == 0),
-                    };
-                    lane.regs[d as usize] = v;
-                }
-            }
-            _ => {}
+            w.bar = 0;
         }
-        blk.wep[base / 32] += 1;
-        for (j, t) in lanes.iter_mut().enumerate() {
-            if group & (1 << j) != 0 {
-                t.st = St::Run;
-                t.pc += 1;
-            }
-        }
-        progressed = true;
+        blk.gen += 1;
+        blk.counters.barriers += 1;
     }
-    Ok(progressed)
+}
+
+fn module_line(blk: &Block, func: u32, pc: u32) -> u32 {
+    blk.l.module.funcs[func as usize].insts[pc as usize].line
+}
+
+/// The fault of a warp whose lanes wait at a collective that cannot
+/// complete: a member lane has exited, or waits somewhere else.
+#[cold]
+fn stuck_collective(blk: &Block, w: &Warp, warps: &[Warp]) -> Fault {
+    let l = lanes(w.coll).next().expect("internal: a parked lane");
+    let pc = w.pcs[l];
+    let inst = &blk.l.module.funcs[w.func as usize].insts[pc as usize];
+    let mask_op = match inst.ins {
+        Ins::Shfl { mask, .. } | Ins::Vote { mask, .. } | Ins::WarpSync { mask } => mask,
+        _ => Opnd::I(u64::from(FULL)),
+    };
+    for l in lanes(w.coll) {
+        let m = match mask_op {
+            Opnd::R(r) => w.regs[r as usize * WARP + l],
+            Opnd::I(v) => v,
+        } as u32
+            & w.exists;
+        if let Some(q) = lanes(m & w.done).next() {
+            return blk.fault(
+                LAUNCH_FAILED,
+                w.base as usize + l,
+                format!(
+                    "a warp collective at PTX line {} names lane {q} in its member mask {m:#010x}, but that lane \
+                     has exited",
+                    inst.line
+                ),
+            );
+        }
+    }
+    let elsewhere = warps
+        .iter()
+        .find_map(|o| lanes(o.bar).next().map(|b| (o.base as usize + b, module_line(blk, o.func, o.pcs[b]))));
+    let also = match elsewhere {
+        Some((tid, line)) => {
+            let b = blk.l.block;
+            let t = tid as u32;
+            format!(
+                " (thread ({}, {}, {}) waits at the barrier at PTX line {line})",
+                t % b[0],
+                t / b[0] % b[1],
+                t / (b[0] * b[1])
+            )
+        }
+        None => String::new(),
+    };
+    blk.fault(
+        LAUNCH_FAILED,
+        w.base as usize + l,
+        format!(
+            "deadlock: a warp collective at PTX line {} waits for lanes of its member mask that have exited or \
+             wait at a barrier or another collective{also}",
+            inst.line
+        ),
+    )
 }
