@@ -244,6 +244,7 @@ pub(super) fn to_f64(t: Ty, v: u64) -> f64 {
     }
 }
 
+#[inline(always)]
 pub(super) fn cvt(dt: Ty, st: Ty, rnd: Rnd, sat: bool, ftz: bool, v: u64) -> u64 {
     if st.float() {
         let x = to_f64(st, v);
@@ -337,7 +338,7 @@ pub(super) fn cvt(dt: Ty, st: Ty, rnd: Rnd, sat: bool, ftz: bool, v: u64) -> u64
 }
 
 #[allow(clippy::too_many_arguments)]
-#[inline]
+#[inline(always)]
 pub(super) fn bin(op: BinOp, t: Ty, ftz: bool, rnd: Rnd, a: u64, b: u64, cc: &mut bool) -> Option<u64> {
     if t.float() {
         return Some(match t {

@@ -64,6 +64,35 @@ impl<'a> Block<'a> {
         }
     }
 
+    /// The host addresses of a warp's global access when every lane's
+    /// bytes lie in the region of the last access (the common case of a
+    /// coalesced access); None sends the caller to the per-lane checks.
+    #[inline]
+    pub(super) fn warp_global(
+        &mut self,
+        sp: Space,
+        base: &[u64; 32],
+        off: i64,
+        len: u64,
+        exec: u32,
+        _write: bool,
+    ) -> Option<[*mut u8; 32]> {
+        if sp != Space::Global {
+            return None;
+        }
+        let (b, l, p) = self.last?;
+        let mut out = [std::ptr::null_mut(); 32];
+        for k in super::schedule::lanes(exec) {
+            let a = base[k].wrapping_add(off as u64);
+            if a < b || a.saturating_add(len) > b + l {
+                return None;
+            }
+            // SAFETY: within the region, which the snapshot keeps alive.
+            out[k] = unsafe { p.add((a - b) as usize) };
+        }
+        Some(out)
+    }
+
     /// Checks and records a shared access of `len` bytes at `off`.
     pub(super) fn race(
         &mut self,

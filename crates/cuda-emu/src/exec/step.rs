@@ -293,6 +293,45 @@ impl Warp {
                 // PTX extends a signed load to the destination's width.
                 let dw: u32 = if wide { 64 } else { 32 };
                 let extend = t.signed() && sz * 8 < dw as usize;
+                if sp == Space::Param {
+                    // Each lane's own parameter area, bounds-checked here.
+                    let len = sz * n as usize;
+                    for l in lanes(exec) {
+                        let a = base[l].wrapping_add(addr.off as u64) as usize;
+                        let Some(src) = self.params[l].get(a..a.saturating_add(len)) else {
+                            return Err(blk.fault(
+                                ILLEGAL_ADDRESS,
+                                self.base as usize + l,
+                                format!("invalid .param read at offset {a:#x}"),
+                            ));
+                        };
+                        for (k, &dk) in d.iter().enumerate().take(n as usize) {
+                            let mut buf = [0u8; 8];
+                            buf[..sz].copy_from_slice(&src[k * sz..(k + 1) * sz]);
+                            let mut v = u64::from_le_bytes(buf);
+                            if extend {
+                                v = (sext(v, bits(t)) as u64) & mask_of(dw);
+                            }
+                            self.regs[dk as usize * WARP + l] = v;
+                        }
+                    }
+                    return Ok(());
+                }
+                if let Some(p) = blk.warp_global(sp, &base, addr.off, (sz * n as usize) as u64, exec, false) {
+                    for l in lanes(exec) {
+                        for (k, &dk) in d.iter().enumerate().take(n as usize) {
+                            let mut buf = [0u8; 8];
+                            // SAFETY: `warp_global` checked every lane's bytes.
+                            unsafe { std::ptr::copy_nonoverlapping(p[l].add(k * sz), buf.as_mut_ptr(), sz) };
+                            let mut v = u64::from_le_bytes(buf);
+                            if extend {
+                                v = (sext(v, bits(t)) as u64) & mask_of(dw);
+                            }
+                            self.regs[dk as usize * WARP + l] = v;
+                        }
+                    }
+                    return Ok(());
+                }
                 for l in lanes(exec) {
                     let a = base[l].wrapping_add(addr.off as u64);
                     let tid = self.base as usize + l;
@@ -322,6 +361,16 @@ impl Warp {
             Ins::St { sp, t, n, v, addr } => {
                 let base = self.vals(addr.base);
                 let sz = t.size() as usize;
+                if let Some(p) = blk.warp_global(sp, &base, addr.off, (sz * n as usize) as u64, exec, true) {
+                    for l in lanes(exec) {
+                        for (k, o) in v.iter().enumerate().take(n as usize) {
+                            let bytes = self.rd(*o, l).to_le_bytes();
+                            // SAFETY: as for loads.
+                            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), p[l].add(k * sz), sz) };
+                        }
+                    }
+                    return Ok(());
+                }
                 for l in lanes(exec) {
                     let a = base[l].wrapping_add(addr.off as u64);
                     let tid = self.base as usize + l;
