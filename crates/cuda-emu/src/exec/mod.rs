@@ -116,8 +116,9 @@ pub(crate) struct Block<'a> {
     pub(crate) shared: Vec<u8>,
     pub(crate) shadow: Vec<Shadow>,
     pub(crate) gen: u32,
-    /// The last region hit, to skip the search on the next access.
-    pub(crate) last: Option<(u64, u64, *mut u8)>,
+    /// The last region hit, to skip the search on the next access: its
+    /// base, length, host address and initcheck shadow.
+    pub(crate) last: Option<(u64, u64, *mut u8, Option<&'a [AtomicU64]>)>,
     pub(crate) counters: Counters,
 }
 

@@ -3,7 +3,7 @@
 //! accesses between two barriers against each other (racecheck).
 
 use super::{Block, Fault, ILLEGAL_ADDRESS, LAUNCH_FAILED};
-use crate::memory::{LOCAL_WIN, SHARED_WIN, WIN_SIZE};
+use crate::memory::{first_unwritten, mark_written, LOCAL_WIN, SHARED_WIN, WIN_SIZE};
 use crate::ptx::Space;
 
 /// A shared-memory byte's last accesses in the current barrier interval.
@@ -37,31 +37,74 @@ impl<'a> Block<'a> {
         }
     }
 
-    /// The host address of `len` bytes of global memory at `addr`.
+    /// The host address of `len` bytes of global memory at `addr`, after
+    /// the memcheck and (when on) initcheck checks.
     #[inline]
     pub(super) fn global(&mut self, tid: usize, addr: u64, len: u64, write: bool) -> Result<*mut u8, Fault> {
-        if let Some((b, l, p)) = self.last {
-            if addr >= b && addr.saturating_add(len) <= b + l {
-                // SAFETY: within the region, which the snapshot keeps alive.
-                return Ok(unsafe { p.add((addr - b) as usize) });
+        self.global_access(tid, addr, len, !write, write)
+    }
+
+    /// As [`Block::global`], for an access that reads (`reads`), writes, or
+    /// both (an atomic).
+    #[inline]
+    pub(super) fn global_access(
+        &mut self,
+        tid: usize,
+        addr: u64,
+        len: u64,
+        reads: bool,
+        writes: bool,
+    ) -> Result<*mut u8, Fault> {
+        let (b, _, p, w) = match self.last {
+            Some(c) if addr >= c.0 && addr.saturating_add(len) <= c.0 + c.1 => c,
+            _ => match self.l.mem.find(addr, len) {
+                Some(r) => {
+                    let c = (r.base, r.len, r.buf.ptr(), r.buf.written());
+                    self.last = Some(c);
+                    c
+                }
+                None => {
+                    let what = if writes { "write" } else { "read" };
+                    let why = self.l.mem.describe(addr, len);
+                    return Err(self.fault(
+                        ILLEGAL_ADDRESS,
+                        tid,
+                        format!("invalid __global__ {what} of size {len} at address {addr:#x} ({why})"),
+                    ));
+                }
+            },
+        };
+        let off = (addr - b) as usize;
+        if let Some(w) = w {
+            if reads {
+                if let Some(k) = first_unwritten(w, off, len as usize) {
+                    return Err(self.uninit(tid, addr, len, b + k as u64));
+                }
+            }
+            if writes {
+                mark_written(w, off, len as usize);
             }
         }
-        match self.l.mem.find(addr, len) {
-            Some(r) => {
-                self.last = Some((r.base, r.len, r.buf.ptr()));
-                // SAFETY: as above.
-                Ok(unsafe { r.buf.ptr().add((addr - r.base) as usize) })
-            }
-            None => {
-                let what = if write { "write" } else { "read" };
-                let why = self.l.mem.describe(addr, len);
-                Err(self.fault(
-                    ILLEGAL_ADDRESS,
-                    tid,
-                    format!("invalid __global__ {what} of size {len} at address {addr:#x} ({why})"),
-                ))
-            }
-        }
+        // SAFETY: within the region, which the snapshot keeps alive.
+        Ok(unsafe { p.add(off) })
+    }
+
+    /// The initcheck fault of a read at `addr` whose byte `at` was never written.
+    #[cold]
+    fn uninit(&self, tid: usize, addr: u64, len: u64, at: u64) -> Fault {
+        let r = self.l.mem.find(addr, len).expect("internal: the region was found");
+        self.fault(
+            LAUNCH_FAILED,
+            tid,
+            format!(
+                "uninitialized __global__ memory read (initcheck) of size {len} at address {addr:#x}: byte {at:#x}, \
+                 {} bytes into a {}-byte allocation at {:#x}, was never written since it was allocated (by a \
+                 kernel, a copy or a memset)",
+                at - r.base,
+                r.len,
+                r.base
+            ),
+        )
     }
 
     /// The host addresses of a warp's global access when every lane's
@@ -75,17 +118,26 @@ impl<'a> Block<'a> {
         off: i64,
         len: u64,
         exec: u32,
-        _write: bool,
+        write: bool,
     ) -> Option<[*mut u8; 32]> {
         if sp != Space::Global {
             return None;
         }
-        let (b, l, p) = self.last?;
+        let (b, l, p, w) = self.last?;
         let mut out = [std::ptr::null_mut(); 32];
         for k in super::schedule::lanes(exec) {
             let a = base[k].wrapping_add(off as u64);
             if a < b || a.saturating_add(len) > b + l {
                 return None;
+            }
+            if let Some(w) = w {
+                let o = (a - b) as usize;
+                if write {
+                    mark_written(w, o, len as usize);
+                } else if first_unwritten(w, o, len as usize).is_some() {
+                    // The per-lane path reports it.
+                    return None;
+                }
             }
             // SAFETY: within the region, which the snapshot keeps alive.
             out[k] = unsafe { p.add((a - b) as usize) };
@@ -241,6 +293,9 @@ impl<'a> Block<'a> {
         len: u64,
         line: u32,
     ) -> Result<*mut u8, Fault> {
-        self.ptr(local, params, wep, tid, sp, a, len, true, line)
+        match Self::resolve(sp, a) {
+            (Space::Global | Space::Const | Space::Generic, a) => self.global_access(tid, a, len, true, true),
+            _ => self.ptr(local, params, wep, tid, sp, a, len, true, line),
+        }
     }
 }
