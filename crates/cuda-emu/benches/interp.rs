@@ -3,7 +3,9 @@
 //! contiguous elementwise product of 1 Mi elements.
 //!
 //! `cargo bench -p tapir-cuda-emu --bench interp` (needs NVRTC, found as
-//! tapir-tensor finds it: TAPIR_NVRTC_LIB or the pip package).
+//! tapir-tensor finds it: TAPIR_NVRTC_LIB or the pip package). With
+//! `TAPIR_CUDA_EMU_INITCHECK=1` the buffers carry initcheck's shadow, which
+//! measures its cost.
 
 use std::time::Instant;
 
@@ -77,7 +79,8 @@ fn main() {
     let (dx, dl) = (upload(&mem, &xb), upload(&mem, &lb));
     let (lse, loss) = (mem.alloc(rows as u64 * 4).unwrap(), mem.alloc(rows as u64 * 4).unwrap());
     let bad = upload(&mem, &u64::MAX.to_le_bytes());
-    let valid = mem.alloc(8).unwrap();
+    // Zeroed through the host, so initcheck sees it written, as a memset would.
+    let valid = upload(&mem, &[0u8; 8]);
     let g = upload(&mem, &1f32.to_le_bytes());
     let fwd = entry(&ce, "ce_fwd_f32_i64");
     let pf = params(
@@ -124,8 +127,8 @@ fn main() {
     println!("cross-entropy forward + backward: {:.3} s", t.elapsed().as_secs_f64());
 
     let n = 1usize << 20;
-    let a = mem.alloc(n as u64 * 4).unwrap();
-    let c = mem.alloc(n as u64 * 4).unwrap();
+    let zeros = vec![0u8; n * 4];
+    let (a, c) = (upload(&mem, &zeros), upload(&mem, &zeros));
     let out = mem.alloc(n as u64 * 4).unwrap();
     let snap2 = mem.snapshot();
     let mul = entry(&ew, "mul_f32");

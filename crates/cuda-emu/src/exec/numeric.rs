@@ -539,7 +539,7 @@ pub(super) fn un(op: UnOp, t: Ty, ftz: bool, a: u64) -> u64 {
             let r = match op {
                 UnOp::Rcp { .. } => 1.0 / x,
                 UnOp::Sqrt { .. } => x.sqrt(),
-                UnOp::Rsqrt => 1.0 / x.sqrt(),
+                UnOp::Rsqrt => rsqrt_f32(x),
                 UnOp::Ex2 => x.exp2(),
                 UnOp::Lg2 => x.log2(),
                 UnOp::Sin => x.sin(),
@@ -761,4 +761,33 @@ pub(super) fn bfe(t: Ty, a: u64, pos: u64, len: u64) -> u64 {
         r |= bit << k;
     }
     r & mask_of(w)
+}
+
+/// `1 / sqrt(x)` correctly rounded to f32: computed in f64, then moved
+/// to the neighbour when the exact value lies beyond a midpoint. The
+/// midpoints have 25 significant bits, so their squares are exact in f64,
+/// and `fma(mid^2, x, -1)` has the sign of the exact `mid^2 x - 1`.
+pub(super) fn rsqrt_f32(x: f32) -> f32 {
+    let r = (1.0 / f64::from(x).sqrt()) as f32;
+    if !(x > 0.0 && x.is_finite()) || !r.is_finite() || r == 0.0 {
+        return r;
+    }
+    let xd = f64::from(x);
+    let (lo, hi) = (next_f32(r, false), next_f32(r, true));
+    let above = |m: f64| (m * m).mul_add(xd, -1.0);
+    let mid_hi = (f64::from(r) + f64::from(hi)) / 2.0;
+    let mid_lo = (f64::from(r) + f64::from(lo)) / 2.0;
+    let even = |a: f32, b: f32| if a.to_bits() & 1 == 0 { a } else { b };
+    let (dh, dl) = (above(mid_hi), above(mid_lo));
+    if dh < 0.0 {
+        hi
+    } else if dh == 0.0 {
+        even(r, hi)
+    } else if dl > 0.0 {
+        lo
+    } else if dl == 0.0 {
+        even(r, lo)
+    } else {
+        r
+    }
 }
