@@ -769,7 +769,7 @@ pub(super) fn bfe(t: Ty, a: u64, pos: u64, len: u64) -> u64 {
 /// and `fma(mid^2, x, -1)` has the sign of the exact `mid^2 x - 1`.
 pub(super) fn rsqrt_f32(x: f32) -> f32 {
     let r = (1.0 / f64::from(x).sqrt()) as f32;
-    if !(x > 0.0 && x.is_finite()) || !r.is_finite() || r == 0.0 {
+    if !(x > 0.0 && x.is_finite() && r.is_finite()) || r == 0.0 {
         return r;
     }
     let xd = f64::from(x);

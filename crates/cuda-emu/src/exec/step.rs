@@ -398,7 +398,7 @@ impl Warp {
                     let a = self.rd(addr.base, l).wrapping_add(addr.off as u64);
                     let (bv, cv) = (self.rd(b, l), self.rd(c, l));
                     let tid = self.base as usize + l;
-                    if a % sz != 0 {
+                    if !a.is_multiple_of(sz) {
                         return Err(blk.fault(
                             MISALIGNED_ADDRESS,
                             tid,
