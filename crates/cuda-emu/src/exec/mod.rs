@@ -32,6 +32,25 @@ pub const ILLEGAL_ADDRESS: u32 = 700;
 pub const MISALIGNED_ADDRESS: u32 = 716;
 /// CUDA_ERROR_LAUNCH_FAILED: used for races, deadlocks and traps.
 pub const LAUNCH_FAILED: u32 = 719;
+/// CUDA_ERROR_ASSERT: a device-side `assert` failed.
+pub const ASSERT: u32 = 710;
+
+/// What device `printf` printed in this process, oldest first (the last
+/// 1,024 lines): each call is also written to stderr as it happens.
+pub fn printed() -> Vec<String> {
+    PRINTED.lock().unwrap_or_else(|p| p.into_inner()).clone()
+}
+
+static PRINTED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+fn print(s: &str) {
+    let mut p = PRINTED.lock().unwrap_or_else(|p| p.into_inner());
+    eprint!("{s}");
+    if p.len() == 1024 {
+        p.remove(0);
+    }
+    p.push(s.to_string());
+}
 
 /// Why a launch failed: the driver's code and a message naming the
 /// kernel, block, thread and address.

@@ -298,4 +298,122 @@ impl<'a> Block<'a> {
             _ => self.ptr(local, params, wep, tid, sp, a, len, true, line),
         }
     }
+
+    /// The bytes at a generic address (global or this lane's local
+    /// memory), up to `len` of them, or fewer where the memory ends.
+    fn bytes_at(&self, local: &[u8], a: u64, len: usize) -> Vec<u8> {
+        match Self::resolve(Space::Generic, a) {
+            (Space::Local, off) => local.iter().skip(off as usize).take(len).copied().collect(),
+            (Space::Global, a) => match self.l.mem.find(a, 1) {
+                Some(r) => {
+                    let n = len.min((r.base + r.len - a) as usize);
+                    // SAFETY: `n` bytes of the live region from `a`.
+                    unsafe { std::slice::from_raw_parts(r.buf.ptr().add((a - r.base) as usize), n) }.to_vec()
+                }
+                None => Vec::new(),
+            },
+            _ => Vec::new(),
+        }
+    }
+
+    /// The NUL-terminated string at a generic address.
+    pub(super) fn c_string(&self, local: &[u8], a: u64) -> String {
+        let b = self.bytes_at(local, a, 4096);
+        let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+        String::from_utf8_lossy(&b[..end]).into_owned()
+    }
+
+    /// `printf`'s formatting of the argument buffer at `args`, as the
+    /// device lays it out: each argument aligned to its size, floats
+    /// promoted to double, strings and pointers as 64-bit addresses.
+    pub(super) fn format(&self, local: &[u8], fmt: &str, args: u64) -> String {
+        let buf = self.bytes_at(local, args, 1 << 12);
+        let mut off = 0usize;
+        let mut take = |size: usize| -> u64 {
+            off = off.div_ceil(size) * size;
+            let mut b = [0u8; 8];
+            if let Some(src) = buf.get(off..off + size) {
+                b[..size].copy_from_slice(src);
+            }
+            off += size;
+            u64::from_le_bytes(b)
+        };
+        let mut out = String::new();
+        let mut it = fmt.chars().peekable();
+        while let Some(c) = it.next() {
+            if c != '%' {
+                out.push(c);
+                continue;
+            }
+            let mut spec = String::new();
+            while let Some(&n) = it.peek() {
+                if "-+ #0123456789.".contains(n) {
+                    spec.push(n);
+                    it.next();
+                } else {
+                    break;
+                }
+            }
+            let mut long = 0;
+            while matches!(it.peek(), Some('l' | 'h' | 'z' | 'j' | 't')) {
+                if it.next() != Some('h') {
+                    long += 1;
+                }
+            }
+            let Some(conv) = it.next() else { break };
+            let (width, prec) = {
+                let body = spec.trim_start_matches(['-', '+', ' ', '#', '0']);
+                let mut parts = body.splitn(2, '.');
+                (
+                    parts.next().and_then(|w| w.parse::<usize>().ok()),
+                    parts.next().map(|p| p.parse::<usize>().unwrap_or(0)),
+                )
+            };
+            let left = spec.starts_with('-');
+            let zero = spec.starts_with('0') && !left;
+            let text = match conv {
+                '%' => "%".to_string(),
+                'd' | 'i' => {
+                    let v = if long > 0 { take(8) as i64 } else { i64::from(take(4) as u32 as i32) };
+                    v.to_string()
+                }
+                'u' => (if long > 0 { take(8) } else { u64::from(take(4) as u32) }).to_string(),
+                'x' => format!("{:x}", if long > 0 { take(8) } else { u64::from(take(4) as u32) }),
+                'X' => format!("{:X}", if long > 0 { take(8) } else { u64::from(take(4) as u32) }),
+                'c' => char::from(take(4) as u8).to_string(),
+                'p' => format!("{:#x}", take(8)),
+                's' => {
+                    let a = take(8);
+                    self.c_string(local, a)
+                }
+                'f' | 'F' => format!("{:.*}", prec.unwrap_or(6), f64::from_bits(take(8))),
+                'e' | 'E' => {
+                    let s = format!("{:.*e}", prec.unwrap_or(6), f64::from_bits(take(8)));
+                    // C writes the exponent with a sign and two digits at least.
+                    let (m, e) = s.split_once('e').unwrap_or((&s, "0"));
+                    let (sign, digits) = e.strip_prefix('-').map_or(("+", e), |d| ("-", d));
+                    let r = format!("{m}e{sign}{digits:0>2}");
+                    if conv == 'E' {
+                        r.to_uppercase()
+                    } else {
+                        r
+                    }
+                }
+                'g' | 'G' => format!("{}", f64::from_bits(take(8))),
+                other => format!("%{spec}{other}"),
+            };
+            let w = width.unwrap_or(0);
+            if text.len() >= w {
+                out.push_str(&text);
+            } else if left {
+                out.push_str(&format!("{text:<w$}"));
+            } else if zero && conv != 's' {
+                let (sign, digits) = text.strip_prefix('-').map_or(("", text.as_str()), |d| ("-", d));
+                out.push_str(&format!("{sign}{digits:0>width$}", width = w - sign.len()));
+            } else {
+                out.push_str(&format!("{text:>w$}"));
+            }
+        }
+        out
+    }
 }

@@ -9,7 +9,7 @@
 
 use super::numeric::*;
 use super::schedule::{lanes, Flow, Warp, FULL, WARP};
-use super::{Block, Fault, ILLEGAL_ADDRESS, LAUNCH_FAILED, MISALIGNED_ADDRESS};
+use super::{Block, Fault, ASSERT, ILLEGAL_ADDRESS, LAUNCH_FAILED, MISALIGNED_ADDRESS};
 use crate::memory::{LOCAL_WIN, SHARED_WIN};
 use crate::ptx::*;
 
@@ -142,6 +142,10 @@ impl Warp {
                     return Ok(f);
                 }
                 let callee = &blk.l.module.funcs[func as usize];
+                if !callee.defined && matches!(callee.name.as_str(), "__assertfail" | "vprintf") {
+                    self.builtin(blk, callee, ret, args, active)?;
+                    return Ok(Flow::Next(active));
+                }
                 if !callee.defined {
                     let l = exec.trailing_zeros() as usize;
                     return Err(blk.fault(
@@ -639,5 +643,51 @@ impl Warp {
             (Ty::Bf16, Ty::F32) => go!(Ty::Bf16, Ty::F32),
             _ => self.map1(m, d, a, |x| cvt(dt, st, rnd, sat, ftz, x)),
         }
+    }
+
+    /// The functions the CUDA runtime provides on the device without a
+    /// body in PTX: `__assertfail` (device `assert`) fails the launch with
+    /// CUDA_ERROR_ASSERT and the message the hardware prints; `vprintf`
+    /// formats its argument buffer and prints it on stderr, lane by lane.
+    fn builtin(&mut self, blk: &mut Block, callee: &Func, ret: Option<u32>, args: &[u32], m: u32) -> Result<(), Fault> {
+        let arg = |w: &Warp, l: usize, k: usize| -> u64 {
+            let (Some(&off), Some(p)) = (args.get(k), callee.params.get(k)) else { return 0 };
+            let mut b = [0u8; 8];
+            let n = (p.size as usize).min(8);
+            if let Some(src) = w.params[l].get(off as usize..off as usize + n) {
+                b[..n].copy_from_slice(src);
+            }
+            u64::from_le_bytes(b)
+        };
+        for l in lanes(m) {
+            let tid = self.base as usize + l;
+            if callee.name == "__assertfail" {
+                let msg = blk.c_string(&self.local[l], arg(self, l, 0));
+                let file = blk.c_string(&self.local[l], arg(self, l, 1));
+                let line = arg(self, l, 2) as u32;
+                let func = blk.c_string(&self.local[l], arg(self, l, 3));
+                let b = blk.l.block;
+                let t = [tid as u32 % b[0], tid as u32 / b[0] % b[1], tid as u32 / (b[0] * b[1])];
+                let c = blk.ctaid;
+                return Err(blk.fault(
+                    ASSERT,
+                    tid,
+                    format!(
+                        "{file}:{line}: {func}: block: [{},{},{}], thread: [{},{},{}] Assertion `{msg}` failed, in",
+                        c[0], c[1], c[2], t[0], t[1], t[2]
+                    ),
+                ));
+            }
+            let fmt = blk.c_string(&self.local[l], arg(self, l, 0));
+            let out = blk.format(&self.local[l], &fmt, arg(self, l, 1));
+            super::print(&out);
+            if let (Some(r), Some(rp)) = (ret, &callee.ret) {
+                let n = (rp.size as usize).min(4);
+                if let Some(dst) = self.params[l].get_mut(r as usize..r as usize + n) {
+                    dst.copy_from_slice(&(out.len() as u32).to_le_bytes()[..n]);
+                }
+            }
+        }
+        Ok(())
     }
 }
