@@ -3,7 +3,9 @@
 //! contiguous elementwise product of 1 Mi elements.
 //!
 //! `cargo bench -p tapir-cuda-emu --bench interp` (needs NVRTC, found as
-//! tapir-tensor finds it: TAPIR_NVRTC_LIB or the pip package).
+//! tapir-tensor finds it: TAPIR_NVRTC_LIB or the pip package). With
+//! `TAPIR_CUDA_EMU_INITCHECK=1` the buffers carry initcheck's shadow, which
+//! measures its cost.
 
 use std::time::Instant;
 
@@ -43,10 +45,13 @@ fn time(name: &str, l: &Launch) {
     let t = Instant::now();
     let stats = exec::run(l).expect("the launch succeeds");
     let s = t.elapsed().as_secs_f64();
+    let c = stats.counters;
     println!(
-        "{name}: {:.3} s, {} thread-instructions, {:.1} M thread-instructions/s",
+        "{name}: {:.3} s, {} thread-instructions ({} warp-instructions, {:.1} active lanes), {:.1} M thread-instructions/s",
         s,
         stats.instructions,
+        c.warp_instructions,
+        c.thread_instructions as f64 / c.warp_instructions.max(1) as f64,
         stats.instructions as f64 / s / 1e6
     );
 }
@@ -74,19 +79,32 @@ fn main() {
     let (dx, dl) = (upload(&mem, &xb), upload(&mem, &lb));
     let (lse, loss) = (mem.alloc(rows as u64 * 4).unwrap(), mem.alloc(rows as u64 * 4).unwrap());
     let bad = upload(&mem, &u64::MAX.to_le_bytes());
-    let valid = mem.alloc(8).unwrap();
+    // Zeroed through the host, so initcheck sees it written, as a memset would.
+    let valid = upload(&mem, &[0u8; 8]);
     let g = upload(&mem, &1f32.to_le_bytes());
     let fwd = entry(&ce, "ce_fwd_f32_i64");
     let pf = params(
         &ce,
         fwd,
-        &[b(rows as i64), b(v as i64), b(dx), b(dl), b(-100i64), b(0f64), b(lse), b(loss), b(bad), b(valid)],
+        &[b(rows as i64), b(v as i64), b(dx), b(0u64), b(dl), b(-100i64), b(0f64), b(lse), b(loss), b(bad), b(valid)],
     );
     let bwd = entry(&ce, "ce_bwd_f32_i64");
     let pb = params(
         &ce,
         bwd,
-        &[b(rows as i64), b(v as i64), b(dx), b(lse), b(dl), b(-100i64), b(0f64), b(g), b(0i64), b(1.0 / rows as f64)],
+        &[
+            b(rows as i64),
+            b(v as i64),
+            b(dx),
+            b(0u64),
+            b(lse),
+            b(dl),
+            b(-100i64),
+            b(0f64),
+            b(g),
+            b(0i64),
+            b(1.0 / rows as f64),
+        ],
     );
     let snap = mem.snapshot();
     let launch = |m: &'static str, module: &Module, func: usize, grid: u32, block: u32, p: &[u8]| {
@@ -109,8 +127,8 @@ fn main() {
     println!("cross-entropy forward + backward: {:.3} s", t.elapsed().as_secs_f64());
 
     let n = 1usize << 20;
-    let a = mem.alloc(n as u64 * 4).unwrap();
-    let c = mem.alloc(n as u64 * 4).unwrap();
+    let zeros = vec![0u8; n * 4];
+    let (a, c) = (upload(&mem, &zeros), upload(&mem, &zeros));
     let out = mem.alloc(n as u64 * 4).unwrap();
     let snap2 = mem.snapshot();
     let mul = entry(&ew, "mul_f32");

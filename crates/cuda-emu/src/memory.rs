@@ -6,6 +6,7 @@
 
 use std::alloc::Layout;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Where device addresses start (high, like a real driver's, so a host
@@ -26,6 +27,9 @@ const GAP: u64 = 4096;
 pub struct HostBuf {
     ptr: *mut u8,
     len: usize,
+    /// The initcheck shadow when it is on: bit `k % 64` of word `k / 64`
+    /// says whether byte `k` has been written since the allocation.
+    written: Option<Box<[AtomicU64]>>,
 }
 
 // SAFETY: the buffer is plain memory; concurrent access is governed by the
@@ -35,18 +39,70 @@ unsafe impl Send for HostBuf {}
 unsafe impl Sync for HostBuf {}
 
 impl HostBuf {
-    /// Allocates `len` zeroed bytes, or None when the host has no memory.
-    fn new(len: usize) -> Option<HostBuf> {
+    /// Allocates `len` zeroed bytes, or None when the host has no memory;
+    /// with a shadow of written bytes when `initcheck`.
+    fn new(len: usize, initcheck: bool) -> Option<HostBuf> {
         let layout = Layout::from_size_align(len.max(1), ALIGN as usize).ok()?;
         // SAFETY: the layout has a non-zero size.
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        (!ptr.is_null()).then_some(HostBuf { ptr, len })
+        let written = initcheck.then(|| (0..len.div_ceil(64)).map(|_| AtomicU64::new(0)).collect());
+        (!ptr.is_null()).then_some(HostBuf { ptr, len, written })
     }
 
     /// The buffer's first byte.
     pub fn ptr(&self) -> *mut u8 {
         self.ptr
     }
+
+    /// The initcheck shadow (see [`mark_written`], [`first_unwritten`]),
+    /// or None when the buffer was allocated with initcheck off.
+    pub fn written(&self) -> Option<&[AtomicU64]> {
+        self.written.as_deref()
+    }
+}
+
+/// The bits of word `w` covering bytes `[off, off + len)` of the buffer.
+#[inline]
+fn word_bits(w: usize, off: usize, len: usize) -> u64 {
+    let lo = off.max(w * 64) - w * 64;
+    let hi = (off + len).min(w * 64 + 64) - w * 64;
+    if hi - lo == 64 {
+        u64::MAX
+    } else {
+        ((1u64 << (hi - lo)) - 1) << lo
+    }
+}
+
+/// Records bytes `[off, off + len)` of a shadow as written.
+#[inline]
+pub fn mark_written(shadow: &[AtomicU64], off: usize, len: usize) {
+    if len == 0 {
+        return;
+    }
+    let first = off / 64;
+    for (w, word) in shadow.iter().enumerate().take((off + len - 1) / 64 + 1).skip(first) {
+        let bits = word_bits(w, off, len);
+        // Most stores land on bytes already written: skip the locked update.
+        if word.load(Ordering::Relaxed) & bits != bits {
+            word.fetch_or(bits, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The first byte of `[off, off + len)` never written, if any.
+#[inline]
+pub fn first_unwritten(shadow: &[AtomicU64], off: usize, len: usize) -> Option<usize> {
+    if len == 0 {
+        return None;
+    }
+    for (w, word) in shadow.iter().enumerate().take((off + len - 1) / 64 + 1).skip(off / 64) {
+        let bits = word_bits(w, off, len);
+        let missing = !word.load(Ordering::Relaxed) & bits;
+        if missing != 0 {
+            return Some(w * 64 + missing.trailing_zeros() as usize);
+        }
+    }
+    None
 }
 
 impl Drop for HostBuf {
@@ -135,10 +191,13 @@ struct State {
 pub struct Memory {
     capacity: u64,
     state: Mutex<State>,
+    /// Whether new allocations get an initcheck shadow.
+    initcheck: AtomicBool,
 }
 
 impl Memory {
-    /// An empty device memory of `capacity` bytes.
+    /// An empty device memory of `capacity` bytes, with initcheck on when
+    /// `TAPIR_CUDA_EMU_INITCHECK=1`.
     pub fn new(capacity: u64) -> Memory {
         Memory::with_base(capacity, GLOBAL_BASE)
     }
@@ -148,6 +207,7 @@ impl Memory {
     /// names its device (unified addressing, as on hardware).
     pub fn with_base(capacity: u64, base: u64) -> Memory {
         Memory {
+            initcheck: AtomicBool::new(std::env::var("TAPIR_CUDA_EMU_INITCHECK").is_ok_and(|v| v == "1")),
             capacity,
             state: Mutex::new(State {
                 live: BTreeMap::new(),
@@ -162,6 +222,13 @@ impl Memory {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Turns initcheck on or off for allocations made from now on: a
+    /// kernel's global load of bytes of such an allocation that nothing has
+    /// written since it was made fails the launch.
+    pub fn set_initcheck(&self, on: bool) {
+        self.initcheck.store(on, Ordering::Relaxed);
     }
 
     /// The capacity in bytes.
@@ -182,7 +249,8 @@ impl Memory {
         if s.used.checked_add(rounded).is_none_or(|u| u > self.capacity) {
             return Err(AllocError::OutOfMemory);
         }
-        let buf = usize::try_from(len).ok().and_then(HostBuf::new).ok_or(AllocError::OutOfMemory)?;
+        let initcheck = self.initcheck.load(Ordering::Relaxed);
+        let buf = usize::try_from(len).ok().and_then(|n| HostBuf::new(n, initcheck)).ok_or(AllocError::OutOfMemory)?;
         let base = s.next;
         s.next = base + rounded + GAP;
         s.used += rounded;
@@ -222,12 +290,17 @@ impl Memory {
 
     /// A host pointer to `[addr, addr + len)` when it lies in one live
     /// allocation. The pointer stays valid while the allocation lives.
+    /// For initcheck the range counts as written: the driver's copies and
+    /// memsets come through here (so, conservatively, do reads to the host).
     pub fn host_ptr(&self, addr: u64, len: u64) -> Option<*mut u8> {
         let s = self.lock();
         let (&base, buf) = s.live.range(..=addr).next_back()?;
         let end = base + s.lens[&base];
         if addr.checked_add(len)? > end {
             return None;
+        }
+        if let Some(w) = buf.written() {
+            mark_written(w, (addr - base) as usize, len as usize);
         }
         // SAFETY: addr - base is within the buffer.
         Some(unsafe { buf.ptr().add((addr - base) as usize) })

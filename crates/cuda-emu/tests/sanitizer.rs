@@ -1,6 +1,7 @@
 //! The sanitizer: out-of-bounds and after-free accesses, shared-memory
-//! races, and launch limits, each reported as the driver and
-//! compute-sanitizer would.
+//! races, barriers reached at different sites (synccheck), reads of
+//! never-written memory (initcheck, on in these tests), and launch limits,
+//! each reported as the driver and compute-sanitizer would.
 
 mod common;
 
@@ -40,6 +41,24 @@ extern "C" __global__ void warp_sum(const float* x, float* out) {
     float v = x[threadIdx.x];
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
     if (threadIdx.x == 0) *out = v;
+}
+
+extern "C" __global__ void copy(const float* x, float* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i];
+}
+
+// Threads below k wait at the first barrier, the others at the second.
+extern "C" __global__ void divergent_barrier(float* out, int k) {
+    __shared__ float s[64];
+    int t = threadIdx.x;
+    s[t] = (float)t;
+    if (t < k) {
+        __syncthreads();
+        out[t] = s[63 - t];
+    }
+    __syncthreads();
+    out[t] += 1.0f;
 }
 
 extern "C" __global__ void dyn_shared(float* out, int n) {
@@ -201,4 +220,86 @@ fn launch_limits_return_the_drivers_errors() {
     let got = s.clone_dtoh(&out).unwrap();
     assert_eq!(got[0], 63.0);
     assert_eq!(got[63], 0.0);
+}
+
+#[test]
+fn threads_waiting_at_different_barriers_are_reported() {
+    let Some((s, m)) = setup("threads_waiting_at_different_barriers_are_reported") else { return };
+    let func = f(&m, "divergent_barrier");
+    let mut out = s.alloc_zeros::<f32>(64).unwrap();
+    // Every thread takes the branch: both barriers are reached by all.
+    let mut l = s.launch_builder(&func);
+    l.arg(&mut out).arg(&64i32);
+    // SAFETY: (out, k) with 64 threads.
+    unsafe { l.launch(cfg(1, 64)) }.unwrap();
+    let want: Vec<f32> = (0..64).map(|t| (64 - t) as f32).collect();
+    assert_eq!(s.clone_dtoh(&out).unwrap(), want);
+    // Threads 0..16 wait at the barrier inside the branch, the rest at the one after it.
+    let mut l = s.launch_builder(&func);
+    l.arg(&mut out).arg(&16i32);
+    // SAFETY: as above; the kernel's bug is what is tested.
+    let err = unsafe { l.launch(cfg(1, 64)) }.expect_err("synccheck reports the divergent barrier");
+    assert_eq!(err.0, CUresult::CUDA_ERROR_LAUNCH_FAILED);
+    let msg = common::last_error();
+    println!("{msg}");
+    assert!(msg.contains("synccheck") && msg.contains("different barriers"), "{msg}");
+    assert!(msg.contains("kernel divergent_barrier"), "{msg}");
+    let lines: Vec<&str> =
+        msg.split("PTX line ").skip(1).map(|r| r.split(|c: char| !c.is_ascii_digit()).next().unwrap()).collect();
+    assert_eq!(lines.len(), 2, "both barrier sites are named: {msg}");
+    assert_ne!(lines[0], lines[1], "two different sites: {msg}");
+}
+
+#[test]
+fn a_read_of_never_written_memory_is_reported() {
+    let Some((s, m)) = setup("a_read_of_never_written_memory_is_reported") else { return };
+    let func = f(&m, "copy");
+    let n = 64i32;
+    let mut y = s.alloc_zeros::<f32>(64).unwrap();
+    // SAFETY: left unwritten on purpose; only the emulator reads it.
+    let mut x = unsafe { s.alloc::<f32>(64) }.unwrap();
+    let base = {
+        let (p, _g) = x.device_ptr(&s);
+        p
+    };
+    let mut l = s.launch_builder(&func);
+    l.arg(&x).arg(&mut y).arg(&n);
+    // SAFETY: (x, y, n); reading x is the bug tested.
+    let err = unsafe { l.launch(cfg(1, 64)) }.expect_err("initcheck reports the read");
+    assert_eq!(err.0, CUresult::CUDA_ERROR_LAUNCH_FAILED);
+    let msg = common::last_error();
+    println!("{msg}");
+    assert!(msg.contains("initcheck") && msg.contains("never written"), "{msg}");
+    assert!(msg.contains(&format!("{base:#x}")), "the message names the allocation: {msg}");
+    assert!(msg.contains("kernel copy, block (0, 0, 0), thread (0, 0, 0)"), "{msg}");
+    // A kernel writes the first half: reading it passes, reading past it does not.
+    let fill = f(&m, "fill");
+    let mut l = s.launch_builder(&fill);
+    l.arg(&mut x).arg(&32i32);
+    // SAFETY: (out, n).
+    unsafe { l.launch(cfg(1, 64)) }.unwrap();
+    let mut l = s.launch_builder(&func);
+    l.arg(&x).arg(&mut y).arg(&32i32);
+    // SAFETY: (x, y, n) within the written half.
+    unsafe { l.launch(cfg(1, 64)) }.unwrap();
+    let mut l = s.launch_builder(&func);
+    l.arg(&x).arg(&mut y).arg(&n);
+    // SAFETY: as above; element 32 on is unwritten.
+    unsafe { l.launch(cfg(1, 64)) }.expect_err("the second half was never written");
+    assert!(common::last_error().contains("thread (32, 0, 0)"), "{}", common::last_error());
+    // A memset and a copy from the host count as writes.
+    s.memset_zeros(&mut x).unwrap();
+    let mut l = s.launch_builder(&func);
+    l.arg(&x).arg(&mut y).arg(&n);
+    // SAFETY: (x, y, n), all written.
+    unsafe { l.launch(cfg(1, 64)) }.unwrap();
+    // SAFETY: unwritten again, then copied into.
+    let mut z = unsafe { s.alloc::<f32>(64) }.unwrap();
+    let host: Vec<f32> = (0..64).map(|i| i as f32).collect();
+    s.memcpy_htod(&host, &mut z).unwrap();
+    let mut l = s.launch_builder(&func);
+    l.arg(&z).arg(&mut y).arg(&n);
+    // SAFETY: (z, y, n).
+    unsafe { l.launch(cfg(1, 64)) }.unwrap();
+    assert_eq!(s.clone_dtoh(&y).unwrap(), host);
 }

@@ -28,6 +28,11 @@ pub fn emulator_or_skip(test: &str) -> bool {
         if std::env::var_os("TAPIR_CUDA_EMU_MEMORY").is_none() {
             std::env::set_var("TAPIR_CUDA_EMU_MEMORY", "1G");
         }
+        // The emulator's own tests run with initcheck on (its test reads
+        // unwritten memory on purpose; the others show it has no false alarms).
+        if std::env::var_os("TAPIR_CUDA_EMU_INITCHECK").is_none() {
+            std::env::set_var("TAPIR_CUDA_EMU_INITCHECK", "1");
+        }
     });
     match tapir_tensor::cuda::driver_library() {
         Ok(lib) if lib.contains("libtapir_cuda_emu") => true,

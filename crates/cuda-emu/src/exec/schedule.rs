@@ -1,0 +1,491 @@
+//! The schedule: blocks handed to workers, warps within a block, and the
+//! lanes of a warp.
+//!
+//! A warp runs the group of its lanes at the lowest program counter, all of
+//! them together, one decode and dispatch per warp-instruction under an
+//! active mask. A branch that splits the group leaves the lanes at the
+//! higher address waiting; the lower group runs until its program counter
+//! reaches theirs, where the two merge again (min-pc reconvergence: for the
+//! structured code NVRTC emits, that is the branch's immediate
+//! post-dominator). A warp runs until none of its lanes can move (each has
+//! exited or waits at `bar.sync` or at a warp collective whose members have
+//! not all arrived); the block then completes its barrier, once every live
+//! thread waits at the same one. Everything depends only on the kernel and
+//! its inputs, never on the host threads.
+
+use super::sanitizer::Shadow;
+use super::{Block, Counters, Fault, Launch, LAUNCH_FAILED};
+use crate::ptx::*;
+
+/// Lanes in a warp.
+pub(super) const WARP: usize = 32;
+/// Every lane of a warp.
+pub(super) const FULL: u32 = u32::MAX;
+
+/// The lanes of a mask, lowest first.
+#[inline]
+pub(super) fn lanes(mut m: u32) -> impl Iterator<Item = usize> {
+    std::iter::from_fn(move || {
+        (m != 0).then(|| {
+            let l = m.trailing_zeros() as usize;
+            m &= m - 1;
+            l
+        })
+    })
+}
+
+/// A device-function call in progress: what the warp returns to.
+pub(super) struct Frame {
+    func: u32,
+    regs: Vec<u64>,
+    pcs: [u32; WARP],
+    /// The caller's lanes, and those of them that had returned.
+    mask: u32,
+    returned: u32,
+    /// The lanes that made the call and where they continue.
+    callers: u32,
+    ret_pc: u32,
+    ret_off: Option<u32>,
+    params: Vec<Vec<u8>>,
+    local_len: [usize; WARP],
+}
+
+/// A warp: its lanes' registers (register `r` of lane `l` at `r * 32 + l`),
+/// program counters, and which lanes are where.
+pub(super) struct Warp {
+    /// The thread index of lane 0.
+    pub(super) base: u32,
+    /// Lanes that exist (a block's last warp may be partial).
+    pub(super) exists: u32,
+    pub(super) func: u32,
+    pub(super) regs: Vec<u64>,
+    pub(super) pcs: [u32; WARP],
+    /// Lanes in the current frame (all of them outside calls).
+    pub(super) frame: u32,
+    pub(super) done: u32,
+    /// Lanes parked at `bar.sync`, and at a warp collective.
+    pub(super) bar: u32,
+    pub(super) coll: u32,
+    /// Lanes of the current frame that have returned from it.
+    pub(super) returned: u32,
+    /// The carry flag of each lane.
+    pub(super) cc: u32,
+    pub(super) params: Vec<Vec<u8>>,
+    pub(super) local: Vec<Vec<u8>>,
+    pub(super) frames: Vec<Frame>,
+    /// The warp's epoch: collectives completed, which order its lanes'
+    /// shared accesses for racecheck.
+    pub(super) wep: u32,
+}
+
+/// What a warp-instruction does to the group's program counter.
+pub(super) enum Flow {
+    /// On to the next instruction, with these lanes (a collective may
+    /// bring parked lanes along).
+    Next(u32),
+    /// Every lane of the group branches.
+    Jump(u32),
+    /// These lanes go to the target, the others of the group to the next
+    /// instruction.
+    Split(u32, u32),
+    /// The group has parked, exited, returned or called: pick again.
+    Repick,
+}
+
+impl Warp {
+    fn new(base: u32, n: usize, f: &Func) -> Warp {
+        let exists = if n >= WARP { FULL } else { (1u32 << n) - 1 };
+        Warp {
+            base,
+            exists,
+            func: 0,
+            regs: vec![0; f.nregs * WARP],
+            pcs: [0; WARP],
+            frame: exists,
+            done: !exists,
+            bar: 0,
+            coll: 0,
+            returned: 0,
+            cc: 0,
+            params: vec![Vec::new(); WARP],
+            local: vec![Vec::new(); WARP],
+            frames: Vec::new(),
+            wep: 0,
+        }
+    }
+
+    /// Lanes that can run now.
+    #[inline]
+    pub(super) fn runnable(&self) -> u32 {
+        self.frame & !(self.done | self.bar | self.coll | self.returned)
+    }
+
+    /// Runs until no lane can move.
+    pub(super) fn run(&mut self, blk: &mut Block) -> Result<(), Fault> {
+        loop {
+            let r = self.runnable();
+            if r == 0 {
+                if !self.frames.is_empty() && self.frame & !(self.done | self.returned) == 0 {
+                    self.pop_frame(blk);
+                    continue;
+                }
+                return Ok(());
+            }
+            let pc = lanes(r).map(|l| self.pcs[l]).min().expect("internal: a runnable lane");
+            let group = lanes(r).filter(|&l| self.pcs[l] == pc).fold(0, |m, l| m | 1 << l);
+            self.run_group(blk, pc, group)?;
+        }
+    }
+
+    /// The lowest program counter among `m`'s lanes, and those lanes.
+    #[inline]
+    fn lowest(&self, m: u32) -> (u32, u32) {
+        let pc = lanes(m).map(|l| self.pcs[l]).min().unwrap_or(u32::MAX);
+        (pc, lanes(m).filter(|&l| self.pcs[l] == pc).fold(0, |a, l| a | 1 << l))
+    }
+
+    fn park(&mut self, m: u32, pc: u32) {
+        for l in lanes(m) {
+            self.pcs[l] = pc;
+        }
+    }
+
+    /// Runs the group `active` from `pc` until it splits, parks, or passes
+    /// lanes waiting further on, merging with waiting lanes it reaches.
+    fn run_group(&mut self, blk: &mut Block, mut pc: u32, mut active: u32) -> Result<(), Fault> {
+        let module = blk.l.module;
+        let insts: &[Inst] = &module.funcs[self.func as usize].insts;
+        let mut others = self.runnable() & !active;
+        let (mut wait, mut at_wait) = self.lowest(others);
+        let (mut winst, mut lanes_n) = (0u64, 0u64);
+        let result = loop {
+            if pc == wait {
+                active |= at_wait;
+                others &= !at_wait;
+                (wait, at_wait) = self.lowest(others);
+            }
+            let inst = &insts[pc as usize];
+            winst += 1;
+            lanes_n += u64::from(active.count_ones());
+            let exec = match inst.guard {
+                None => active,
+                Some((p, neg)) => {
+                    let r = &self.regs[p as usize * WARP..p as usize * WARP + WARP];
+                    let mut g = 0u32;
+                    for (l, v) in r.iter().enumerate() {
+                        g |= u32::from((*v != 0) != neg) << l;
+                    }
+                    g & active
+                }
+            };
+            let flow = match self.step(blk, inst, pc, active, exec) {
+                Ok(f) => f,
+                Err(e) => break Err(e),
+            };
+            match flow {
+                Flow::Next(m) => {
+                    active = m;
+                    pc += 1;
+                }
+                Flow::Jump(t) => pc = t,
+                Flow::Split(taken, t) => {
+                    self.park(taken, t);
+                    self.park(active & !taken, pc + 1);
+                    // A control instruction split by its guard runs again
+                    // for the lanes that execute it: count it once.
+                    if t == pc {
+                        winst -= 1;
+                        lanes_n -= u64::from(taken.count_ones());
+                    }
+                    break Ok(());
+                }
+                Flow::Repick => break Ok(()),
+            }
+            if pc > wait {
+                self.park(active, pc);
+                break Ok(());
+            }
+        };
+        blk.counters.warp_instructions += winst;
+        blk.counters.thread_instructions += lanes_n;
+        result
+    }
+
+    /// Enters device function `func` with the lanes `callers`, which
+    /// continue at `pc + 1` when they return.
+    pub(super) fn call(&mut self, blk: &Block, callee_ix: u32, ret: Option<u32>, args: &[u32], callers: u32, pc: u32) {
+        let module = blk.l.module;
+        let callee = &module.funcs[callee_ix as usize];
+        let mut regs = vec![0u64; callee.nregs * WARP];
+        regs[..NSPECIAL as usize * WARP].copy_from_slice(&self.regs[..NSPECIAL as usize * WARP]);
+        let mut params = vec![Vec::new(); WARP];
+        let mut local_len = [0usize; WARP];
+        for l in lanes(callers) {
+            let mut p = vec![0u8; callee.param_size as usize];
+            for (k, &off) in args.iter().enumerate() {
+                let Some(cp) = callee.params.get(k) else { break };
+                let (o, s) = (off as usize, cp.size as usize);
+                if o + s <= self.params[l].len() {
+                    p[cp.offset as usize..cp.offset as usize + s].copy_from_slice(&self.params[l][o..o + s]);
+                }
+            }
+            params[l] = p;
+            local_len[l] = self.local[l].len();
+            if callee.local_size > 0 {
+                let al = callee.local_align as usize;
+                let start = local_len[l].div_ceil(al) * al;
+                self.local[l].resize(start + callee.local_size as usize, 0);
+            }
+        }
+        self.frames.push(Frame {
+            func: self.func,
+            regs: std::mem::replace(&mut self.regs, regs),
+            pcs: self.pcs,
+            mask: self.frame,
+            returned: self.returned,
+            callers,
+            ret_pc: pc + 1,
+            ret_off: ret,
+            params: std::mem::replace(&mut self.params, params),
+            local_len,
+        });
+        self.func = callee_ix;
+        self.frame = callers;
+        self.returned = 0;
+        self.park(callers, 0);
+    }
+
+    /// Leaves the current device function once all its lanes have
+    /// returned or exited.
+    fn pop_frame(&mut self, blk: &Block) {
+        let f = self.frames.pop().expect("internal: a frame to pop");
+        let callee = &blk.l.module.funcs[self.func as usize];
+        let back = f.callers & !self.done;
+        let ret_params = std::mem::replace(&mut self.params, f.params);
+        for l in lanes(back) {
+            if let (Some(off), Some(r)) = (f.ret_off, &callee.ret) {
+                let (o, s) = (off as usize, r.size as usize);
+                if o + s <= self.params[l].len() && r.offset as usize + s <= ret_params[l].len() {
+                    self.params[l][o..o + s].copy_from_slice(&ret_params[l][r.offset as usize..r.offset as usize + s]);
+                }
+            }
+        }
+        for l in lanes(f.callers) {
+            self.local[l].truncate(f.local_len[l]);
+        }
+        self.regs = f.regs;
+        self.func = f.func;
+        self.pcs = f.pcs;
+        self.park(back, f.ret_pc);
+        self.frame = f.mask;
+        self.returned = f.returned;
+    }
+}
+
+/// A worker's state: a block's shared memory and shadow, and its warps.
+pub(super) struct Worker<'a> {
+    pub(super) blk: Block<'a>,
+    warps: Vec<Warp>,
+}
+
+impl<'a> Worker<'a> {
+    pub(super) fn new(l: &'a Launch<'a>) -> Worker<'a> {
+        let f = &l.module.funcs[l.func];
+        let nthreads = (l.block[0] * l.block[1] * l.block[2]) as usize;
+        let shared_len = (f.shared_size.div_ceil(16) * 16 + l.dyn_shared) as usize;
+        let blk = Block {
+            l,
+            ctaid: [0; 3],
+            shared: vec![0u8; shared_len],
+            shadow: vec![Shadow::default(); if l.racecheck { shared_len } else { 0 }],
+            gen: 0,
+            last: None,
+            counters: Counters::default(),
+        };
+        let warps = (0..nthreads.div_ceil(WARP))
+            .map(|w| Warp::new((w * WARP) as u32, (nthreads - w * WARP).min(WARP), f))
+            .collect();
+        Worker { blk, warps }
+    }
+
+    /// Runs block number `id` (x fastest, as the hardware numbers them).
+    pub(super) fn block(&mut self, id: u64) -> Result<(), Fault> {
+        let l = self.blk.l;
+        let f = &l.module.funcs[l.func];
+        let (gx, gy) = (u64::from(l.grid[0]), u64::from(l.grid[1]));
+        let (bx, by, bz) = ((id % gx) as u32, (id / gx % gy) as u32, (id / (gx * gy)) as u32);
+        let nwarps = self.warps.len() as u32;
+        self.blk.ctaid = [bx, by, bz];
+        self.blk.gen += 1;
+        self.blk.counters.threads += u64::from(l.block[0] * l.block[1] * l.block[2]);
+        for w in &mut self.warps {
+            w.func = l.func as u32;
+            w.frames.clear();
+            w.pcs = [0; WARP];
+            w.frame = w.exists;
+            w.done = !w.exists;
+            w.bar = 0;
+            w.coll = 0;
+            w.returned = 0;
+            w.cc = 0;
+            w.regs.clear();
+            w.regs.resize(f.nregs * WARP, 0);
+            for l_ in lanes(w.exists) {
+                let t = w.base + l_ as u32;
+                let sp = [
+                    t % l.block[0],
+                    t / l.block[0] % l.block[1],
+                    t / (l.block[0] * l.block[1]),
+                    l.block[0],
+                    l.block[1],
+                    l.block[2],
+                    bx,
+                    by,
+                    bz,
+                    l.grid[0],
+                    l.grid[1],
+                    l.grid[2],
+                    t % 32,
+                    t / 32,
+                    nwarps,
+                    32,
+                ];
+                for (k, v) in sp.iter().enumerate() {
+                    w.regs[k * WARP + l_] = u64::from(*v);
+                }
+                let p = &mut w.params[l_];
+                p.clear();
+                p.extend_from_slice(l.params);
+                p.resize((f.param_size as usize).max(l.params.len()), 0);
+                w.local[l_].clear();
+                w.local[l_].resize(f.local_size as usize, 0);
+            }
+        }
+        run_block(&mut self.blk, &mut self.warps)
+    }
+}
+
+/// Runs a block's warps until all have exited, completing barriers.
+fn run_block(blk: &mut Block, warps: &mut [Warp]) -> Result<(), Fault> {
+    loop {
+        for w in warps.iter_mut() {
+            w.run(blk)?;
+        }
+        if warps.iter().all(|w| w.done == FULL) {
+            return Ok(());
+        }
+        // No lane can move: every live thread should wait at one barrier.
+        if let Some(w) = warps.iter().find(|w| w.coll != 0) {
+            return Err(stuck_collective(blk, w, warps));
+        }
+        let mut site: Option<(usize, u32, u32)> = None;
+        for w in warps.iter() {
+            let live = !w.done;
+            let at_bar = w.bar;
+            if live & !at_bar != 0 {
+                let l = lanes(live & !at_bar).next().expect("internal: a lane");
+                return Err(blk.fault(
+                    LAUNCH_FAILED,
+                    (w.base as usize) + l,
+                    "deadlock: this thread is suspended in a caller while the rest of its warp waits at a barrier \
+                     inside a device function"
+                        .into(),
+                ));
+            }
+            for l in lanes(at_bar) {
+                let here = (w.base as usize + l, w.func, w.pcs[l]);
+                match site {
+                    None => site = Some(here),
+                    Some((tid, func, pc)) if (func, pc) != (here.1, here.2) => {
+                        let line = |f: u32, p: u32| module_line(blk, f, p);
+                        let b = blk.l.block;
+                        let o = [tid as u32 % b[0], tid as u32 / b[0] % b[1], tid as u32 / (b[0] * b[1])];
+                        return Err(blk.fault(
+                            LAUNCH_FAILED,
+                            here.0,
+                            format!(
+                                "barrier error (synccheck): threads wait at different barriers, this thread at \
+                                 the barrier at PTX line {} and thread ({}, {}, {}) at the barrier at PTX line {}, \
+                                 found in",
+                                line(here.1, here.2),
+                                o[0],
+                                o[1],
+                                o[2],
+                                line(func, pc)
+                            ),
+                        ));
+                    }
+                    Some(_) => {}
+                }
+            }
+        }
+        for w in warps.iter_mut() {
+            for l in lanes(w.bar) {
+                w.pcs[l] += 1;
+            }
+            w.bar = 0;
+        }
+        blk.gen += 1;
+        blk.counters.barriers += 1;
+    }
+}
+
+fn module_line(blk: &Block, func: u32, pc: u32) -> u32 {
+    blk.l.module.funcs[func as usize].insts[pc as usize].line
+}
+
+/// The fault of a warp whose lanes wait at a collective that cannot
+/// complete: a member lane has exited, or waits somewhere else.
+#[cold]
+fn stuck_collective(blk: &Block, w: &Warp, warps: &[Warp]) -> Fault {
+    let l = lanes(w.coll).next().expect("internal: a parked lane");
+    let pc = w.pcs[l];
+    let inst = &blk.l.module.funcs[w.func as usize].insts[pc as usize];
+    let mask_op = match inst.ins {
+        Ins::Shfl { mask, .. } | Ins::Vote { mask, .. } | Ins::WarpSync { mask } => mask,
+        _ => Opnd::I(u64::from(FULL)),
+    };
+    for l in lanes(w.coll) {
+        let m = match mask_op {
+            Opnd::R(r) => w.regs[r as usize * WARP + l],
+            Opnd::I(v) => v,
+        } as u32
+            & w.exists;
+        if let Some(q) = lanes(m & w.done).next() {
+            return blk.fault(
+                LAUNCH_FAILED,
+                w.base as usize + l,
+                format!(
+                    "a warp collective at PTX line {} names lane {q} in its member mask {m:#010x}, but that lane \
+                     has exited",
+                    inst.line
+                ),
+            );
+        }
+    }
+    let elsewhere = warps
+        .iter()
+        .find_map(|o| lanes(o.bar).next().map(|b| (o.base as usize + b, module_line(blk, o.func, o.pcs[b]))));
+    let also = match elsewhere {
+        Some((tid, line)) => {
+            let b = blk.l.block;
+            let t = tid as u32;
+            format!(
+                " (thread ({}, {}, {}) waits at the barrier at PTX line {line})",
+                t % b[0],
+                t / b[0] % b[1],
+                t / (b[0] * b[1])
+            )
+        }
+        None => String::new(),
+    };
+    blk.fault(
+        LAUNCH_FAILED,
+        w.base as usize + l,
+        format!(
+            "deadlock: a warp collective at PTX line {} waits for lanes of its member mask that have exited or \
+             wait at a barrier or another collective{also}",
+            inst.line
+        ),
+    )
+}

@@ -1,0 +1,693 @@
+//! One warp-instruction: the decoded instruction is dispatched once, and
+//! its effect is applied to every executing lane of the warp.
+//!
+//! Register-to-register instructions run as loops over the lanes with the
+//! operation chosen outside the loop (the frequent type and operation
+//! pairs get loops of their own), memory instructions check each lane's
+//! access, and control instructions report what happens to the group's
+//! program counter ([`Flow`]).
+
+use super::numeric::*;
+use super::schedule::{lanes, Flow, Warp, FULL, WARP};
+use super::{Block, Fault, ASSERT, ILLEGAL_ADDRESS, LAUNCH_FAILED, MISALIGNED_ADDRESS};
+use crate::memory::{LOCAL_WIN, SHARED_WIN};
+use crate::ptx::*;
+
+/// A control instruction whose guard holds for only part of the group:
+/// the lanes that execute it stay at `pc` (and run it as a group of their
+/// own), the others go on.
+#[inline]
+fn guarded(active: u32, exec: u32, pc: u32) -> Option<Flow> {
+    if exec == active {
+        None
+    } else if exec == 0 {
+        Some(Flow::Next(active))
+    } else {
+        Some(Flow::Split(exec, pc))
+    }
+}
+
+impl Warp {
+    /// Register `r` of every lane.
+    #[inline(always)]
+    fn reg(&self, r: u16) -> &[u64] {
+        &self.regs[r as usize * WARP..r as usize * WARP + WARP]
+    }
+
+    #[inline(always)]
+    fn reg_mut(&mut self, r: u16) -> &mut [u64] {
+        &mut self.regs[r as usize * WARP..r as usize * WARP + WARP]
+    }
+
+    /// Operand `o` of lane `l`.
+    #[inline(always)]
+    fn rd(&self, o: Opnd, l: usize) -> u64 {
+        match o {
+            Opnd::R(r) => self.regs[r as usize * WARP + l],
+            Opnd::I(v) => v,
+        }
+    }
+
+    /// Operand `o` of every lane.
+    #[inline(always)]
+    fn vals(&self, o: Opnd) -> [u64; WARP] {
+        match o {
+            Opnd::R(r) => self.reg(r).try_into().expect("internal: a warp of registers"),
+            Opnd::I(v) => [v; WARP],
+        }
+    }
+
+    #[inline(always)]
+    fn map1(&mut self, m: u32, d: u16, a: Opnd, f: impl Fn(u64) -> u64) {
+        let x = self.vals(a);
+        let out = self.reg_mut(d);
+        if m == FULL {
+            for (o, x) in out.iter_mut().zip(x) {
+                *o = f(x);
+            }
+        } else {
+            for l in lanes(m) {
+                out[l] = f(x[l]);
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn map2(&mut self, m: u32, d: u16, a: Opnd, b: Opnd, f: impl Fn(u64, u64) -> u64) {
+        let (x, y) = (self.vals(a), self.vals(b));
+        let out = self.reg_mut(d);
+        if m == FULL {
+            for l in 0..WARP {
+                out[l] = f(x[l], y[l]);
+            }
+        } else {
+            for l in lanes(m) {
+                out[l] = f(x[l], y[l]);
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn map3(&mut self, m: u32, d: u16, a: Opnd, b: Opnd, c: Opnd, f: impl Fn(u64, u64, u64) -> u64) {
+        let (x, y, z) = (self.vals(a), self.vals(b), self.vals(c));
+        let out = self.reg_mut(d);
+        if m == FULL {
+            for l in 0..WARP {
+                out[l] = f(x[l], y[l], z[l]);
+            }
+        } else {
+            for l in lanes(m) {
+                out[l] = f(x[l], y[l], z[l]);
+            }
+        }
+    }
+
+    /// Executes `inst` at `pc` for the group `active`, of which `exec` are
+    /// the lanes whose guard holds.
+    pub(super) fn step(
+        &mut self,
+        blk: &mut Block,
+        inst: &Inst,
+        pc: u32,
+        active: u32,
+        exec: u32,
+    ) -> Result<Flow, Fault> {
+        match inst.ins {
+            Ins::Bra { target } => {
+                return Ok(if exec == active {
+                    Flow::Jump(target)
+                } else if exec == 0 {
+                    Flow::Next(active)
+                } else {
+                    Flow::Split(exec, target)
+                })
+            }
+            Ins::Ld { .. } | Ins::St { .. } | Ins::Atom { .. } => self.memory(blk, inst, exec)?,
+            Ins::Bar => {
+                if let Some(f) = guarded(active, exec, pc) {
+                    return Ok(f);
+                }
+                self.bar |= active;
+                self.park_at(active, pc);
+                return Ok(Flow::Repick);
+            }
+            Ins::WarpSync { .. } | Ins::Shfl { .. } | Ins::Vote { .. } => {
+                if let Some(f) = guarded(active, exec, pc) {
+                    return Ok(f);
+                }
+                return self.collective(blk, inst, pc, active);
+            }
+            Ins::Call { func, ret, ref args } => {
+                if let Some(f) = guarded(active, exec, pc) {
+                    return Ok(f);
+                }
+                let callee = &blk.l.module.funcs[func as usize];
+                if !callee.defined && matches!(callee.name.as_str(), "__assertfail" | "vprintf") {
+                    self.builtin(blk, callee, ret, args, active)?;
+                    return Ok(Flow::Next(active));
+                }
+                if !callee.defined {
+                    let l = exec.trailing_zeros() as usize;
+                    return Err(blk.fault(
+                        LAUNCH_FAILED,
+                        self.base as usize + l,
+                        format!("call of {} which has no body", callee.name),
+                    ));
+                }
+                self.call(blk, func, ret, args, active, pc);
+                return Ok(Flow::Repick);
+            }
+            Ins::Ret => {
+                if let Some(f) = guarded(active, exec, pc) {
+                    return Ok(f);
+                }
+                if self.frames.is_empty() {
+                    self.done |= active;
+                } else {
+                    self.returned |= active;
+                }
+                return Ok(Flow::Repick);
+            }
+            Ins::Exit => {
+                if let Some(f) = guarded(active, exec, pc) {
+                    return Ok(f);
+                }
+                self.done |= active;
+                return Ok(Flow::Repick);
+            }
+            Ins::Depot { d } => {
+                let size = blk.l.module.funcs[self.func as usize].local_size as usize;
+                for l in lanes(exec) {
+                    self.regs[d as usize * WARP + l] = (self.local[l].len() - size) as u64;
+                }
+            }
+            Ins::Nop => {}
+            _ => {
+                if exec != 0 {
+                    if let Err(m) = self.alu(inst, exec) {
+                        return Err(blk.fault(LAUNCH_FAILED, self.base as usize + exec.trailing_zeros() as usize, m));
+                    }
+                }
+            }
+        }
+        Ok(Flow::Next(active))
+    }
+
+    pub(super) fn park_at(&mut self, m: u32, pc: u32) {
+        for l in lanes(m) {
+            self.pcs[l] = pc;
+        }
+    }
+
+    /// `shfl.sync`, `vote.sync` or `bar.warp.sync` reached by `active`: it
+    /// completes when every lane of each arrived lane's member mask is
+    /// here (lanes parked at it earlier included), else the group parks.
+    fn collective(&mut self, blk: &mut Block, inst: &Inst, pc: u32, active: u32) -> Result<Flow, Fault> {
+        let mut group = active;
+        for l in lanes(self.coll & self.frame) {
+            if self.pcs[l] == pc {
+                group |= 1 << l;
+            }
+        }
+        let mask_op = match inst.ins {
+            Ins::Shfl { mask, .. } | Ins::Vote { mask, .. } | Ins::WarpSync { mask } => mask,
+            _ => unreachable!("internal: not a collective"),
+        };
+        let mut ready = true;
+        for l in lanes(group) {
+            let m = self.rd(mask_op, l) as u32 & self.exists;
+            if m & !group != 0 {
+                ready = false;
+                if let Some(q) = lanes(m & self.done).next() {
+                    return Err(blk.fault(
+                        LAUNCH_FAILED,
+                        self.base as usize + l,
+                        format!(
+                            "a warp collective at PTX line {} names lane {q} in its member mask {m:#010x}, but that \
+                             lane has exited",
+                            inst.line
+                        ),
+                    ));
+                }
+            }
+        }
+        if !ready {
+            self.coll |= active;
+            self.park_at(active, pc);
+            return Ok(Flow::Repick);
+        }
+        self.coll &= !group;
+        match inst.ins {
+            Ins::Shfl { mode, d, dp, a, b, c, .. } => {
+                let vals = self.vals(a);
+                for j in lanes(group) {
+                    let bval = (self.rd(b, j) & 31) as i32;
+                    let cv = self.rd(c, j) as u32;
+                    let cval = (cv & 31) as i32;
+                    let segmask = ((cv >> 8) & 31) as i32;
+                    let lane = j as i32;
+                    let max_lane = (lane & segmask) | (cval & !segmask);
+                    let min_lane = lane & segmask;
+                    let (jj, p) = match mode {
+                        ShflMode::Up => (lane - bval, lane - bval >= max_lane),
+                        ShflMode::Down => (lane + bval, lane + bval <= max_lane),
+                        ShflMode::Bfly => (lane ^ bval, (lane ^ bval) <= max_lane),
+                        ShflMode::Idx => {
+                            let jj = min_lane | (bval & !segmask);
+                            (jj, jj <= max_lane)
+                        }
+                    };
+                    let src = if p { jj as usize } else { j };
+                    let v = if src < WARP && group & (1 << src) != 0 { vals[src] } else { vals[j] };
+                    self.regs[d as usize * WARP + j] = v & 0xffff_ffff;
+                    if let Some(dp) = dp {
+                        self.regs[dp as usize * WARP + j] = u64::from(p);
+                    }
+                }
+            }
+            Ins::Vote { mode, d, a, neg, mask } => {
+                let mut ballot = 0u32;
+                for j in lanes(group) {
+                    if (self.rd(a, j) != 0) != neg {
+                        ballot |= 1 << j;
+                    }
+                }
+                for j in lanes(group) {
+                    let m = self.rd(mask, j) as u32 & self.exists;
+                    self.regs[d as usize * WARP + j] = match mode {
+                        VoteMode::Ballot => u64::from(ballot & m),
+                        VoteMode::All => u64::from(ballot & m == m),
+                        VoteMode::Any => u64::from(ballot & m != 0),
+                        VoteMode::Uni => u64::from(ballot & m == m || ballot & m == 0),
+                    };
+                }
+            }
+            _ => {}
+        }
+        self.wep += 1;
+        Ok(Flow::Next(group))
+    }
+
+    /// A load, store or atomic of the lanes `exec`.
+    fn memory(&mut self, blk: &mut Block, inst: &Inst, exec: u32) -> Result<(), Fault> {
+        match inst.ins {
+            Ins::Ld { sp, t, n, d, addr, wide } => {
+                let base = self.vals(addr.base);
+                let sz = t.size() as usize;
+                // PTX extends a signed load to the destination's width.
+                let dw: u32 = if wide { 64 } else { 32 };
+                let extend = t.signed() && sz * 8 < dw as usize;
+                if sp == Space::Param {
+                    // Each lane's own parameter area, bounds-checked here.
+                    let len = sz * n as usize;
+                    for l in lanes(exec) {
+                        let a = base[l].wrapping_add(addr.off as u64) as usize;
+                        let Some(src) = self.params[l].get(a..a.saturating_add(len)) else {
+                            return Err(blk.fault(
+                                ILLEGAL_ADDRESS,
+                                self.base as usize + l,
+                                format!("invalid .param read at offset {a:#x}"),
+                            ));
+                        };
+                        for (k, &dk) in d.iter().enumerate().take(n as usize) {
+                            let mut buf = [0u8; 8];
+                            buf[..sz].copy_from_slice(&src[k * sz..(k + 1) * sz]);
+                            let mut v = u64::from_le_bytes(buf);
+                            if extend {
+                                v = (sext(v, bits(t)) as u64) & mask_of(dw);
+                            }
+                            self.regs[dk as usize * WARP + l] = v;
+                        }
+                    }
+                    return Ok(());
+                }
+                if let Some(p) = blk.warp_global(sp, &base, addr.off, (sz * n as usize) as u64, exec, false) {
+                    for l in lanes(exec) {
+                        for (k, &dk) in d.iter().enumerate().take(n as usize) {
+                            let mut buf = [0u8; 8];
+                            // SAFETY: `warp_global` checked every lane's bytes.
+                            unsafe { std::ptr::copy_nonoverlapping(p[l].add(k * sz), buf.as_mut_ptr(), sz) };
+                            let mut v = u64::from_le_bytes(buf);
+                            if extend {
+                                v = (sext(v, bits(t)) as u64) & mask_of(dw);
+                            }
+                            self.regs[dk as usize * WARP + l] = v;
+                        }
+                    }
+                    return Ok(());
+                }
+                for l in lanes(exec) {
+                    let a = base[l].wrapping_add(addr.off as u64);
+                    let tid = self.base as usize + l;
+                    let p = blk.ptr(
+                        &mut self.local[l],
+                        &mut self.params[l],
+                        self.wep,
+                        tid,
+                        sp,
+                        a,
+                        (sz * n as usize) as u64,
+                        false,
+                        inst.line,
+                    )?;
+                    for (k, &dk) in d.iter().enumerate().take(n as usize) {
+                        let mut buf = [0u8; 8];
+                        // SAFETY: `ptr` checked the whole vector's bytes.
+                        unsafe { std::ptr::copy_nonoverlapping(p.add(k * sz), buf.as_mut_ptr(), sz) };
+                        let mut v = u64::from_le_bytes(buf);
+                        if extend {
+                            v = (sext(v, bits(t)) as u64) & mask_of(dw);
+                        }
+                        self.regs[dk as usize * WARP + l] = v;
+                    }
+                }
+            }
+            Ins::St { sp, t, n, v, addr } => {
+                let base = self.vals(addr.base);
+                let sz = t.size() as usize;
+                if let Some(p) = blk.warp_global(sp, &base, addr.off, (sz * n as usize) as u64, exec, true) {
+                    for l in lanes(exec) {
+                        for (k, o) in v.iter().enumerate().take(n as usize) {
+                            let bytes = self.rd(*o, l).to_le_bytes();
+                            // SAFETY: as for loads.
+                            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), p[l].add(k * sz), sz) };
+                        }
+                    }
+                    return Ok(());
+                }
+                for l in lanes(exec) {
+                    let a = base[l].wrapping_add(addr.off as u64);
+                    let tid = self.base as usize + l;
+                    let p = blk.ptr(
+                        &mut self.local[l],
+                        &mut self.params[l],
+                        self.wep,
+                        tid,
+                        sp,
+                        a,
+                        (sz * n as usize) as u64,
+                        true,
+                        inst.line,
+                    )?;
+                    for (k, o) in v.iter().enumerate().take(n as usize) {
+                        let bytes = self.rd(*o, l).to_le_bytes();
+                        // SAFETY: as for loads.
+                        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), p.add(k * sz), sz) };
+                    }
+                }
+            }
+            Ins::Atom { sp, op, t, d, addr, b, c } => {
+                let sz = u64::from(t.size());
+                for l in lanes(exec) {
+                    let a = self.rd(addr.base, l).wrapping_add(addr.off as u64);
+                    let (bv, cv) = (self.rd(b, l), self.rd(c, l));
+                    let tid = self.base as usize + l;
+                    if !a.is_multiple_of(sz) {
+                        return Err(blk.fault(
+                            MISALIGNED_ADDRESS,
+                            tid,
+                            format!("misaligned atomic of size {sz} at address {a:#x}"),
+                        ));
+                    }
+                    // Atomics order their accesses, so racecheck does not see them.
+                    let (rsp, _) = Block::resolve(sp, a);
+                    let p = if rsp == Space::Shared {
+                        let off = a - if sp == Space::Generic { SHARED_WIN } else { 0 };
+                        if off.saturating_add(sz) > blk.shared.len() as u64 {
+                            return Err(blk.fault(
+                                ILLEGAL_ADDRESS,
+                                tid,
+                                format!("invalid __shared__ atomic at offset {off:#x}"),
+                            ));
+                        }
+                        // SAFETY: bounds checked.
+                        unsafe { blk.shared.as_mut_ptr().add(off as usize) }
+                    } else {
+                        blk.atomic_ptr(&mut self.local[l], &mut self.params[l], self.wep, tid, sp, a, sz, inst.line)?
+                    };
+                    // SAFETY: aligned and in bounds; other blocks may touch the word concurrently.
+                    let old = unsafe { atomic(p, op, t, bv, cv) };
+                    if let Some(d) = d {
+                        self.regs[d as usize * WARP + l] = old;
+                    }
+                }
+            }
+            _ => unreachable!("internal: not a memory instruction"),
+        }
+        Ok(())
+    }
+
+    /// A register-to-register instruction of the lanes `m`; Err for an
+    /// operation the interpreter lacks.
+    fn alu(&mut self, inst: &Inst, m: u32) -> Result<(), String> {
+        match inst.ins {
+            Ins::Bin { op, t, ftz, rnd, d, a, b } => self.bin_op(op, t, ftz, rnd, d, a, b, m, inst.line)?,
+            Ins::Un { op, t, ftz, d, a } => self.un_op(op, t, ftz, d, a, m),
+            Ins::Fma { t, rnd, ftz, d, a, b, c } => {
+                if t == Ty::F32 && !ftz && matches!(rnd, Rnd::Rn | Rnd::None) {
+                    self.map3(m, d, a, b, c, |x, y, z| bf32(f32b(x).mul_add(f32b(y), f32b(z))));
+                } else {
+                    self.map3(m, d, a, b, c, |x, y, z| fma(t, rnd, ftz, x, y, z));
+                }
+            }
+            Ins::Mad { t, hi, wide, cc_in, cc_out, d, a, b, c } => {
+                for l in lanes(m) {
+                    let (x, y, z) = (self.rd(a, l), self.rd(b, l), self.rd(c, l));
+                    let mut cc = self.cc >> l & 1 == 1;
+                    self.regs[d as usize * WARP + l] = mad(t, hi, wide, cc_in, cc_out, x, y, z, &mut cc);
+                    self.cc = self.cc & !(1 << l) | u32::from(cc) << l;
+                }
+            }
+            Ins::Setp { cmp, t, ftz, d, dn, a, b, comb } => {
+                let (x, y) = (self.vals(a), self.vals(b));
+                let cv = comb.map(|(_, c, _)| self.vals(c));
+                for l in lanes(m) {
+                    let mut r = setp(cmp, t, ftz, x[l], y[l]);
+                    let mut rn = !r;
+                    if let (Some((op, _, neg)), Some(cv)) = (comb, &cv) {
+                        let c = (cv[l] != 0) != neg;
+                        let f = |x: bool| match op {
+                            BoolOp::And => x & c,
+                            BoolOp::Or => x | c,
+                            BoolOp::Xor => x ^ c,
+                        };
+                        r = f(r);
+                        rn = f(rn);
+                    }
+                    self.regs[d as usize * WARP + l] = u64::from(r);
+                    if let Some(dn) = dn {
+                        self.regs[dn as usize * WARP + l] = u64::from(rn);
+                    }
+                }
+            }
+            Ins::Selp { t, d, a, b, p } => {
+                let mk = mask_of(bits(t));
+                self.map3(m, d, a, b, p, |x, y, p| if p != 0 { x & mk } else { y & mk });
+            }
+            Ins::PredBin { op, d, a, b } => match op {
+                BoolOp::And => self.map2(m, d, a, b, |x, y| u64::from((x != 0) & (y != 0))),
+                BoolOp::Or => self.map2(m, d, a, b, |x, y| u64::from((x != 0) | (y != 0))),
+                BoolOp::Xor => self.map2(m, d, a, b, |x, y| u64::from((x != 0) ^ (y != 0))),
+            },
+            Ins::PredNot { d, a } => self.map1(m, d, a, |x| u64::from(x == 0)),
+            Ins::Cvt { dt, st, rnd, sat, ftz, d, a } => self.cvt_op(dt, st, rnd, sat, ftz, d, a, m),
+            Ins::Cvta { to, sp, d, a } => {
+                let win = match sp {
+                    Space::Shared => SHARED_WIN,
+                    Space::Local => LOCAL_WIN,
+                    _ => 0,
+                };
+                if to {
+                    self.map1(m, d, a, |x| x.wrapping_sub(win));
+                } else {
+                    self.map1(m, d, a, |x| x.wrapping_add(win));
+                }
+            }
+            Ins::Prmt { d, a, b, c } => self.map3(m, d, a, b, c, prmt),
+            Ins::Bfi { t, d, a, b, pos, len } => {
+                for l in lanes(m) {
+                    let v = bfi(t, self.rd(a, l), self.rd(b, l), self.rd(pos, l), self.rd(len, l));
+                    self.regs[d as usize * WARP + l] = v;
+                }
+            }
+            Ins::Bfe { t, d, a, pos, len } => self.map3(m, d, a, pos, len, |x, p, n| bfe(t, x, p, n)),
+            Ins::Pack { d, n, w, v } => {
+                for l in lanes(m) {
+                    let mut r = 0u64;
+                    for (k, o) in v.iter().enumerate().take(n as usize) {
+                        r |= (self.rd(*o, l) & mask_of(u32::from(w))) << (k as u32 * u32::from(w));
+                    }
+                    self.regs[d as usize * WARP + l] = r;
+                }
+            }
+            Ins::Unpack { d, n, w, a } => {
+                for l in lanes(m) {
+                    let x = self.rd(a, l);
+                    for (k, &dk) in d.iter().enumerate().take(n as usize) {
+                        self.regs[dk as usize * WARP + l] = (x >> (k as u32 * u32::from(w))) & mask_of(u32::from(w));
+                    }
+                }
+            }
+            _ => unreachable!("internal: not a register instruction"),
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn bin_op(
+        &mut self,
+        op: BinOp,
+        t: Ty,
+        ftz: bool,
+        rnd: Rnd,
+        d: u16,
+        a: Opnd,
+        b: Opnd,
+        m: u32,
+        line: u32,
+    ) -> Result<(), String> {
+        if matches!(op, BinOp::AddCc { .. } | BinOp::SubCc { .. }) {
+            for l in lanes(m) {
+                let mut cc = self.cc >> l & 1 == 1;
+                let v = bin(op, t, ftz, rnd, self.rd(a, l), self.rd(b, l), &mut cc);
+                self.regs[d as usize * WARP + l] = v.unwrap_or(0);
+                self.cc = self.cc & !(1 << l) | u32::from(cc) << l;
+            }
+            return Ok(());
+        }
+        if bin(op, t, ftz, rnd, 0, 0, &mut false).is_none() {
+            return Err(format!("unsupported operation {op:?}.{t:?} at PTX line {line}"));
+        }
+        let plain = !ftz && matches!(rnd, Rnd::Rn | Rnd::None);
+        // The frequent pairs get loops of their own, where the operation
+        // is a constant; signedness does not change add, sub, mul.lo or
+        // the logic operations.
+        macro_rules! go {
+            ($op:expr, $t:expr) => {
+                self.map2(m, d, a, b, |x, y| bin($op, $t, false, Rnd::None, x, y, &mut false).unwrap_or(0))
+            };
+        }
+        use BinOp as B;
+        match (op, t) {
+            (B::Add, Ty::F32) if plain => go!(B::Add, Ty::F32),
+            (B::Sub, Ty::F32) if plain => go!(B::Sub, Ty::F32),
+            (B::Mul, Ty::F32) if plain => go!(B::Mul, Ty::F32),
+            (B::Div, Ty::F32) if plain => go!(B::Div, Ty::F32),
+            (B::Max, Ty::F32) if plain => go!(B::Max, Ty::F32),
+            (B::Min, Ty::F32) if plain => go!(B::Min, Ty::F32),
+            (B::Add, Ty::F64) if plain => go!(B::Add, Ty::F64),
+            (B::Mul, Ty::F64) if plain => go!(B::Mul, Ty::F64),
+            (B::Add, Ty::U32 | Ty::S32 | Ty::B32) => go!(B::Add, Ty::U32),
+            (B::Sub, Ty::U32 | Ty::S32 | Ty::B32) => go!(B::Sub, Ty::U32),
+            (B::Mul, Ty::U32 | Ty::S32 | Ty::B32) => go!(B::Mul, Ty::U32),
+            (B::Add, Ty::U64 | Ty::S64 | Ty::B64) => go!(B::Add, Ty::U64),
+            (B::Sub, Ty::U64 | Ty::S64 | Ty::B64) => go!(B::Sub, Ty::U64),
+            (B::Mul, Ty::U64 | Ty::S64 | Ty::B64) => go!(B::Mul, Ty::U64),
+            (B::MulWide, Ty::U32) => go!(B::MulWide, Ty::U32),
+            (B::MulWide, Ty::S32) => go!(B::MulWide, Ty::S32),
+            (B::And, Ty::U32 | Ty::S32 | Ty::B32) => go!(B::And, Ty::U32),
+            (B::Or, Ty::U32 | Ty::S32 | Ty::B32) => go!(B::Or, Ty::U32),
+            (B::Xor, Ty::U32 | Ty::S32 | Ty::B32) => go!(B::Xor, Ty::U32),
+            (B::And, Ty::U64 | Ty::S64 | Ty::B64) => go!(B::And, Ty::U64),
+            (B::Shl, Ty::U32 | Ty::S32 | Ty::B32) => go!(B::Shl, Ty::U32),
+            (B::Shl, Ty::U64 | Ty::S64 | Ty::B64) => go!(B::Shl, Ty::U64),
+            (B::Shr, Ty::U32 | Ty::B32) => go!(B::Shr, Ty::U32),
+            (B::Shr, Ty::S32) => go!(B::Shr, Ty::S32),
+            (B::Shr, Ty::U64 | Ty::B64) => go!(B::Shr, Ty::U64),
+            (B::Shr, Ty::S64) => go!(B::Shr, Ty::S64),
+            (B::Min, Ty::S32) => go!(B::Min, Ty::S32),
+            (B::Max, Ty::S32) => go!(B::Max, Ty::S32),
+            (B::Min, Ty::U32) => go!(B::Min, Ty::U32),
+            (B::Max, Ty::U32) => go!(B::Max, Ty::U32),
+            (B::Min, Ty::S64) => go!(B::Min, Ty::S64),
+            (B::Max, Ty::S64) => go!(B::Max, Ty::S64),
+            _ => self.map2(m, d, a, b, |x, y| bin(op, t, ftz, rnd, x, y, &mut false).unwrap_or(0)),
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn un_op(&mut self, op: UnOp, t: Ty, ftz: bool, d: u16, a: Opnd, m: u32) {
+        match (op, t) {
+            (UnOp::Mov, Ty::Pred) => self.map1(m, d, a, |x| u64::from(x != 0)),
+            (UnOp::Mov, _) => {
+                let mk = mask_of(bits(t));
+                self.map1(m, d, a, |x| x & mk);
+            }
+            (UnOp::Neg, Ty::F32) => self.map1(m, d, a, |x| x ^ 0x8000_0000),
+            (UnOp::Abs, Ty::F32) => self.map1(m, d, a, |x| x & 0x7fff_ffff),
+            (UnOp::Ex2, Ty::F32) => self.map1(m, d, a, |x| un(UnOp::Ex2, Ty::F32, ftz, x)),
+            (UnOp::Lg2, Ty::F32) => self.map1(m, d, a, |x| un(UnOp::Lg2, Ty::F32, ftz, x)),
+            _ => self.map1(m, d, a, |x| un(op, t, ftz, x)),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn cvt_op(&mut self, dt: Ty, st: Ty, rnd: Rnd, sat: bool, ftz: bool, d: u16, a: Opnd, m: u32) {
+        macro_rules! go {
+            ($dt:expr, $st:expr) => {
+                self.map1(m, d, a, |x| cvt($dt, $st, rnd, false, false, x))
+            };
+        }
+        match (dt, st) {
+            _ if sat || ftz => self.map1(m, d, a, |x| cvt(dt, st, rnd, sat, ftz, x)),
+            (Ty::U64, Ty::U32) => go!(Ty::U64, Ty::U32),
+            (Ty::S64, Ty::S32) => go!(Ty::S64, Ty::S32),
+            (Ty::U32, Ty::U64) => go!(Ty::U32, Ty::U64),
+            (Ty::S32, Ty::S64) => go!(Ty::S32, Ty::S64),
+            (Ty::F32, Ty::S32) => go!(Ty::F32, Ty::S32),
+            (Ty::F32, Ty::U32) => go!(Ty::F32, Ty::U32),
+            (Ty::F32, Ty::F16) => go!(Ty::F32, Ty::F16),
+            (Ty::F32, Ty::Bf16) => go!(Ty::F32, Ty::Bf16),
+            (Ty::F16, Ty::F32) => go!(Ty::F16, Ty::F32),
+            (Ty::Bf16, Ty::F32) => go!(Ty::Bf16, Ty::F32),
+            _ => self.map1(m, d, a, |x| cvt(dt, st, rnd, sat, ftz, x)),
+        }
+    }
+
+    /// The functions the CUDA runtime provides on the device without a
+    /// body in PTX: `__assertfail` (device `assert`) fails the launch with
+    /// CUDA_ERROR_ASSERT and the message the hardware prints; `vprintf`
+    /// formats its argument buffer and prints it on stderr, lane by lane.
+    fn builtin(&mut self, blk: &mut Block, callee: &Func, ret: Option<u32>, args: &[u32], m: u32) -> Result<(), Fault> {
+        let arg = |w: &Warp, l: usize, k: usize| -> u64 {
+            let (Some(&off), Some(p)) = (args.get(k), callee.params.get(k)) else { return 0 };
+            let mut b = [0u8; 8];
+            let n = (p.size as usize).min(8);
+            if let Some(src) = w.params[l].get(off as usize..off as usize + n) {
+                b[..n].copy_from_slice(src);
+            }
+            u64::from_le_bytes(b)
+        };
+        for l in lanes(m) {
+            let tid = self.base as usize + l;
+            if callee.name == "__assertfail" {
+                let msg = blk.c_string(&self.local[l], arg(self, l, 0));
+                let file = blk.c_string(&self.local[l], arg(self, l, 1));
+                let line = arg(self, l, 2) as u32;
+                let func = blk.c_string(&self.local[l], arg(self, l, 3));
+                let b = blk.l.block;
+                let t = [tid as u32 % b[0], tid as u32 / b[0] % b[1], tid as u32 / (b[0] * b[1])];
+                let c = blk.ctaid;
+                return Err(blk.fault(
+                    ASSERT,
+                    tid,
+                    format!(
+                        "{file}:{line}: {func}: block: [{},{},{}], thread: [{},{},{}] Assertion `{msg}` failed, in",
+                        c[0], c[1], c[2], t[0], t[1], t[2]
+                    ),
+                ));
+            }
+            let fmt = blk.c_string(&self.local[l], arg(self, l, 0));
+            let out = blk.format(&self.local[l], &fmt, arg(self, l, 1));
+            super::print(&out);
+            if let (Some(r), Some(rp)) = (ret, &callee.ret) {
+                let n = (rp.size as usize).min(4);
+                if let Some(dst) = self.params[l].get_mut(r as usize..r as usize + n) {
+                    dst.copy_from_slice(&(out.len() as u32).to_le_bytes()[..n]);
+                }
+            }
+        }
+        Ok(())
+    }
+}

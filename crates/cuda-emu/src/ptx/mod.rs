@@ -1,0 +1,499 @@
+//! PTX text to a decoded module: every function's instructions with
+//! register names resolved to slot numbers, labels to instruction indices,
+//! and symbols to addresses, so the interpreter never looks at a string.
+//!
+//! Three stages: [`lex`] turns text into tokens, [`parse`] turns tokens
+//! into functions of raw statements (names still strings), and [`decode`]
+//! resolves the names and turns each statement into an [`Ins`].
+
+mod decode;
+mod lex;
+mod parse;
+
+pub use decode::load;
+
+/// A PTX type of an instruction or register.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Ty {
+    B8,
+    B16,
+    B32,
+    B64,
+    U8,
+    U16,
+    U32,
+    U64,
+    S8,
+    S16,
+    S32,
+    S64,
+    F16,
+    Bf16,
+    F32,
+    F64,
+    Pred,
+}
+
+impl Ty {
+    fn parse(s: &str) -> Option<Ty> {
+        Some(match s {
+            "b8" => Ty::B8,
+            "b16" => Ty::B16,
+            "b32" => Ty::B32,
+            "b64" => Ty::B64,
+            "u8" => Ty::U8,
+            "u16" => Ty::U16,
+            "u32" => Ty::U32,
+            "u64" => Ty::U64,
+            "s8" => Ty::S8,
+            "s16" => Ty::S16,
+            "s32" => Ty::S32,
+            "s64" => Ty::S64,
+            "f16" => Ty::F16,
+            "bf16" => Ty::Bf16,
+            "f32" => Ty::F32,
+            "f64" => Ty::F64,
+            "pred" => Ty::Pred,
+            _ => return None,
+        })
+    }
+
+    /// Size in bytes in memory.
+    pub fn size(self) -> u32 {
+        match self {
+            Ty::B8 | Ty::U8 | Ty::S8 | Ty::Pred => 1,
+            Ty::B16 | Ty::U16 | Ty::S16 | Ty::F16 | Ty::Bf16 => 2,
+            Ty::B32 | Ty::U32 | Ty::S32 | Ty::F32 => 4,
+            Ty::B64 | Ty::U64 | Ty::S64 | Ty::F64 => 8,
+        }
+    }
+
+    /// Whether the type is a signed integer.
+    pub fn signed(self) -> bool {
+        matches!(self, Ty::S8 | Ty::S16 | Ty::S32 | Ty::S64)
+    }
+
+    /// Whether the type is a float.
+    pub fn float(self) -> bool {
+        matches!(self, Ty::F16 | Ty::Bf16 | Ty::F32 | Ty::F64)
+    }
+}
+
+/// An operand: a register slot or an immediate (symbols are resolved to
+/// immediates at decode time).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Opnd {
+    R(u16),
+    I(u64),
+}
+
+/// A state space.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Space {
+    Global,
+    Shared,
+    Local,
+    Param,
+    Const,
+    Generic,
+}
+
+/// `[base + off]`.
+#[derive(Debug, Clone, Copy)]
+pub struct Addr {
+    pub base: Opnd,
+    pub off: i64,
+}
+
+/// Rounding modes of float arithmetic and conversions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rnd {
+    /// No modifier (the default for the type).
+    None,
+    Rn,
+    Rz,
+    Rm,
+    Rp,
+    Rni,
+    Rzi,
+    Rmi,
+    Rpi,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BinOp {
+    Add,
+    Sub,
+    Mul,
+    MulHi,
+    MulWide,
+    Div,
+    Rem,
+    Min,
+    Max,
+    And,
+    Or,
+    Xor,
+    Shl,
+    Shr,
+    /// `add.cc` / `sub.cc` / `addc` / `subc` with their carry flags.
+    AddCc {
+        carry_in: bool,
+        carry_out: bool,
+    },
+    SubCc {
+        carry_in: bool,
+        carry_out: bool,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnOp {
+    Neg,
+    Not,
+    Abs,
+    Mov,
+    Rcp { approx: bool },
+    Sqrt { approx: bool },
+    Rsqrt,
+    Ex2,
+    Lg2,
+    Sin,
+    Cos,
+    Clz,
+    Popc,
+    Brev,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cmp {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+    Equ,
+    Neu,
+    Ltu,
+    Leu,
+    Gtu,
+    Geu,
+    Num,
+    Nan,
+    Lo,
+    Ls,
+    Hi,
+    Hs,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BoolOp {
+    And,
+    Or,
+    Xor,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AtomOp {
+    Add,
+    Min,
+    Max,
+    Inc,
+    Dec,
+    And,
+    Or,
+    Xor,
+    Exch,
+    Cas,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShflMode {
+    Up,
+    Down,
+    Bfly,
+    Idx,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VoteMode {
+    All,
+    Any,
+    Uni,
+    Ballot,
+}
+
+/// One decoded instruction.
+#[derive(Debug, Clone)]
+pub enum Ins {
+    Bin {
+        op: BinOp,
+        t: Ty,
+        ftz: bool,
+        rnd: Rnd,
+        d: u16,
+        a: Opnd,
+        b: Opnd,
+    },
+    Un {
+        op: UnOp,
+        t: Ty,
+        ftz: bool,
+        d: u16,
+        a: Opnd,
+    },
+    /// `fma` / `mad` on floats.
+    Fma {
+        t: Ty,
+        rnd: Rnd,
+        ftz: bool,
+        d: u16,
+        a: Opnd,
+        b: Opnd,
+        c: Opnd,
+    },
+    /// Integer `mad.lo/hi/wide`, optionally with carry.
+    Mad {
+        t: Ty,
+        hi: bool,
+        wide: bool,
+        cc_in: bool,
+        cc_out: bool,
+        d: u16,
+        a: Opnd,
+        b: Opnd,
+        c: Opnd,
+    },
+    Setp {
+        cmp: Cmp,
+        t: Ty,
+        ftz: bool,
+        d: u16,
+        dn: Option<u16>,
+        a: Opnd,
+        b: Opnd,
+        comb: Option<(BoolOp, Opnd, bool)>,
+    },
+    Selp {
+        t: Ty,
+        d: u16,
+        a: Opnd,
+        b: Opnd,
+        p: Opnd,
+    },
+    /// Logical ops on predicates.
+    PredBin {
+        op: BoolOp,
+        d: u16,
+        a: Opnd,
+        b: Opnd,
+    },
+    PredNot {
+        d: u16,
+        a: Opnd,
+    },
+    Cvt {
+        dt: Ty,
+        st: Ty,
+        rnd: Rnd,
+        sat: bool,
+        ftz: bool,
+        d: u16,
+        a: Opnd,
+    },
+    /// `cvta` between a state space and generic addresses.
+    Cvta {
+        to: bool,
+        sp: Space,
+        d: u16,
+        a: Opnd,
+    },
+    Ld {
+        sp: Space,
+        t: Ty,
+        n: u8,
+        d: [u16; 4],
+        addr: Addr,
+        /// The destination is a 64-bit register: a signed load narrower
+        /// than that sign-extends to 64 bits, not 32.
+        wide: bool,
+    },
+    St {
+        sp: Space,
+        t: Ty,
+        n: u8,
+        v: [Opnd; 4],
+        addr: Addr,
+    },
+    Atom {
+        sp: Space,
+        op: AtomOp,
+        t: Ty,
+        d: Option<u16>,
+        addr: Addr,
+        b: Opnd,
+        c: Opnd,
+    },
+    Prmt {
+        d: u16,
+        a: Opnd,
+        b: Opnd,
+        c: Opnd,
+    },
+    Bfi {
+        t: Ty,
+        d: u16,
+        a: Opnd,
+        b: Opnd,
+        pos: Opnd,
+        len: Opnd,
+    },
+    Bfe {
+        t: Ty,
+        d: u16,
+        a: Opnd,
+        pos: Opnd,
+        len: Opnd,
+    },
+    Bra {
+        target: u32,
+    },
+    Bar,
+    /// `bar.warp.sync`: orders the lanes of the mask, as a shuffle does.
+    WarpSync {
+        mask: Opnd,
+    },
+    Shfl {
+        mode: ShflMode,
+        d: u16,
+        dp: Option<u16>,
+        a: Opnd,
+        b: Opnd,
+        c: Opnd,
+        mask: Opnd,
+    },
+    Vote {
+        mode: VoteMode,
+        d: u16,
+        a: Opnd,
+        neg: bool,
+        mask: Opnd,
+    },
+    /// `mov` of a vector into one wider register: element `k` at bits `k * w`.
+    Pack {
+        d: u16,
+        n: u8,
+        w: u8,
+        v: [Opnd; 4],
+    },
+    /// `mov` of a register into a vector of narrower registers.
+    Unpack {
+        d: [u16; 4],
+        n: u8,
+        w: u8,
+        a: Opnd,
+    },
+    /// Writes the address of the frame's `.local` depot.
+    Depot {
+        d: u16,
+    },
+    Call {
+        func: u32,
+        ret: Option<u32>,
+        args: Vec<u32>,
+    },
+    Ret,
+    Exit,
+    /// Memory fences and other instructions with no effect in this
+    /// sequentially consistent machine.
+    Nop,
+}
+
+/// An instruction with its guard predicate (`@%p` / `@!%p`).
+#[derive(Debug, Clone)]
+pub struct Inst {
+    pub guard: Option<(u16, bool)>,
+    pub ins: Ins,
+    /// The source line, for messages.
+    pub line: u32,
+}
+
+/// A parameter of an entry or function.
+#[derive(Debug, Clone)]
+pub struct Param {
+    pub name: String,
+    /// Byte offset in the frame's parameter area.
+    pub offset: u32,
+    pub size: u32,
+    pub align: u32,
+}
+
+/// A decoded function or kernel.
+#[derive(Debug, Clone)]
+pub struct Func {
+    pub name: String,
+    pub entry: bool,
+    pub params: Vec<Param>,
+    pub ret: Option<Param>,
+    pub insts: Vec<Inst>,
+    pub nregs: usize,
+    /// Size of the parameter area (own params, return value, call-site params).
+    pub param_size: u32,
+    pub local_size: u32,
+    pub local_align: u32,
+    /// Static shared memory of a launch of this function: the module's
+    /// variables and the function's own.
+    pub shared_size: u32,
+    /// Whether the body has a body (a `.func` declaration has none).
+    pub defined: bool,
+    /// `.maxntid` when given.
+    pub maxntid: Option<u32>,
+}
+
+/// Module-scope data (`.global`, `.const`): bytes with an initialiser.
+#[derive(Debug, Clone)]
+pub struct Global {
+    pub name: String,
+    pub space: Space,
+    pub align: u32,
+    pub init: Vec<u8>,
+}
+
+/// A parsed and decoded module.
+#[derive(Debug, Clone, Default)]
+pub struct Module {
+    pub funcs: Vec<Func>,
+    pub globals: Vec<Global>,
+    /// Static shared memory: `(name, offset)`; `shared_size` in total.
+    pub shared: Vec<(String, u32)>,
+    pub shared_size: u32,
+    /// Offset of the `.extern .shared` array, the start of dynamic shared memory.
+    pub dyn_shared: Option<String>,
+    /// Opcodes (with their type suffixes) that the decoder does not know.
+    pub unsupported: Vec<String>,
+    /// The device address given to each of `globals`, in order.
+    pub global_addrs: Vec<u64>,
+}
+
+/// Number of register slots reserved for special registers.
+pub const NSPECIAL: u16 = 16;
+/// Slots of the special registers, in order.
+pub const SPECIALS: [&str; 16] = [
+    "%tid.x",
+    "%tid.y",
+    "%tid.z",
+    "%ntid.x",
+    "%ntid.y",
+    "%ntid.z",
+    "%ctaid.x",
+    "%ctaid.y",
+    "%ctaid.z",
+    "%nctaid.x",
+    "%nctaid.y",
+    "%nctaid.z",
+    "%laneid",
+    "%warpid",
+    "%nwarpid",
+    "%warpsize",
+];
