@@ -253,9 +253,12 @@ step ncu 60 need ncu -- bash -c "set -e
 # 6. tapir bench and memcheck on CUDA, each beside its PyTorch mirror.
 read -r -a BENCH_ARGS <<<"${GPU_CHECK_BENCH_ARGS:-}"
 read -r -a MEMCHECK_ARGS <<<"${GPU_CHECK_MEMCHECK_ARGS:-}"
-step bench_cuda 90 need torch -- "$BIN/tapir" bench --device cuda "${BENCH_ARGS[@]}" \
+# (The rehearsal runs tapir's side alone, --no-torch: no torch there.)
+TORCH=torch
+[[ $REHEARSAL == 1 ]] && TORCH=python3
+step bench_cuda 90 need "$TORCH" -- "$BIN/tapir" bench --device cuda "${BENCH_ARGS[@]}" \
     --json "$WORK/bench-cuda.json" --plot "$WORK/bench-cuda.png"
-step memcheck_cuda 45 need torch -- "$BIN/tapir" memcheck --device cuda "${MEMCHECK_ARGS[@]}" \
+step memcheck_cuda 45 need "$TORCH" -- "$BIN/tapir" memcheck --device cuda "${MEMCHECK_ARGS[@]}" \
     --json "$WORK/memcheck-cuda.json" --plot "$WORK/memcheck-cuda.png"
 
 # 7. The CUDA kernels beside PyTorch's in one process (matmul 4096 f32 and
