@@ -9,6 +9,7 @@
 #   TAPIR_BENCH_SKIP_RUST=1 scripts/bench-nn.sh       # reuse the last criterion run
 #   TAPIR_BENCH_THREADS=1 scripts/bench-nn.sh         # both sides on N threads
 #   TAPIR_BENCH_DEVICE=cuda scripts/bench-nn.sh       # both sides on CUDA device 0
+#   TAPIR_BENCH_NN_BIN=gpu-bundle/bin/nn_step scripts/bench-nn.sh  # no cargo: a prebuilt bench
 #
 # Needs python3 with torch. Criterion's mean is read from
 # target/criterion/nn_step/<id>/new/estimates.json and its fastest sample
@@ -32,7 +33,12 @@ RUST_OUT="$(mktemp)"
 TORCH_OUT="$(mktemp)"
 trap 'rm -f "$RUST_OUT" "$TORCH_OUT"' EXIT
 
-if [[ -z "${TAPIR_BENCH_SKIP_RUST:-}" ]]; then
+if [[ -n "${TAPIR_BENCH_NN_BIN:-}" ]]; then
+    # A prebuilt bench binary (scripts/gpu-prepare.sh's bin/nn_step, on a
+    # machine without cargo); criterion writes under $CARGO_TARGET_DIR.
+    echo "== tapir ($TAPIR_BENCH_NN_BIN --bench)" >&2
+    "$TAPIR_BENCH_NN_BIN" --bench | tee "$RUST_OUT" >&2
+elif [[ -z "${TAPIR_BENCH_SKIP_RUST:-}" ]]; then
     echo "== tapir (cargo bench -p tapir-nn --bench nn_step)" >&2
     cargo bench -p tapir-nn --bench nn_step | tee "$RUST_OUT" >&2
 fi

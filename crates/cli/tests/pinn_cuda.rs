@@ -95,7 +95,12 @@ fn pinn_adam_then_lbfgs_on_cuda_follows_the_cpu_with_flat_memory() {
 /// The `tapir` binary with the emulated device selected but its library
 /// missing: no CUDA device, on any machine.
 fn tapir_without_cuda() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_tapir"));
+    // The one cargo built, else the one beside this test binary (the GPU
+    // check's prepared folder holds both, moved to another machine).
+    let built = std::path::PathBuf::from(env!("CARGO_BIN_EXE_tapir"));
+    let beside = std::env::current_exe().ok().and_then(|e| e.parent().map(|d| d.join("tapir")));
+    let bin = if built.exists() { Some(built) } else { beside.filter(|p| p.exists()) };
+    let mut c = Command::new(bin.unwrap_or_else(|| env!("CARGO_BIN_EXE_tapir").into()));
     c.env("TAPIR_CUDA", "emulated").env("TAPIR_CUDA_EMU_LIB", "/nonexistent-tapir-cuda-emu");
     c.args(["pinn", "poisson", "--steps", "3", "--hidden", "4", "--interior", "16", "--boundary", "8"]);
     let dir = std::env::temp_dir();

@@ -26,6 +26,7 @@ pub(crate) enum DriverProbe {
 }
 
 type CuInit = unsafe extern "C" fn(flags: u32) -> u32;
+type CuDriverGetVersion = unsafe extern "C" fn(version: *mut i32) -> u32;
 type CuDeviceGetCount = unsafe extern "C" fn(count: *mut i32) -> u32;
 
 /// The file names of the emulator's two libraries, as cargo builds them.
@@ -132,27 +133,28 @@ static EMU_CUBLAS_FOUND: OnceLock<Result<String, String>> = OnceLock::new();
 /// The cuBLAS library in use, opened (and kept loaded) before cudarc looks
 /// it up, or why there is none. cudarc panics when it finds no cuBLAS, so
 /// the backend asks here first and makes a missing library an error. The
-/// names tried are cudarc's own, in its order, so its later open by name
-/// finds the object opened here; with the emulator selected it is the
-/// stand-in, whose soname is the first of those names.
-pub(crate) fn cublas_library() -> Result<String, String> {
+/// library is CUDA 13's or 12's, the newest the driver runs, found by path
+/// or name (see [`super::libs`]) and checked to be the object cudarc's
+/// later open by name finds; with the emulator selected it is the stand-in,
+/// whose soname is the first of cudarc's names.
+pub fn cublas_library() -> Result<String, String> {
     static LIB: OnceLock<Result<String, String>> = OnceLock::new();
     LIB.get_or_init(|| {
         if emulated_selected() {
             driver_library()?;
             return EMU_CUBLAS_FOUND.get().cloned().unwrap_or_else(|| Err("the emulator did not load".into()));
         }
-        let names = cudarc::get_lib_name_candidates("cublas");
-        let mut first = None;
-        for name in &names {
-            match open_leaked(name.as_ref()) {
-                Ok(()) => return Ok(name.clone()),
-                Err(why) => {
-                    first.get_or_insert(why);
-                }
-            }
-        }
-        Err(format!("no cuBLAS library found under any of {} names ({})", names.len(), first.unwrap_or_default()))
+        let roots = super::libs::Roots::from_env(&super::libs::CUBLAS);
+        let majors = super::libs::major_order(driver_version());
+        let candidates = super::libs::candidates(&super::libs::CUBLAS, &roots, &majors);
+        super::libs::open_for_cudarc(&candidates, &cudarc::get_lib_name_candidates("cublas"), b"cublasCreate_v2\0", &[])
+            .map_err(|tried| {
+                format!(
+                    "no cuBLAS library (CUDA 13 or 12) found: install the nvidia-cublas wheel (or -cu12), or set \
+                     TAPIR_CUBLAS_LIB to the library or its folder; tried {}",
+                    tried.join(", ")
+                )
+            })
     })
     .clone()
 }
@@ -165,17 +167,38 @@ pub fn driver_library() -> Result<String, String> {
         if emulated_selected() {
             return load_emulator().map(|p| p.display().to_string());
         }
+        // By name (the loader's path), then where drivers are mounted or
+        // installed when that path lacks them; libcuda.so.1 is the soname,
+        // one of the names cudarc opens.
         let mut tried = Vec::new();
-        for name in ["libcuda.so", "libcuda.so.1"] {
+        for name in [
+            "libcuda.so",
+            "libcuda.so.1",
+            "/usr/local/nvidia/lib64/libcuda.so.1",
+            "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+            "/usr/lib64/libcuda.so.1",
+        ] {
+            if name.starts_with('/') && !Path::new(name).exists() {
+                continue;
+            }
             match open_leaked(name.as_ref()) {
                 Ok(()) => return Ok(name.to_string()),
-                Err(why) => tried.push(why),
+                Err(why) => tried.push(format!("{name}: {why}")),
             }
         }
         Err(tried.join("; "))
     })
     .clone()
 }
+
+/// The CUDA version of the driver (cuDriverGetVersion: 13000 for 13.0,
+/// 12090 for 12.9), or `None` when no driver opened.
+pub fn driver_version() -> Option<i32> {
+    probe();
+    DRIVER_VERSION.get().copied()
+}
+
+static DRIVER_VERSION: OnceLock<i32> = OnceLock::new();
 
 /// Probes the driver the first time it is called.
 pub(crate) fn probe() -> &'static DriverProbe {
@@ -207,6 +230,15 @@ pub(crate) fn probe() -> &'static DriverProbe {
                     tried.push(format!("{name} lacks cuInit or cuDeviceGetCount"));
                     continue;
                 };
+                // The CUDA version the driver runs (13000 for 13.0), which
+                // picks the NVRTC and cuBLAS to load; asked before cuInit,
+                // which it does not need.
+                if let Ok(get_version) = lib.get::<CuDriverGetVersion>(b"cuDriverGetVersion\0") {
+                    let mut v = 0i32;
+                    if get_version(&mut v) == 0 && v > 0 {
+                        let _ = DRIVER_VERSION.set(v);
+                    }
+                }
                 let rc = init(0);
                 if rc != 0 {
                     return DriverProbe::InitFailed(rc);

@@ -21,6 +21,7 @@ pub(crate) mod cross_entropy;
 pub(crate) mod driver;
 pub(crate) mod fill;
 pub(crate) mod index;
+mod libs;
 pub(crate) mod matmul;
 mod nvrtc;
 pub(crate) mod ops;
@@ -33,7 +34,7 @@ pub(crate) use buffer::to_cuda;
 pub use buffer::CudaBuffer;
 pub use context::CudaDevice;
 
-pub use driver::{driver_library, emulated_selected};
+pub use driver::{cublas_library, driver_library, driver_version, emulated_selected};
 
 pub use nvrtc::{cached_ptx, compile_kernel, compile_source, nvrtc_library, NvrtcError, DEFAULT_ARCH};
 

@@ -2,19 +2,24 @@
 //!
 //! cudarc (with `dynamic-loading`) opens `libnvrtc` by name on first use and
 //! panics when no candidate opens. So before any cudarc call this module
-//! opens the library itself, by path where it knows one, and keeps it open:
-//! the dynamic loader then resolves cudarc's later lookup of the same soname
-//! (`libnvrtc.so.12`) to the library already loaded. If nothing opens, every
-//! function here returns [`NvrtcError::NotFound`] and cudarc is never called.
+//! opens the library itself, by path where it knows one (CUDA 13's or
+//! CUDA 12's, see [`super::libs`]), and keeps it open: the dynamic loader
+//! then resolves cudarc's later lookup of the same soname (`libnvrtc.so.13`
+//! or `libnvrtc.so.12`) to the library already loaded. If nothing opens,
+//! every function here returns [`NvrtcError::NotFound`] and cudarc is never
+//! called.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions};
 
+use super::libs;
+
 /// The architecture kernels are compiled for when no device says otherwise
-/// (Ampere; PTX for it is JIT-compiled by the driver for any newer GPU).
+/// (Ampere; PTX for it is JIT-compiled by the driver for any newer GPU,
+/// and both NVRTC 12 and 13 know it).
 pub const DEFAULT_ARCH: &str = "compute_80";
 
 /// Why a kernel could not be compiled.
@@ -22,7 +27,11 @@ pub const DEFAULT_ARCH: &str = "compute_80";
 #[non_exhaustive]
 pub enum NvrtcError {
     /// No NVRTC library could be opened.
-    #[error("NVRTC not found; tried {}", tried.join(", "))]
+    #[error(
+        "NVRTC (CUDA 13 or 12) not found: install the nvidia-cuda-nvrtc wheel (or -cu12), or set \
+         TAPIR_NVRTC_LIB to the library or its folder; tried {}",
+        tried.join(", ")
+    )]
     NotFound {
         /// Every path or name tried, with the loader's reason.
         tried: Vec<String>,
@@ -54,86 +63,21 @@ impl From<NvrtcError> for crate::Error {
 }
 
 /// Where NVRTC was loaded from, or every place tried. Searched once per
-/// process.
+/// process, among the CUDA 13 and CUDA 12 libraries the machine has (see
+/// [`super::libs`]), the newest the driver runs first.
 fn loaded() -> &'static Result<String, Vec<String>> {
     static LOADED: OnceLock<Result<String, Vec<String>>> = OnceLock::new();
     LOADED.get_or_init(|| {
-        let mut tried = Vec::new();
-        for candidate in candidates() {
-            // SAFETY: opening NVRTC runs its initialisers, which have no
-            // preconditions; the handle is leaked so the library stays
-            // loaded for the rest of the process, as cudarc expects.
-            match unsafe { libloading::Library::new(&candidate) } {
-                Ok(lib) => {
-                    std::mem::forget(lib);
-                    // SAFETY: only probes names with dlopen.
-                    if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-                        return Ok(candidate.display().to_string());
-                    }
-                    tried.push(format!(
-                        "{} (opened, but its soname is not one cudarc looks up, e.g. libnvrtc.so.12)",
-                        candidate.display()
-                    ));
-                }
-                Err(e) => {
-                    // libloading's message is "dlopen failed"; the loader's reason is its source.
-                    let why = std::error::Error::source(&e).map_or_else(|| e.to_string(), |s| s.to_string());
-                    tried.push(format!("{} ({why})", candidate.display()))
-                }
-            }
-        }
-        Err(tried)
+        let roots = libs::Roots::from_env(&libs::NVRTC);
+        let majors = libs::major_order(super::driver::driver_version());
+        let candidates = libs::candidates(&libs::NVRTC, &roots, &majors);
+        libs::open_for_cudarc(
+            &candidates,
+            &cudarc::get_lib_name_candidates("nvrtc"),
+            b"nvrtcVersion\0",
+            &["libnvrtc-builtins.so."],
+        )
     })
-}
-
-/// The library names and paths to try, most specific first: `$TAPIR_NVRTC_LIB`
-/// (a file, or a folder holding libnvrtc.so.12), the loader's search path,
-/// then the pip package `nvidia-cuda-nvrtc-cu12` in the usual Python
-/// site-packages folders.
-fn candidates() -> Vec<PathBuf> {
-    const NAMES: [&str; 2] = ["libnvrtc.so.12", "libnvrtc.so"];
-    let mut out = Vec::new();
-    if let Some(p) = std::env::var_os("TAPIR_NVRTC_LIB").map(PathBuf::from) {
-        if p.is_dir() {
-            out.extend(NAMES.iter().map(|n| p.join(n)));
-        } else {
-            out.push(p);
-        }
-    }
-    out.extend(NAMES.iter().map(PathBuf::from));
-    for site in site_packages() {
-        let lib = site.join("nvidia/cuda_nvrtc/lib/libnvrtc.so.12");
-        if lib.is_file() {
-            out.push(lib);
-        }
-    }
-    out
-}
-
-/// Python site-packages folders found without running Python: the active
-/// virtualenv, pyenv's versions, the user's and the system's.
-fn site_packages() -> Vec<PathBuf> {
-    let mut roots: Vec<PathBuf> = Vec::new();
-    if let Some(v) = std::env::var_os("VIRTUAL_ENV") {
-        roots.push(PathBuf::from(v).join("lib"));
-    }
-    if let Some(home) = std::env::var_os("HOME").map(PathBuf::from) {
-        roots.push(home.join(".local/lib"));
-        if let Ok(versions) = std::fs::read_dir(home.join(".pyenv/versions")) {
-            roots.extend(versions.flatten().map(|v| v.path().join("lib")));
-        }
-    }
-    roots.extend(["/usr/local/lib", "/usr/lib", "/opt/conda/lib"].map(PathBuf::from));
-    let mut out = Vec::new();
-    for root in roots {
-        let Ok(entries) = std::fs::read_dir(&root) else { continue };
-        for e in entries.flatten() {
-            if e.file_name().to_string_lossy().starts_with("python3") {
-                out.extend(["site-packages", "dist-packages"].map(|s| e.path().join(s)));
-            }
-        }
-    }
-    out
 }
 
 /// The NVRTC library in use (the path or name that opened), or
