@@ -2,17 +2,20 @@
 //! shuffled mini-batches, and a checkpoint saved and loaded to resume
 //! training exactly where it stopped.
 //!
-//! Run: `cargo run --release --example 02_train_classifier`
+//! Run: `cargo run --release --example 02_train_classifier` (add
+//! `-- --device cuda` for CUDA).
 
 use std::collections::BTreeMap;
 
 use tapir::prelude::*;
 
+mod common;
+
 const CLASSES: usize = 3;
 
 /// Three interleaved spiral arms in the plane, `n` points each, with
 /// labels 0, 1, 2.
-fn spirals(n: usize, rng: &mut Rng) -> Result<(Tensor, Tensor)> {
+fn spirals(n: usize, rng: &mut Rng, device: Device) -> Result<(Tensor, Tensor)> {
     let (mut xs, mut ys) = (Vec::new(), Vec::new());
     for class in 0..CLASSES {
         for i in 0..n {
@@ -22,13 +25,17 @@ fn spirals(n: usize, rng: &mut Rng) -> Result<(Tensor, Tensor)> {
             ys.push(class as i64);
         }
     }
-    Ok((Tensor::from_vec(xs, [CLASSES * n, 2])?, Tensor::from_vec(ys, [CLASSES * n])?))
+    Ok((
+        Tensor::from_vec(xs, [CLASSES * n, 2])?.to_device(device)?,
+        Tensor::from_vec(ys, [CLASSES * n])?.to_device(device)?,
+    ))
 }
 
-/// The model: parameters in a store, a network that holds their ids.
-fn model(seed: u64) -> Result<(ParamStore, Mlp)> {
+/// The model on `device`: parameters in a store, a network that holds their ids.
+fn model(seed: u64, device: Device) -> Result<(ParamStore, Mlp)> {
     let mut store = ParamStore::new();
     let net = Mlp::new(&mut store, "mlp", &[2, 64, 64, CLASSES], Activation::Relu, &mut Rng::new(seed), DType::F32)?;
+    store.to_device(device)?;
     Ok((store, net))
 }
 
@@ -60,12 +67,13 @@ fn accuracy(store: &ParamStore, net: &Mlp, x: &Tensor, y: &Tensor) -> Result<f64
 }
 
 fn main() -> anyhow::Result<()> {
+    let device = common::device()?;
     let mut rng = Rng::new(42);
-    let (x, y) = spirals(200, &mut rng)?;
-    let (test_x, test_y) = spirals(100, &mut rng)?;
+    let (x, y) = spirals(200, &mut rng, device)?;
+    let (test_x, test_y) = spirals(100, &mut rng, device)?;
     println!("data: {} training points {}, labels {}", x.dims()[0], x.shape(), y.shape());
 
-    let (mut store, net) = model(0)?;
+    let (mut store, net) = model(0, device)?;
     println!("model: MLP 2-64-64-{CLASSES} (ReLU), {} parameters", store.numel());
     let mut opt = Adam::new(1e-2);
     let loader = DataLoader::new(&[&x, &y], 32)?.shuffle(7);
@@ -90,7 +98,7 @@ fn main() -> anyhow::Result<()> {
     checkpoint::save(&path, &store, Some(&opt), &meta)?;
     println!("saved {} ({} bytes)", path.display(), std::fs::metadata(&path)?.len());
 
-    let (mut resumed, net2) = model(123)?; // different initial weights: all overwritten by the load
+    let (mut resumed, net2) = model(123, device)?; // different initial weights: all overwritten by the load
     let mut opt2 = Adam::new(1e-2);
     let meta2 = checkpoint::load(&path, &mut resumed, Some(&mut opt2))?;
     std::fs::remove_file(&path)?;

@@ -8,11 +8,14 @@
 //! Each step is one scope; live memory at every step boundary is the same.
 //!
 //! Run: `cargo run --release --example 03_pinn_laplacian`
-//! (`tapir pinn poisson` is the full-size version, with L-BFGS and plots.)
+//! (`tapir pinn poisson` is the full-size version, with L-BFGS and plots;
+//! add `-- --device cuda` for CUDA).
 
 use std::f64::consts::PI;
 
 use tapir::prelude::*;
+
+mod common;
 
 /// `n` points `[n, 2]` uniformly in the unit square, and `m` on its edges.
 fn points(n: usize, m: usize, rng: &mut Rng) -> Result<(Tensor, Tensor)> {
@@ -39,12 +42,12 @@ fn source(pts: &Tensor) -> Result<Tensor> {
 }
 
 /// Relative L2 error of the network against the exact solution on a grid.
-fn error(store: &ParamStore, net: &Mlp) -> Result<f64> {
+fn error(store: &ParamStore, net: &Mlp, device: Device) -> Result<f64> {
     let n = 41;
     let grid: Vec<f32> =
         (0..n * n).flat_map(|k| [(k % n) as f32 / (n - 1) as f32, (k / n) as f32 / (n - 1) as f32]).collect();
     let exact: Vec<f64> = grid.chunks(2).map(|p| (PI * p[0] as f64).sin() * (PI * p[1] as f64).sin()).collect();
-    let grid = Tensor::from_vec(grid, [n * n, 2])?;
+    let grid = Tensor::from_vec(grid, [n * n, 2])?.to_device(device)?;
     let u = Graph::scope(|g| net.forward(&store.bind(g), g.constant(grid.clone()))?.value())?.to_vec_f64();
     let num: f64 = u.iter().zip(&exact).map(|(a, b)| (a - b).powi(2)).sum();
     let den: f64 = exact.iter().map(|b| b * b).sum();
@@ -52,16 +55,19 @@ fn error(store: &ParamStore, net: &Mlp) -> Result<f64> {
 }
 
 fn main() -> anyhow::Result<()> {
+    let device = common::device()?;
     let mut rng = Rng::new(0);
     let (inner, edge) = points(256, 128, &mut rng)?;
-    let f = source(&inner)?;
+    let f = source(&inner)?.to_device(device)?;
+    let (inner, edge) = (inner.to_device(device)?, edge.to_device(device)?);
     let mut store = ParamStore::new();
     let net = Mlp::xavier(&mut store, "u", &[2, 32, 32, 1], Activation::Tanh, &mut rng, DType::F32)?;
+    store.to_device(device)?;
     let mut opt = Adam::new(5e-3);
     println!(
         "PINN for -Laplacian(u) = 2 pi^2 sin(pi x) sin(pi y): MLP 2-32-32-1 (tanh), 256 interior + 128 edge points"
     );
-    println!("step     0  relative L2 error {:.3}", error(&store, &net)?);
+    println!("step     0  relative L2 error {:.3}", error(&store, &net, device)?);
 
     let steps = 600;
     let mut live = Vec::with_capacity(steps);
@@ -78,9 +84,9 @@ fn main() -> anyhow::Result<()> {
         })?;
         opt.step(&mut store, &grads)?;
         drop(grads);
-        live.push(memory_allocated(Device::Cpu));
+        live.push(memory_allocated(device));
         if step % 150 == 0 {
-            println!("step {step:>5}  loss {loss:.4}  relative L2 error {:.3}", error(&store, &net)?);
+            println!("step {step:>5}  loss {loss:.4}  relative L2 error {:.3}", error(&store, &net, device)?);
         }
     }
     let flat = live.iter().all(|&b| b == live[0]);
@@ -90,7 +96,7 @@ fn main() -> anyhow::Result<()> {
         if flat { "identical at every one" } else { "CHANGED" }
     );
     anyhow::ensure!(flat, "live memory changed between steps");
-    let err = error(&store, &net)?;
+    let err = error(&store, &net, device)?;
     anyhow::ensure!(err < 0.2, "the network did not approach the solution (error {err})");
     Ok(())
 }

@@ -9,9 +9,12 @@
 //! into the gradient. This example measures the peak of forward plus
 //! backward for both, with tapir's exact allocator counters.
 //!
-//! Run: `cargo run --release --example 04_sparse_cross_entropy`
+//! Run: `cargo run --release --example 04_sparse_cross_entropy` (add
+//! `-- --device cuda` for CUDA).
 
 use tapir::prelude::*;
+
+mod common;
 
 const MIB: f64 = 1024.0 * 1024.0;
 
@@ -23,26 +26,28 @@ fn one_hot_loss<'g>(g: &'g Graph, logits: Var<'g>, labels: &Tensor, v: usize) ->
     for (r, &l) in labels.to_vec::<i64>()?.iter().enumerate() {
         rows[r * v + l as usize] = 1.0;
     }
-    logits.log_softmax(-1)?.mul(&g.constant(one_hot))?.sum(&[-1], false)?.mean_all()?.neg()
+    logits.log_softmax(-1)?.mul(&g.constant(one_hot.to_device(logits.device())?))?.sum(&[-1], false)?.mean_all()?.neg()
 }
 
 /// Loss and peak bytes above the starting point, of forward plus backward.
 fn measure(x0: &Tensor, loss: impl for<'g> Fn(&'g Graph, Var<'g>) -> Result<Var<'g>>) -> Result<(f64, usize, Tensor)> {
-    let start = memory_allocated(Device::Cpu);
-    reset_peak_memory_stats(Device::Cpu);
+    let device = x0.device();
+    let start = memory_allocated(device);
+    reset_peak_memory_stats(device);
     let (l, grad) = Graph::scope(|g| {
         let x = g.leaf(x0.clone());
         let l = loss(g, x)?;
         Ok::<_, Error>((l.item()?, g.grad(l, &[x])?.remove(0)))
     })?;
-    Ok((l, max_memory_allocated(Device::Cpu) - start, grad))
+    Ok((l, max_memory_allocated(device) - start, grad))
 }
 
 fn main() -> anyhow::Result<()> {
+    let device = common::device()?;
     let (b, s, v) = (4, 64, 8_000);
     let mut rng = Rng::new(0);
-    let logits = rng.uniform([b, s, v], -3.0, 3.0, DType::F32)?;
-    let labels = rng.randint([b, s], v as u64, DType::I64)?;
+    let logits = rng.uniform_on([b, s, v], -3.0, 3.0, DType::F32, device)?;
+    let labels = rng.randint_on([b, s], v as u64, DType::I64, device)?;
     let logits_bytes = logits.storage_bytes();
     println!("logits {} ({:.1} MiB), labels {}", logits.shape(), logits_bytes as f64 / MIB, labels.shape());
 

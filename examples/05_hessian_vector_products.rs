@@ -6,9 +6,12 @@
 //! then it uses it for what it is for: Newton steps for logistic regression
 //! solved by conjugate gradients, where each CG iteration needs one `H v`.
 //!
-//! Run: `cargo run --release --example 05_hessian_vector_products`
+//! Run: `cargo run --release --example 05_hessian_vector_products` (add
+//! `-- --device cuda` for CUDA).
 
 use tapir::prelude::*;
+
+mod common;
 
 /// Mean logistic loss `mean(log(1 + exp(-y * (X w))))` for labels +-1,
 /// plus a small ridge penalty `1e-3 |w|^2 / 2` that makes it strictly
@@ -32,9 +35,10 @@ fn dot(a: &[f64], b: &[f64]) -> f64 {
 }
 
 fn main() -> anyhow::Result<()> {
+    let device = common::device()?;
     // 1. H v against the full Hessian, on f(x) = sum(sin(x) * x^2) + (x0 x1)^2.
-    let x0 = Tensor::from_vec(vec![0.3f64, -1.1, 2.0], [3])?;
-    let v = Tensor::from_vec(vec![1.0f64, 0.5, -2.0], [3])?;
+    let x0 = Tensor::from_vec(vec![0.3f64, -1.1, 2.0], [3])?.to_device(device)?;
+    let v = Tensor::from_vec(vec![1.0f64, 0.5, -2.0], [3])?.to_device(device)?;
     let (hv, h) = Graph::scope(|g| {
         let x = g.leaf(x0.clone());
         let y = f(&x)?;
@@ -49,11 +53,11 @@ fn main() -> anyhow::Result<()> {
     // 2. Newton-CG on logistic regression: N points in d dimensions.
     let (n, d) = (2_000, 20);
     let mut rng = Rng::new(1);
-    let x = rng.randn([n, d], DType::F64)?;
-    let w_true = rng.randn([d, 1], DType::F64)?;
-    let noise = rng.randn([n, 1], DType::F64)?.mul_scalar(2.0)?;
+    let x = rng.randn_on([n, d], DType::F64, device)?;
+    let w_true = rng.randn_on([d, 1], DType::F64, device)?;
+    let noise = rng.randn_on([n, 1], DType::F64, device)?.mul_scalar(2.0)?;
     let y = x.matmul(&w_true)?.add(&noise)?.sign()?; // labels +-1
-    let mut w = Tensor::zeros([d, 1], DType::F64)?;
+    let mut w = Tensor::zeros_on([d, 1], DType::F64, device)?;
     println!("\nNewton-CG for logistic regression, {n} points, {d} features:");
     for newton in 0..10 {
         // The loss and gradient at w, in a scope of their own.
@@ -67,7 +71,7 @@ fn main() -> anyhow::Result<()> {
         // Solve H p = -g by conjugate gradients; every iteration is one H v,
         // each in its own scope, so nothing accumulates between them.
         let hvp = |p: &[f64]| -> Result<Vec<f64>> {
-            let pt = Tensor::from_vec(p.to_vec(), [d, 1])?;
+            let pt = Tensor::from_vec(p.to_vec(), [d, 1])?.to_device(device)?;
             Graph::scope(|g| {
                 let wv = g.leaf(w.clone());
                 let l = logistic(&g.constant(x.clone()), &g.constant(y.clone()), &wv)?;
@@ -97,7 +101,7 @@ fn main() -> anyhow::Result<()> {
         if gnorm < 1e-12 {
             break;
         }
-        w = w.add(&Tensor::from_vec(p, [d, 1])?)?;
+        w = w.add(&Tensor::from_vec(p, [d, 1])?.to_device(device)?)?;
     }
     let (loss, grad) = Graph::scope(|g| {
         let wv = g.leaf(w.clone());

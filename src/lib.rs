@@ -146,14 +146,50 @@
 //!
 //! # Where things run
 //!
-//! The CPU runs every op. The CUDA backend is being built: on a machine
-//! with a driver (or the emulated device, `TAPIR_CUDA=emulated`),
-//! [`Device::cuda`] gives a device with a caching allocator, `to_device`
-//! copies both ways, and the elementwise ops, comparisons, casts and copies
-//! run there; any other op on a CUDA tensor is [`Error::Unsupported`]
-//! (move it back with `to_device(Device::Cpu)`). Without a driver,
-//! [`Device::cuda`] is [`Error::DeviceUnavailable`] (never a panic) and
-//! [`Device::best`] picks the CPU.
+//! Every op runs on the CPU and on CUDA: [`Device::cuda`] gives a device
+//! with a caching allocator (the same [`memory_stats`] counters),
+//! `to_device` copies both ways, and autograd, the nn layers, losses,
+//! optimizers and checkpoints run unchanged on CUDA tensors; kernels are
+//! compiled from CUDA C by NVRTC at first use. The CUDA path is tested on an
+//! emulated device (`TAPIR_CUDA=emulated`; the README's "CUDA without a
+//! GPU" section gives the commands), which checks correctness, not speed;
+//! it has not yet been run on a real GPU. Without a driver (and without the
+//! emulator selected), [`Device::cuda`] is
+//! [`Error::DeviceUnavailable`] (never a panic), saying what is missing,
+//! and [`Device::best`] picks the CPU.
+//!
+//! ```
+//! use tapir::prelude::*;
+//!
+//! let device = Device::best(); // CUDA 0 when it can be used, else the CPU
+//! let x = Tensor::ones([2, 3], DType::F32)?.to_device(device)?;
+//! assert_eq!(x.sum_all()?.item()?, 6.0);
+//! match Device::cuda(7) {
+//!     Ok(d) => println!("{d}"),
+//!     Err(e) => assert!(matches!(e, Error::DeviceUnavailable { .. }), "{e}"),
+//! }
+//! # Ok::<(), Error>(())
+//! ```
+//!
+//! # Errors
+//!
+//! One error type, [`Error`], names the op and the values that failed.
+//! The other errors of the API convert into it, so `?` works in a function
+//! returning [`Result`]: a checkpoint's
+//! [`CheckpointError`](nn::checkpoint::CheckpointError) and the gradient
+//! checker's [`CheckError`](autograd::CheckError).
+//!
+//! ```
+//! use tapir::prelude::*;
+//!
+//! fn save_model(store: &ParamStore, path: &std::path::Path) -> Result<()> {
+//!     checkpoint::save(path, store, None, &Default::default())?; // CheckpointError -> Error
+//!     Ok(())
+//! }
+//! let missing = std::path::Path::new("/nonexistent-dir/model.safetensors");
+//! assert!(matches!(save_model(&ParamStore::new(), missing), Err(Error::Checkpoint { .. })));
+//! # Ok::<(), Error>(())
+//! ```
 #![deny(missing_docs)]
 
 #[doc(inline)]

@@ -44,6 +44,18 @@ impl From<Error> for CheckError {
     }
 }
 
+/// `?` on [`check_grads`] works in a function returning `tapir::Result`: an
+/// evaluation failure converts to the tensor error it carries, a mismatch
+/// to [`Error::GradCheck`] with the same message.
+impl From<CheckError> for Error {
+    fn from(e: CheckError) -> Self {
+        match e {
+            CheckError::Eval(e) => e,
+            mismatch => Error::GradCheck { message: mismatch.to_string() },
+        }
+    }
+}
+
 /// Settings of [`check_grads`].
 #[derive(Debug, Clone)]
 pub struct CheckOptions {

@@ -341,6 +341,26 @@ fn laplacian(reps: usize, device: Device, d: usize, nested: bool) -> Result<f64>
     })
 }
 
+/// A tapir / PyTorch time ratio in words: below 1 tapir took less time.
+/// Within 2% either way the two are called even: closer than this
+/// machine's run-to-run spread.
+pub fn time_verdict(ratio: f64) -> &'static str {
+    if !ratio.is_finite() {
+        "?"
+    } else if ratio < 0.98 {
+        "faster"
+    } else if ratio > 1.02 {
+        "slower"
+    } else {
+        "even"
+    }
+}
+
+/// A ratio with its verdict, e.g. `1.212x slower`.
+fn ratio_words(ratio: f64) -> String {
+    format!("{ratio:.3}x {}", time_verdict(ratio))
+}
+
 fn torch_script() -> Option<PathBuf> {
     [
         PathBuf::from("benches/torch/bench.py"),
@@ -431,7 +451,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .map(|(i, c)| (c, median(&tapir_ms[i]).expect("internal: at least one round"), peaks[i]))
         .collect();
     println!();
-    println!("{:<24} {:>12} {:>12} {:>14}  what", "case", "tapir ms", "torch ms", "tapir/torch");
+    // The ratio is tapir's time over PyTorch's: "faster" below 1.
+    println!("{:<24} {:>12} {:>12} {:>16}  what", "case", "tapir ms", "torch ms", "tapir/torch time");
     let mut out = Vec::new();
     for (i, (c, ms, peak)) in rows.iter().enumerate() {
         let torch = torch_last[i].as_ref();
@@ -441,16 +462,16 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         let ratios: Vec<f64> = tapir_ms[i].iter().zip(&torch_ms[i]).map(|(a, b)| a / b).collect();
         let ratio = median(&ratios);
         println!(
-            "{:<24} {:>12.3} {:>12} {:>14}  {}",
+            "{:<24} {:>12.3} {:>12} {:>16}  {}",
             c.name,
             ms,
             t.map(|t| format!("{t:.3}")).unwrap_or_else(|| "-".into()),
-            ratio.map(|r| format!("{r:.3}x")).unwrap_or_else(|| "-".into()),
+            ratio.map(ratio_words).unwrap_or_else(|| "-".into()),
             c.what
         );
         if ratios.len() > 1 {
             let (lo, hi) = ratios.iter().fold((f64::INFINITY, 0.0f64), |(l, h), &r| (l.min(r), h.max(r)));
-            println!("{:<24} ratios over {} rounds: {lo:.3}x to {hi:.3}x", "", ratios.len());
+            println!("{:<24} ratios over {} rounds: {} to {}", "", ratios.len(), ratio_words(lo), ratio_words(hi));
         }
         if let Some(p) = peak {
             let mib = |b: f64| b / 1048576.0;
@@ -458,13 +479,25 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             if let Some(m) = torch_mem.as_ref().and_then(|m| m.as_object()) {
                 for (k, b) in m {
                     if let Some(b) = b.as_f64() {
-                        line += &format!("; PyTorch {k} {:.1} MiB (tapir/PyTorch {:.3}x)", mib(b), *p as f64 / b);
+                        let r = *p as f64 / b;
+                        let words = if r < 1.0 {
+                            "less"
+                        } else if r > 1.0 {
+                            "more"
+                        } else {
+                            "the same"
+                        };
+                        line += &format!("; PyTorch {k} {:.1} MiB (tapir/PyTorch {r:.3}x, {words})", mib(b));
                     }
                 }
             }
             println!("{line}");
             if let Some(o) = torch.and_then(|v| v.get("onehot_ms")?.get(c.name)?.as_f64()) {
-                println!("{:<24} PyTorch one-hot formula (seed 000): {o:.1} ms (tapir/one-hot {:.3}x)", "", ms / o);
+                println!(
+                    "{:<24} PyTorch one-hot formula (seed 000): {o:.1} ms (tapir/one-hot {})",
+                    "",
+                    ratio_words(ms / o)
+                );
             }
         }
         out.push(json!({"name": c.name, "what": c.what, "tapir_ms": ms, "torch_ms": t, "ratio": ratio,
@@ -518,4 +551,19 @@ fn torch_cases(
 
 fn rayon_threads() -> usize {
     std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ratio_words, time_verdict};
+
+    #[test]
+    fn each_ratio_says_which_side_is_faster() {
+        // tapir's time over PyTorch's: below 1 tapir is faster.
+        assert_eq!(ratio_words(1.212), "1.212x slower");
+        assert_eq!(ratio_words(0.33), "0.330x faster");
+        assert_eq!(time_verdict(1.01), "even");
+        assert_eq!(time_verdict(0.99), "even");
+        assert_eq!(time_verdict(f64::NAN), "?");
+    }
 }

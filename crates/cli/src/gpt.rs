@@ -157,11 +157,16 @@ pub struct Summary {
     pub accuracy: Option<f64>,
     /// (step, accuracy) of each evaluation.
     pub evals: Vec<(usize, f64)>,
-    /// Seconds of training (evaluations included).
+    /// Seconds of the whole run (evaluations and checkpoints included).
     pub wall_s: f64,
+    /// Seconds of the training steps alone: batches, forward, backward and
+    /// the optimizer, without evaluations or checkpoints.
+    pub train_s: f64,
+    /// Seconds of the held-out evaluations.
+    pub eval_s: f64,
     /// Seconds until held-out accuracy first reached 95%, if it did.
     pub time_to_95: Option<f64>,
-    /// Training tokens per second.
+    /// Training tokens per second of training time ([`Summary::train_s`]).
     pub tokens_per_s: f64,
     /// Samples printed with --sample.
     pub samples: Vec<String>,
@@ -541,6 +546,8 @@ pub fn train(a: &Args) -> anyhow::Result<Summary> {
         accuracy: None,
         evals: vec![],
         wall_s: 0.0,
+        train_s: 0.0,
+        eval_s: 0.0,
         time_to_95: None,
         tokens_per_s: 0.0,
         samples: vec![],
@@ -550,6 +557,7 @@ pub fn train(a: &Args) -> anyhow::Result<Summary> {
     let mut tokens = 0usize;
     let meta = |step: usize| config_metadata(&cfg, &task_name, &vocab, seed, step);
     for step in start..end {
+        let step_t0 = Instant::now();
         opt.set_lr(schedule.lr(a.lr, step));
         let mut data_rng = step_rng(step, 1);
         let mut drop_rng = step_rng(step, 2);
@@ -601,17 +609,19 @@ pub fn train(a: &Args) -> anyhow::Result<Summary> {
         if !loss.is_finite() {
             bail!("the loss became {loss} at step {step}; try a lower --lr");
         }
+        summary.train_s += step_t0.elapsed().as_secs_f64();
         let done = step + 1;
-        let elapsed = t0.elapsed().as_secs_f64();
         bar.set_position(done as u64);
         bar.set_message(format!(
             "loss {loss:.4} | {:.0} tok/s | live {:.2} MiB",
-            tokens as f64 / elapsed.max(1e-9),
+            tokens as f64 / summary.train_s.max(1e-9),
             mib(stats.allocated)
         ));
         if let Task::Sums(s) = &task {
             if (a.eval_every > 0 && done % a.eval_every == 0) || done == end {
+                let eval_t0 = Instant::now();
                 let acc = accuracy(&model, &store, s)?;
+                summary.eval_s += eval_t0.elapsed().as_secs_f64();
                 summary.evals.push((done, acc));
                 if acc >= 0.95 && summary.time_to_95.is_none() {
                     summary.time_to_95 = Some(t0.elapsed().as_secs_f64());
@@ -638,7 +648,7 @@ pub fn train(a: &Args) -> anyhow::Result<Summary> {
     }
     bar.finish_and_clear();
     summary.wall_s = t0.elapsed().as_secs_f64();
-    summary.tokens_per_s = tokens as f64 / summary.wall_s.max(1e-9);
+    summary.tokens_per_s = tokens as f64 / summary.train_s.max(1e-9);
     summary.accuracy = summary.evals.last().map(|e| e.1);
     if let Some(path) = &a.save {
         checkpoint::save(path, &store, Some(&opt), &meta(end.max(start)))?;
@@ -727,7 +737,16 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     let last = s.losses.last().copied().unwrap_or(f32::NAN);
     println!("steps        {}  (final loss {last:.4})", s.steps_run);
-    println!("wall time    {:.1} s  ({:.0} tokens/s)", s.wall_s, s.tokens_per_s);
+    println!(
+        "training     {:.1} s  ({:.0} tokens/s, {:.1} ms a step)",
+        s.train_s,
+        s.tokens_per_s,
+        1e3 * s.train_s / s.steps_run as f64
+    );
+    if !s.evals.is_empty() {
+        println!("evaluation   {:.1} s  ({} held-out evaluations)", s.eval_s, s.evals.len());
+    }
+    println!("wall time    {:.1} s  (the whole loop)", s.wall_s);
     if let Some(acc) = s.accuracy {
         println!("held-out     {:.2}% exact match", 100.0 * acc);
         match s.time_to_95 {

@@ -20,7 +20,7 @@ fn one_case(only: &str, device: DeviceArg, dir: &std::path::Path) -> Args {
     }
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn bench_on_cuda_runs_a_case_and_names_the_device() {
     if let Err(e) = Device::cuda(0) {
         assert!(std::env::var("TAPIR_REQUIRE_CUDA").as_deref() != Ok("1"), "TAPIR_REQUIRE_CUDA=1 but {e}");

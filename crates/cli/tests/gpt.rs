@@ -50,6 +50,13 @@ fn sums_run_is_flat_and_scored() {
     assert!((0.0..=1.0).contains(&acc));
     assert_eq!(s.samples.len(), 3);
     assert!(s.losses[7] < s.losses[0], "{:?}", s.losses);
+    // Training time and evaluation time are counted apart, and the
+    // throughput is over the training time alone.
+    assert!(s.train_s > 0.0 && s.eval_s > 0.0, "{} {}", s.train_s, s.eval_s);
+    assert!(s.train_s + s.eval_s <= s.wall_s, "{} + {} > {}", s.train_s, s.eval_s, s.wall_s);
+    // 8 steps of 16 sequences: a whole number of tokens per sequence.
+    let per_sequence = s.tokens_per_s * s.train_s / (8.0 * 16.0);
+    assert!(per_sequence >= 1.0 && (per_sequence - per_sequence.round()).abs() < 1e-6, "{per_sequence}");
 }
 
 #[test]
@@ -85,7 +92,7 @@ fn text_file_trains_and_samples() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn gpt_on_cuda_learns_with_flat_device_memory() {
     let _s = serial();
     let Some(dev) = tapir_testing::cuda_or_skip("gpt_on_cuda_learns_with_flat_device_memory", Device::cuda(0)) else {
@@ -106,7 +113,7 @@ fn gpt_on_cuda_learns_with_flat_device_memory() {
     assert_eq!(memory_allocated(dev), before, "the run freed what it made on {dev}");
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn a_run_saved_on_cuda_resumes_on_the_cpu() {
     // Half a run on the device, saved; the other half resumed from that
     // checkpoint on the host. The parameters and AdamW's moments cross in

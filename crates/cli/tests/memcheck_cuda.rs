@@ -25,7 +25,7 @@ fn flat_on(dev: Device, names: &[&str]) {
     assert_eq!(memory_allocated(dev), before, "the scenarios freed what they made on {dev}");
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn memcheck_scenarios_on_cuda_are_flat() {
     let Some(dev) = cuda_or_skip("memcheck_scenarios_on_cuda_are_flat") else { return };
     flat_on(
@@ -41,7 +41,7 @@ fn memcheck_scenarios_on_cuda_are_flat() {
     );
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn memcheck_onehot_scenario_on_cuda_is_flat() {
     let Some(dev) = cuda_or_skip("memcheck_onehot_scenario_on_cuda_is_flat") else { return };
     flat_on(dev, &["onehot_cross_entropy"]);

@@ -42,7 +42,7 @@ fn tiny(device: DeviceArg) -> Args {
     }
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn pinn_poisson_on_cuda_learns_with_flat_device_memory() {
     let _s = serial();
     let Some(dev) = cuda_or_skip("pinn_poisson_on_cuda_learns_with_flat_device_memory") else { return };
@@ -60,7 +60,7 @@ fn pinn_poisson_on_cuda_learns_with_flat_device_memory() {
     assert_eq!(memory_allocated(dev), before);
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn pinn_on_cuda_and_cpu_agree_at_the_start() {
     // The same seed draws the same points and weights on every device, so
     // the first loss (before any update) agrees to f32 rounding.
@@ -71,7 +71,7 @@ fn pinn_on_cuda_and_cpu_agree_at_the_start() {
     assert!((c - g).abs() <= 1e-4 * c.abs(), "cpu {c} vs cuda {g}");
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn pinn_adam_then_lbfgs_on_cuda_follows_the_cpu_with_flat_memory() {
     // Adam then L-BFGS, the full PINN recipe, on the device: the iterates
     // follow the CPU's (the same arithmetic up to f32 rounding, so the

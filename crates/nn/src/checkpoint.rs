@@ -72,6 +72,18 @@ pub enum CheckpointError {
     Tensor(#[from] tapir_tensor::Error),
 }
 
+/// `?` on a checkpoint call works in a function returning `tapir::Result`:
+/// a tensor error converts to itself, any other to
+/// [`Error::Checkpoint`](tapir_tensor::Error::Checkpoint) with the same message.
+impl From<CheckpointError> for tapir_tensor::Error {
+    fn from(e: CheckpointError) -> Self {
+        match e {
+            CheckpointError::Tensor(e) => e,
+            other => tapir_tensor::Error::Checkpoint { message: other.to_string() },
+        }
+    }
+}
+
 fn list(ms: &[Mismatch]) -> String {
     ms.iter().map(|m| format!("  - {m}")).collect::<Vec<_>>().join("\n")
 }

@@ -77,7 +77,7 @@ fn input(rng: &mut Rng, shape: &[usize], dtype: DType) -> Tensor {
     rng.normal_tensor(shape.to_vec(), 0.0, 1.0, dtype).expect("input")
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_gpt_layers_match_the_cpu() -> Result<()> {
     let Some((dev, _serial)) = cuda("cuda_gpt_layers_match_the_cpu") else { return Ok(()) };
     // Embeddings, layer norms, causal self-attention with its residual,
@@ -98,7 +98,7 @@ fn cuda_gpt_layers_match_the_cpu() -> Result<()> {
     compare("gpt logits", &store, dev, 1e-4, &|b, d| gpt.logits(b, &ids.to_device(d)?, None))
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_mlp_linear_and_rms_norm_match_the_cpu() -> Result<()> {
     let Some((dev, _serial)) = cuda("cuda_mlp_linear_and_rms_norm_match_the_cpu") else { return Ok(()) };
     let mut rng = Rng::new(7);
@@ -141,7 +141,7 @@ fn optimizers() -> Vec<(&'static str, Box<dyn Optimizer>)> {
     ]
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_optimizer_kernels_match_the_cpu_bit_for_bit() -> Result<()> {
     let Some((dev, _serial)) = cuda("cuda_optimizer_kernels_match_the_cpu_bit_for_bit") else { return Ok(()) };
     // The same parameters and the same gradients on both devices: the
@@ -188,7 +188,7 @@ fn mlp_loss<'g>(net: &Mlp, b: &Bound<'g>, x: &Tensor, y: &Tensor) -> Result<Var<
     mse(&net.forward(b, g.constant(x.clone()))?, &g.constant(y.clone()))
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_training_steps_match_the_cpu_and_hold_live_bytes() -> Result<()> {
     let Some((dev, _serial)) = cuda("cuda_training_steps_match_the_cpu_and_hold_live_bytes") else { return Ok(()) };
     let mut rng = Rng::new(5);
@@ -238,7 +238,7 @@ fn temp(name: &str) -> std::path::PathBuf {
     std::env::temp_dir().join(format!("tapir-cuda-nn-{}-{name}.safetensors", std::process::id()))
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_checkpoints_move_between_devices() -> Result<(), Box<dyn std::error::Error>> {
     let Some((dev, _serial)) = cuda("cuda_checkpoints_move_between_devices") else { return Ok(()) };
     let mut rng = Rng::new(9);
@@ -293,7 +293,7 @@ fn cuda_checkpoints_move_between_devices() -> Result<(), Box<dyn std::error::Err
     Ok(())
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_gradient_clipping_matches_the_cpu() -> Result<()> {
     let Some((dev, _serial)) = cuda("cuda_gradient_clipping_matches_the_cpu") else { return Ok(()) };
     let mut rng = Rng::new(13);
@@ -310,7 +310,7 @@ fn cuda_gradient_clipping_matches_the_cpu() -> Result<()> {
     Ok(())
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_forward_jet_matches_the_cpu() -> Result<()> {
     let Some((dev, _serial)) = cuda("cuda_forward_jet_matches_the_cpu") else { return Ok(()) };
     // The physics-informed networks' derivatives: the Laplacian over all
@@ -328,7 +328,7 @@ fn cuda_forward_jet_matches_the_cpu() -> Result<()> {
     Ok(())
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_dropout_data_loader_and_lbfgs_match_the_cpu() -> Result<()> {
     let Some((dev, _serial)) = cuda("cuda_dropout_data_loader_and_lbfgs_match_the_cpu") else { return Ok(()) };
     let mut rng = Rng::new(19);

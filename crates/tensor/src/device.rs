@@ -18,7 +18,7 @@ impl Device {
     ///
     /// The device's context and default stream are created on the first
     /// call, once per process. When it cannot be had, the error is
-    /// [`Error::DeviceUnavailable`], whose reason says which of "no CUDA
+    /// [`Error::DeviceUnavailable`](crate::Error::DeviceUnavailable), whose reason says which of "no CUDA
     /// driver found", "no device" or "no device `ordinal`" holds on this
     /// machine (or why the context could not be created).
     pub fn cuda(ordinal: usize) -> Result<Device> {
@@ -26,8 +26,22 @@ impl Device {
     }
 
     /// The fastest device present: CUDA 0 when it can be used, else the CPU.
+    ///
+    /// With the emulated device selected (`TAPIR_CUDA=emulated`) but not
+    /// loadable, the CPU it falls back to is announced on stderr, once per
+    /// process, with the reason: asking for the emulator and silently
+    /// running on the CPU would hide a missing build step.
     pub fn best() -> Device {
-        Device::cuda(0).unwrap_or(Device::Cpu)
+        match Device::cuda(0) {
+            Ok(d) => d,
+            Err(e) => {
+                if crate::cuda::emulated_selected() {
+                    static WARNED: std::sync::Once = std::sync::Once::new();
+                    WARNED.call_once(|| eprintln!("tapir: TAPIR_CUDA=emulated, but {e}; Device::best() uses the CPU"));
+                }
+                Device::Cpu
+            }
+        }
     }
 
     /// True for [`Device::Cpu`].

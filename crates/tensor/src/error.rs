@@ -163,6 +163,23 @@ pub enum Error {
     /// An error from the CUDA driver, NVRTC or cuBLAS.
     #[error("cuda: {0}")]
     Cuda(String),
+    /// A checkpoint could not be saved or loaded: `tapir_nn`'s
+    /// `CheckpointError` converted by `?` in a function returning this
+    /// crate's [`Result`] (a tensor error inside it converts to itself).
+    /// `message` is that error's own, naming the file and what was wrong.
+    #[error("{message}")]
+    Checkpoint {
+        /// The checkpoint error's message.
+        message: String,
+    },
+    /// A derivative disagreed with finite differences: `tapir_autograd`'s
+    /// `CheckError::Mismatch` converted by `?` (its evaluation failures
+    /// convert to the tensor error they carry).
+    #[error("gradient check: {message}")]
+    GradCheck {
+        /// The check error's message.
+        message: String,
+    },
 }
 
 impl Error {

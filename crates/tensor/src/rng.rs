@@ -213,8 +213,41 @@ fn fill<T: Copy + Default>(n: usize, e: usize, rng: &Rng, mut f: impl FnMut([u32
     Ok(v)
 }
 
+/// PyTorch's `torch.randn(shape)` and `torch.rand(shape)`, found where a
+/// PyTorch user looks for them. tapir has no hidden global generator, so
+/// the generator is the last argument: `Tensor::randn(s, d, &mut rng)` is
+/// `rng.randn(s, d)`, and `Rng::new(seed)` plays `torch.manual_seed(seed)`.
+///
+/// ```
+/// use tapir::prelude::*;
+///
+/// let mut rng = Rng::new(0);
+/// let x = Tensor::randn([2, 3], DType::F32, &mut rng)?;
+/// assert_eq!(x.dims(), &[2, 3]);
+/// // The same numbers as the generator's own method from the same seed.
+/// assert_eq!(x.to_vec::<f32>()?, Rng::new(0).randn([2, 3], DType::F32)?.to_vec::<f32>()?);
+/// let u = Tensor::rand([4], DType::F64, &mut rng)?.to_vec::<f64>()?;
+/// assert!(u.iter().all(|v| (0.0..1.0).contains(v)));
+/// # Ok::<(), Error>(())
+/// ```
+impl Tensor {
+    /// A tensor of standard normals from `rng` (`torch.randn`); see
+    /// [`Rng::randn_on`] for another device.
+    pub fn randn(shape: impl Into<Shape>, dtype: DType, rng: &mut Rng) -> Result<Tensor> {
+        rng.randn(shape, dtype)
+    }
+
+    /// A tensor uniform in `[0, 1)` from `rng` (`torch.rand`); see
+    /// [`Rng::rand_on`] for another device.
+    pub fn rand(shape: impl Into<Shape>, dtype: DType, rng: &mut Rng) -> Result<Tensor> {
+        rng.rand(shape, dtype)
+    }
+}
+
 impl Rng {
-    /// A generator from a seed; the same seed gives the same stream.
+    /// A generator from a seed; the same seed gives the same stream
+    /// (`torch.manual_seed`, for a generator of its own).
+    #[doc(alias = "manual_seed")]
     pub fn new(seed: u64) -> Self {
         Rng { key: [seed as u32, (seed >> 32) as u32], counter: 0, words: [0; 4], used: 4, spare_normal: None }
     }

@@ -129,7 +129,7 @@ fn opts(reduction: Reduction, label_smoothing: f64, ignore_index: i64) -> CrossE
 }
 
 /// Both shapes, every dtype, every reduction, smoothing and ignore_index.
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_sparse_cross_entropy_matches_the_cpu() {
     let _s = serial();
     let Some(dev) = cuda("cuda_sparse_cross_entropy_matches_the_cpu") else { return };
@@ -143,7 +143,7 @@ fn cuda_sparse_cross_entropy_matches_the_cpu() {
 
 /// Ragged shapes: V not a multiple of the block, a single row, tiny rows,
 /// and every row ignored (a mean of no rows is NaN with a zero gradient).
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_sparse_cross_entropy_ragged_shapes() {
     let _s = serial();
     let Some(dev) = cuda("cuda_sparse_cross_entropy_ragged_shapes") else { return };
@@ -176,7 +176,7 @@ fn cuda_sparse_cross_entropy_ragged_shapes() {
 }
 
 /// A second derivative through the loss (the recorded rule) on the device.
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_sparse_cross_entropy_hessian_vector_product() {
     let _s = serial();
     let Some(dev) = cuda("cuda_sparse_cross_entropy_hessian_vector_product") else { return };
@@ -197,7 +197,7 @@ fn cuda_sparse_cross_entropy_hessian_vector_product() {
 
 /// A label out of range is the CPU's error, naming the same (lowest) row
 /// and value, and the call frees what it allocated.
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_sparse_cross_entropy_bad_labels() {
     let _s = serial();
     let Some(dev) = cuda("cuda_sparse_cross_entropy_bad_labels") else { return };
@@ -280,7 +280,7 @@ fn head_case(dev: Device, lead: &[usize], dd: usize, v: usize, dtype: DType, o: 
     assert_close("plain head", &gpu, &cpu, dtype);
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_linear_cross_entropy_matches_the_cpu() {
     let _s = serial();
     let Some(dev) = cuda("cuda_linear_cross_entropy_matches_the_cpu") else { return };
@@ -298,7 +298,7 @@ fn cuda_linear_cross_entropy_matches_the_cpu() {
 
 /// The head's backward without precomputed gradients (a second backward
 /// of a retained graph, and reduction none) recomputes the chunks.
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_linear_cross_entropy_recomputing_backward() {
     let _s = serial();
     let Some(dev) = cuda("cuda_linear_cross_entropy_recomputing_backward") else { return };
@@ -331,7 +331,7 @@ const SLACK: usize = 4096;
 /// of N x V; forward plus backward adds at most the gradient and O(N); and
 /// when the loss is the logits' last reader the gradient is written over
 /// them (no N x V buffer above the forward).
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_sparse_cross_entropy_memory_bounds() {
     let _s = serial();
     let Some(dev) = cuda("cuda_sparse_cross_entropy_memory_bounds") else { return };
@@ -387,7 +387,7 @@ fn cuda_sparse_cross_entropy_memory_bounds() {
 /// made in the forward (recorded, mean), and the backward recomputing each
 /// chunk (reduction none, `weight` and `bias` constants), whose peak holds
 /// the chunk and the gradients together.
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_linear_cross_entropy_memory_bounds() {
     let _s = serial();
     let Some(dev) = cuda("cuda_linear_cross_entropy_memory_bounds") else { return };

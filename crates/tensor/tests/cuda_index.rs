@@ -95,7 +95,7 @@ fn assert_same(what: &str, cpu: &Tensor, gpu: &Tensor) {
     }
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_index_select_matches_the_cpu_on_every_dtype_axis_and_view() {
     let _g = shared();
     let Some(dev) = cuda("cuda_index_select_matches_the_cpu_on_every_dtype_axis_and_view") else { return };
@@ -125,7 +125,7 @@ fn cuda_index_select_matches_the_cpu_on_every_dtype_axis_and_view() {
     }
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_embedding_matches_the_cpu_on_short_and_long_rows_and_strided_ids() {
     let _g = shared();
     let Some(dev) = cuda("cuda_embedding_matches_the_cpu_on_short_and_long_rows_and_strided_ids") else { return };
@@ -147,7 +147,7 @@ fn cuda_embedding_matches_the_cpu_on_short_and_long_rows_and_strided_ids() {
     }
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_index_add_matches_the_cpu_with_duplicate_indices() {
     let _g = shared();
     let Some(dev) = cuda("cuda_index_add_matches_the_cpu_with_duplicate_indices") else { return };
@@ -172,7 +172,7 @@ fn cuda_index_add_matches_the_cpu_with_duplicate_indices() {
     }
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_index_add_and_scatter_add_sum_many_duplicates_within_rounding() {
     let _g = shared();
     let Some(dev) = cuda("cuda_index_add_and_scatter_add_sum_many_duplicates_within_rounding") else { return };
@@ -206,7 +206,7 @@ fn gather_dims(dims: &[usize], axis: usize) -> Vec<usize> {
     dims.iter().enumerate().map(|(a, &d)| if a == axis { 4 } else { d - 1 }).collect()
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_gather_matches_the_cpu_on_every_dtype_axis_and_view() {
     let _g = shared();
     let Some(dev) = cuda("cuda_gather_matches_the_cpu_on_every_dtype_axis_and_view") else { return };
@@ -231,7 +231,7 @@ fn cuda_gather_matches_the_cpu_on_every_dtype_axis_and_view() {
     }
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_scatter_add_matches_the_cpu_on_every_dtype_axis_and_view() {
     let _g = shared();
     let Some(dev) = cuda("cuda_scatter_add_matches_the_cpu_on_every_dtype_axis_and_view") else { return };
@@ -257,7 +257,7 @@ fn cuda_scatter_add_matches_the_cpu_on_every_dtype_axis_and_view() {
     }
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_where_matches_the_cpu_for_every_mask_and_value_dtype_with_broadcasting() {
     let _g = shared();
     let Some(dev) = cuda("cuda_where_matches_the_cpu_for_every_mask_and_value_dtype_with_broadcasting") else { return };
@@ -296,7 +296,7 @@ fn cuda_where_matches_the_cpu_for_every_mask_and_value_dtype_with_broadcasting()
     }
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_concat_and_stack_match_the_cpu_on_every_dtype_axis_and_view() {
     let _g = shared();
     let Some(dev) = cuda("cuda_concat_and_stack_match_the_cpu_on_every_dtype_axis_and_view") else { return };
@@ -334,7 +334,7 @@ fn cuda_concat_and_stack_match_the_cpu_on_every_dtype_axis_and_view() {
     }
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_pad_matches_the_cpu_on_every_dtype_axis_and_view() {
     let _g = shared();
     let Some(dev) = cuda("cuda_pad_matches_the_cpu_on_every_dtype_axis_and_view") else { return };
@@ -355,7 +355,7 @@ fn cuda_pad_matches_the_cpu_on_every_dtype_axis_and_view() {
     }
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_empty_tensors_index_join_and_select_as_on_the_cpu() {
     let _g = shared();
     let Some(dev) = cuda("cuda_empty_tensors_index_join_and_select_as_on_the_cpu") else { return };
@@ -534,7 +534,7 @@ fn bad_cases() -> Vec<BadCase> {
     cases
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_bad_indices_and_shapes_give_the_cpus_error_and_free_everything() {
     let _g = exclusive();
     let Some(dev) = cuda("cuda_bad_indices_and_shapes_give_the_cpus_error_and_free_everything") else { return };
@@ -549,7 +549,7 @@ fn cuda_bad_indices_and_shapes_give_the_cpus_error_and_free_everything() {
     }
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_index_join_and_select_free_their_temporaries() {
     let _g = exclusive();
     let Some(dev) = cuda("cuda_index_join_and_select_free_their_temporaries") else { return };

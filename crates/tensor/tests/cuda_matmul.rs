@@ -77,7 +77,7 @@ fn check_view(
 const SIZES: [(usize, usize, usize); 8] =
     [(1, 1, 1), (1, 7, 33), (7, 33, 1), (33, 7, 65), (65, 33, 7), (7, 65, 33), (65, 1, 65), (33, 65, 33)];
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_matmul_matches_the_cpu_on_ragged_2d_sizes_in_every_float_dtype() {
     let Some((dev, _g)) = cuda("cuda_matmul_matches_the_cpu_on_ragged_2d_sizes_in_every_float_dtype") else {
         return;
@@ -90,7 +90,7 @@ fn cuda_matmul_matches_the_cpu_on_ragged_2d_sizes_in_every_float_dtype() {
     }
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_matmul_reads_transposed_and_strided_views_in_place() {
     let Some((dev, _g)) = cuda("cuda_matmul_reads_transposed_and_strided_views_in_place") else { return };
     let id = |t: &Tensor| t.clone();
@@ -118,7 +118,7 @@ fn cuda_matmul_reads_transposed_and_strided_views_in_place() {
     }
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_matmul_batches_and_broadcasts_batch_dims() {
     let Some((dev, _g)) = cuda("cuda_matmul_batches_and_broadcasts_batch_dims") else { return };
     let id = |t: &Tensor| t.clone();
@@ -151,7 +151,7 @@ fn cuda_matmul_batches_and_broadcasts_batch_dims() {
     }
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_matmul_takes_the_vector_forms_the_cpu_takes() {
     let Some((dev, _g)) = cuda("cuda_matmul_takes_the_vector_forms_the_cpu_takes") else { return };
     for dtype in FLOATS {
@@ -165,7 +165,7 @@ fn cuda_matmul_takes_the_vector_forms_the_cpu_takes() {
     }
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_matmul_of_empty_operands_is_empty_or_zero() {
     let Some((dev, _g)) = cuda("cuda_matmul_of_empty_operands_is_empty_or_zero") else { return };
     for dtype in FLOATS {
@@ -180,7 +180,7 @@ fn cuda_matmul_of_empty_operands_is_empty_or_zero() {
     }
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_matmul_errors_are_the_cpus() {
     let Some((dev, _g)) = cuda("cuda_matmul_errors_are_the_cpus") else { return };
     let f = DType::F32;
@@ -206,7 +206,7 @@ fn cuda_matmul_errors_are_the_cpus() {
     assert_eq!(memory_stats(dev).allocated, before, "a failed product leaves nothing behind");
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_matmul_live_bytes_return_to_their_value() {
     let Some((dev, _g)) = cuda("cuda_matmul_live_bytes_return_to_their_value") else { return };
     let (a, b) = (tensor(&[2, 1, 7, 33], 1, DType::F32), tensor(&[3, 33, 5], 2, DType::F32));
@@ -228,7 +228,7 @@ fn cuda_matmul_live_bytes_return_to_their_value() {
     assert_eq!(memory_stats(dev).allocated, before);
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_matmul_makes_no_copy_of_transposed_views_or_broadcast_batches() {
     let Some((dev, _g)) = cuda("cuda_matmul_makes_no_copy_of_transposed_views_or_broadcast_batches") else {
         return;
@@ -253,7 +253,7 @@ fn cuda_matmul_makes_no_copy_of_transposed_views_or_broadcast_batches() {
 /// The fused linear sums (a product rule's tangent, a tanh layer) have a
 /// fused kernel on the CPU only; on CUDA they run composed, through the
 /// cuBLAS product and the elementwise kernels, to the same values.
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_fused_linear_sums_run_composed_to_the_cpus_values() {
     use tapir_tensor::ops::matmul::{fused_linear_sum_then, Then};
     let Some((dev, _g)) = cuda("cuda_fused_linear_sums_run_composed_to_the_cpus_values") else { return };
@@ -296,7 +296,7 @@ fn relative_product_error(a: &Tensor, b: &Tensor, c: &Tensor) -> f64 {
     worst
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_tf32_is_off_unless_asked_for_and_changes_f32_products_only() {
     assert!(matches!(
         tapir_tensor::cuda::set_allow_tf32(Device::Cpu, true),

@@ -23,7 +23,7 @@ fn step(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     y.mul(&h)
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_memory_live_bytes_are_exact_and_come_back_after_a_scope() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let Some(dev) = cuda("cuda_memory_live_bytes_are_exact_and_come_back_after_a_scope") else { return };
@@ -45,7 +45,7 @@ fn cuda_memory_live_bytes_are_exact_and_come_back_after_a_scope() {
     assert_eq!(after.reserved % (2 << 20), 0, "segments are 2 MiB multiples: {after:?}");
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_memory_a_second_identical_step_makes_no_driver_allocation() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let Some(dev) = cuda("cuda_memory_a_second_identical_step_makes_no_driver_allocation") else { return };
@@ -78,7 +78,7 @@ impl SumHost for Tensor {
     }
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_memory_peaks_reset_and_empty_cache_returns_idle_segments() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let Some(dev) = cuda("cuda_memory_peaks_reset_and_empty_cache_returns_idle_segments") else { return };
@@ -111,7 +111,7 @@ fn cuda_memory_peaks_reset_and_empty_cache_returns_idle_segments() {
     assert!(summary.contains("driver frees") && summary.contains("cuda:0"), "{summary}");
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_memory_out_of_memory_empties_the_cache_retries_and_leaves_nothing_behind() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let Some(dev) = cuda("cuda_memory_out_of_memory_empties_the_cache_retries_and_leaves_nothing_behind") else {

@@ -49,7 +49,7 @@ fn views(base: &Tensor) -> Vec<(&'static str, Tensor)> {
     ]
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_to_device_round_trips_every_dtype_and_views() {
     let Some(dev) = cuda("cuda_to_device_round_trips_every_dtype_and_views") else { return };
     for dtype in [DType::F32, DType::F64, DType::F16, DType::BF16, DType::I32, DType::I64] {
@@ -67,7 +67,7 @@ fn cuda_to_device_round_trips_every_dtype_and_views() {
     assert_eq!((empty.dims(), empty.to_vec_f64().len()), (&[0usize, 3][..], 0));
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_device_is_usable_and_best_picks_it() {
     let Some(dev) = cuda("cuda_device_is_usable_and_best_picks_it") else { return };
     assert_eq!(dev, Device::Cuda(0));
@@ -79,7 +79,7 @@ fn cuda_device_is_usable_and_best_picks_it() {
     assert!(matches!(err, Error::DeviceUnavailable { device: Device::Cuda(15), .. }), "{err}");
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_unary_matches_the_cpu_on_views_in_f32_and_f64() {
     let Some(dev) = cuda("cuda_unary_matches_the_cpu_on_views_in_f32_and_f64") else { return };
     for dtype in [DType::F32, DType::F64] {
@@ -101,7 +101,7 @@ fn cuda_unary_matches_the_cpu_on_views_in_f32_and_f64() {
     }
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_unary_on_half_types_rounds_once_as_the_cpu() {
     let Some(dev) = cuda("cuda_unary_on_half_types_rounds_once_as_the_cpu") else { return };
     for dtype in [DType::F16, DType::BF16] {
@@ -113,7 +113,7 @@ fn cuda_unary_on_half_types_rounds_once_as_the_cpu() {
     }
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_binary_matches_the_cpu_with_broadcasting_and_views() {
     let Some(dev) = cuda("cuda_binary_matches_the_cpu_with_broadcasting_and_views") else { return };
     let ops = [Binary::Add, Binary::Sub, Binary::Mul, Binary::Div, Binary::Pow, Binary::Maximum, Binary::Minimum];
@@ -161,7 +161,7 @@ fn int_parity(op: Binary, a: &Tensor, b: &Tensor, dev: Device) {
     }
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_integer_arithmetic_wraps_and_matches_the_cpu() {
     let Some(dev) = cuda("cuda_integer_arithmetic_wraps_and_matches_the_cpu") else { return };
     let a32 = Tensor::from_vec(vec![i32::MAX, -3, 7, i32::MIN, 0, 12], [2, 3]).unwrap();
@@ -181,7 +181,7 @@ fn cuda_integer_arithmetic_wraps_and_matches_the_cpu() {
     assert_eq!(a32.add(&b32).unwrap().to_vec::<i32>().unwrap()[0], i32::MIN, "the CPU wraps too");
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_integer_pow_wraps_and_rejects_negative_exponents_as_the_cpu() {
     let Some(dev) = cuda("cuda_integer_pow_wraps_and_rejects_negative_exponents_as_the_cpu") else { return };
     // Bases that overflow at once, signs, 0 and 1; exponents 0, small, and
@@ -222,7 +222,7 @@ fn cuda_integer_pow_wraps_and_rejects_negative_exponents_as_the_cpu() {
     int_parity(Binary::Pow, &Tensor::from_vec(vec![-2i64], [1]).unwrap(), &neg64, dev);
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_reshape_and_contiguous_of_strided_views_copy_on_the_device() {
     let Some(dev) = cuda("cuda_reshape_and_contiguous_of_strided_views_copy_on_the_device") else { return };
     let base = tensor(values(24, -3.0, 3.0, 11), &[4, 6], DType::F32);
@@ -235,7 +235,7 @@ fn cuda_reshape_and_contiguous_of_strided_views_copy_on_the_device() {
     assert_close("contiguous of a narrowed view", &cpu, &gpu);
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_comparisons_match_the_cpu_with_tensors_and_scalars() {
     let Some(dev) = cuda("cuda_comparisons_match_the_cpu_with_tensors_and_scalars") else { return };
     for dtype in [DType::F32, DType::F64, DType::BF16] {
@@ -255,7 +255,7 @@ fn cuda_comparisons_match_the_cpu_with_tensors_and_scalars() {
     }
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_contiguous_copies_strided_views_of_every_dtype() {
     let Some(dev) = cuda("cuda_contiguous_copies_strided_views_of_every_dtype") else { return };
     for dtype in [DType::F32, DType::F64, DType::F16, DType::BF16, DType::I32, DType::I64] {
@@ -282,7 +282,7 @@ fn cuda_contiguous_copies_strided_views_of_every_dtype() {
     }
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_casts_between_all_six_dtypes_match_the_cpu() {
     let Some(dev) = cuda("cuda_casts_between_all_six_dtypes_match_the_cpu") else { return };
     let all = [DType::F32, DType::F64, DType::F16, DType::BF16, DType::I32, DType::I64];
@@ -308,7 +308,7 @@ fn cuda_casts_between_all_six_dtypes_match_the_cpu() {
     }
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_mixing_devices_is_a_device_mismatch_naming_both() {
     let Some(dev) = cuda("cuda_mixing_devices_is_a_device_mismatch_naming_both") else { return };
     let c = Tensor::from_vec(vec![1.0f32, 2.0], [2]).unwrap();
@@ -430,7 +430,7 @@ fn every_op() -> Vec<Case> {
     cases
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_every_op_has_a_kernel_and_every_op_is_listed() {
     let Some(dev) = cuda("cuda_every_op_has_a_kernel_and_every_op_is_listed") else { return };
     let x = tensor(values(6, -1.0, 1.0, 14), &[2, 3], DType::F32).to_device(dev).unwrap();

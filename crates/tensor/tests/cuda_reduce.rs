@@ -129,7 +129,7 @@ fn views() -> [View; 4] {
     ]
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_every_reduction_matches_the_cpu_over_axis_sets_and_views() {
     let _g = serial();
     let Some(dev) = cuda("cuda_every_reduction_matches_the_cpu_over_axis_sets_and_views") else { return };
@@ -157,7 +157,7 @@ fn cuda_every_reduction_matches_the_cpu_over_axis_sets_and_views() {
     }
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_reductions_handle_ragged_rows_and_rows_longer_than_a_block() {
     let _g = serial();
     let Some(dev) = cuda("cuda_reductions_handle_ragged_rows_and_rows_longer_than_a_block") else { return };
@@ -236,7 +236,7 @@ fn cuda_reductions_handle_ragged_rows_and_rows_longer_than_a_block() {
     assert_matches("argmax [4100, 65] axis 1", &z.argmax(1, false).unwrap(), &dz.argmax(1, false).unwrap(), 0.0);
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_a_few_long_rows_reduce_in_chunks_as_on_the_cpu() {
     let _g = serial();
     let Some(dev) = cuda("cuda_a_few_long_rows_reduce_in_chunks_as_on_the_cpu") else { return };
@@ -288,7 +288,7 @@ fn specials() -> Tensor {
     Tensor::from_vec(v, [9, 5]).unwrap()
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_nan_and_infinities_are_handled_as_on_the_cpu() {
     let _g = serial();
     let Some(dev) = cuda("cuda_nan_and_infinities_are_handled_as_on_the_cpu") else { return };
@@ -333,7 +333,7 @@ fn cuda_nan_and_infinities_are_handled_as_on_the_cpu() {
     assert!(sm[20..25].iter().zip(want).all(|(p, q)| (p - q).abs() < 1e-12), "{:?}", &sm[20..25]);
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_softmax_is_stable_at_1e4_and_with_minus_inf_on_every_axis() {
     let _g = serial();
     let Some(dev) = cuda("cuda_softmax_is_stable_at_1e4_and_with_minus_inf_on_every_axis") else { return };
@@ -367,7 +367,7 @@ fn cuda_softmax_is_stable_at_1e4_and_with_minus_inf_on_every_axis() {
     }
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_argmax_and_argmin_take_the_first_of_ties() {
     let _g = serial();
     let Some(dev) = cuda("cuda_argmax_and_argmin_take_the_first_of_ties") else { return };
@@ -405,7 +405,7 @@ fn cuda_argmax_and_argmin_take_the_first_of_ties() {
     assert_eq!(d.argmax(0, false).unwrap().to_vec_f64(), vec![600.0]);
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_integer_sums_are_int64_and_wrap_as_on_the_cpu() {
     let _g = serial();
     let Some(dev) = cuda("cuda_integer_sums_are_int64_and_wrap_as_on_the_cpu") else { return };
@@ -432,7 +432,7 @@ fn cuda_integer_sums_are_int64_and_wrap_as_on_the_cpu() {
     }
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_sum_to_matches_the_cpu() {
     let _g = serial();
     let Some(dev) = cuda("cuda_sum_to_matches_the_cpu") else { return };
@@ -451,7 +451,7 @@ fn cuda_sum_to_matches_the_cpu() {
 /// One op on a tensor, for tables of cases.
 type Call = fn(&Tensor) -> Result<Tensor>;
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_bad_reductions_are_the_cpus_errors() {
     let _g = serial();
     let Some(dev) = cuda("cuda_bad_reductions_are_the_cpus_errors") else { return };
@@ -492,7 +492,7 @@ fn cuda_bad_reductions_are_the_cpus_errors() {
     );
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_reductions_free_every_temporary_exactly() {
     let _g = serial();
     let Some(dev) = cuda("cuda_reductions_free_every_temporary_exactly") else { return };

@@ -49,7 +49,7 @@ fn assemble(name: &str, arch: &str, ptx: &str) -> Result<(), String> {
 
 #[test]
 fn kernels_lists_every_file_of_the_kernels_folder() {
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../kernels");
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/kernels");
     let mut on_disk: Vec<String> = std::fs::read_dir(dir)
         .expect("kernels/ exists")
         .map(|e| e.expect("readable entry").file_name().to_string_lossy().into_owned())

@@ -150,7 +150,7 @@ fn a_failed_draw_consumes_nothing() {
 /// Sizes that end inside a block, exactly on one, and span many threads.
 const SIZES: [usize; 4] = [1, 5, 8, 1027];
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_uniform_is_the_cpus_bit_for_bit() {
     let Some((dev, _g)) = cuda("cuda_uniform_is_the_cpus_bit_for_bit") else { return };
     for dtype in FLOATS {
@@ -182,7 +182,7 @@ fn ulps(dtype: DType, x: f64, y: f64, floor: f64) -> f64 {
     (x - y).abs() / ulp
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_normals_match_the_cpus_within_an_ulp_or_two() {
     let Some((dev, _g)) = cuda("cuda_normals_match_the_cpus_within_an_ulp_or_two") else { return };
     for dtype in FLOATS {
@@ -212,7 +212,7 @@ fn cuda_normals_match_the_cpus_within_an_ulp_or_two() {
     }
 }
 
-#[test]
+#[tapir_testing::cuda_test]
 fn cuda_randint_is_the_cpus_and_live_bytes_return() {
     let Some((dev, _g)) = cuda("cuda_randint_is_the_cpus_and_live_bytes_return") else { return };
     let before = memory_stats(dev).allocated;

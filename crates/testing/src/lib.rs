@@ -2,11 +2,27 @@
 //! body taking a device into a test on the CPU and a test on CUDA device 0.
 //!
 //! The CUDA variant is named `<name>::cuda` (CI selects the CUDA tests by
-//! `cuda` in their names) and the CPU one `<name>::cpu`. Without a CUDA
-//! device the CUDA variant prints a line saying it skipped and why, and
-//! passes; with `TAPIR_REQUIRE_CUDA=1` that skip is a failure instead, so a
-//! run that is meant to reach a device (CI on the emulated one, a machine
-//! with a GPU) cannot pass without it.
+//! `cuda` in their names) and the CPU one `<name>::cpu`.
+//!
+//! Which CUDA variants run is decided when the tests are built, so that a
+//! test run's summary counts as passed only what ran:
+//!
+//! - built with no device asked for (neither `TAPIR_CUDA` nor
+//!   `TAPIR_REQUIRE_CUDA=1` set, as in a plain `cargo test`), every CUDA
+//!   variant is `#[ignore]`d, with the reason; the summary's "ignored"
+//!   count says how many did not run, and `-- --include-ignored` runs them
+//!   anyway;
+//! - built with `TAPIR_CUDA` set (`emulated` selects the emulated device)
+//!   or `TAPIR_REQUIRE_CUDA=1`, they run; one that finds no device then
+//!   prints a line saying it skipped and why, and passes, except under
+//!   `TAPIR_REQUIRE_CUDA=1`, where the skip is a failure, so a run that is
+//!   meant to reach a device (CI on the emulated one, a machine with a GPU)
+//!   cannot pass without it.
+//!
+//! Changing either variable rebuilds the tests that use the macro (the
+//! build script of tapir-testing-macros watches both). A test written out
+//! by hand that needs a device is marked [`macro@cuda_test`] instead of
+//! `#[test]`, with the same effect.
 //!
 //! ```
 //! use tapir_tensor::prelude::*;
@@ -145,7 +161,7 @@ macro_rules! test_device {
                 }
 
                 $(#[$meta])*
-                #[test]
+                #[$crate::cuda_test]
                 fn cuda() $(-> $ret)? {
                     let test = concat!(module_path!(), "::cuda");
                     match $crate::cuda_or_skip(test, ::tapir_tensor::Device::cuda(0)) {
@@ -157,6 +173,23 @@ macro_rules! test_device {
         )*
     };
 }
+
+/// `#[test]` for a test that needs a CUDA device: also `#[ignore]`d, with
+/// the reason, when the tests were built without a device asked for (see
+/// the crate docs). The body still finds its device itself, with
+/// [`cuda_or_skip`]; the CUDA variant of [`test_device!`] is such a test.
+///
+/// ```
+/// use tapir_tensor::Device;
+///
+/// #[tapir_testing::cuda_test]
+/// fn cuda_device_zero_opens() {
+///     let Some(d) = tapir_testing::cuda_or_skip("cuda_device_zero_opens", Device::cuda(0)) else { return };
+///     assert!(!d.is_cpu());
+/// }
+/// # fn main() {}
+/// ```
+pub use tapir_testing_macros::cuda_test;
 
 #[cfg(test)]
 mod tests {

@@ -86,13 +86,25 @@ fn open_first(candidates: &[PathBuf], tried: &mut Vec<String>) -> Option<PathBuf
     None
 }
 
+/// The command that builds both of the emulator's libraries where the
+/// running executable looks for them: the release profile for an
+/// executable under a `release` folder (`cargo run --release`), else the
+/// default one. The two must come from the same build.
+fn emu_build_command() -> String {
+    let release = std::env::current_exe().is_ok_and(|exe| exe.ancestors().any(|d| d.ends_with("release")));
+    let profile = if release { " --release" } else { "" };
+    format!("cargo build{profile} -p tapir-cuda-emu -p tapir-cuda-emu-cublas")
+}
+
 /// Opens the emulator's libraries by path; the driver's path or why not.
 fn load_emulator() -> Result<PathBuf, String> {
     let mut tried = Vec::new();
     let Some(driver) = open_first(&emu_candidates("TAPIR_CUDA_EMU_LIB", EMU_DRIVER), &mut tried) else {
         return Err(format!(
-            "TAPIR_CUDA=emulated but the emulator library was not found (build it with \
-             `cargo build -p tapir-cuda-emu`, or set TAPIR_CUDA_EMU_LIB); tried {}",
+            "TAPIR_CUDA=emulated but the emulator library was not found: build both of its libraries \
+             with `{}` in the tapir repository, or point TAPIR_CUDA_EMU_LIB at the folder that holds \
+             them; tried {}",
+            emu_build_command(),
             tried.join(", ")
         ));
     };
@@ -117,8 +129,9 @@ fn load_emulator() -> Result<PathBuf, String> {
     let mut tried = Vec::new();
     let found = open_first(&cublas, &mut tried).map(|p| p.display().to_string()).ok_or_else(|| {
         format!(
-            "the emulator's cuBLAS stand-in was not found (build it with `cargo build -p \
-             tapir-cuda-emu-cublas`, or set TAPIR_CUDA_EMU_CUBLAS_LIB); tried {}",
+            "the emulator's cuBLAS stand-in was not found: build both of the emulator's libraries \
+             with `{}`, or set TAPIR_CUDA_EMU_CUBLAS_LIB; tried {}",
+            emu_build_command(),
             tried.join(", ")
         )
     });

@@ -40,20 +40,20 @@ pub use nvrtc::{cached_ptx, compile_kernel, compile_source, nvrtc_library, Nvrtc
 
 /// The prelude prepended to every kernel file before compilation: types,
 /// f16/bf16 conversions, strided indexing, warp and block reductions.
-pub const PRELUDE: &str = include_str!("../../../../kernels/common.cuh");
+pub const PRELUDE: &str = include_str!("../../kernels/common.cuh");
 
 /// Every kernel file of `kernels/`, as `(file name, source)`; one file per op
 /// family. A test checks that this list matches the folder.
 pub const KERNELS: &[(&str, &str)] = &[
-    ("elementwise.cu", include_str!("../../../../kernels/elementwise.cu")),
-    ("reduce.cu", include_str!("../../../../kernels/reduce.cu")),
-    ("softmax.cu", include_str!("../../../../kernels/softmax.cu")),
-    ("cross_entropy.cu", include_str!("../../../../kernels/cross_entropy.cu")),
-    ("index.cu", include_str!("../../../../kernels/index.cu")),
-    ("cast.cu", include_str!("../../../../kernels/cast.cu")),
-    ("random.cu", include_str!("../../../../kernels/random.cu")),
-    ("optim.cu", include_str!("../../../../kernels/optim.cu")),
-    ("attention.cu", include_str!("../../../../kernels/attention.cu")),
+    ("elementwise.cu", include_str!("../../kernels/elementwise.cu")),
+    ("reduce.cu", include_str!("../../kernels/reduce.cu")),
+    ("softmax.cu", include_str!("../../kernels/softmax.cu")),
+    ("cross_entropy.cu", include_str!("../../kernels/cross_entropy.cu")),
+    ("index.cu", include_str!("../../kernels/index.cu")),
+    ("cast.cu", include_str!("../../kernels/cast.cu")),
+    ("random.cu", include_str!("../../kernels/random.cu")),
+    ("optim.cu", include_str!("../../kernels/optim.cu")),
+    ("attention.cu", include_str!("../../kernels/attention.cu")),
 ];
 
 /// Waits until every launch and copy queued on `device`'s stream has

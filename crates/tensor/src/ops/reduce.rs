@@ -304,16 +304,19 @@ pub(crate) fn family() -> Vec<Box<dyn super::DynOp>> {
 /// Reductions, on tensors and graph handles alike. An empty `axes` slice
 /// means every axis.
 pub trait ReduceOps: Diff {
-    /// Sum over `axes`.
+    /// Sum over `axes` (an empty slice: every axis). PyTorch's
+    /// argument-free `x.sum()` is [`sum_all`](ReduceOps::sum_all).
     fn sum(&self, axes: &[isize], keepdim: bool) -> Result<Self> {
         let axes = normalize_axes("sum", axes, self.rank())?;
         Self::apply(Reduce { kind: ReduceKind::Sum, axes, keepdim }, &[self])
     }
-    /// Sum of every element, as a 0-d value.
+    /// Sum of every element, as a 0-d value: PyTorch's `x.sum()`.
+    #[doc(alias = "sum")]
     fn sum_all(&self) -> Result<Self> {
         self.sum(&[], false)
     }
-    /// Mean over `axes`.
+    /// Mean over `axes` (an empty slice: every axis). PyTorch's
+    /// argument-free `x.mean()` is [`mean_all`](ReduceOps::mean_all).
     fn mean(&self, axes: &[isize], keepdim: bool) -> Result<Self> {
         if self.dtype().is_int() {
             // torch refuses too: the mean of integers has no integer dtype.
@@ -327,7 +330,8 @@ pub trait ReduceOps: Diff {
         let n: usize = norm.iter().map(|&a| self.shape().dims()[a]).product();
         self.sum(axes, keepdim)?.mul_scalar(1.0 / n as f64)
     }
-    /// Mean of every element, as a 0-d value.
+    /// Mean of every element, as a 0-d value: PyTorch's `x.mean()`.
+    #[doc(alias = "mean")]
     fn mean_all(&self) -> Result<Self> {
         self.mean(&[], false)
     }
