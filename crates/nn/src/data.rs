@@ -141,8 +141,8 @@ impl DataLoader {
         }
     }
 
-    /// The samples this process visits in `epoch`, in order: [`order`]
-    /// (Self::order), then this process's shard of it.
+    /// The samples this process visits in `epoch`, in order:
+    /// [`order`](Self::order), then this process's shard of it.
     pub fn indices(&self, epoch: u64) -> Vec<usize> {
         let order = self.order(epoch);
         match self.shard {

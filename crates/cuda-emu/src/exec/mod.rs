@@ -2,7 +2,7 @@
 //!
 //! The lanes of a warp execute each decoded instruction together under an
 //! active mask, diverging at branches and reconverging where their paths
-//! meet ([`schedule`]); a warp runs until its lanes wait at a barrier, at
+//! meet (`schedule`); a warp runs until its lanes wait at a barrier, at
 //! a warp collective whose members have not all arrived, or have exited,
 //! and `bar.sync` completes once every live thread of the block waits at
 //! it. That is one legal schedule of the hardware's, and it makes every
@@ -10,8 +10,8 @@
 //! the live allocations, local and shared ones against their sizes, and
 //! shared accesses between two barriers against each other (racecheck).
 //!
-//! Stages: [`schedule`] (blocks, warps, lanes), [`step`] (one
-//! warp-instruction), [`numeric`] (PTX arithmetic), [`sanitizer`].
+//! Stages: `schedule` (blocks, warps, lanes), `step` (one
+//! warp-instruction), `numeric` (PTX arithmetic), `sanitizer`.
 
 mod numeric;
 mod sanitizer;

@@ -2,8 +2,8 @@
 //! register names resolved to slot numbers, labels to instruction indices,
 //! and symbols to addresses, so the interpreter never looks at a string.
 //!
-//! Three stages: [`lex`] turns text into tokens, [`parse`] turns tokens
-//! into functions of raw statements (names still strings), and [`decode`]
+//! Three stages: `lex` turns text into tokens, `parse` turns tokens
+//! into functions of raw statements (names still strings), and `decode`
 //! resolves the names and turns each statement into an [`Ins`].
 
 mod decode;

@@ -23,7 +23,7 @@
 //! # Ok::<(), Error>(())
 //! ```
 //!
-//! With the `mpi` feature, [`Communicator::mpi`] joins the job `mpirun`
+//! With the `mpi` feature, `Communicator::mpi()` joins the job `mpirun`
 //! started (`mpirun -np 2 ./train`).
 
 mod ddp;

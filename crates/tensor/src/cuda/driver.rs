@@ -147,7 +147,7 @@ static EMU_CUBLAS_FOUND: OnceLock<Result<String, String>> = OnceLock::new();
 /// it up, or why there is none. cudarc panics when it finds no cuBLAS, so
 /// the backend asks here first and makes a missing library an error. The
 /// library is CUDA 13's or 12's, the newest the driver runs, found by path
-/// or name (see [`super::libs`]) and checked to be the object cudarc's
+/// or name (see `cuda/libs.rs`) and checked to be the object cudarc's
 /// later open by name finds; with the emulator selected it is the stand-in,
 /// whose soname is the first of cudarc's names.
 pub fn cublas_library() -> Result<String, String> {
