@@ -361,6 +361,14 @@ impl Staged {
         }
     }
 
+    /// A copy of elements `start..start + len`.
+    pub(crate) fn range(&self, start: usize, len: usize) -> Self {
+        match self {
+            Staged::F32(v) => Staged::F32(v[start..start + len].to_vec()),
+            Staged::F64(v) => Staged::F64(v[start..start + len].to_vec()),
+        }
+    }
+
     pub(crate) fn scale(&mut self, k: f64) {
         match self {
             Staged::F32(v) => v.iter_mut().for_each(|x| *x = (*x as f64 * k) as f32),

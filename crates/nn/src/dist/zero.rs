@@ -88,10 +88,7 @@ impl<'c> ShardedAdam<'c> {
         // This rank's shard of the parameters, updated by Adam.
         let params = flatten(store.iter().map(|(_, _, p)| p), carrier, padded)?;
         let lo = rank * self.shard_len;
-        let piece = match &params {
-            Staged::F32(v) => Staged::F32(v[lo..lo + self.shard_len].to_vec()),
-            Staged::F64(v) => Staged::F64(v[lo..lo + self.shard_len].to_vec()),
-        };
+        let piece = params.range(lo, self.shard_len);
         let id = self.shard.ids().next().expect("internal: the shard store holds one tensor");
         self.shard.set(id, piece.into_tensor(vec![self.shard_len], self.dtype, store.device()?)?)?;
         self.adam.step(&mut self.shard, &Grads::from_tensors(vec![grad]))?;
@@ -104,11 +101,7 @@ impl<'c> ShardedAdam<'c> {
         for pid in ids {
             let p = store.get(pid);
             let (n, dims, dtype, device) = (p.numel(), p.dims().to_vec(), p.dtype(), p.device());
-            let part = match &all {
-                Staged::F32(v) => Staged::F32(v[offset..offset + n].to_vec()),
-                Staged::F64(v) => Staged::F64(v[offset..offset + n].to_vec()),
-            };
-            store.set(pid, part.into_tensor(dims, dtype, device)?)?;
+            store.set(pid, all.range(offset, n).into_tensor(dims, dtype, device)?)?;
             offset += n;
         }
         Ok(())
