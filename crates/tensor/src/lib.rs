@@ -17,6 +17,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod backend;
 pub mod cache;
 pub mod cpu;
 pub mod cuda;

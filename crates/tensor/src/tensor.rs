@@ -2,9 +2,9 @@
 
 use std::sync::Arc;
 
-use half::{bf16, f16};
 use smallvec::SmallVec;
 
+use crate::backend::Src;
 use crate::cpu::iter::{map1, Nd};
 use crate::storage::{try_filled, try_vec, CpuBuffer, CpuElement, Storage};
 use crate::{DType, Device, Element, Error, Layout, Result, Shape};
@@ -400,6 +400,16 @@ impl Tensor {
         Some(&s[self.layout.offset..self.layout.offset + self.numel()])
     }
 
+    /// This tensor as a kernel operand: its storage and layout.
+    pub(crate) fn src(&self) -> Src<'_> {
+        Src { storage: &self.storage, layout: &self.layout }
+    }
+
+    /// A contiguous tensor of `shape` over a kernel's output `storage`.
+    pub(crate) fn from_storage(storage: Storage, shape: Shape) -> Tensor {
+        Tensor { storage: Arc::new(storage), layout: Layout::contiguous(shape) }
+    }
+
     /// The iteration space of this tensor alone.
     pub(crate) fn nd(&self) -> Nd<1> {
         Nd::new(self.dims(), [&self.layout.strides], [self.layout.offset])
@@ -476,8 +486,7 @@ impl Tensor {
             // The device's copy kernel (or Unsupported where it has none).
             return crate::ops::forward(&crate::ops::shape::Contiguous, &[self]);
         }
-        let buf = with_dtype!(self.dtype(), T => T::wrap(map1(self.storage_slice::<T>(), &self.nd(), |x: T| x)?));
-        Tensor::from_buffer(buf, self.shape().clone())
+        Tensor::from_buffer(crate::cpu::shape::copy(self.src())?, self.shape().clone())
     }
 
     pub(crate) fn with_layout(&self, layout: Layout) -> Tensor {
@@ -548,19 +557,7 @@ impl Tensor {
             return Ok(self.clone());
         }
         self.host_only("cast")?;
-        let nd = self.nd();
-        let buf = with_dtype!(self.dtype(), S => {
-            let src = self.storage_slice::<S>();
-            match dtype {
-                DType::F32 => CpuBuffer::F32(map1(src, &nd, |x: S| x.to_f64() as f32)?),
-                DType::F64 => CpuBuffer::F64(map1(src, &nd, |x: S| x.to_f64())?),
-                DType::F16 => CpuBuffer::F16(map1(src, &nd, |x: S| f16::from_f64(x.to_f64()))?),
-                DType::BF16 => CpuBuffer::BF16(map1(src, &nd, |x: S| bf16::from_f64(x.to_f64()))?),
-                DType::I32 => CpuBuffer::I32(map1(src, &nd, |x: S| x.to_f64() as i32)?),
-                DType::I64 => CpuBuffer::I64(map1(src, &nd, |x: S| x.to_f64() as i64)?),
-            }
-        });
-        Tensor::from_buffer(buf, self.shape().clone())
+        Tensor::from_buffer(crate::cpu::shape::cast(self.src(), dtype)?, self.shape().clone())
     }
 
     /// A copy on `device` (the same handle when already there). To the CPU

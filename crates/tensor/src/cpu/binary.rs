@@ -26,7 +26,7 @@ pub(crate) fn forward(op: Binary, a: &Tensor, b: &Tensor, shape: &Shape) -> Resu
 
 fn kernel<T: Float + CpuElement>(op: Binary, a: &Tensor, b: &Tensor, shape: &Shape) -> Result<Vec<T>> {
     let (x, y) = (a.storage_slice::<T>(), b.storage_slice::<T>());
-    let nd = nd2(a, b, shape);
+    let nd = nd2(&a.layout, &b.layout, shape);
     match op {
         Binary::Add => map2(x, y, &nd, |p: T, q: T| p + q),
         Binary::Sub => map2(x, y, &nd, |p: T, q: T| p - q),
@@ -88,7 +88,7 @@ fn int_pow<T: Int>(p: T, q: i64) -> T {
 
 fn int_kernel<T: Int>(op: Binary, a: &Tensor, b: &Tensor, shape: &Shape) -> Result<Vec<T>> {
     let (x, y) = (a.storage_slice::<T>(), b.storage_slice::<T>());
-    let nd = nd2(a, b, shape);
+    let nd = nd2(&a.layout, &b.layout, shape);
     match op {
         Binary::Add => map2(x, y, &nd, |p: T, q: T| p.wrapping_add(q)),
         Binary::Sub => map2(x, y, &nd, |p: T, q: T| p.wrapping_sub(q)),
@@ -111,7 +111,7 @@ fn int_kernel<T: Int>(op: Binary, a: &Tensor, b: &Tensor, shape: &Shape) -> Resu
 
 /// A mask of 1 where `cmp(a, b)` holds and 0 elsewhere, in `a`'s dtype.
 pub(crate) fn compare(cmp: Cmp, a: &Tensor, b: &Tensor, shape: &Shape) -> Result<Tensor> {
-    let nd = nd2(a, b, shape);
+    let nd = nd2(&a.layout, &b.layout, shape);
     let buf = with_dtype!(a.dtype(), T => {
         let (x, y) = (a.storage_slice::<T>(), b.storage_slice::<T>());
         let (one, zero) = (T::from_f64(1.0), T::from_f64(0.0));

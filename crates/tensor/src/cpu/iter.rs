@@ -104,11 +104,16 @@ impl<const K: usize> Nd<K> {
     }
 }
 
-/// The iteration space of two tensors broadcast to `shape`.
-pub(crate) fn nd2(a: &crate::Tensor, b: &crate::Tensor, shape: &crate::Shape) -> Nd<2> {
-    let sa = a.layout.broadcast_strides(shape);
-    let sb = b.layout.broadcast_strides(shape);
-    Nd::new(shape.dims(), [&sa, &sb], [a.layout.offset, b.layout.offset])
+/// The iteration space of two views (their layouts) broadcast to `shape`.
+pub(crate) fn nd2(a: &crate::Layout, b: &crate::Layout, shape: &crate::Shape) -> Nd<2> {
+    let sa = a.broadcast_strides(shape);
+    let sb = b.broadcast_strides(shape);
+    Nd::new(shape.dims(), [&sa, &sb], [a.offset, b.offset])
+}
+
+/// The iteration space of one view (its layout).
+pub(crate) fn nd1(a: &crate::Layout) -> Nd<1> {
+    Nd::new(a.shape.dims(), [&a.strides], [a.offset])
 }
 
 /// Transparent huge pages: the size of one, and the smallest buffer worth

@@ -18,8 +18,11 @@
 //! - `reduce`: the reductions over any axes, on the row kernels;
 //! - `matmul_tn`: the weight-gradient product kernel.
 //!
-//! [`crate::ops::forward`] calls an op's `forward_cpu` only with CPU
-//! tensors, so the kernels read host slices without checking the device.
+//! [`CpuBackend`] is this device's face to the ops: it implements the
+//! kernel traits of [`crate::backend`], one per family, each in the file
+//! named after the family. [`crate::ops::forward`] hands it (and the ops'
+//! `forward_cpu` of the families not yet behind a trait) CPU operands only,
+//! so the kernels read host slices without checking the device.
 
 pub(crate) mod binary;
 pub(crate) mod cross_entropy;
@@ -36,7 +39,42 @@ pub mod simd;
 pub(crate) mod softmax;
 pub(crate) mod unary;
 
-use crate::{DType, Error, Result, Tensor};
+use crate::backend::{Backend, Src};
+use crate::storage::{CpuElement, Storage};
+use crate::{DType, Error, Layout, Result, Tensor};
+
+/// The CPU backend: every family's kernels on host memory.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CpuBackend;
+
+impl Backend for CpuBackend {
+    fn is_host(&self) -> bool {
+        true
+    }
+}
+
+/// A host operand's whole storage as a typed slice (its layout says which
+/// elements the view reads).
+pub(crate) fn host<'a, T: CpuElement>(x: Src<'a>) -> &'a [T] {
+    let buf = x.storage.host().expect("internal: a CPU kernel was given a device operand");
+    T::slice(buf).expect("internal: dtype matches storage")
+}
+
+/// Runs a float kernel on `x`: f32 and f64 directly, f16 and bf16 through
+/// an f32 copy (the result is cast back), integers rejected.
+pub(crate) fn float_src(op: &'static str, x: Src<'_>, f: impl FnOnce(Src<'_>) -> Result<Storage>) -> Result<Storage> {
+    match x.dtype() {
+        DType::F32 | DType::F64 => f(x),
+        dtype @ (DType::F16 | DType::BF16) => {
+            let layout = Layout::contiguous(x.shape().clone());
+            let wide = Storage::cpu(shape::cast(x, DType::F32)?);
+            let out = f(Src { storage: &wide, layout: &layout })?;
+            drop(wide);
+            Ok(Storage::cpu(shape::cast(Src { storage: &out, layout: &layout }, dtype)?))
+        }
+        dtype => Err(Error::UnsupportedDType { op, dtype, expected: "a float dtype" }),
+    }
+}
 
 /// Runs a float kernel on `x`: f32 and f64 directly, f16 and bf16 through
 /// f32 (the result is cast back), integers rejected.

@@ -1,9 +1,39 @@
 //! The CPU kernels of the layout ops that copy ([`crate::ops::shape`]):
-//! pad and concat place their inputs into a zeroed contiguous output.
+//! a view's contiguous copy, its cast to another dtype, and pad and concat,
+//! which place their inputs into a zeroed contiguous output.
 
-use super::iter::Nd;
-use crate::storage::{try_filled, CpuElement};
-use crate::{with_dtype, Element, Result, Shape, Tensor};
+use half::{bf16, f16};
+
+use super::host;
+use super::iter::{map1, nd1, Nd};
+use crate::backend::Src;
+use crate::storage::{try_filled, CpuBuffer, CpuElement};
+use crate::{with_dtype, DType, Element, Result, Shape, Tensor};
+
+/// The elements of the view `x`, in row-major order, in a new buffer.
+pub(crate) fn copy(x: Src<'_>) -> Result<CpuBuffer> {
+    Ok(with_dtype!(x.dtype(), T => T::wrap(map1(host::<T>(x), &nd1(x.layout), |v: T| v)?)))
+}
+
+/// The elements of the view `x` converted to `dtype`, in row-major order,
+/// in a new buffer (a copy when `dtype` is `x`'s own).
+pub(crate) fn cast(x: Src<'_>, dtype: DType) -> Result<CpuBuffer> {
+    if dtype == x.dtype() {
+        return copy(x);
+    }
+    let nd = nd1(x.layout);
+    Ok(with_dtype!(x.dtype(), S => {
+        let src = host::<S>(x);
+        match dtype {
+            DType::F32 => CpuBuffer::F32(map1(src, &nd, |x: S| x.to_f64() as f32)?),
+            DType::F64 => CpuBuffer::F64(map1(src, &nd, |x: S| x.to_f64())?),
+            DType::F16 => CpuBuffer::F16(map1(src, &nd, |x: S| f16::from_f64(x.to_f64()))?),
+            DType::BF16 => CpuBuffer::BF16(map1(src, &nd, |x: S| bf16::from_f64(x.to_f64()))?),
+            DType::I32 => CpuBuffer::I32(map1(src, &nd, |x: S| x.to_f64() as i32)?),
+            DType::I64 => CpuBuffer::I64(map1(src, &nd, |x: S| x.to_f64() as i64)?),
+        }
+    }))
+}
 
 /// A zeroed contiguous tensor of `shape` with each `(tensor, offset)`
 /// copied in at that element offset, at `shape`'s strides (the pieces share

@@ -3,44 +3,59 @@
 //! loop nest of [`super::iter`], and the fused derivative passes the eager
 //! rules use.
 
-use super::float_map;
-use super::iter::{map1, map2, nd2};
-use crate::ops::unary::{Unary, FRAC_1_SQRT_2PI, GELU_C, SQRT_2_OVER_PI};
-use crate::storage::CpuElement;
-use crate::{with_float, DType, Device, Float, Result, Shape, Tensor};
+use super::iter::{map1, map2, nd1, nd2};
+use super::{float_src, host, CpuBackend};
+use crate::backend::unary::{Unary, UnaryKernels, FRAC_1_SQRT_2PI, GELU_C, SQRT_2_OVER_PI};
+use crate::backend::Src;
+use crate::storage::{CpuBuffer, CpuElement, Storage};
+use crate::{with_float, DType, Float, Result, Shape};
 
-/// `op` applied to every element of `x` (f16/bf16 through f32).
-pub(crate) fn forward(op: Unary, x: &Tensor) -> Result<Tensor> {
-    if x.dtype().is_int() && matches!(op, Unary::Neg | Unary::Abs) {
-        return int_sign_op(op, x);
+impl UnaryKernels for CpuBackend {
+    /// f16/bf16 through f32; neg and abs of integers exact in their dtype.
+    fn unary(&self, f: Unary, x: Src<'_>) -> Result<Storage> {
+        if x.dtype().is_int() && matches!(f, Unary::Neg | Unary::Abs) {
+            return int_sign_op(f, x);
+        }
+        float_src(
+            f.name(),
+            x,
+            |x| with_float!(x.dtype(), T => Ok(Storage::cpu(T::wrap(kernel::<T>(f, x)?))), _ => unreachable!()),
+        )
     }
-    float_map(
-        op.name(),
-        x,
-        |x| with_float!(x.dtype(), T => Tensor::from_vec(kernel::<T>(op, x)?, x.shape().clone()), _ => unreachable!()),
-    )
+
+    fn tanh_backward(&self, y: Src<'_>, g: Src<'_>, shape: &Shape) -> Result<Storage> {
+        tanh_backward(y, g, shape)
+    }
+
+    fn unary_grad(&self, f: Unary, x: Src<'_>, y: Src<'_>, g: Src<'_>) -> Result<Option<Storage>> {
+        fused_grad(f, x, y, g)
+    }
+
+    fn tanh_second(&self, y: Src<'_>, g: Src<'_>, s: Src<'_>, tg: Option<Src<'_>>) -> Result<Option<Storage>> {
+        tanh_second(y, g, s, tg)
+    }
 }
 
 /// `neg` and `abs` of an integer tensor, exact and in its dtype. They wrap
 /// at the most negative value as torch's do (-(-2^31) is -2^31 in int32).
-fn int_sign_op(op: Unary, x: &Tensor) -> Result<Tensor> {
-    let nd = x.nd();
+fn int_sign_op(op: Unary, x: Src<'_>) -> Result<Storage> {
+    let nd = nd1(x.layout);
     let neg = op == Unary::Neg;
-    match x.dtype() {
+    Ok(Storage::cpu(match x.dtype() {
         DType::I32 => {
             let f = move |v: i32| if neg { v.wrapping_neg() } else { v.wrapping_abs() };
-            Tensor::from_vec(map1(x.storage_slice::<i32>(), &nd, f)?, x.shape().clone())
+            CpuBuffer::I32(map1(host::<i32>(x), &nd, f)?)
         }
         _ => {
             let f = move |v: i64| if neg { v.wrapping_neg() } else { v.wrapping_abs() };
-            Tensor::from_vec(map1(x.storage_slice::<i64>(), &nd, f)?, x.shape().clone())
+            CpuBuffer::I64(map1(host::<i64>(x), &nd, f)?)
         }
-    }
+    }))
 }
 
-fn kernel<T: Float + CpuElement>(op: Unary, x: &Tensor) -> Result<Vec<T>> {
-    let src = x.storage_slice::<T>();
-    let nd = x.nd();
+fn kernel<T: Float + CpuElement>(op: Unary, x: Src<'_>) -> Result<Vec<T>> {
+    let src = host::<T>(x);
+    let nd = nd1(x.layout);
     let c = |v: f64| T::from_f64(v);
     match op {
         Unary::Neg => map1(src, &nd, |v: T| -v),
@@ -106,18 +121,15 @@ fn kernel<T: Float + CpuElement>(op: Unary, x: &Tensor) -> Result<Vec<T>> {
 
 /// `g * dy/dx` in one pass, for the activations whose derivative line
 /// would otherwise take several passes and as many temporaries (a
-/// training step's backward; `Unary::vjp_eager`). `None` for the other
-/// functions, and for operands the loop does not cover.
-pub(crate) fn fused_grad(op: Unary, x: &Tensor, y: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
-    let on_cpu = [x, y, g].iter().all(|t| t.device() == Device::Cpu);
-    if !on_cpu || x.shape() != g.shape() || x.dtype() != g.dtype() {
-        return Ok(None);
-    }
-    let shape = x.shape().clone();
+/// training step's backward; `Unary::vjp_eager`, which has checked that
+/// `x` and `g` share their shape and dtype). `None` for the other
+/// functions, and for dtypes the loop does not cover.
+fn fused_grad(op: Unary, x: Src<'_>, y: Src<'_>, g: Src<'_>) -> Result<Option<Storage>> {
+    let shape = x.shape();
     with_float!(x.dtype(), T => {
         let c = |v: f64| <T as crate::Element>::from_f64(v);
-        let (xs, ys, gs) = (x.storage_slice::<T>(), y.storage_slice::<T>(), g.storage_slice::<T>());
-        let (nx, ny) = (nd2(x, g, &shape), nd2(y, g, &shape));
+        let (xs, ys, gs) = (host::<T>(x), host::<T>(y), host::<T>(g));
+        let (nx, ny) = (nd2(x.layout, g.layout, shape), nd2(y.layout, g.layout, shape));
         let out: Result<Vec<T>> = match op {
             Unary::Relu => map2(ys, gs, &ny, |y: T, g: T| if y > T::ZERO { g } else { T::ZERO }),
             Unary::Tanh => map2(ys, gs, &ny, |y: T, g: T| g * (T::ONE - y * y)),
@@ -138,40 +150,38 @@ pub(crate) fn fused_grad(op: Unary, x: &Tensor, y: &Tensor, g: &Tensor) -> Resul
             }
             _ => return Ok(None),
         };
-        Tensor::from_vec(out?, shape).map(Some)
+        Ok(Some(Storage::cpu(T::wrap(out?))))
     }, _ => Ok(None))
 }
 
-/// `g * (1 - y^2)` over `y` and `g` broadcast to `shape`.
-pub(crate) fn tanh_backward(y: &Tensor, g: &Tensor, shape: &Shape) -> Result<Tensor> {
-    float_map("tanh_backward", y, |y| {
-        let g = g.cast_raw(y.dtype())?;
+/// `g * (1 - y^2)` over `y` and `g` broadcast to `shape` (`g` read in
+/// `y`'s compute dtype).
+fn tanh_backward(y: Src<'_>, g: Src<'_>, shape: &Shape) -> Result<Storage> {
+    float_src("tanh_backward", y, |y| {
+        let wide;
+        let g = if g.dtype() == y.dtype() {
+            g
+        } else {
+            wide = (Storage::cpu(super::shape::cast(g, y.dtype())?), crate::Layout::contiguous(g.shape().clone()));
+            Src { storage: &wide.0, layout: &wide.1 }
+        };
         with_float!(y.dtype(), T => {
-            let nd = nd2(y, &g, shape);
-            let out = map2(y.storage_slice::<T>(), g.storage_slice::<T>(), &nd, |y: T, g: T| g * (T::ONE - y * y))?;
-            Tensor::from_vec(out, shape.clone())
+            let nd = nd2(y.layout, g.layout, shape);
+            let out = map2(host::<T>(y), host::<T>(g), &nd, |y: T, g: T| g * (T::ONE - y * y))?;
+            Ok(Storage::cpu(T::wrap(out)))
         }, _ => unreachable!())
     })
 }
 
 /// `-2 y g s + tg (1 - y^2)` (the last term only with `tg`) in one pass,
-/// for `TanhBackward`'s eager rules when every operand is a contiguous CPU
-/// f32/f64 tensor of one shape; `None` otherwise, and the rule composes it
-/// from differentiable ops.
-pub(crate) fn tanh_second(y: &Tensor, g: &Tensor, s: &Tensor, tg: Option<&Tensor>) -> Result<Option<Tensor>> {
-    let (yv, gv, sv) = (y, g, s);
-    let tv = tg;
-    let all: Vec<&Tensor> = [yv, gv, sv].into_iter().chain(tv).collect();
-    let same = all
-        .iter()
-        .all(|t| t.device() == Device::Cpu && t.dtype() == yv.dtype() && t.shape() == yv.shape() && t.is_contiguous());
-    if !same {
-        return Ok(None);
-    }
-    let shape = yv.shape().clone();
+/// for `TanhBackward`'s eager rules, which have checked that every operand
+/// is contiguous and shares `y`'s dtype and shape; `None` for dtypes other
+/// than f32 and f64, and the rule composes it from differentiable ops.
+fn tanh_second(yv: Src<'_>, gv: Src<'_>, sv: Src<'_>, tv: Option<Src<'_>>) -> Result<Option<Storage>> {
     with_float!(yv.dtype(), F => {
-        fn sl<F: CpuElement>(t: &Tensor) -> &[F] {
-            t.as_slice::<F>().expect("internal: contiguous of this dtype")
+        fn sl<F: CpuElement>(t: Src<'_>) -> &[F] {
+            let at = t.layout.offset;
+            &host::<F>(t)[at..at + t.numel()]
         }
         let (ys, gs, ss) = (sl::<F>(yv), sl::<F>(gv), sl::<F>(sv));
         let two = <F as crate::Element>::from_f64(2.0);
@@ -196,6 +206,6 @@ pub(crate) fn tanh_second(y: &Tensor, g: &Tensor, s: &Tensor, tg: Option<&Tensor
                 },
             )
         })?;
-        Tensor::from_vec(out, shape).map(Some)
+        Ok(Some(Storage::cpu(F::wrap(out))))
     }, _ => Ok(None))
 }

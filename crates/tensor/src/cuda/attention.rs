@@ -14,7 +14,8 @@ use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use super::buffer::{tensor_of, CudaBuffer};
 use super::context::{driver_error, CudaDevice};
-use super::ops::{contiguous, device_of, float_suffix};
+use super::launch::{device_of, float_suffix};
+use super::shape::contiguous;
 use super::shape::first_element;
 use crate::{DType, Error, Result, Shape, Tensor};
 

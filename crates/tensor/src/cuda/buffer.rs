@@ -88,9 +88,20 @@ pub(crate) fn tensor_of(buf: CudaBuffer, shape: Shape) -> Tensor {
     Tensor { storage: Arc::new(storage), layout: Layout::contiguous(shape) }
 }
 
+/// Wraps a buffer as a kernel's output storage, counted on its device.
+pub(crate) fn storage_of(buf: CudaBuffer) -> Storage {
+    // As in `tensor_of`: the allocator counts its segments itself.
+    Storage::on_device(Box::new(buf), false)
+}
+
 /// The CUDA buffer behind a tensor, when it has one.
 pub(crate) fn buffer_of(t: &Tensor) -> Option<&CudaBuffer> {
-    t.storage.device_buffer()?.as_any().downcast_ref::<CudaBuffer>()
+    buffer_of_storage(&t.storage)
+}
+
+/// The CUDA buffer behind a storage, when it has one.
+pub(crate) fn buffer_of_storage(s: &Storage) -> Option<&CudaBuffer> {
+    s.device_buffer()?.as_any().downcast_ref::<CudaBuffer>()
 }
 
 /// Copies the host slice `src` to a new buffer on `dev`.

@@ -30,8 +30,9 @@ use cudarc::driver::result;
 
 use super::buffer::{tensor_of, CudaBuffer};
 use super::context::{driver_error, CudaDevice};
+use super::launch::{device_of, launch, Arg, BLOCK};
 use super::matmul::gemm_into;
-use super::ops::{cast, contiguous, device_of, launch, Arg, BLOCK};
+use super::shape::{cast, contiguous};
 use super::shape::{fill_bytes, first_element};
 use crate::ops::cross_entropy::{
     check_options, compute_dtype, CrossEntropyOptions, LinearCrossEntropy, Reduction, SparseCrossEntropy,

@@ -9,7 +9,7 @@ use half::{bf16, f16};
 
 use super::buffer::{tensor_of, CudaBuffer};
 use super::context::{driver_error, CudaDevice};
-use super::ops::{launch, Arg};
+use super::launch::{launch, Arg};
 use crate::{DType, Element, Result, Shape, Tensor};
 
 /// The fill kernels of `kernels/elementwise.cu`, one per element width:

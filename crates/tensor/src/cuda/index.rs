@@ -17,7 +17,8 @@ use smallvec::SmallVec;
 
 use super::buffer::{tensor_of, CudaBuffer};
 use super::context::{driver_error, CudaDevice};
-use super::ops::{broadcast_strides, contiguous, device_of, dims_i64, info_array, launch, Arg};
+use super::launch::{broadcast_strides, device_of, dims_i64, info_array, launch, Arg};
+use super::shape::contiguous;
 use super::shape::{fill_bytes, first_element, place, width_suffix};
 use crate::layout::check_axis;
 use crate::ops::index::split;

@@ -69,7 +69,7 @@ fn operand(t: &Tensor, batch: &Shape) -> Result<Operand> {
     let (t, (trans, ld)) = match form {
         Some(f) => (t.clone(), f),
         None => {
-            let c = super::ops::contiguous(t)?;
+            let c = super::shape::contiguous(t)?;
             let f = column_major(rows, cols, cols, 1).expect("internal: a contiguous matrix has a cuBLAS form");
             (c, f)
         }

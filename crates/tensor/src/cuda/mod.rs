@@ -1,6 +1,8 @@
 //! The CUDA side of tapir-tensor: the kernel sources and their compilation
-//! by NVRTC, the device contexts, the caching allocator, and the launches
-//! of the ops that have CUDA kernels.
+//! by NVRTC, the device contexts, the caching allocator, the launch
+//! toolkit (`launch.rs`), and the launches of the op families, one file
+//! per family as in `cpu/` and `kernels/`; [`CudaBackend`] is the device's
+//! face to the ops.
 //!
 //! Every `kernels/*.cu` file is embedded here with `include_str!` and listed
 //! in [`KERNELS`]; [`compile_kernel`] turns one into PTX for a given
@@ -15,20 +17,22 @@
 
 pub mod alloc;
 pub mod attention;
+pub(crate) mod binary;
 mod buffer;
 mod context;
 pub(crate) mod cross_entropy;
 pub(crate) mod driver;
 pub(crate) mod fill;
 pub(crate) mod index;
+pub(crate) mod launch;
 mod libs;
 pub(crate) mod matmul;
 mod nvrtc;
-pub(crate) mod ops;
 pub mod optim;
 pub(crate) mod random;
 pub(crate) mod reduce;
 pub(crate) mod shape;
+mod unary;
 
 pub(crate) use buffer::to_cuda;
 pub use buffer::CudaBuffer;
@@ -37,6 +41,17 @@ pub use context::CudaDevice;
 pub use driver::{cublas_library, driver_library, driver_version, emulated_selected};
 
 pub use nvrtc::{cached_ptx, compile_kernel, compile_source, nvrtc_library, NvrtcError, DEFAULT_ARCH};
+
+/// The CUDA backend: every family's kernels as launches on the device
+/// whose buffers the operands live in.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CudaBackend;
+
+impl crate::backend::Backend for CudaBackend {
+    fn is_host(&self) -> bool {
+        false
+    }
+}
 
 /// The prelude prepended to every kernel file before compilation: types,
 /// f16/bf16 conversions, strided indexing, warp and block reductions.

@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use super::buffer::{tensor_of, CudaBuffer};
-use super::ops::{device_of, float_suffix, launch, Arg};
+use super::launch::{device_of, float_suffix, launch, Arg};
 use super::shape::place;
 use crate::{Error, Result, Tensor};
 

@@ -5,7 +5,8 @@
 
 use super::buffer::{tensor_of, CudaBuffer};
 use super::context::CudaDevice;
-use super::ops::{cast, launch, Arg};
+use super::launch::{launch, Arg};
+use super::shape::cast;
 use crate::rng::Draw;
 use crate::{DType, Error, Result, Shape, Tensor};
 

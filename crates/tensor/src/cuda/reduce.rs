@@ -14,8 +14,9 @@
 use smallvec::SmallVec;
 
 use super::buffer::{tensor_of, CudaBuffer};
-use super::ops::{cast, contiguous, device_of, float_suffix, launch, Arg, BLOCK};
+use super::launch::{device_of, float_suffix, launch, Arg, BLOCK};
 use super::shape::first_element;
+use super::shape::{cast, contiguous};
 use crate::ops::reduce::{check_axes, reduced_shape, ArgReduce, Reduce, ReduceKind};
 use crate::ops::softmax::Softmax;
 use crate::ops::Op;

@@ -1,7 +1,9 @@
-//! The CUDA launches of the joining ops (concat, and so stack, and pad):
-//! the output is allocated once and each input is copied into its region,
-//! strided in and strided out, by one `place` kernel of `elementwise.cu`;
-//! a region that is one dense run on both sides is a plain device copy.
+//! The CUDA launches of the layout ops that copy: a strided view's
+//! contiguous copy and its cast to another dtype, and the joining ops
+//! (concat, and so stack, and pad): the output is allocated once and each
+//! input is copied into its region, strided in and strided out, by one
+//! `place` kernel of `elementwise.cu`; a region that is one dense run on
+//! both sides is a plain device copy.
 
 use std::sync::Arc;
 
@@ -9,7 +11,7 @@ use cudarc::driver::result;
 
 use super::buffer::{tensor_of, CudaBuffer};
 use super::context::{driver_error, CudaDevice};
-use super::ops::{device_of, dims_i64, info_array, launch, Arg};
+use super::launch::{device_of, dims_i64, info_array, launch, Arg};
 use crate::{DType, Error, Layout, Result, Shape, Tensor};
 
 /// The kernel-name suffix of the kernels that only move elements: the
@@ -104,4 +106,67 @@ pub(crate) fn pad(axis: usize, start: usize, size: usize, x: &Tensor) -> Result<
     let strides = shape.contiguous_strides();
     place("pad", &dev, x, out.ptr() + (start * strides[axis] * bytes) as u64, &strides)?;
     Ok(tensor_of(out, shape))
+}
+
+/// A contiguous copy of a (strided) tensor; the same handle when it is
+/// contiguous already, as on the CPU.
+pub(crate) fn contiguous(x: &Tensor) -> Result<Tensor> {
+    if x.is_contiguous() {
+        return Ok(x.clone());
+    }
+    let suffix = match x.dtype() {
+        DType::F32 => "f32",
+        DType::F64 => "f64",
+        DType::F16 | DType::BF16 => "u16",
+        DType::I32 => "i32",
+        DType::I64 => "i64",
+    };
+    let (dev, xp) = device_of("contiguous", x)?;
+    let n = x.numel();
+    let (out, _) = CudaBuffer::alloc(&dev, x.dtype(), n)?;
+    if n > 0 {
+        let mut v = dims_i64(x.shape());
+        v.extend(x.strides().iter().map(|&s| s as i64));
+        let info = info_array(&dev, &v)?;
+        let args = [
+            Arg::I64(n as i64),
+            Arg::I32(x.rank() as i32),
+            Arg::Ptr(info.ptr()),
+            Arg::Ptr(xp),
+            Arg::I64(x.layout().offset as i64),
+            Arg::Ptr(out.ptr()),
+        ];
+        launch(&dev, "elementwise.cu", &format!("copy_strided_{suffix}"), n, &args)?;
+    }
+    Ok(tensor_of(out, x.shape().clone()))
+}
+
+/// The kernel-name suffix of any dtype.
+fn any_suffix(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F32 => "f32",
+        DType::F64 => "f64",
+        DType::F16 => "f16",
+        DType::BF16 => "bf16",
+        DType::I32 => "i32",
+        DType::I64 => "i64",
+    }
+}
+
+/// `x` converted to `dtype` (strided views are made contiguous first, as
+/// the cast kernels read dense input).
+pub(crate) fn cast(x: &Tensor, dtype: DType) -> Result<Tensor> {
+    if dtype == x.dtype() {
+        return Ok(x.clone());
+    }
+    let x = contiguous(x)?;
+    let (dev, xp) = device_of("cast", &x)?;
+    let n = x.numel();
+    let (out, _) = CudaBuffer::alloc(&dev, dtype, n)?;
+    if n > 0 {
+        let at = xp + (x.layout().offset * x.dtype().size_in_bytes()) as u64;
+        let name = format!("cast_{}_{}", any_suffix(x.dtype()), any_suffix(dtype));
+        launch(&dev, "cast.cu", &name, n, &[Arg::I64(n as i64), Arg::Ptr(at), Arg::Ptr(out.ptr())])?;
+    }
+    Ok(tensor_of(out, x.shape().clone()))
 }

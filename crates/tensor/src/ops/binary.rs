@@ -64,7 +64,7 @@ impl Op for Binary {
 
     fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let (a, b, shape) = self.operands_of(xs)?;
-        crate::cuda::ops::binary(*self, &a, &b, &shape)
+        crate::cuda::binary::binary(*self, &a, &b, &shape)
     }
 
     fn vjp<T: Diff>(&self, xs: &[&T], y: &T, g: &T) -> Result<InputGrads<T>> {
@@ -238,11 +238,11 @@ impl Op for Compare {
     }
     fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
         match self.scalar {
-            Some(s) => crate::cuda::ops::compare(self.name(), self.cmp, xs[0], None, s, xs[0].shape()),
+            Some(s) => crate::cuda::binary::compare(self.name(), self.cmp, xs[0], None, s, xs[0].shape()),
             None => {
                 let shape = check_pair(self.name(), xs[0], xs[1])?;
                 let (a, b) = promote_pair(xs[0], xs[1])?;
-                crate::cuda::ops::compare(self.name(), self.cmp, &a, Some(&b), 0.0, &shape)
+                crate::cuda::binary::compare(self.name(), self.cmp, &a, Some(&b), 0.0, &shape)
             }
         }
     }

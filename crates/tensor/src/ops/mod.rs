@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
+use crate::backend::Backend;
 use crate::{DType, Device, Error, Result, Shape, Tensor};
 
 pub mod binary;
@@ -180,14 +181,30 @@ pub trait Op: Debug + Send + Sync + 'static {
     fn operands(&self) -> SmallVec<[&Tensor; 2]> {
         SmallVec::new()
     }
-    /// The output from the input values, on the CPU: [`forward`] calls it
-    /// once it has checked that every input and operand is a CPU tensor.
-    /// The kernels themselves live in [`crate::cpu`]; this method holds the
-    /// shape rule and hands the operands over.
-    fn forward_cpu(&self, inputs: &[&Tensor]) -> Result<Tensor>;
-    /// The output on a CUDA device. An op without a CUDA kernel keeps this
-    /// default, [`Error::Unsupported`], so a backend can be filled in op by
-    /// op and a missing kernel is an error, never a panic.
+    /// The output from the input values, on the device whose `backend`
+    /// [`forward`] picked once it has checked that every input and operand
+    /// lives there: the op checks its inputs (shapes, dtypes, the kernel's
+    /// parameters) once, for every device, and calls the backend's kernel
+    /// of its family, so a device without that family's kernels does not
+    /// compile. The default runs the op's [`Op::forward_cpu`] or
+    /// [`Op::forward_cuda`]: the families not yet behind a kernel trait.
+    fn run(&self, backend: &dyn Backend, inputs: &[&Tensor]) -> Result<Tensor> {
+        if backend.is_host() {
+            self.forward_cpu(inputs)
+        } else {
+            self.forward_cuda(inputs)
+        }
+    }
+    /// The output on the CPU, for an op not yet behind a kernel trait
+    /// (see [`Op::run`]); the default, [`Error::Unsupported`], is for the
+    /// ops that are.
+    fn forward_cpu(&self, _inputs: &[&Tensor]) -> Result<Tensor> {
+        Err(Error::Unsupported { op: self.name(), device: Device::Cpu })
+    }
+    /// The output on a CUDA device, for an op not yet behind a kernel trait
+    /// (see [`Op::run`]). An op without a CUDA kernel keeps this default,
+    /// [`Error::Unsupported`], so a missing kernel is an error, never a
+    /// panic.
     fn forward_cuda(&self, inputs: &[&Tensor]) -> Result<Tensor> {
         Err(Error::Unsupported { op: self.name(), device: inputs.first().map_or(Device::Cpu, |x| x.device()) })
     }
@@ -268,11 +285,20 @@ pub(crate) fn result_dtype(a: &Tensor, b: &Tensor) -> DType {
     }
 }
 
+/// The backend of `device`'s kind: the one place a device is mapped to
+/// its kernels (a CUDA kernel finds its ordinal in its operands' buffers).
+pub(crate) fn backend_for(device: Device) -> &'static dyn Backend {
+    match device {
+        Device::Cpu => &crate::cpu::CpuBackend,
+        Device::Cuda(_) => &crate::cuda::CudaBackend,
+    }
+}
+
 /// Runs `op` forward on `inputs`: every input and every operand the op
 /// holds must be on one device ([`Error::DeviceMismatch`] names the op and
-/// the first two devices that differ), and that device's kernel computes
-/// the output ([`Op::forward_cpu`], [`Op::forward_cuda`]). This is the only
-/// way an op's forward is run, eagerly or on a graph.
+/// the first two devices that differ), and [`Op::run`] computes the output
+/// with that device's backend. This is the only way an op's forward is
+/// run, eagerly or on a graph.
 pub fn forward<O: Op + ?Sized>(op: &O, inputs: &[&Tensor]) -> Result<Tensor> {
     op.arity().check(op.name(), inputs.len())?;
     let mut devices = inputs.iter().copied().chain(op.operands()).map(Tensor::device);
@@ -280,10 +306,7 @@ pub fn forward<O: Op + ?Sized>(op: &O, inputs: &[&Tensor]) -> Result<Tensor> {
     if let Some(other) = devices.find(|&d| d != device) {
         return Err(Error::DeviceMismatch { op: op.name(), lhs: device, rhs: other });
     }
-    match device {
-        Device::Cpu => op.forward_cpu(inputs),
-        Device::Cuda(_) => op.forward_cuda(inputs),
-    }
+    op.run(backend_for(device), inputs)
 }
 
 /// The object-safe face of [`Op`], so a graph can store any op. Each rule is

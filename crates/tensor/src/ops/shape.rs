@@ -210,7 +210,7 @@ impl Op for Contiguous {
         xs[0].contiguous()
     }
     fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        crate::cuda::ops::contiguous(xs[0])
+        crate::cuda::shape::contiguous(xs[0])
     }
     fn vjp<T: Diff>(&self, _: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         Ok(one(g.clone()))
@@ -335,7 +335,7 @@ impl Op for Cast {
         xs[0].cast_raw(self.0)
     }
     fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        crate::cuda::ops::cast(xs[0], self.0)
+        crate::cuda::shape::cast(xs[0], self.0)
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         let from = xs[0].dtype();

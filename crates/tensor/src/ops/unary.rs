@@ -3,71 +3,23 @@
 //! Each function is a variant of [`Unary`] (listed once more in
 //! [`Unary::ALL`]), a name, and one line of derivative `dy/dx` written in
 //! differentiable ops; the VJP is `g * dy/dx` and the JVP `t * dy/dx`, so
-//! both modes share the line. Its CPU kernel is one closure in
-//! `cpu/unary.rs`, its CUDA kernel one line of `kernels/elementwise.cu`
-//! (named by [`Unary::cuda_kernel`]).
+//! both modes share the line. The op checks its operand once, for every
+//! device, and hands the device's [`UnaryKernels`] the function and the
+//! operand: its CPU kernel is one closure in `cpu/unary.rs`, its CUDA
+//! kernel one line of `kernels/elementwise.cu` (named by
+//! [`Unary::cuda_kernel`]).
 
 use smallvec::SmallVec;
 
-use crate::ops::{check_pair, one, Arity, Diff, InputGrads, Op, Saved};
-use crate::{cpu, DType, Error, Result, Tensor};
+pub use crate::backend::unary::Unary;
+use crate::backend::unary::{FRAC_1_SQRT_2PI, GELU_C, SQRT_2_OVER_PI};
+use crate::backend::Backend;
+use crate::ops::{backend_for, check_pair, one, Arity, Diff, InputGrads, Op, Saved};
+use crate::{Error, Result, Tensor};
 
 use super::binary::BinaryOps;
 use super::reduce::ReduceOps;
 use super::shape::ShapeOps;
-
-/// Which elementwise function.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Unary {
-    /// -x
-    Neg,
-    /// |x|
-    Abs,
-    /// e^x
-    Exp,
-    /// ln x
-    Log,
-    /// sqrt x
-    Sqrt,
-    /// 1 / sqrt x
-    Rsqrt,
-    /// tanh x
-    Tanh,
-    /// 1 / (1 + e^-x)
-    Sigmoid,
-    /// max(x, 0)
-    Relu,
-    /// GELU, tanh approximation (torch's approximate="tanh")
-    GeluTanh,
-    /// GELU, exact erf form
-    GeluErf,
-    /// sin x
-    Sin,
-    /// cos x
-    Cos,
-    /// x^2
-    Square,
-    /// x^p
-    Powf(f64),
-    /// 1 / x
-    Recip,
-    /// x + c
-    AddScalar(f64),
-    /// x * c
-    MulScalar(f64),
-    /// min(max(x, lo), hi)
-    Clamp(f64, f64),
-    /// erf x
-    Erf,
-    /// sign x (no derivative)
-    Sign,
-    /// ln(1 + e^x), torch's softplus with beta 1: a smooth relu
-    Softplus,
-}
-
-pub(crate) const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
-pub(crate) const GELU_C: f64 = 0.044_715;
-pub(crate) const FRAC_1_SQRT_2PI: f64 = 0.398_942_280_401_432_7;
 
 /// The derivative of a unary function, as a factor.
 enum Deriv<T> {
@@ -77,73 +29,6 @@ enum Deriv<T> {
 }
 
 impl Unary {
-    /// Every function, once (with a representative parameter where it takes
-    /// one): the gradient-check table and the CUDA kernel-name test are
-    /// checked against this list, so a variant added to the enum and not
-    /// here, or here and not there, fails a test.
-    pub const ALL: &'static [Unary] = &[
-        Unary::Neg,
-        Unary::Abs,
-        Unary::Exp,
-        Unary::Log,
-        Unary::Sqrt,
-        Unary::Rsqrt,
-        Unary::Tanh,
-        Unary::Sigmoid,
-        Unary::Relu,
-        Unary::GeluTanh,
-        Unary::GeluErf,
-        Unary::Sin,
-        Unary::Cos,
-        Unary::Square,
-        Unary::Powf(1.5),
-        Unary::Recip,
-        Unary::AddScalar(0.5),
-        Unary::MulScalar(-2.0),
-        Unary::Clamp(-0.5, 0.5),
-        Unary::Erf,
-        Unary::Sign,
-        Unary::Softplus,
-    ];
-
-    /// The CUDA kernel computing this function on `dtype` (an entry of
-    /// `kernels/elementwise.cu`): the name, then the dtype.
-    pub fn cuda_kernel(self, dtype: DType) -> String {
-        format!("{}_{}", self.name(), dtype.cuda_suffix())
-    }
-
-    /// The functions defined on integers too, with integer CUDA kernels
-    /// (`neg_i32`...): they wrap, as torch's do.
-    pub const INT_KERNELS: &'static [Unary] = &[Unary::Neg, Unary::Abs];
-
-    /// The op's name, as errors and graph diagnostics show it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Unary::Neg => "neg",
-            Unary::Abs => "abs",
-            Unary::Exp => "exp",
-            Unary::Log => "log",
-            Unary::Sqrt => "sqrt",
-            Unary::Rsqrt => "rsqrt",
-            Unary::Tanh => "tanh",
-            Unary::Sigmoid => "sigmoid",
-            Unary::Relu => "relu",
-            Unary::GeluTanh => "gelu_tanh",
-            Unary::GeluErf => "gelu",
-            Unary::Sin => "sin",
-            Unary::Cos => "cos",
-            Unary::Square => "square",
-            Unary::Powf(_) => "powf",
-            Unary::Recip => "recip",
-            Unary::AddScalar(_) => "add_scalar",
-            Unary::MulScalar(_) => "mul_scalar",
-            Unary::Clamp(..) => "clamp",
-            Unary::Erf => "erf",
-            Unary::Sign => "sign",
-            Unary::Softplus => "softplus",
-        }
-    }
-
     /// dy/dx in differentiable ops, given x and y = f(x).
     fn deriv<T: Diff>(self, x: &T, y: &T) -> Result<Deriv<T>> {
         use Deriv::*;
@@ -216,22 +101,29 @@ impl Op for Unary {
         }
     }
 
-    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        cpu::unary::forward(*self, xs[0])
-    }
-
-    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        crate::cuda::ops::unary(*self, xs[0])
+    fn run(&self, backend: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
+        let x = xs[0];
+        let dtype = x.dtype();
+        if dtype.is_int() && !Unary::INT_KERNELS.contains(self) {
+            return Err(Error::UnsupportedDType { op: self.name(), dtype, expected: "a float dtype" });
+        }
+        Ok(Tensor::from_storage(backend.unary(*self, x.src())?, x.shape().clone()))
     }
 
     /// `g * dy/dx` in one pass for the activations whose derivative line
     /// takes several passes and as many temporaries (a training step's
-    /// backward): relu, tanh, sigmoid, both GELUs.
+    /// backward): relu, tanh, sigmoid, both GELUs, where the device has
+    /// the pass and `g` matches `x` in shape, dtype and device.
     fn vjp_eager(&self, xs: SmallVec<[Tensor; 3]>, y: Tensor, g: Tensor) -> Result<InputGrads<Tensor>> {
-        if let Some(d) = cpu::unary::fused_grad(*self, &xs[0], &y, &g)? {
-            return Ok(one(d));
+        let x = &xs[0];
+        let device = x.device();
+        let fits = x.shape() == g.shape() && x.dtype() == g.dtype() && [&y, &g].iter().all(|t| t.device() == device);
+        if fits {
+            if let Some(d) = backend_for(device).unary_grad(*self, x.src(), y.src(), g.src())? {
+                return Ok(one(Tensor::from_storage(d, x.shape().clone())));
+            }
         }
-        self.vjp(&[&xs[0]], &y, &g)
+        self.vjp(&[x], &y, &g)
     }
 
     fn vjp<T: Diff>(&self, xs: &[&T], y: &T, g: &T) -> Result<InputGrads<T>> {
@@ -297,18 +189,17 @@ impl Op for TanhBackward {
         Saved::INPUTS
     }
 
-    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
+    fn run(&self, backend: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
         let shape = check_pair("tanh_backward", xs[0], xs[1])?;
-        cpu::unary::tanh_backward(xs[0], xs[1], &shape)
-    }
-
-    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        let shape = check_pair("tanh_backward", xs[0], xs[1])?;
-        crate::cuda::ops::tanh_backward(xs[0], xs[1], &shape)
+        let dtype = xs[0].dtype();
+        if dtype.is_int() {
+            return Err(Error::UnsupportedDType { op: "tanh_backward", dtype, expected: "a float dtype" });
+        }
+        Ok(Tensor::from_storage(backend.tanh_backward(xs[0].src(), xs[1].src(), &shape)?, shape))
     }
 
     fn vjp_eager(&self, xs: SmallVec<[Tensor; 3]>, _: Tensor, gbar: Tensor) -> Result<InputGrads<Tensor>> {
-        self.rule(&xs[0], &xs[1], &gbar, &|y, g, s, tg| cpu::unary::tanh_second(y, g, s, tg))
+        self.rule(&xs[0], &xs[1], &gbar, &tanh_second)
     }
 
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, gbar: &T) -> Result<InputGrads<T>> {
@@ -316,7 +207,7 @@ impl Op for TanhBackward {
     }
 
     fn jvp_eager(&self, xs: &[&Tensor], out: &Tensor, ts: &[Option<&Tensor>]) -> Result<Option<Tensor>> {
-        self.tangent(xs, out, ts, &|y, g, s, tg| cpu::unary::tanh_second(y, g, s, tg))
+        self.tangent(xs, out, ts, &tanh_second)
     }
 
     fn jvp<T: Diff>(&self, xs: &[&T], out: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
@@ -326,6 +217,22 @@ impl Op for TanhBackward {
 
 /// `-2 y g s + tg (1 - y^2)` in one pass when a kernel has it (`None`: compose it).
 type Second<'a, T> = &'a dyn Fn(&T, &T, &T, Option<&T>) -> Result<Option<T>>;
+
+/// The device's one-pass [`Second`] on plain tensors, when every operand
+/// is a contiguous tensor of `y`'s dtype, shape and device.
+fn tanh_second(y: &Tensor, g: &Tensor, s: &Tensor, tg: Option<&Tensor>) -> Result<Option<Tensor>> {
+    let device = y.device();
+    let same = [g, s]
+        .into_iter()
+        .chain(tg)
+        .chain([y])
+        .all(|t| t.device() == device && t.dtype() == y.dtype() && t.shape() == y.shape() && t.is_contiguous());
+    if !same {
+        return Ok(None);
+    }
+    let out = backend_for(device).tanh_second(y.src(), g.src(), s.src(), tg.map(Tensor::src))?;
+    Ok(out.map(|d| Tensor::from_storage(d, y.shape().clone())))
+}
 
 impl TanhBackward {
     /// The reverse rule; `fused` may compute `-2 y g gbar` in one pass.

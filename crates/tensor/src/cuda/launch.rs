@@ -1,0 +1,177 @@
+//! The CUDA launch toolkit every family's launches share: the operand's
+//! device and address, the kernels' argument list and grid, the dims and
+//! strides array (`info`) the strided kernels read, and the two-operand
+//! elementwise launch of `kernels/elementwise.cu`.
+
+use std::sync::Arc;
+
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+
+use super::buffer::{buffer_of_storage, storage_of, CudaBuffer};
+use super::context::{driver_error, CudaDevice};
+use crate::backend::Src;
+use crate::storage::Storage;
+use crate::{DType, Error, Layout, Result, Shape, Tensor};
+
+/// Threads a block for the elementwise kernels.
+pub(crate) const BLOCK: u32 = 256;
+/// Blocks at most: the kernels loop over the rest with a grid stride.
+const MAX_BLOCKS: usize = 4096;
+
+/// A kernel argument by value.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Arg {
+    I64(i64),
+    I32(i32),
+    Ptr(u64),
+    F64(f64),
+}
+
+/// The device a CUDA op runs on, from its first input.
+pub(crate) fn device_of(op: &'static str, t: &Tensor) -> Result<(Arc<CudaDevice>, u64)> {
+    device_of_src(op, t.src())
+}
+
+/// The device a CUDA kernel runs on and the operand's address, from its
+/// storage.
+pub(crate) fn device_of_src(op: &'static str, x: Src<'_>) -> Result<(Arc<CudaDevice>, u64)> {
+    // A device buffer of another backend (a test's stand-in) has no kernels here.
+    let buf = buffer_of_storage(x.storage).ok_or(Error::Unsupported { op, device: x.device() })?;
+    Ok((buf.dev.clone(), buf.ptr()))
+}
+
+/// Launches `name` of `file` over `n` elements with `args`.
+pub(crate) fn launch(dev: &CudaDevice, file: &'static str, name: &str, n: usize, args: &[Arg]) -> Result<()> {
+    let f = dev.function(file, name)?;
+    let blocks = n.div_ceil(BLOCK as usize).clamp(1, MAX_BLOCKS) as u32;
+    let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
+    let mut b = dev.stream.launch_builder(&f);
+    for a in args {
+        match a {
+            Arg::I64(v) => b.arg(v),
+            Arg::I32(v) => b.arg(v),
+            Arg::Ptr(v) => b.arg(v),
+            Arg::F64(v) => b.arg(v),
+        };
+    }
+    // SAFETY: each kernel's argument list is the one its file's header
+    // documents, and every pointer is a live block at least as large as
+    // the kernel reads or writes (the sizes are computed from the layouts).
+    unsafe { b.launch(cfg) }.map_err(|e| driver_error(&format!("launching {name}"), e))?;
+    Ok(())
+}
+
+/// The kernel-name suffix of a float dtype.
+pub(crate) fn float_suffix(op: &'static str, dtype: DType) -> Result<&'static str> {
+    match dtype {
+        DType::F32 => Ok("f32"),
+        DType::F64 => Ok("f64"),
+        DType::F16 => Ok("f16"),
+        DType::BF16 => Ok("bf16"),
+        // The CPU's words, so an error reads the same from either device.
+        _ => Err(Error::UnsupportedDType { op, dtype, expected: "a float dtype" }),
+    }
+}
+
+/// `t`'s strides as seen from `out` (numpy broadcasting: leading dims
+/// missing and size-1 dims that broadcast get stride 0).
+pub(crate) fn broadcast_strides(t: &Tensor, out: &Shape) -> Vec<i64> {
+    broadcast_strides_of(t.layout(), out)
+}
+
+/// [`broadcast_strides`] of a view's layout.
+pub(crate) fn broadcast_strides_of(t: &Layout, out: &Shape) -> Vec<i64> {
+    let (r, rt) = (out.rank(), t.shape.rank());
+    (0..r)
+        .map(|i| {
+            if i < r - rt {
+                return 0;
+            }
+            let j = i - (r - rt);
+            if t.shape.dims()[j] == 1 && out.dims()[i] != 1 {
+                0
+            } else {
+                t.strides[j] as i64
+            }
+        })
+        .collect()
+}
+
+/// A device array of i64 (the kernels' `info`), freed when dropped.
+pub(crate) fn info_array(dev: &Arc<CudaDevice>, values: &[i64]) -> Result<CudaBuffer> {
+    let (buf, _) = CudaBuffer::alloc(dev, DType::I64, values.len())?;
+    dev.bind()?;
+    // SAFETY: the block holds `values.len()` i64s.
+    unsafe { cudarc::driver::result::memcpy_htod_sync(buf.ptr(), values) }
+        .map_err(|e| driver_error("copy of kernel dims", e))?;
+    Ok(buf)
+}
+
+pub(crate) fn dims_i64(shape: &Shape) -> Vec<i64> {
+    shape.dims().iter().map(|&d| d as i64).collect()
+}
+
+/// The `info` of a two-operand kernel (dims, a's strides, b's strides), or
+/// none when both operands are contiguous in the output's shape.
+pub(crate) fn pair_info(
+    dev: &Arc<CudaDevice>,
+    a: Src<'_>,
+    b: Option<Src<'_>>,
+    shape: &Shape,
+) -> Result<Option<CudaBuffer>> {
+    let plain = |t: Src<'_>| t.is_contiguous() && t.shape() == shape;
+    if plain(a) && b.is_none_or(plain) {
+        return Ok(None);
+    }
+    let mut v = dims_i64(shape);
+    v.extend(broadcast_strides_of(a.layout, shape));
+    match b {
+        Some(b) => v.extend(broadcast_strides_of(b.layout, shape)),
+        None => v.extend(std::iter::repeat_n(0, shape.rank())),
+    }
+    Ok(Some(info_array(dev, &v)?))
+}
+
+/// A two-operand kernel of elementwise.cu named `kernel`, broadcasting to `shape`.
+pub(crate) fn pair(
+    op: &'static str,
+    kernel: &str,
+    suffix: &str,
+    a: Src<'_>,
+    b: Src<'_>,
+    shape: &Shape,
+) -> Result<Storage> {
+    pair_flagged(op, kernel, suffix, a, b, shape, None)
+}
+
+/// [`pair`], with the address of a flag the kernel takes after the output.
+pub(crate) fn pair_flagged(
+    op: &'static str,
+    kernel: &str,
+    suffix: &str,
+    a: Src<'_>,
+    b: Src<'_>,
+    shape: &Shape,
+    flag: Option<u64>,
+) -> Result<Storage> {
+    let (dev, ap) = device_of_src(op, a)?;
+    let (_, bp) = device_of_src(op, b)?;
+    let n = shape.numel();
+    let (out, _) = CudaBuffer::alloc(&dev, a.dtype(), n)?;
+    if n > 0 {
+        let info = pair_info(&dev, a, Some(b), shape)?;
+        let mut args = vec![
+            Arg::I64(n as i64),
+            Arg::I32(shape.rank() as i32),
+            Arg::Ptr(info.as_ref().map_or(0, CudaBuffer::ptr)),
+            Arg::Ptr(ap),
+            Arg::I64(a.layout.offset as i64),
+            Arg::Ptr(bp),
+            Arg::I64(b.layout.offset as i64),
+            Arg::Ptr(out.ptr()),
+        ];
+        args.extend(flag.map(Arg::Ptr));
+        launch(&dev, "elementwise.cu", &format!("{kernel}_{suffix}"), n, &args)?;
+    }
+    Ok(storage_of(out))
+}
