@@ -1,32 +1,48 @@
 //! The CPU kernels of the two-operand elementwise ops, comparisons and
 //! `where` ([`crate::ops::binary`]), over operands broadcast together.
 
-use super::float_map;
-use super::iter::{map2, map3, nd2, Nd};
-use crate::ops::binary::{Binary, Cmp};
-use crate::storage::CpuElement;
-use crate::{with_dtype, with_float, DType, Element, Error, Float, Result, Shape, Tensor};
+use super::iter::{map1, map2, map3, nd1, nd2, Nd};
+use super::{float_src, host, CpuBackend};
+use crate::backend::binary::{Binary, BinaryKernels, Cmp, Rhs};
+use crate::backend::Src;
+use crate::storage::{CpuElement, Storage};
+use crate::{with_dtype, with_float, DType, Element, Error, Float, Layout, Result, Shape};
 
-/// `op(a, b)` at the broadcast `shape` (`b` is converted to `a`'s dtype;
-/// f16/bf16 through f32).
-pub(crate) fn forward(op: Binary, a: &Tensor, b: &Tensor, shape: &Shape) -> Result<Tensor> {
-    let name = crate::ops::Op::name(&op);
-    let b = b.cast_raw(a.dtype().compute())?;
-    match a.dtype() {
-        DType::I32 => return Tensor::from_vec(int_kernel::<i32>(op, a, &b, shape)?, shape.clone()),
-        DType::I64 => return Tensor::from_vec(int_kernel::<i64>(op, a, &b, shape)?, shape.clone()),
-        _ => {}
+impl BinaryKernels for CpuBackend {
+    /// `b` is read in `a`'s compute dtype; f16/bf16 through f32.
+    fn binary(&self, f: Binary, a: Src<'_>, b: Src<'_>, shape: &Shape) -> Result<Storage> {
+        let wide;
+        let b = match a.dtype().compute() {
+            dtype if dtype == b.dtype() => b,
+            dtype => {
+                wide = (Storage::cpu(super::shape::cast(b, dtype)?), Layout::contiguous(b.shape().clone()));
+                Src { storage: &wide.0, layout: &wide.1 }
+            }
+        };
+        match a.dtype() {
+            DType::I32 => return Ok(Storage::cpu(i32::wrap(int_kernel::<i32>(f, a, b, shape)?))),
+            DType::I64 => return Ok(Storage::cpu(i64::wrap(int_kernel::<i64>(f, a, b, shape)?))),
+            _ => {}
+        }
+        float_src(
+            f.name(),
+            a,
+            |a| with_float!(a.dtype(), T => Ok(Storage::cpu(T::wrap(kernel::<T>(f, a, b, shape)?))), _ => unreachable!()),
+        )
     }
-    float_map(
-        name,
-        a,
-        |a| with_float!(a.dtype(), T => Tensor::from_vec(kernel::<T>(op, a, &b, shape)?, shape.clone()), _ => unreachable!()),
-    )
+
+    fn compare(&self, cmp: Cmp, a: Src<'_>, rhs: Rhs<'_>, shape: &Shape) -> Result<Storage> {
+        compare(cmp, a, rhs, shape)
+    }
+
+    fn select(&self, mask: Src<'_>, a: Src<'_>, b: Src<'_>, shape: &Shape) -> Result<Storage> {
+        select(mask, a, b, shape)
+    }
 }
 
-fn kernel<T: Float + CpuElement>(op: Binary, a: &Tensor, b: &Tensor, shape: &Shape) -> Result<Vec<T>> {
-    let (x, y) = (a.storage_slice::<T>(), b.storage_slice::<T>());
-    let nd = nd2(&a.layout, &b.layout, shape);
+fn kernel<T: Float + CpuElement>(op: Binary, a: Src<'_>, b: Src<'_>, shape: &Shape) -> Result<Vec<T>> {
+    let (x, y) = (host::<T>(a), host::<T>(b));
+    let nd = nd2(a.layout, b.layout, shape);
     match op {
         Binary::Add => map2(x, y, &nd, |p: T, q: T| p + q),
         Binary::Sub => map2(x, y, &nd, |p: T, q: T| p - q),
@@ -86,9 +102,9 @@ fn int_pow<T: Int>(p: T, q: i64) -> T {
     acc
 }
 
-fn int_kernel<T: Int>(op: Binary, a: &Tensor, b: &Tensor, shape: &Shape) -> Result<Vec<T>> {
-    let (x, y) = (a.storage_slice::<T>(), b.storage_slice::<T>());
-    let nd = nd2(&a.layout, &b.layout, shape);
+fn int_kernel<T: Int>(op: Binary, a: Src<'_>, b: Src<'_>, shape: &Shape) -> Result<Vec<T>> {
+    let (x, y) = (host::<T>(a), host::<T>(b));
+    let nd = nd2(a.layout, b.layout, shape);
     match op {
         Binary::Add => map2(x, y, &nd, |p: T, q: T| p.wrapping_add(q)),
         Binary::Sub => map2(x, y, &nd, |p: T, q: T| p.wrapping_sub(q)),
@@ -109,27 +125,41 @@ fn int_kernel<T: Int>(op: Binary, a: &Tensor, b: &Tensor, shape: &Shape) -> Resu
     }
 }
 
-/// A mask of 1 where `cmp(a, b)` holds and 0 elsewhere, in `a`'s dtype.
-pub(crate) fn compare(cmp: Cmp, a: &Tensor, b: &Tensor, shape: &Shape) -> Result<Tensor> {
-    let nd = nd2(&a.layout, &b.layout, shape);
+/// A mask of 1 where `cmp(a, rhs)` holds and 0 elsewhere, in `a`'s dtype.
+fn compare(cmp: Cmp, a: Src<'_>, rhs: Rhs<'_>, shape: &Shape) -> Result<Storage> {
     let buf = with_dtype!(a.dtype(), T => {
-        let (x, y) = (a.storage_slice::<T>(), b.storage_slice::<T>());
         let (one, zero) = (T::from_f64(1.0), T::from_f64(0.0));
+        let x = host::<T>(a);
         // In the operands' own type, so int64 values past 2^53 compare exactly.
-        T::wrap(map2(x, y, &nd, move |p: T, q: T| if cmp.test(p, q) { one } else { zero })?)
+        T::wrap(match rhs {
+            Rhs::Operand(b) => {
+                let nd = nd2(a.layout, b.layout, shape);
+                map2(x, host::<T>(b), &nd, move |p: T, q: T| if cmp.test(p, q) { one } else { zero })?
+            }
+            Rhs::Scalar(s) => {
+                let q = T::from_f64(s);
+                map1(x, &nd1(a.layout), move |p: T| if cmp.test(p, q) { one } else { zero })?
+            }
+        })
     });
-    Tensor::from_buffer(buf, shape.clone())
+    Ok(Storage::cpu(buf))
 }
 
 /// `a` where `mask` is non-zero, else `b`, all three broadcast to `shape`.
-pub(crate) fn select(mask: &Tensor, a: &Tensor, b: &Tensor, shape: &Shape) -> Result<Tensor> {
-    let m = mask.cast_raw(DType::F64)?;
+fn select(mask: Src<'_>, a: Src<'_>, b: Src<'_>, shape: &Shape) -> Result<Storage> {
+    let wide;
+    let m = if mask.dtype() == DType::F64 {
+        mask
+    } else {
+        wide = (Storage::cpu(super::shape::cast(mask, DType::F64)?), Layout::contiguous(mask.shape().clone()));
+        Src { storage: &wide.0, layout: &wide.1 }
+    };
     let (sa, sb, sm) =
         (a.layout.broadcast_strides(shape), b.layout.broadcast_strides(shape), m.layout.broadcast_strides(shape));
     let nd = Nd::new(shape.dims(), [&sa, &sb, &sm], [a.layout.offset, b.layout.offset, m.layout.offset]);
     let buf = with_dtype!(a.dtype(), T => T::wrap(map3(
-        a.storage_slice::<T>(), b.storage_slice::<T>(), m.storage_slice::<f64>(), &nd,
+        host::<T>(a), host::<T>(b), host::<f64>(m), &nd,
         |p: T, q: T, c: f64| if c != 0.0 { p } else { q },
     )?));
-    Tensor::from_buffer(buf, shape.clone())
+    Ok(Storage::cpu(buf))
 }

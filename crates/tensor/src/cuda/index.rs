@@ -1,6 +1,6 @@
 //! The CUDA launches of the indexing and selection ops: index_select (and
 //! so embedding, which is an index_select of rows), index_add, gather,
-//! scatter_add and where.
+//! scatter_add (`where` is the binary family's, in `binary.rs`).
 //!
 //! Indices are checked on the device, by the kernels that read them: each
 //! records the lowest flat position of a bad index in a one-word flag,
@@ -17,9 +17,9 @@ use smallvec::SmallVec;
 
 use super::buffer::{tensor_of, CudaBuffer};
 use super::context::{driver_error, CudaDevice};
-use super::launch::{broadcast_strides, device_of, dims_i64, info_array, launch, Arg};
+use super::launch::{device_of, dims_i64, info_array, launch, Arg};
 use super::shape::contiguous;
-use super::shape::{fill_bytes, first_element, place, width_suffix};
+use super::shape::{fill_bytes, first_element, place};
 use crate::layout::check_axis;
 use crate::ops::index::split;
 use crate::{DType, Error, Result, Shape, Tensor};
@@ -44,11 +44,6 @@ fn check_kernel(idx: DType) -> String {
     format!("check_index_{}", idx.cuda_suffix())
 }
 
-/// The where kernel for a mask of `mask` and values of `values`.
-fn where_kernel(mask: DType, values: DType) -> String {
-    format!("where_{}_{}", mask.cuda_suffix(), width_suffix(values))
-}
-
 /// Every kernel this module launches, as `(file, entry)`.
 pub(crate) fn kernels() -> Vec<(&'static str, String)> {
     let mut out = Vec::new();
@@ -58,11 +53,6 @@ pub(crate) fn kernels() -> Vec<(&'static str, String)> {
             for name in ["index_select", "embedding", "index_add", "gather", "scatter_add"] {
                 out.push((FILE, kernel(name, dt, idx)));
             }
-        }
-    }
-    for mask in DTYPES {
-        for values in [DType::F16, DType::F32, DType::F64] {
-            out.push(("elementwise.cu", where_kernel(mask, values)));
         }
     }
     out
@@ -301,37 +291,4 @@ pub(crate) fn scatter_add(axis: usize, base: &Tensor, src: &Tensor, idx: &Tensor
     let sp = first_element(op, &src)?;
     along_axis(op, &dev, base.dtype(), axis, &idx, (&strides, base.dims()), sp, out.ptr())?;
     Ok(tensor_of(out, base.shape().clone()))
-}
-
-/// `where(mask, a, b)` broadcast to `shape`; `a` and `b` share a dtype.
-pub(crate) fn where_(mask: &Tensor, a: &Tensor, b: &Tensor, shape: &Shape) -> Result<Tensor> {
-    let op = "where";
-    let (dev, ap) = device_of(op, a)?;
-    let (_, bp) = device_of(op, b)?;
-    let (_, mp) = device_of(op, mask)?;
-    let n = shape.numel();
-    let (out, _) = CudaBuffer::alloc(&dev, a.dtype(), n)?;
-    if n > 0 {
-        let mut v = dims_i64(shape);
-        for t in [mask, a, b] {
-            v.extend(broadcast_strides(t, shape));
-        }
-        // A scalar output has no dims to describe: the kernel reads no info.
-        let info = if shape.rank() > 0 { Some(info_array(&dev, &v)?) } else { None };
-        let offset = |t: &Tensor| Arg::I64(t.layout().offset as i64);
-        let args = [
-            Arg::I64(n as i64),
-            Arg::I32(shape.rank() as i32),
-            Arg::Ptr(info.as_ref().map_or(0, CudaBuffer::ptr)),
-            Arg::Ptr(mp),
-            offset(mask),
-            Arg::Ptr(ap),
-            offset(a),
-            Arg::Ptr(bp),
-            offset(b),
-            Arg::Ptr(out.ptr()),
-        ];
-        launch(&dev, "elementwise.cu", &where_kernel(mask.dtype(), a.dtype()), n, &args)?;
-    }
-    Ok(tensor_of(out, shape.clone()))
 }

@@ -73,13 +73,8 @@ pub(crate) fn float_suffix(op: &'static str, dtype: DType) -> Result<&'static st
     }
 }
 
-/// `t`'s strides as seen from `out` (numpy broadcasting: leading dims
+/// A view's strides (of layout `t`) as seen from `out` (numpy broadcasting: leading dims
 /// missing and size-1 dims that broadcast get stride 0).
-pub(crate) fn broadcast_strides(t: &Tensor, out: &Shape) -> Vec<i64> {
-    broadcast_strides_of(t.layout(), out)
-}
-
-/// [`broadcast_strides`] of a view's layout.
 pub(crate) fn broadcast_strides_of(t: &Layout, out: &Shape) -> Vec<i64> {
     let (r, rt) = (out.rank(), t.shape.rank());
     (0..r)

@@ -6,43 +6,21 @@
 //! Operands of different dtypes are promoted as torch promotes them
 //! ([`DType::promote`]); each gradient is cast back to its input's dtype,
 //! so an optimizer never meets a parameter and a gradient that disagree.
+//! Each op checks and promotes its operands once, for every device, and
+//! hands the device's [`BinaryKernels`] the plan and the operands.
 
+use crate::backend::binary::Rhs;
+pub use crate::backend::binary::{Binary, Cmp};
+use crate::backend::Backend;
 use crate::ops::reduce::ReduceOps;
 use crate::ops::shape::ShapeOps;
 use crate::ops::unary::UnaryOps;
 use crate::ops::{add_opt, check_pair, promote_pair, Arity, Diff, InputGrads, Op, Saved};
-use crate::{cpu, DType, Result, Shape, Tensor};
-
-/// Which two-operand function.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Binary {
-    /// a + b
-    Add,
-    /// a - b
-    Sub,
-    /// a * b
-    Mul,
-    /// a / b
-    Div,
-    /// a ^ b
-    Pow,
-    /// max(a, b), NaN-propagating
-    Maximum,
-    /// min(a, b), NaN-propagating
-    Minimum,
-}
+use crate::{DType, Result, Shape, Tensor};
 
 impl Op for Binary {
     fn name(&self) -> &'static str {
-        match self {
-            Binary::Add => "add",
-            Binary::Sub => "sub",
-            Binary::Mul => "mul",
-            Binary::Div => "div",
-            Binary::Pow => "pow",
-            Binary::Maximum => "maximum",
-            Binary::Minimum => "minimum",
-        }
+        Binary::name(*self)
     }
     fn arity(&self) -> Arity {
         Arity::exactly(2)
@@ -57,14 +35,9 @@ impl Op for Binary {
         }
     }
 
-    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
+    fn run(&self, backend: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
         let (a, b, shape) = self.operands_of(xs)?;
-        cpu::binary::forward(*self, &a, &b, &shape)
-    }
-
-    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        let (a, b, shape) = self.operands_of(xs)?;
-        crate::cuda::binary::binary(*self, &a, &b, &shape)
+        Ok(Tensor::from_storage(backend.binary(*self, a.src(), b.src(), &shape)?, shape))
     }
 
     fn vjp<T: Diff>(&self, xs: &[&T], y: &T, g: &T) -> Result<InputGrads<T>> {
@@ -154,49 +127,6 @@ impl Binary {
     }
 }
 
-/// A comparison, giving a mask of 1 and 0 in the operands' promoted dtype
-/// (the tensor's own dtype against a scalar).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Cmp {
-    /// ==
-    Eq,
-    /// !=
-    Ne,
-    /// <
-    Lt,
-    /// <=
-    Le,
-    /// >
-    Gt,
-    /// >=
-    Ge,
-}
-
-impl Cmp {
-    /// Whether `a` and `b` pass the test.
-    #[inline]
-    pub fn test<T: PartialOrd>(self, a: T, b: T) -> bool {
-        match self {
-            Cmp::Eq => a == b,
-            Cmp::Ne => a != b,
-            Cmp::Lt => a < b,
-            Cmp::Le => a <= b,
-            Cmp::Gt => a > b,
-            Cmp::Ge => a >= b,
-        }
-    }
-    fn name(self) -> &'static str {
-        match self {
-            Cmp::Eq => "eq",
-            Cmp::Ne => "ne",
-            Cmp::Lt => "lt",
-            Cmp::Le => "le",
-            Cmp::Gt => "gt",
-            Cmp::Ge => "ge",
-        }
-    }
-}
-
 /// Comparison of two tensors (broadcasting) or of a tensor with a scalar.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Compare {
@@ -217,34 +147,32 @@ impl Op for Compare {
     fn saves(&self) -> Saved {
         Saved::NOTHING
     }
-    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
+    fn run(&self, backend: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
         let a = xs[0];
-        let cmp = self.cmp;
-        if let (Some(_), true) = (self.scalar, a.dtype().is_int()) {
-            // torch promotes an int tensor compared with a float scalar
-            // (tensor([0]) < 0.5 is true); rounding the scalar to the int
-            // dtype would not. f64 holds every i32 (and i64 below 2^53).
-            return self.forward_cpu(&[&a.cast_raw(DType::F64)?])?.cast_raw(a.dtype());
-        }
         let (a, b, shape) = match self.scalar {
-            Some(s) => (a.clone(), Tensor::scalar_of(s, a.dtype()), a.shape().clone()),
+            Some(s) if a.dtype().is_int() => {
+                // torch promotes an int tensor compared with a float scalar
+                // (tensor([0]) < 0.5 is true); rounding the scalar to the int
+                // dtype would not. f64 holds every i32 (and i64 below 2^53);
+                // the mask goes back to the integer dtype.
+                let wide = super::forward(&super::shape::Cast(DType::F64), &[a])?;
+                let mask = backend.compare(self.cmp, wide.src(), Rhs::Scalar(s), a.shape())?;
+                let mask = Tensor::from_storage(mask, a.shape().clone());
+                return super::forward(&super::shape::Cast(a.dtype()), &[&mask]);
+            }
+            Some(s) => {
+                return Ok(Tensor::from_storage(
+                    backend.compare(self.cmp, a.src(), Rhs::Scalar(s), a.shape())?,
+                    a.shape().clone(),
+                ))
+            }
             None => {
                 let shape = check_pair(self.name(), a, xs[1])?;
                 let (a, b) = promote_pair(a, xs[1])?;
                 (a, b, shape)
             }
         };
-        cpu::binary::compare(cmp, &a, &b, &shape)
-    }
-    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        match self.scalar {
-            Some(s) => crate::cuda::binary::compare(self.name(), self.cmp, xs[0], None, s, xs[0].shape()),
-            None => {
-                let shape = check_pair(self.name(), xs[0], xs[1])?;
-                let (a, b) = promote_pair(xs[0], xs[1])?;
-                crate::cuda::binary::compare(self.name(), self.cmp, &a, Some(&b), 0.0, &shape)
-            }
-        }
+        Ok(Tensor::from_storage(backend.compare(self.cmp, a.src(), Rhs::Operand(b.src()), &shape)?, shape))
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, _: &T) -> Result<InputGrads<T>> {
         Ok(xs.iter().map(|_| None).collect())
@@ -280,17 +208,11 @@ impl Op for Where {
     fn saves(&self) -> Saved {
         Saved::NOTHING
     }
-    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
+    fn run(&self, backend: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
         let ab = check_pair("where", xs[0], xs[1])?;
         let shape = Shape::broadcast("where", &ab, self.mask.shape())?;
         let (a, b) = promote_pair(xs[0], xs[1])?;
-        cpu::binary::select(&self.mask, &a, &b, &shape)
-    }
-    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        let ab = check_pair("where", xs[0], xs[1])?;
-        let shape = Shape::broadcast("where", &ab, self.mask.shape())?;
-        let (a, b) = promote_pair(xs[0], xs[1])?;
-        crate::cuda::index::where_(&self.mask, &a, &b, &shape)
+        Ok(Tensor::from_storage(backend.select(self.mask.src(), a.src(), b.src(), &shape)?, shape))
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         let m = g.lift(self.mask.ne_scalar(0.0)?.cast(g.dtype())?);
@@ -311,12 +233,6 @@ impl Op for Where {
 }
 
 impl Binary {
-    /// The CUDA kernel computing this function on `dtype` (an entry of
-    /// `kernels/elementwise.cu`).
-    pub fn cuda_kernel(self, dtype: DType) -> String {
-        format!("{}_{}", Op::name(&self), dtype.cuda_suffix())
-    }
-
     /// The operands in their common dtype, and the broadcast shape.
     /// Integers divide as torch's `/` does, in float32 (true division).
     fn operands_of(self, xs: &[&Tensor]) -> Result<(Tensor, Tensor, Shape)> {
@@ -328,35 +244,6 @@ impl Binary {
         }
         Ok((a, b, shape))
     }
-
-    /// The functions with integer CUDA kernels (`add_i32`...): all but
-    /// division, which runs in float32.
-    pub const INT_KERNELS: &'static [Binary] =
-        &[Binary::Add, Binary::Sub, Binary::Mul, Binary::Pow, Binary::Maximum, Binary::Minimum];
-
-    /// The error of an integer raised to the negative power `q`, which no
-    /// integer holds (torch's rule), the same from every device.
-    pub(crate) fn negative_int_power(q: i64) -> crate::Error {
-        crate::Error::invalid_arg(
-            "pow",
-            format!("integers to negative integer powers are not allowed (exponent {q}); cast to a float dtype first"),
-        )
-    }
-
-    /// Every two-operand function, once.
-    pub const ALL: &'static [Binary] =
-        &[Binary::Add, Binary::Sub, Binary::Mul, Binary::Div, Binary::Pow, Binary::Maximum, Binary::Minimum];
-}
-
-impl Cmp {
-    /// The CUDA kernel running every comparison on `dtype` (the test is an
-    /// argument).
-    pub fn cuda_kernel(dtype: DType) -> String {
-        format!("compare_{}", dtype.cuda_suffix())
-    }
-
-    /// Every comparison, once.
-    pub const ALL: &'static [Cmp] = &[Cmp::Eq, Cmp::Ne, Cmp::Lt, Cmp::Le, Cmp::Gt, Cmp::Ge];
 }
 
 /// This family's ops, each once (see [`crate::ops::registry`]).

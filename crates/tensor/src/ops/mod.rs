@@ -62,6 +62,7 @@ pub fn cuda_kernels() -> Vec<(&'static str, String)> {
         out.push(("elementwise.cu", binary::Cmp::cuda_kernel(dt)));
         out.extend(unary::Unary::INT_KERNELS.iter().map(|u| ("elementwise.cu", u.cuda_kernel(dt))));
     }
+    out.extend(crate::cuda::binary::kernels());
     out.extend(crate::cuda::index::kernels());
     out.extend(crate::cuda::shape::kernels());
     out.extend(crate::cuda::reduce::kernels());
