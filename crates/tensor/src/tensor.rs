@@ -482,11 +482,9 @@ impl Tensor {
         if self.is_contiguous() {
             return Ok(self.clone());
         }
-        if self.device() != Device::Cpu {
-            // The device's copy kernel (or Unsupported where it has none).
-            return crate::ops::forward(&crate::ops::shape::Contiguous, &[self]);
-        }
-        Tensor::from_buffer(crate::cpu::shape::copy(self.src())?, self.shape().clone())
+        // The device's copy kernel, as the Contiguous op runs it.
+        let copy = crate::ops::backend_for(self.device()).copy("contiguous", self.src())?;
+        Ok(Tensor::from_storage(copy, self.shape().clone()))
     }
 
     pub(crate) fn with_layout(&self, layout: Layout) -> Tensor {

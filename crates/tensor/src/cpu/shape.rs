@@ -4,11 +4,26 @@
 
 use half::{bf16, f16};
 
-use super::host;
 use super::iter::{map1, nd1, Nd};
-use crate::backend::Src;
-use crate::storage::{try_filled, CpuBuffer, CpuElement};
-use crate::{with_dtype, DType, Element, Result, Shape, Tensor};
+use super::{host, CpuBackend};
+use crate::backend::{ShapeKernels, Src};
+use crate::storage::{try_filled, CpuBuffer, CpuElement, Storage};
+use crate::{with_dtype, DType, Element, Result, Shape};
+
+impl ShapeKernels for CpuBackend {
+    fn copy(&self, _: &'static str, x: Src<'_>) -> Result<Storage> {
+        copy(x).map(Storage::cpu)
+    }
+
+    fn cast(&self, x: Src<'_>, dtype: DType) -> Result<Storage> {
+        cast(x, dtype).map(Storage::cpu)
+    }
+
+    /// The output is zeroed whether or not the parts tile it.
+    fn place(&self, _: &'static str, parts: &[(Src<'_>, usize)], shape: &Shape, _: bool) -> Result<Storage> {
+        place(parts, shape).map(Storage::cpu)
+    }
+}
 
 /// The elements of the view `x`, in row-major order, in a new buffer.
 pub(crate) fn copy(x: Src<'_>) -> Result<CpuBuffer> {
@@ -35,28 +50,27 @@ pub(crate) fn cast(x: Src<'_>, dtype: DType) -> Result<CpuBuffer> {
     }))
 }
 
-/// A zeroed contiguous tensor of `shape` with each `(tensor, offset)`
-/// copied in at that element offset, at `shape`'s strides (the pieces share
+/// A zeroed contiguous buffer of `shape` with each `(part, offset)`
+/// copied in at that element offset, at `shape`'s strides (the parts share
 /// the first one's dtype).
-pub(crate) fn place(parts: &[(&Tensor, usize)], shape: Shape) -> Result<Tensor> {
+fn place(parts: &[(Src<'_>, usize)], shape: &Shape) -> Result<CpuBuffer> {
     let dtype = parts[0].0.dtype();
     let n = shape.numel();
-    let buf = with_dtype!(dtype, T => {
+    Ok(with_dtype!(dtype, T => {
         let mut out = try_filled(n, T::from_f64(0.0))?;
         for &(x, offset) in parts {
-            copy_into(&mut out, &shape, offset, x);
+            copy_into(&mut out, shape, offset, x);
         }
         T::wrap(out)
-    });
-    Tensor::from_buffer(buf, shape)
+    }))
 }
 
 /// Copies `src` into the contiguous buffer `dst` (of shape `dst_shape`) at
 /// element `offset`, placing `src`'s elements at `dst_shape`'s strides.
-fn copy_into<T: CpuElement>(dst: &mut [T], dst_shape: &Shape, offset: usize, src: &Tensor) {
+fn copy_into<T: CpuElement>(dst: &mut [T], dst_shape: &Shape, offset: usize, src: Src<'_>) {
     let ds = dst_shape.contiguous_strides();
-    let data = src.storage_slice::<T>();
-    let nd = Nd::new(src.dims(), [&ds, &src.layout.strides], [offset, src.layout.offset]);
+    let data = host::<T>(src);
+    let nd = Nd::new(src.shape().dims(), [&ds, &src.layout.strides], [offset, src.layout.offset]);
     nd.runs(0, nd.numel(), |_, [od, os], len, [sd, ss]| {
         for i in 0..len {
             dst[od + i * sd] = data[os + i * ss];

@@ -9,10 +9,27 @@ use std::sync::Arc;
 
 use cudarc::driver::result;
 
-use super::buffer::{tensor_of, CudaBuffer};
+use super::buffer::{storage_of, CudaBuffer};
 use super::context::{driver_error, CudaDevice};
-use super::launch::{device_of, dims_i64, info_array, launch, Arg};
-use crate::{DType, Error, Layout, Result, Shape, Tensor};
+use super::launch::{device_of_src, dims_i64, info_array, launch, Arg};
+use super::CudaBackend;
+use crate::backend::{ShapeKernels, Src};
+use crate::storage::Storage;
+use crate::{DType, Layout, Result, Shape, Tensor};
+
+impl ShapeKernels for CudaBackend {
+    fn copy(&self, op: &'static str, x: Src<'_>) -> Result<Storage> {
+        copy(op, x)
+    }
+
+    fn cast(&self, x: Src<'_>, dtype: DType) -> Result<Storage> {
+        cast_src(x, dtype)
+    }
+
+    fn place(&self, op: &'static str, parts: &[(Src<'_>, usize)], shape: &Shape, zeroed: bool) -> Result<Storage> {
+        place_parts(op, parts, shape, zeroed)
+    }
+}
 
 /// The kernel-name suffix of the kernels that only move elements: the
 /// value's width, so one kernel serves every dtype of that size.
@@ -36,18 +53,28 @@ pub(crate) fn kernels() -> Vec<(&'static str, String)> {
 
 /// The device address of `t`'s first element.
 pub(crate) fn first_element(op: &'static str, t: &Tensor) -> Result<u64> {
-    let (_, p) = device_of(op, t)?;
-    Ok(p + (t.layout().offset * t.dtype().size_in_bytes()) as u64)
+    first_element_src(op, t.src())
+}
+
+/// The device address of the view `x`'s first element.
+fn first_element_src(op: &'static str, x: Src<'_>) -> Result<u64> {
+    let (_, p) = device_of_src(op, x)?;
+    Ok(p + (x.layout.offset * x.dtype().size_in_bytes()) as u64)
 }
 
 /// Copies `x` into the output at device address `at`, its elements placed
 /// at the output's `strides`.
 pub(crate) fn place(op: &'static str, dev: &Arc<CudaDevice>, x: &Tensor, at: u64, strides: &[usize]) -> Result<()> {
+    place_src(op, dev, x.src(), at, strides)
+}
+
+/// [`place`] of a view.
+fn place_src(op: &'static str, dev: &Arc<CudaDevice>, x: Src<'_>, at: u64, strides: &[usize]) -> Result<()> {
     let n = x.numel();
     if n == 0 {
         return Ok(());
     }
-    let from = first_element(op, x)?;
+    let from = first_element_src(op, x)?;
     let region = Layout { shape: x.shape().clone(), strides: strides.iter().copied().collect(), offset: 0 };
     if x.is_contiguous() && region.is_contiguous() {
         // SAFETY: both ranges hold `n` elements (the output's region was
@@ -57,10 +84,11 @@ pub(crate) fn place(op: &'static str, dev: &Arc<CudaDevice>, x: &Tensor, at: u64
         return Ok(());
     }
     let mut v = dims_i64(x.shape());
-    v.extend(x.strides().iter().map(|&s| s as i64));
+    v.extend(x.layout.strides.iter().map(|&s| s as i64));
     v.extend(strides.iter().map(|&s| s as i64));
     let info = info_array(dev, &v)?;
-    let args = [Arg::I64(n as i64), Arg::I32(x.rank() as i32), Arg::Ptr(info.ptr()), Arg::Ptr(from), Arg::Ptr(at)];
+    let args =
+        [Arg::I64(n as i64), Arg::I32(x.shape().rank() as i32), Arg::Ptr(info.ptr()), Arg::Ptr(from), Arg::Ptr(at)];
     launch(dev, "elementwise.cu", &place_kernel(x.dtype()), n, &args)
 }
 
@@ -73,39 +101,22 @@ pub(crate) fn fill_bytes(dev: &CudaDevice, ptr: u64, byte: u8, bytes: usize) -> 
     unsafe { result::memset_d8_async(ptr, byte, bytes, dev.stream.cu_stream()) }.map_err(|e| driver_error("memset", e))
 }
 
-/// `xs` joined along `axis` into `shape`, which the op computed and checked.
-pub(crate) fn concat(axis: usize, xs: &[&Tensor], shape: Shape) -> Result<Tensor> {
-    let first = xs[0];
+/// A buffer of the contiguous `shape` with each part copied in from its
+/// element offset; zeroed first unless the parts tile it.
+fn place_parts(op: &'static str, parts: &[(Src<'_>, usize)], shape: &Shape, zeroed: bool) -> Result<Storage> {
+    let first = parts[0].0;
     let n = shape.numel();
-    let (dev, _) = device_of("concat", first)?;
-    let (out, _) = CudaBuffer::alloc(&dev, first.dtype(), n)?;
-    // The parts tile the output, so nothing needs zeroing first.
-    let strides = shape.contiguous_strides();
+    let (dev, _) = device_of_src(op, first)?;
     let size = first.dtype().size_in_bytes();
-    let mut at = 0;
-    for x in xs {
-        place("concat", &dev, x, out.ptr() + (at * strides[axis] * size) as u64, &strides)?;
-        at += x.dims()[axis];
+    let (out, _) = CudaBuffer::alloc(&dev, first.dtype(), n)?;
+    if zeroed {
+        fill_bytes(&dev, out.ptr(), 0, n * size)?;
     }
-    Ok(tensor_of(out, shape))
-}
-
-/// `x` placed at `start` of a zero tensor of `size` entries along `axis`.
-pub(crate) fn pad(axis: usize, start: usize, size: usize, x: &Tensor) -> Result<Tensor> {
-    let fits = axis < x.rank() && start.checked_add(x.dims()[axis]).is_some_and(|e| e <= size);
-    if !fits {
-        return Err(Error::invalid_arg("pad", format!("cannot place {} at {} in {}", x.shape(), start, size)));
-    }
-    let mut shape: Shape = x.shape().clone();
-    shape.0[axis] = size;
-    let n = shape.check("pad", x.dtype())?;
-    let (dev, _) = device_of("pad", x)?;
-    let bytes = x.dtype().size_in_bytes();
-    let (out, _) = CudaBuffer::alloc(&dev, x.dtype(), n)?;
-    fill_bytes(&dev, out.ptr(), 0, n * bytes)?;
     let strides = shape.contiguous_strides();
-    place("pad", &dev, x, out.ptr() + (start * strides[axis] * bytes) as u64, &strides)?;
-    Ok(tensor_of(out, shape))
+    for &(x, offset) in parts {
+        place_src(op, &dev, x, out.ptr() + (offset * size) as u64, &strides)?;
+    }
+    Ok(storage_of(out))
 }
 
 /// A contiguous copy of a (strided) tensor; the same handle when it is
@@ -114,6 +125,11 @@ pub(crate) fn contiguous(x: &Tensor) -> Result<Tensor> {
     if x.is_contiguous() {
         return Ok(x.clone());
     }
+    Ok(Tensor::from_storage(copy("contiguous", x.src())?, x.shape().clone()))
+}
+
+/// The elements of the view `x` in row-major order, by one strided copy.
+fn copy(op: &'static str, x: Src<'_>) -> Result<Storage> {
     let suffix = match x.dtype() {
         DType::F32 => "f32",
         DType::F64 => "f64",
@@ -121,24 +137,24 @@ pub(crate) fn contiguous(x: &Tensor) -> Result<Tensor> {
         DType::I32 => "i32",
         DType::I64 => "i64",
     };
-    let (dev, xp) = device_of("contiguous", x)?;
+    let (dev, xp) = device_of_src(op, x)?;
     let n = x.numel();
     let (out, _) = CudaBuffer::alloc(&dev, x.dtype(), n)?;
     if n > 0 {
         let mut v = dims_i64(x.shape());
-        v.extend(x.strides().iter().map(|&s| s as i64));
+        v.extend(x.layout.strides.iter().map(|&s| s as i64));
         let info = info_array(&dev, &v)?;
         let args = [
             Arg::I64(n as i64),
-            Arg::I32(x.rank() as i32),
+            Arg::I32(x.shape().rank() as i32),
             Arg::Ptr(info.ptr()),
             Arg::Ptr(xp),
-            Arg::I64(x.layout().offset as i64),
+            Arg::I64(x.layout.offset as i64),
             Arg::Ptr(out.ptr()),
         ];
         launch(&dev, "elementwise.cu", &format!("copy_strided_{suffix}"), n, &args)?;
     }
-    Ok(tensor_of(out, x.shape().clone()))
+    Ok(storage_of(out))
 }
 
 /// The kernel-name suffix of any dtype.
@@ -153,20 +169,33 @@ fn any_suffix(dtype: DType) -> &'static str {
     }
 }
 
-/// `x` converted to `dtype` (strided views are made contiguous first, as
-/// the cast kernels read dense input).
+/// `x` converted to `dtype` (the same handle when it has the dtype).
 pub(crate) fn cast(x: &Tensor, dtype: DType) -> Result<Tensor> {
     if dtype == x.dtype() {
         return Ok(x.clone());
     }
-    let x = contiguous(x)?;
-    let (dev, xp) = device_of("cast", &x)?;
+    Ok(Tensor::from_storage(cast_src(x.src(), dtype)?, x.shape().clone()))
+}
+
+/// The view `x` converted to `dtype` (strided views are made contiguous
+/// first, as the cast kernels read dense input).
+fn cast_src(x: Src<'_>, dtype: DType) -> Result<Storage> {
+    let dense;
+    let layout;
+    let x = if x.is_contiguous() {
+        x
+    } else {
+        dense = copy("contiguous", x)?;
+        layout = Layout::contiguous(x.shape().clone());
+        Src { storage: &dense, layout: &layout }
+    };
+    let (dev, xp) = device_of_src("cast", x)?;
     let n = x.numel();
     let (out, _) = CudaBuffer::alloc(&dev, dtype, n)?;
     if n > 0 {
-        let at = xp + (x.layout().offset * x.dtype().size_in_bytes()) as u64;
+        let at = xp + (x.layout.offset * x.dtype().size_in_bytes()) as u64;
         let name = format!("cast_{}_{}", any_suffix(x.dtype()), any_suffix(dtype));
         launch(&dev, "cast.cu", &name, n, &[Arg::I64(n as i64), Arg::Ptr(at), Arg::Ptr(out.ptr())])?;
     }
-    Ok(tensor_of(out, x.shape().clone()))
+    Ok(storage_of(out))
 }

@@ -1,13 +1,16 @@
 //! Layout ops: reshape, permute, narrow, broadcast, concat, cast. Views
-//! share storage (no copy) whenever the layout allows.
+//! share storage (no copy) whenever the layout allows; the ops that copy
+//! check once, for every device, and hand the device's [`ShapeKernels`]
+//! their operands.
 
 use smallvec::SmallVec;
 
+use crate::backend::{Backend, Src};
 use crate::layout::check_axis;
 use crate::ops::reduce::ReduceOps;
 use crate::ops::{one, Arity, Diff, InputGrads, Op, Saved};
 use crate::storage::{CpuBuffer, CpuElement};
-use crate::{cpu, resolve_axis, with_dtype, DType, Element, Error, Result, Shape, Tensor};
+use crate::{resolve_axis, with_dtype, DType, Element, Error, Result, Shape, Tensor};
 
 /// A new shape with the same elements.
 #[derive(Debug, Clone)]
@@ -24,12 +27,9 @@ impl Op for Reshape {
     fn saves(&self) -> Saved {
         Saved::NOTHING
     }
-    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        xs[0].reshape_raw(self.0.clone())
-    }
     /// A view: the layout changes, the storage is shared, on any device.
-    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        self.forward_cpu(xs)
+    fn run(&self, _: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
+        xs[0].reshape_raw(self.0.clone())
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         Ok(one(g.reshape(xs[0].shape())?))
@@ -54,12 +54,9 @@ impl Op for Permute {
     fn saves(&self) -> Saved {
         Saved::NOTHING
     }
-    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        xs[0].permute_raw(&self.0)
-    }
     /// A view: the layout changes, the storage is shared, on any device.
-    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        self.forward_cpu(xs)
+    fn run(&self, _: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
+        xs[0].permute_raw(&self.0)
     }
     fn vjp<T: Diff>(&self, _: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         let mut inv = vec![0; self.0.len()];
@@ -95,12 +92,9 @@ impl Op for Narrow {
     fn saves(&self) -> Saved {
         Saved::NOTHING
     }
-    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        xs[0].narrow_raw(self.axis, self.start, self.len)
-    }
     /// A view: the layout changes, the storage is shared, on any device.
-    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        self.forward_cpu(xs)
+    fn run(&self, _: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
+        xs[0].narrow_raw(self.axis, self.start, self.len)
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         let size = xs[0].shape().dims()[self.axis];
@@ -134,7 +128,7 @@ impl Op for Pad {
     fn saves(&self) -> Saved {
         Saved::NOTHING
     }
-    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
+    fn run(&self, backend: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
         let x = xs[0];
         let mut shape = x.shape().clone();
         let fits = self.axis < x.rank() && self.start.checked_add(x.dims()[self.axis]).is_some_and(|e| e <= self.size);
@@ -147,10 +141,7 @@ impl Op for Pad {
         shape.0[self.axis] = self.size;
         shape.check("pad", x.dtype())?;
         let offset = self.start * shape.contiguous_strides()[self.axis];
-        cpu::shape::place(&[(x, offset)], shape)
-    }
-    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        crate::cuda::shape::pad(self.axis, self.start, self.size, xs[0])
+        Ok(Tensor::from_storage(backend.place("pad", &[(x.src(), offset)], &shape, true)?, shape))
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         let len = xs[0].shape().dims()[self.axis];
@@ -176,12 +167,9 @@ impl Op for BroadcastTo {
     fn saves(&self) -> Saved {
         Saved::NOTHING
     }
-    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        xs[0].broadcast_raw(&self.0)
-    }
     /// A view: the layout changes, the storage is shared, on any device.
-    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        self.forward_cpu(xs)
+    fn run(&self, _: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
+        xs[0].broadcast_raw(&self.0)
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         Ok(one(g.sum_to(xs[0].shape())?))
@@ -206,11 +194,13 @@ impl Op for Contiguous {
     fn saves(&self) -> Saved {
         Saved::NOTHING
     }
-    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        xs[0].contiguous()
-    }
-    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        crate::cuda::shape::contiguous(xs[0])
+    /// The same handle when the input is contiguous already.
+    fn run(&self, backend: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
+        let x = xs[0];
+        if x.is_contiguous() {
+            return Ok(x.clone());
+        }
+        Ok(Tensor::from_storage(backend.copy("contiguous", x.src())?, x.shape().clone()))
     }
     fn vjp<T: Diff>(&self, _: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         Ok(one(g.clone()))
@@ -276,22 +266,19 @@ impl Op for Concat {
     fn saves(&self) -> Saved {
         Saved::NOTHING
     }
-    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
+    fn run(&self, backend: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
         let shape = self.out_shape(xs)?;
         let stride = shape.contiguous_strides()[self.axis];
         let mut at = 0;
-        let parts: Vec<(&Tensor, usize)> = xs
+        let parts: Vec<(Src<'_>, usize)> = xs
             .iter()
             .map(|&x| {
-                let part = (x, at * stride);
+                let part = (x.src(), at * stride);
                 at += x.dims()[self.axis];
                 part
             })
             .collect();
-        cpu::shape::place(&parts, shape)
-    }
-    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        crate::cuda::shape::concat(self.axis, xs, self.out_shape(xs)?)
+        Ok(Tensor::from_storage(backend.place("concat", &parts, &shape, false)?, shape))
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         let mut at = 0;
@@ -331,11 +318,13 @@ impl Op for Cast {
     fn saves(&self) -> Saved {
         Saved::NOTHING
     }
-    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        xs[0].cast_raw(self.0)
-    }
-    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        crate::cuda::shape::cast(xs[0], self.0)
+    /// The same handle when the input has the dtype already.
+    fn run(&self, backend: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
+        let x = xs[0];
+        if x.dtype() == self.0 {
+            return Ok(x.clone());
+        }
+        Ok(Tensor::from_storage(backend.cast(x.src(), self.0)?, x.shape().clone()))
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         let from = xs[0].dtype();
