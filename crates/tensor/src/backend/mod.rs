@@ -19,10 +19,12 @@ use crate::{DType, Device, Layout, Shape};
 
 pub mod binary;
 pub mod shape;
+pub mod softmax;
 pub mod unary;
 
 pub use binary::{Binary, BinaryKernels, Cmp};
 pub use shape::ShapeKernels;
+pub use softmax::SoftmaxKernels;
 pub use unary::{Unary, UnaryKernels};
 
 /// An operand as a kernel reads it: a storage and the layout of the view
@@ -62,7 +64,7 @@ impl<'a> Src<'a> {
 /// CUDA backends; a family added here is a compile error until both have
 /// its kernels. The families not yet behind a trait still run through
 /// their ops' `forward_cpu` and `forward_cuda` (see [`crate::Op::run`]).
-pub trait Backend: UnaryKernels + BinaryKernels + ShapeKernels + Sync {
+pub trait Backend: UnaryKernels + BinaryKernels + ShapeKernels + SoftmaxKernels + Sync {
     /// True for the CPU backend, whose kernels read host memory; false for
     /// a device's (which finds its ordinal in the operands' buffers).
     fn is_host(&self) -> bool;

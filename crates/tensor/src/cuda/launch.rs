@@ -61,6 +61,30 @@ pub(crate) fn launch(dev: &CudaDevice, file: &'static str, name: &str, n: usize,
     Ok(())
 }
 
+/// The longest row the row kernels give a warp instead of a block
+/// (`SHORT_ROW` of `kernels/common.cuh`). The kernels pick the split
+/// themselves and grid-stride, so this only sizes the grid.
+const SHORT_ROW: usize = 64;
+
+/// Launches a `(rows, cols, x, out)` kernel of `file` on the rows at
+/// device address `x`: a block of [`BLOCK`] threads a row, or a warp a
+/// short row, as many rows at once as the grid allows.
+pub(crate) fn launch_rows(
+    file: &'static str,
+    name: &str,
+    x: u64,
+    dims: (usize, usize),
+    out: &CudaBuffer,
+) -> Result<()> {
+    let (rows, cols) = dims;
+    if rows == 0 {
+        return Ok(());
+    }
+    let per_row = if cols <= SHORT_ROW { 32 } else { BLOCK as usize };
+    let args = [Arg::I64(rows as i64), Arg::I64(cols as i64), Arg::Ptr(x), Arg::Ptr(out.ptr())];
+    launch(&out.dev, file, name, rows.saturating_mul(per_row), &args)
+}
+
 /// The kernel-name suffix of a float dtype.
 pub(crate) fn float_suffix(op: &'static str, dtype: DType) -> Result<&'static str> {
     match dtype {

@@ -32,6 +32,7 @@ pub mod optim;
 pub(crate) mod random;
 pub(crate) mod reduce;
 pub(crate) mod shape;
+pub(crate) mod softmax;
 mod unary;
 
 pub(crate) use buffer::to_cuda;

@@ -1,7 +1,7 @@
 //! The CUDA launches of the reductions (sum, max, min, logsumexp, argmax,
-//! argmin, sum_to) and of softmax and log_softmax.
+//! argmin, sum_to).
 //!
-//! Every kernel of `kernels/reduce.cu` and `kernels/softmax.cu` works on the
+//! Every kernel of `kernels/reduce.cu` works on the
 //! last axis of a contiguous `[rows, cols]` buffer, so an axis set is
 //! handled by a view that puts the kept axes first and the reduced ones
 //! last, made contiguous by the copy kernel when it is not already (no copy
@@ -14,16 +14,14 @@
 use smallvec::SmallVec;
 
 use super::buffer::{tensor_of, CudaBuffer};
-use super::launch::{device_of, float_suffix, launch, Arg, BLOCK};
+use super::launch::{device_of, float_suffix, launch, launch_rows, Arg, BLOCK};
 use super::shape::first_element;
 use super::shape::{cast, contiguous};
 use crate::ops::reduce::{check_axes, reduced_shape, ArgReduce, Reduce, ReduceKind};
-use crate::ops::softmax::Softmax;
 use crate::ops::Op;
 use crate::{DType, Error, Result, Tensor};
 
 const REDUCE: &str = "reduce.cu";
-const SOFTMAX: &str = "softmax.cu";
 
 /// The float dtypes every kernel here has a copy for.
 const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
@@ -62,10 +60,6 @@ fn arg_kernel(min: bool, dtype: DType) -> String {
     format!("{}_last_{}", if min { "argmin" } else { "argmax" }, dtype.cuda_suffix())
 }
 
-fn softmax_kernel(log: bool, dtype: DType) -> String {
-    format!("{}_{}", if log { "log_softmax" } else { "softmax" }, dtype.cuda_suffix())
-}
-
 /// Every kernel this module launches, as `(file, entry)`, made by the
 /// functions the launches name them with.
 pub(crate) fn kernels() -> Vec<(&'static str, String)> {
@@ -76,7 +70,6 @@ pub(crate) fn kernels() -> Vec<(&'static str, String)> {
         }
         out.extend(["", "part_", "merge_"].map(|stage| (REDUCE, sum_cols_kernel(stage, dt))));
         out.extend([false, true].map(|min| (REDUCE, arg_kernel(min, dt))));
-        out.extend([false, true].map(|log| (SOFTMAX, softmax_kernel(log, dt))));
     }
     out.extend([DType::I32, DType::I64].map(|dt| (REDUCE, reduce_kernel(&ReduceKind::Sum, "last", dt))));
     out
@@ -93,24 +86,6 @@ fn rows_last(x: &Tensor, axes: &[usize]) -> Result<(Tensor, usize, usize)> {
     let rows = kept().map(|a| x.dims()[a]).product();
     let cols = axes.iter().map(|&a| x.dims()[a]).product();
     Ok((contiguous(&x.permute_raw(&perm)?)?, rows, cols))
-}
-
-/// The longest row the row kernels give a warp instead of a block
-/// (`SHORT_ROW` of `kernels/common.cuh`). The kernels pick the split
-/// themselves and grid-stride, so this only sizes the grid.
-const SHORT_ROW: usize = 64;
-
-/// Launches a `(rows, cols, x, out)` kernel of `file` on the rows at
-/// device address `x`: a block of [`BLOCK`] threads a row, or a warp a
-/// short row, as many rows at once as the grid allows.
-fn launch_rows(file: &'static str, name: &str, x: u64, dims: (usize, usize), out: &CudaBuffer) -> Result<()> {
-    let (rows, cols) = dims;
-    if rows == 0 {
-        return Ok(());
-    }
-    let per_row = if cols <= SHORT_ROW { 32 } else { BLOCK as usize };
-    let args = [Arg::I64(rows as i64), Arg::I64(cols as i64), Arg::Ptr(x), Arg::Ptr(out.ptr())];
-    launch(&out.dev, file, name, rows.saturating_mul(per_row), &args)
 }
 
 /// The first launch of a split reduction: the `(rows, cols, n, x,
@@ -228,28 +203,4 @@ pub(crate) fn arg_reduce(op: &ArgReduce, x: &Tensor) -> Result<Tensor> {
     let (v, rows, cols) = rows_last(&x, &[op.axis])?;
     launch_rows(REDUCE, &arg_kernel(op.min, x.dtype()), first_element(name, &v)?, (rows, cols), &out)?;
     Ok(tensor_of(out, shape))
-}
-
-/// softmax or log_softmax along `op.axis`: the axis is swapped last, the
-/// rows normalised, and the result swapped back (a copy each way unless
-/// the axis is last already).
-pub(crate) fn softmax(op: Softmax, x: &Tensor) -> Result<Tensor> {
-    let name = op.name();
-    crate::layout::check_axis(name, op.axis, x.rank())?;
-    float_suffix(name, x.dtype())?;
-    let last = x.rank() - 1;
-    let mut perm: SmallVec<[usize; 6]> = (0..x.rank()).collect();
-    perm.swap(op.axis, last);
-    let xt = contiguous(&x.permute_raw(&perm)?)?;
-    let cols = xt.dims()[last];
-    let rows = xt.numel().checked_div(cols).unwrap_or(0);
-    let (dev, _) = device_of(name, &xt)?;
-    let (out, _) = CudaBuffer::alloc(&dev, x.dtype(), xt.numel())?;
-    launch_rows(SOFTMAX, &softmax_kernel(op.log, x.dtype()), first_element(name, &xt)?, (rows, cols), &out)?;
-    let y = tensor_of(out, xt.shape().clone());
-    if op.axis == last {
-        Ok(y)
-    } else {
-        contiguous(&y.permute_raw(&perm)?)
-    }
 }

@@ -66,6 +66,7 @@ pub fn cuda_kernels() -> Vec<(&'static str, String)> {
     out.extend(crate::cuda::index::kernels());
     out.extend(crate::cuda::shape::kernels());
     out.extend(crate::cuda::reduce::kernels());
+    out.extend(crate::cuda::softmax::kernels());
     out.extend(crate::cuda::cross_entropy::kernels());
     // The constructors' fills (zeros and ones on a device), one per width.
     out.extend(crate::cuda::fill::KERNELS.iter().map(|k| ("elementwise.cu", k.to_string())));

@@ -1,11 +1,14 @@
 //! softmax and log_softmax along any axis, max-shifted so inputs like 1e4
-//! and -inf are handled.
+//! and -inf are handled. The op puts the axis last and the rows in one
+//! contiguous block, once, for every device; the device's
+//! [`SoftmaxKernels`](crate::backend::SoftmaxKernels) normalises the rows.
 
+use crate::backend::Backend;
 use crate::ops::binary::BinaryOps;
 use crate::ops::reduce::ReduceOps;
 use crate::ops::unary::UnaryOps;
 use crate::ops::{one, Arity, Diff, InputGrads, Op, Saved};
-use crate::{cpu, resolve_axis, Result, Tensor};
+use crate::{resolve_axis, Error, Result, Tensor};
 
 /// softmax (or log_softmax) along `axis`.
 #[derive(Debug, Clone, Copy)]
@@ -31,12 +34,26 @@ impl Op for Softmax {
     fn saves(&self) -> Saved {
         Saved::OUTPUT
     }
-    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        crate::layout::check_axis(self.name(), self.axis, xs[0].rank())?;
-        cpu::softmax::forward(*self, xs[0])
-    }
-    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        crate::cuda::reduce::softmax(*self, xs[0])
+    /// The axis is swapped last and the rows made contiguous (a copy
+    /// unless they are already), normalised, and swapped back (a copy
+    /// unless the axis is last).
+    fn run(&self, backend: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
+        let x = xs[0];
+        crate::layout::check_axis(self.name(), self.axis, x.rank())?;
+        if !x.dtype().is_float() {
+            return Err(Error::UnsupportedDType { op: self.name(), dtype: x.dtype(), expected: "a float dtype" });
+        }
+        let last = x.rank() - 1;
+        let mut perm: Vec<usize> = (0..x.rank()).collect();
+        perm.swap(self.axis, last);
+        let xt = if self.axis == last { x.contiguous()? } else { x.permute_raw(&perm)?.contiguous()? };
+        let rows = backend.softmax_rows(self.log, xt.src(), xt.dims()[last])?;
+        let y = Tensor::from_storage(rows, xt.shape().clone());
+        if self.axis == last {
+            Ok(y)
+        } else {
+            y.permute_raw(&perm)?.contiguous()
+        }
     }
     fn vjp<T: Diff>(&self, _: &[&T], y: &T, g: &T) -> Result<InputGrads<T>> {
         Ok(one(self.pushforward(y, g)?))
