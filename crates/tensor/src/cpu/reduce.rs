@@ -41,9 +41,10 @@ fn float_kernel<T: RowKernels + CpuElement>(op: &Reduce, x: &Tensor) -> Result<V
     }
 }
 
-/// argmax or argmin of `x` along `op.axis` (checked non-empty), as i64:
-/// floats compared in their compute type, integers through f64.
-pub(crate) fn arg_reduce(op: &ArgReduce, x: &Tensor) -> Result<Tensor> {
+/// argmax or argmin of `x` along `op.axis` (checked non-empty) into
+/// `shape`, as i64: floats compared in their compute type, integers
+/// through f64.
+pub(crate) fn arg_reduce(op: &ArgReduce, x: &Tensor, shape: Shape) -> Result<Tensor> {
     let x = if x.dtype().is_float() { x.cast_raw(x.dtype().compute())? } else { x.cast_raw(DType::F64)? };
     let min = op.min;
     let out: Vec<i64> = with_float!(x.dtype(), T => reduce_rows(&x, &[op.axis], |r: &[T]| {
@@ -56,7 +57,7 @@ pub(crate) fn arg_reduce(op: &ArgReduce, x: &Tensor) -> Result<Tensor> {
         }
         best as i64
     })?, _ => unreachable!());
-    Tensor::from_vec(out, reduced_shape(x.shape(), &[op.axis], op.keepdim))
+    Tensor::from_vec(out, shape)
 }
 
 /// A view of `x` with kept axes first and reduced axes last, and the number

@@ -14,12 +14,12 @@
 use smallvec::SmallVec;
 
 use super::buffer::{tensor_of, CudaBuffer};
-use super::launch::{device_of, float_suffix, launch, launch_rows, Arg, BLOCK};
+use super::launch::{device_of, launch, launch_rows, Arg, BLOCK};
 use super::shape::first_element;
 use super::shape::{cast, contiguous};
-use crate::ops::reduce::{check_axes, reduced_shape, ArgReduce, Reduce, ReduceKind};
+use crate::ops::reduce::{ArgReduce, Reduce, ReduceKind, ReducePlan};
 use crate::ops::Op;
-use crate::{DType, Error, Result, Tensor};
+use crate::{DType, Result, Shape, Tensor};
 
 const REDUCE: &str = "reduce.cu";
 
@@ -145,28 +145,10 @@ fn reduce_split(op: &Reduce, v: &Tensor, dims: (usize, usize), out: &CudaBuffer)
     launch_rows(REDUCE, &reduce_kernel(&op.kind, "merge", v.dtype()), partial.ptr(), (rows, parts), out)
 }
 
-/// A reduction over `op.axes`, with the CPU's checks and errors.
-pub(crate) fn reduce(op: &Reduce, x: &Tensor) -> Result<Tensor> {
+/// A reduction over `op.axes` of `x`, which the op's plan checked.
+pub(crate) fn reduce(op: &Reduce, x: &Tensor, plan: &ReducePlan) -> Result<Tensor> {
     let name = op.name();
-    check_axes(name, &op.axes, x.rank())?;
-    if matches!(op.kind, ReduceKind::Max | ReduceKind::Min) {
-        if let Some(&a) = op.axes.iter().find(|&&a| x.dims()[a] == 0) {
-            return Err(Error::InvalidShape {
-                op: name,
-                shape: Box::new(x.shape().clone()),
-                reason: format!("cannot take {name} over empty axis {a}"),
-            });
-        }
-    }
-    let shape = reduced_shape(x.shape(), &op.axes, op.keepdim);
-    // As on the CPU: an integer sum is an int64 sum; other reductions of
-    // integers are refused.
-    let int_sum = op.kind == ReduceKind::Sum && x.dtype().is_int();
-    let dtype = if int_sum { DType::I64 } else { x.dtype() };
-    shape.check(name, dtype)?;
-    if !int_sum {
-        float_suffix(name, x.dtype())?;
-    }
+    let (shape, dtype, int_sum) = (plan.shape.clone(), plan.dtype, plan.int_sum);
     let (dev, _) = device_of(name, x)?;
     let (out, _) = CudaBuffer::alloc(&dev, dtype, shape.numel())?;
     let k = op.axes.len();
@@ -188,15 +170,10 @@ pub(crate) fn reduce(op: &Reduce, x: &Tensor) -> Result<Tensor> {
     Ok(tensor_of(out, shape))
 }
 
-/// argmax or argmin along `op.axis`, as i64 indices; integers are compared
-/// as f64, as the CPU does.
-pub(crate) fn arg_reduce(op: &ArgReduce, x: &Tensor) -> Result<Tensor> {
+/// argmax or argmin along `op.axis` into `shape` (the op checked both),
+/// as i64 indices; integers are compared as f64, as the CPU does.
+pub(crate) fn arg_reduce(op: &ArgReduce, x: &Tensor, shape: Shape) -> Result<Tensor> {
     let name = op.name();
-    if x.dims()[crate::layout::check_axis(name, op.axis, x.rank())?] == 0 {
-        return Err(Error::InvalidShape { op: name, shape: Box::new(x.shape().clone()), reason: "empty axis".into() });
-    }
-    let shape = reduced_shape(x.shape(), &[op.axis], op.keepdim);
-    shape.check(name, DType::I64)?;
     let x = if x.dtype().is_int() { cast(x, DType::F64)? } else { x.clone() };
     let (dev, _) = device_of(name, &x)?;
     let (out, _) = CudaBuffer::alloc(&dev, DType::I64, shape.numel())?;

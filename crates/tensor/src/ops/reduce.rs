@@ -103,6 +103,48 @@ impl Reduce {
     }
 }
 
+/// What a reduction of one input makes: checked once, for every device.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReducePlan {
+    /// The output's shape.
+    pub shape: Shape,
+    /// The output's dtype: the input's, or i64 for an integer sum.
+    pub dtype: DType,
+    /// An integer sum (in i64, wrapping); every other reduction is of floats.
+    pub int_sum: bool,
+}
+
+impl Reduce {
+    /// The checks of a reduction of `x`, in one order for every device
+    /// (the axes, an empty axis for max and min, the output's size, a
+    /// float dtype unless an integer sum), and what it makes.
+    pub fn plan(&self, x: &Tensor) -> Result<ReducePlan> {
+        let name = self.name();
+        check_axes(name, &self.axes, x.rank())?;
+        if matches!(self.kind, ReduceKind::Max | ReduceKind::Min) {
+            if let Some(&a) = self.axes.iter().find(|&&a| x.dims()[a] == 0) {
+                return Err(Error::InvalidShape {
+                    op: name,
+                    shape: Box::new(x.shape().clone()),
+                    reason: format!("cannot take {name} over empty axis {a}"),
+                });
+            }
+        }
+        let shape = reduced_shape(x.shape(), &self.axes, self.keepdim);
+        // As torch: an integer sum is an int64 sum, so counting int32
+        // labels cannot overflow at 2^31, and it wraps past 2^63.
+        let int_sum = self.kind == ReduceKind::Sum && x.dtype().is_int();
+        let dtype = if int_sum { DType::I64 } else { x.dtype() };
+        // Reducing an empty axis can leave more elements than the input
+        // had: zeros([0, usize::MAX]).sum(0) would be usize::MAX zeros.
+        shape.check(name, dtype)?;
+        if !int_sum && !x.dtype().is_float() {
+            return Err(Error::UnsupportedDType { op: name, dtype: x.dtype(), expected: "a float dtype" });
+        }
+        Ok(ReducePlan { shape, dtype, int_sum })
+    }
+}
+
 impl Op for Reduce {
     fn name(&self) -> &'static str {
         match self.kind {
@@ -124,31 +166,12 @@ impl Op for Reduce {
     }
 
     fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        let x = xs[0];
-        check_axes(self.name(), &self.axes, x.rank())?;
-        if matches!(self.kind, ReduceKind::Max | ReduceKind::Min) {
-            if let Some(&a) = self.axes.iter().find(|&&a| x.dims()[a] == 0) {
-                return Err(Error::InvalidShape {
-                    op: self.name(),
-                    shape: Box::new(x.shape().clone()),
-                    reason: format!("cannot take {} over empty axis {a}", self.name()),
-                });
-            }
-        }
-        let shape = reduced_shape(x.shape(), &self.axes, self.keepdim);
-        if self.kind == ReduceKind::Sum && x.dtype().is_int() {
-            // As torch: an integer sum is an int64 sum, so counting int32
-            // labels cannot overflow at 2^31, and it wraps past 2^63.
-            shape.check(self.name(), DType::I64)?;
-        } else {
-            // Reducing an empty axis can leave more elements than the input
-            // had: zeros([0, usize::MAX]).sum(0) would be usize::MAX zeros.
-            shape.check(self.name(), x.dtype())?;
-        }
-        crate::cpu::reduce::reduce(self, x, shape)
+        let plan = self.plan(xs[0])?;
+        crate::cpu::reduce::reduce(self, xs[0], plan.shape)
     }
     fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        crate::cuda::reduce::reduce(self, xs[0])
+        let plan = self.plan(xs[0])?;
+        crate::cuda::reduce::reduce(self, xs[0], &plan)
     }
 
     fn vjp<T: Diff>(&self, xs: &[&T], y: &T, g: &T) -> Result<InputGrads<T>> {
@@ -192,6 +215,24 @@ pub struct ArgReduce {
     pub min: bool,
 }
 
+impl ArgReduce {
+    /// The checks of an arg-reduction of `x`, in one order for every
+    /// device (the axis, not empty, the output's size), and its shape.
+    pub fn out_shape(&self, x: &Tensor) -> Result<Shape> {
+        let name = self.name();
+        if x.dims()[crate::layout::check_axis(name, self.axis, x.rank())?] == 0 {
+            return Err(Error::InvalidShape {
+                op: name,
+                shape: Box::new(x.shape().clone()),
+                reason: "empty axis".into(),
+            });
+        }
+        let shape = reduced_shape(x.shape(), &[self.axis], self.keepdim);
+        shape.check(name, DType::I64)?;
+        Ok(shape)
+    }
+}
+
 impl Op for ArgReduce {
     fn name(&self) -> &'static str {
         if self.min {
@@ -208,19 +249,12 @@ impl Op for ArgReduce {
         Saved::NOTHING
     }
     fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        let x = xs[0];
-        if x.dims()[crate::layout::check_axis(self.name(), self.axis, x.rank())?] == 0 {
-            return Err(Error::InvalidShape {
-                op: self.name(),
-                shape: Box::new(x.shape().clone()),
-                reason: "empty axis".into(),
-            });
-        }
-        reduced_shape(x.shape(), &[self.axis], self.keepdim).check(self.name(), DType::I64)?;
-        crate::cpu::reduce::arg_reduce(self, x)
+        let shape = self.out_shape(xs[0])?;
+        crate::cpu::reduce::arg_reduce(self, xs[0], shape)
     }
     fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        crate::cuda::reduce::arg_reduce(self, xs[0])
+        let shape = self.out_shape(xs[0])?;
+        crate::cuda::reduce::arg_reduce(self, xs[0], shape)
     }
     fn vjp<T: Diff>(&self, _: &[&T], _: &T, _: &T) -> Result<InputGrads<T>> {
         Ok(smallvec::smallvec![None])
