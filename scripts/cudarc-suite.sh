@@ -24,8 +24,7 @@ EXCLUDED_TESTS=(
     "driver::safe::launch::tests::test_par_launch|hardware timing: asserts two streams halve the time of one, by event timings"
     "driver::safe::launch::tests::test_multi_stream_concurrent_reads|hardware timing: event timings between streams; its kernel (10^6 serial iterations) takes minutes in the interpreter"
     "driver::safe::launch::tests::test_multi_stream_writes_block|hardware timing: event timings between streams; same slow kernel"
-    "driver::safe::launch::tests::test_peer_memcpy_waits_for_src_stream|same slow kernel (minutes in the interpreter); it checks stream ordering, which only asynchronous streams can get wrong"
-    "driver::safe::core::tests::test_event_try_is_complete|NOT an allowed exclusion: needs an event seen pending, i.e. asynchronous streams (issue 24), not built yet"
+    "driver::safe::launch::tests::test_peer_memcpy_waits_for_src_stream|same slow kernel (10^6 serial iterations: minutes in the interpreter)"
 )
 # Tests cudarc marks #[ignore] ("must be executed by itself" or "with
 # multiple gpus"), each run alone here (the emulator has two devices).
@@ -33,11 +32,10 @@ ALONE_TESTS=(
     driver::result::tests::peer_transfer_contexts
     driver::result::tests::re_associate_context_for_memory_op
     driver::safe::core::tests::test_post_alloc_memory
+    driver::safe::launch::tests::test_device_side_assert
 )
 # name|reason: ignored tests not run alone.
-EXCLUDED_ALONE=(
-    "driver::safe::launch::tests::test_device_side_assert|device-side assert (__assertfail) has no body in the emulator yet (issue 24's interpreter half)"
-)
+EXCLUDED_ALONE=()
 # name|reason: examples the emulator cannot run.
 EXCLUDED_EXAMPLES=(
     "08-cupti|CUPTI (the profiling library) is not emulated and needs its own feature"

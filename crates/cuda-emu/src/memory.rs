@@ -288,6 +288,22 @@ impl Memory {
         snap
     }
 
+    /// The allocation holding `[addr, addr + len)`: its start, length and
+    /// buffer (kept alive by the `Arc` for work that runs later). The range
+    /// counts as written for initcheck, as with [`Memory::host_ptr`].
+    pub fn region(&self, addr: u64, len: u64) -> Option<(u64, u64, Arc<HostBuf>)> {
+        let s = self.lock();
+        let (&base, buf) = s.live.range(..=addr).next_back()?;
+        let alloc_len = s.lens[&base];
+        if addr.checked_add(len)? > base + alloc_len {
+            return None;
+        }
+        if let Some(w) = buf.written() {
+            mark_written(w, (addr - base) as usize, len as usize);
+        }
+        Some((base, alloc_len, buf.clone()))
+    }
+
     /// A host pointer to `[addr, addr + len)` when it lies in one live
     /// allocation. The pointer stays valid while the allocation lives.
     /// For initcheck the range counts as written: the driver's copies and

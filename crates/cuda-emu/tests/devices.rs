@@ -65,9 +65,18 @@ fn two_devices_copying_peer_to_peer() {
     // between contexts), and back.
     let host: Vec<u32> = (0..256).map(|i| i * 7 + 1).collect();
     let a = s0.clone_htod(&host).unwrap();
+    // Device 1's stream is not ordered after device 0's: wait for the copy in.
+    s0.synchronize().unwrap();
+    // cudarc submits the peer copy to the null stream while the source's
+    // context is current (after recording the source's event), which is
+    // that context's legacy stream, not ordered with the destination's:
+    // the stream-order check reports reading the copy's result without a
+    // synchronize of the source context first.
     let b = s1.clone_dtod(&a).unwrap();
+    c0.synchronize().unwrap();
     assert_eq!(s1.clone_dtoh(&b).unwrap(), host);
     let back = s0.clone_dtod(&b).unwrap();
+    c1.synchronize().unwrap();
     assert_eq!(s0.clone_dtoh(&back).unwrap(), host);
     let pa = a.device_ptr(&s0).0;
     let pb = b.device_ptr(&s1).0;
@@ -101,8 +110,13 @@ fn two_devices_copying_peer_to_peer() {
         // SAFETY: the kernel takes two device addresses.
         unsafe { l.launch(cfg) }
     };
-    let err = launch().expect_err("device 0's memory is not reachable from device 1 without peer access");
+    // The fault is reported at the next synchronize (or by the launch, in
+    // the synchronous mode), and sticks to device 1's context until reset.
+    let fault = || launch().and_then(|_| s1.synchronize());
+    let err = fault().expect_err("device 0's memory is not reachable from device 1 without peer access");
     assert_eq!(err.0, CUresult::CUDA_ERROR_ILLEGAL_ADDRESS, "{err:?}");
+    // SAFETY: a plain driver call.
+    assert_eq!(unsafe { sys::cuDevicePrimaryCtxReset_v2(1) }, CUresult::CUDA_SUCCESS);
     c1.bind_to_thread().unwrap();
     // SAFETY: a context handle of this process.
     unsafe {
@@ -117,5 +131,7 @@ fn two_devices_copying_peer_to_peer() {
         assert_eq!(sys::cuCtxDisablePeerAccess(c0.cu_ctx()), CUresult::CUDA_SUCCESS);
         assert_eq!(sys::cuCtxDisablePeerAccess(c0.cu_ctx()), CUresult::CUDA_ERROR_PEER_ACCESS_NOT_ENABLED);
     }
-    assert_eq!(launch().expect_err("peer access is off again").0, CUresult::CUDA_ERROR_ILLEGAL_ADDRESS);
+    assert_eq!(fault().expect_err("peer access is off again").0, CUresult::CUDA_ERROR_ILLEGAL_ADDRESS);
+    // SAFETY: as above.
+    assert_eq!(unsafe { sys::cuDevicePrimaryCtxReset_v2(1) }, CUresult::CUDA_SUCCESS);
 }

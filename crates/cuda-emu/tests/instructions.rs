@@ -536,3 +536,21 @@ fn rsqrt_approx_is_correctly_rounded() {
     println!("1 / sqrt(x) in f32 differs from the correctly rounded value on {single} of 1024 inputs");
     assert!(single > 0, "the inputs include ones where rounding twice in f32 goes wrong");
 }
+
+#[test]
+fn copysign_takes_the_sign_of_its_first_operand() {
+    // copysign d, a, b: b's magnitude with a's sign (NVRTC 13 emits it for copysignf).
+    let body = format!(
+        "mov.f32 %f1, 0fBF800000;\nmov.f32 %f2, 0f40400000;\nmov.f32 %f3, 0f00000000;\nmov.f32 %f4, 0fFFC00000;\n\
+         copysign.f32 %f10, %f1, %f2;\ncopysign.f32 %f11, %f3, %f1;\ncopysign.f32 %f12, %f1, %f4;\n\
+         mov.f64 %fd1, 0d8000000000000000;\nmov.f64 %fd2, 0d4014000000000000;\ncopysign.f64 %fd3, %fd1, %fd2;\n{}{}",
+        stores32(&["%f10", "%f11", "%f12"]),
+        stores_at(3, &["%fd3"])
+    );
+    let r = run(&body, 4);
+    assert_eq!(r[0], (-3f32).to_bits() as u64, "copysign(-1, 3) = -3");
+    assert_eq!(r[1], 1f32.to_bits() as u64, "copysign(+0, -1) = 1");
+    assert_eq!(r[2] as u32 & 0x8000_0000, 0x8000_0000, "the NaN takes the negative sign");
+    assert!(f32::from_bits(r[2] as u32).is_nan());
+    assert_eq!(r[3], (-5f64).to_bits(), "copysign(-0, 5) = -5");
+}

@@ -83,12 +83,29 @@ fn f(m: &Arc<cudarc::driver::CudaModule>, name: &str) -> CudaFunction {
     m.load_function(name).unwrap()
 }
 
+/// A launch's fault: returned by the launch in the synchronous mode
+/// (`TAPIR_CUDA_EMU_SYNC=1`), by the next synchronize otherwise.
+fn fault<T>(launched: Result<T, cudarc::driver::DriverError>, s: &CudaStream) -> cudarc::driver::DriverError {
+    match launched {
+        Err(e) => e,
+        Ok(_) => s.synchronize().expect_err("the kernel faults"),
+    }
+}
+
+/// Clears the context's sticky error, as a test that goes on after a fault must.
+fn reset() {
+    // SAFETY: a plain driver call; the calling test holds the device alone.
+    let rc = unsafe { cudarc::driver::sys::cuDevicePrimaryCtxReset_v2(0) };
+    assert_eq!(rc, CUresult::CUDA_SUCCESS);
+}
+
 fn cfg(grid: u32, block: u32) -> LaunchConfig {
     LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 }
 }
 
 #[test]
 fn one_element_past_the_buffer_names_thread_and_address() {
+    let _device = common::faulting();
     let Some((s, m)) = setup("one_element_past_the_buffer_names_thread_and_address") else { return };
     let n = 100i32;
     let mut out = s.alloc_zeros::<f32>(n as usize).unwrap();
@@ -100,7 +117,7 @@ fn one_element_past_the_buffer_names_thread_and_address() {
     let mut l = s.launch_builder(&func);
     l.arg(&mut out).arg(&n);
     // SAFETY: (out, n); the kernel's bug is what is tested.
-    let err = unsafe { l.launch(cfg(2, 64)) }.expect_err("the write past the end fails the launch");
+    let err = fault(unsafe { l.launch(cfg(2, 64)) }, &s);
     assert_eq!(err.0, CUresult::CUDA_ERROR_ILLEGAL_ADDRESS);
     let msg = common::last_error();
     println!("{msg}");
@@ -110,6 +127,7 @@ fn one_element_past_the_buffer_names_thread_and_address() {
     assert!(msg.contains("block (1, 0, 0), thread (36, 0, 0)"), "thread 100 is block 1, thread 36: {msg}");
     assert!(msg.contains("kernel fill_upto"), "{msg}");
     assert!(msg.contains("past the end of a 400-byte allocation"), "{msg}");
+    reset();
     // The correct kernel on the same buffer passes.
     let func = f(&m, "fill");
     let mut l = s.launch_builder(&func);
@@ -121,6 +139,7 @@ fn one_element_past_the_buffer_names_thread_and_address() {
 
 #[test]
 fn access_after_free_is_an_illegal_address() {
+    let _device = common::faulting();
     let Some((s, m)) = setup("access_after_free_is_an_illegal_address") else { return };
     let mut p = 0u64;
     // SAFETY: raw driver calls on a pointer this test owns.
@@ -133,7 +152,7 @@ fn access_after_free_is_an_illegal_address() {
     let mut l = s.launch_builder(&func);
     l.arg(&p).arg(&n);
     // SAFETY: the pointer is stale on purpose.
-    let err = unsafe { l.launch(cfg(1, 64)) }.expect_err("a freed buffer is not accessible");
+    let err = fault(unsafe { l.launch(cfg(1, 64)) }, &s);
     assert_eq!(err.0, CUresult::CUDA_ERROR_ILLEGAL_ADDRESS);
     let msg = common::last_error();
     assert!(msg.contains("was freed"), "{msg}");
@@ -142,6 +161,7 @@ fn access_after_free_is_an_illegal_address() {
 
 #[test]
 fn a_reduction_without_its_syncthreads_is_a_race() {
+    let _device = common::faulting();
     let Some((s, m)) = setup("a_reduction_without_its_syncthreads_is_a_race") else { return };
     let x: Vec<f32> = (0..256).map(|i| i as f32).collect();
     let dx = s.clone_htod(&x).unwrap();
@@ -156,7 +176,7 @@ fn a_reduction_without_its_syncthreads_is_a_race() {
     let mut l = s.launch_builder(&func);
     l.arg(&dx).arg(&mut out);
     // SAFETY: as above.
-    let err = unsafe { l.launch(cfg(1, 256)) }.expect_err("racecheck reports the missing barrier");
+    let err = fault(unsafe { l.launch(cfg(1, 256)) }, &s);
     assert_eq!(err.0, CUresult::CUDA_ERROR_LAUNCH_FAILED);
     let msg = common::last_error();
     println!("{msg}");
@@ -166,6 +186,7 @@ fn a_reduction_without_its_syncthreads_is_a_race() {
 
 #[test]
 fn warp_shuffles_wait_for_their_lanes() {
+    let _device = common::shared_device();
     let Some((s, m)) = setup("warp_shuffles_wait_for_their_lanes") else { return };
     let x: Vec<f32> = (0..32).map(|i| (i * i) as f32).collect();
     let dx = s.clone_htod(&x).unwrap();
@@ -180,6 +201,7 @@ fn warp_shuffles_wait_for_their_lanes() {
 
 #[test]
 fn launch_limits_return_the_drivers_errors() {
+    let _device = common::shared_device();
     let Some((s, m)) = setup("launch_limits_return_the_drivers_errors") else { return };
     let mut out = s.alloc_zeros::<f32>(4096).unwrap();
     let n = 4096i32;
@@ -224,6 +246,7 @@ fn launch_limits_return_the_drivers_errors() {
 
 #[test]
 fn threads_waiting_at_different_barriers_are_reported() {
+    let _device = common::faulting();
     let Some((s, m)) = setup("threads_waiting_at_different_barriers_are_reported") else { return };
     let func = f(&m, "divergent_barrier");
     let mut out = s.alloc_zeros::<f32>(64).unwrap();
@@ -238,7 +261,7 @@ fn threads_waiting_at_different_barriers_are_reported() {
     let mut l = s.launch_builder(&func);
     l.arg(&mut out).arg(&16i32);
     // SAFETY: as above; the kernel's bug is what is tested.
-    let err = unsafe { l.launch(cfg(1, 64)) }.expect_err("synccheck reports the divergent barrier");
+    let err = fault(unsafe { l.launch(cfg(1, 64)) }, &s);
     assert_eq!(err.0, CUresult::CUDA_ERROR_LAUNCH_FAILED);
     let msg = common::last_error();
     println!("{msg}");
@@ -252,6 +275,7 @@ fn threads_waiting_at_different_barriers_are_reported() {
 
 #[test]
 fn a_read_of_never_written_memory_is_reported() {
+    let _device = common::faulting();
     let Some((s, m)) = setup("a_read_of_never_written_memory_is_reported") else { return };
     let func = f(&m, "copy");
     let n = 64i32;
@@ -265,13 +289,14 @@ fn a_read_of_never_written_memory_is_reported() {
     let mut l = s.launch_builder(&func);
     l.arg(&x).arg(&mut y).arg(&n);
     // SAFETY: (x, y, n); reading x is the bug tested.
-    let err = unsafe { l.launch(cfg(1, 64)) }.expect_err("initcheck reports the read");
+    let err = fault(unsafe { l.launch(cfg(1, 64)) }, &s);
     assert_eq!(err.0, CUresult::CUDA_ERROR_LAUNCH_FAILED);
     let msg = common::last_error();
     println!("{msg}");
     assert!(msg.contains("initcheck") && msg.contains("never written"), "{msg}");
     assert!(msg.contains(&format!("{base:#x}")), "the message names the allocation: {msg}");
     assert!(msg.contains("kernel copy, block (0, 0, 0), thread (0, 0, 0)"), "{msg}");
+    reset();
     // A kernel writes the first half: reading it passes, reading past it does not.
     let fill = f(&m, "fill");
     let mut l = s.launch_builder(&fill);
@@ -285,8 +310,9 @@ fn a_read_of_never_written_memory_is_reported() {
     let mut l = s.launch_builder(&func);
     l.arg(&x).arg(&mut y).arg(&n);
     // SAFETY: as above; element 32 on is unwritten.
-    unsafe { l.launch(cfg(1, 64)) }.expect_err("the second half was never written");
+    fault(unsafe { l.launch(cfg(1, 64)) }, &s);
     assert!(common::last_error().contains("thread (32, 0, 0)"), "{}", common::last_error());
+    reset();
     // A memset and a copy from the host count as writes.
     s.memset_zeros(&mut x).unwrap();
     let mut l = s.launch_builder(&func);

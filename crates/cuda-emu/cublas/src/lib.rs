@@ -19,6 +19,7 @@ const SUCCESS: Status = 0;
 const NOT_INITIALIZED: Status = 1;
 const INVALID_VALUE: Status = 7;
 const NOT_SUPPORTED: Status = 15;
+const EXECUTION_FAILED: Status = 13;
 
 /// cudaDataType values of the typed entry points.
 const R_32F: c_int = 0;
@@ -146,6 +147,25 @@ fn vec_fn() -> Option<VecFn> {
     f.map(|a| unsafe { std::mem::transmute::<usize, VecFn>(a) })
 }
 
+/// Waits for the work queued on the handle's stream: the emulator computes
+/// a routine on the calling thread, so it runs after that work and is
+/// done when the call returns (one legal schedule of the stream). A fault
+/// of that work, or an earlier one of the context, is
+/// `CUBLAS_STATUS_EXECUTION_FAILED`.
+///
+/// # Safety
+/// `h` was created by `cublasCreate_v2`.
+unsafe fn stream_sync(h: *mut c_void) -> Status {
+    type SyncFn = unsafe extern "C" fn(*mut c_void) -> u32;
+    static F: OnceLock<Option<usize>> = OnceLock::new();
+    let Some(f) = *F.get_or_init(|| emulator_symbol(c"cuStreamSynchronize")) else { return NOT_INITIALIZED };
+    // SAFETY: the address of cuStreamSynchronize; the handle's stream is one the caller gave.
+    match unsafe { std::mem::transmute::<usize, SyncFn>(f)((*h.cast::<Handle>())._stream) } {
+        0 => SUCCESS,
+        _ => EXECUTION_FAILED,
+    }
+}
+
 fn run(d: GemmDesc) -> Status {
     match gemm_fn() {
         // SAFETY: the descriptor is valid for the call.
@@ -163,6 +183,11 @@ unsafe fn run_vec(h: *mut c_void, mut d: VecDesc) -> Status {
         return NOT_INITIALIZED;
     }
     // SAFETY: created by cublasCreate_v2.
+    let rc = unsafe { stream_sync(h) };
+    if rc != SUCCESS {
+        return rc;
+    }
+    // SAFETY: created by cublasCreate_v2.
     d.device_scalars = unsafe { (*h.cast::<Handle>()).pointer_mode };
     match vec_fn() {
         // SAFETY: the descriptor is valid for the call.
@@ -171,7 +196,7 @@ unsafe fn run_vec(h: *mut c_void, mut d: VecDesc) -> Status {
     }
 }
 
-/// A handle: the stream it was given (unused: work is synchronous), its
+/// A handle: the stream it was given (whose work a routine waits for), its
 /// math mode and its pointer mode (0 host, 1 device).
 struct Handle {
     _stream: *mut c_void,
@@ -330,6 +355,11 @@ pub unsafe extern "C" fn cublasGemmStridedBatchedEx(
 ) -> Status {
     if h.is_null() {
         return NOT_INITIALIZED;
+    }
+    // SAFETY: created by cublasCreate_v2.
+    let rc = unsafe { stream_sync(h) };
+    if rc != SUCCESS {
+        return rc;
     }
     // SAFETY: created by cublasCreate_v2.
     let (mode, device_scalars) = unsafe { ((*h.cast::<Handle>()).math_mode, (*h.cast::<Handle>()).pointer_mode) };

@@ -170,8 +170,19 @@ pub extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
         return rc;
     }
     let Ok(d) = emu().device(dev) else { return INVALID_DEVICE };
-    let _ = d.primary_refs.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+    let before = d.primary_refs.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+    if before == Ok(1) {
+        reset(dev as usize);
+    }
     SUCCESS
+}
+
+/// Destroys the state of device `d`'s context that outlives no context:
+/// waits for its streams' work, then clears its sticky error (memory,
+/// modules and handles stay, which a real reset would free).
+fn reset(d: usize) {
+    queue::synchronize_device(d);
+    *lock(&emu().devices[d].sticky) = None;
 }
 
 #[no_mangle]
@@ -179,6 +190,7 @@ pub extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult {
     if let Err(rc) = emu().device(dev) {
         return rc;
     }
+    reset(dev as usize);
     SUCCESS
 }
 
@@ -223,9 +235,13 @@ pub extern "C" fn cuOccupancyMaxPotentialClusterSize(_n: *mut c_int, _f: Handle,
     NOT_SUPPORTED
 }
 
+/// Releases what `cuCtxCreate` retained (contexts are the primary ones).
 #[no_mangle]
-pub extern "C" fn cuCtxDestroy_v2(_ctx: Handle) -> CUresult {
-    SUCCESS
+pub extern "C" fn cuCtxDestroy_v2(ctx: Handle) -> CUresult {
+    match ctx_device(ctx as usize) {
+        Some(d) => cuDevicePrimaryCtxRelease_v2(d as CUdevice),
+        None => INVALID_CONTEXT,
+    }
 }
 
 #[no_mangle]
@@ -262,9 +278,10 @@ pub extern "C" fn cuCtxGetDevice(dev: *mut CUdevice) -> CUresult {
     write(dev, current_device() as CUdevice)
 }
 
+/// Waits for the work of every stream of the current context.
 #[no_mangle]
 pub extern "C" fn cuCtxSynchronize() -> CUresult {
-    SUCCESS
+    queue::synchronize_device(current_device())
 }
 
 #[no_mangle]

@@ -18,20 +18,21 @@ unsafe fn launch(
     extra: *mut *mut c_void,
 ) -> CUresult {
     let e = emu();
-    let (lm, index, max_dyn) = {
+    let (lm, index, max_dyn, uses) = {
         let funcs = lock(&e.funcs);
         let Some(fo) = funcs.get(&handle_id(f)) else { return INVALID_HANDLE };
-        (fo.module.clone(), fo.index, fo.max_dyn_shared)
+        (fo.module.clone(), fo.index, fo.max_dyn_shared, fo.uses)
     };
-    match stream_device(stream) {
-        None => return INVALID_HANDLE,
-        Some(d) if d != lm.device => {
-            return fail(
-                INVALID_HANDLE,
-                format!("launch of a function of device {}'s module on a stream of device {d}", lm.device),
-            )
-        }
-        Some(_) => {}
+    let Some(st) = queue::resolve(stream) else { return INVALID_HANDLE };
+    if st.device != lm.device {
+        return fail(
+            INVALID_HANDLE,
+            format!("launch of a function of device {}'s module on a stream of device {}", lm.device, st.device),
+        );
+    }
+    let rc = queue::sticky(st.device);
+    if rc != SUCCESS {
+        return rc;
     }
     let func = &lm.module.funcs[index];
     let threads = u64::from(block[0]) * u64::from(block[1]) * u64::from(block[2]);
@@ -146,24 +147,61 @@ unsafe fn launch(
         all.regions.sort_by_key(|r| r.base);
         Arc::new(all)
     };
-    let l = Launch {
-        module: &lm.module,
-        func: index,
-        grid,
-        block,
-        dyn_shared: shared,
-        params: &buf,
-        mem: &snapshot,
-        racecheck: e.racecheck,
-        workers: e.workers,
-    };
-    match exec::run(&l) {
-        Ok(stats) => {
-            e.instructions.fetch_add(stats.instructions, Ordering::Relaxed);
-            SUCCESS
-        }
-        Err(fault) => fail(fault.code, fault.message),
+    let access = if e.streamcheck { accesses(func, &uses, &buf, &snapshot) } else { Vec::new() };
+    let (racecheck, workers) = (e.racecheck, e.workers);
+    let what = format!("the launch of {}", func.name);
+    let work: queue::Work = Box::new(move || {
+        let l = Launch {
+            module: &lm.module,
+            func: index,
+            grid,
+            block,
+            dyn_shared: shared,
+            params: &buf,
+            mem: &snapshot,
+            racecheck,
+            workers,
+        };
+        let stats = exec::run(&l)?;
+        emu().instructions.fetch_add(stats.instructions, Ordering::Relaxed);
+        Ok(())
+    });
+    match queue::submit(&st, queue::Submit { what, access, deps: Vec::new(), work }) {
+        Ok(_) => SUCCESS,
+        Err(rc) => rc,
     }
+}
+
+/// The allocations a launch's pointer arguments point into, read or
+/// written as the kernel's code uses each parameter (`hazard::param_use`);
+/// every aligned 8-byte word of a parameter is looked at, so pointers
+/// inside structures passed by value count too.
+fn accesses(
+    func: &ptx::Func,
+    uses: &hazard::ParamUse,
+    buf: &[u8],
+    mem: &crate::memory::Snapshot,
+) -> Vec<hazard::Access> {
+    let mut out: Vec<hazard::Access> = Vec::new();
+    for (k, p) in func.params.iter().enumerate().take(64) {
+        let (r, w) = (uses.read >> k & 1 != 0, uses.write >> k & 1 != 0);
+        if !r && !w {
+            continue;
+        }
+        let (start, end) = (p.offset as usize, (p.offset + p.size) as usize);
+        let mut at = start.next_multiple_of(8);
+        while at + 8 <= end.min(buf.len()) {
+            let v = u64::from_le_bytes(buf[at..at + 8].try_into().expect("8 bytes"));
+            if let Some(region) = mem.find(v, 1) {
+                match out.iter_mut().find(|a| a.base == region.base) {
+                    Some(a) => a.write |= w,
+                    None => out.push(hazard::Access { base: region.base, len: region.len, write: w }),
+                }
+            }
+            at += 8;
+        }
+    }
+    out
 }
 
 #[no_mangle]

@@ -1,10 +1,10 @@
 //! The driver API, with the C ABI of CUDA 12.9: what cudarc 0.19 calls.
 //!
-//! All work is synchronous: a copy, memset or launch is complete when its
-//! call returns, which is one legal schedule of CUDA's stream semantics;
-//! streams and events are therefore only handles. Handles of modules,
-//! functions, streams and events are small integers looked up in tables,
-//! so a stale or made-up handle is an error, not a crash.
+//! Work is asynchronous: each stream is a queue that a worker thread runs
+//! in order (`queue`), with the legacy stream's implicit ordering, events,
+//! sticky errors and a stream-order hazard check (`hazard`). Handles of
+//! modules, functions, streams and events are small integers looked up in
+//! tables, so a stale or made-up handle is an error, not a crash.
 //!
 //! This file holds the device's state and what every chapter shares; the
 //! entry points live in one file per chapter of the driver API's
@@ -29,9 +29,11 @@ use crate::ptx::{self, Module};
 mod device;
 mod errors;
 mod extensions;
+pub mod hazard;
 mod launch;
 mod memory;
 mod module;
+pub mod queue;
 mod stream;
 mod unsupported;
 
@@ -63,6 +65,7 @@ pub const NOT_SUPPORTED: CUresult = 801;
 pub const PEER_ACCESS_ALREADY_ENABLED: CUresult = 704;
 pub const PEER_ACCESS_NOT_ENABLED: CUresult = 705;
 pub const UNSUPPORTED_LIMIT: CUresult = 215;
+pub use queue::{HAZARD, NOT_READY};
 
 /// The emulated device's name.
 pub const DEVICE_NAME: &str = "tapir emulated CUDA device (PTX interpreter, sm_90)";
@@ -85,6 +88,8 @@ struct FuncObj {
     module: Arc<LoadedModule>,
     index: usize,
     max_dyn_shared: u32,
+    /// The parameters it reads and writes global memory through.
+    uses: hazard::ParamUse,
 }
 
 /// One emulated device: its memory (addresses `ordinal * DEVICE_SPAN`
@@ -99,6 +104,11 @@ pub struct Device {
     /// Devices whose memory this device's kernels may access
     /// (`cuCtxEnablePeerAccess` from this device's context).
     peers: Mutex<Vec<usize>>,
+    /// The first kernel fault, returned by every call on the context from
+    /// the next synchronizing one on, until the context is reset.
+    sticky: Mutex<Option<(CUresult, String)>>,
+    /// The legacy (NULL) stream.
+    legacy: OnceLock<Arc<queue::Stream>>,
 }
 
 /// The emulated devices, and the tables behind every handle.
@@ -106,9 +116,15 @@ pub struct Emu {
     pub devices: Vec<Device>,
     modules: Mutex<HashMap<usize, Arc<LoadedModule>>>,
     funcs: Mutex<HashMap<usize, FuncObj>>,
-    /// Streams and events, each with the device of its context.
-    streams: Mutex<HashMap<usize, usize>>,
-    events: Mutex<HashMap<usize, usize>>,
+    /// Streams and events (each knows the device of its context).
+    streams: Mutex<HashMap<usize, Arc<queue::Stream>>>,
+    events: Mutex<HashMap<usize, Arc<queue::Event>>>,
+    /// Accesses and clocks for the stream-order hazard check.
+    tracker: Mutex<hazard::Tracker>,
+    /// Whether stream-order hazards are checked (`TAPIR_CUDA_EMU_STREAMCHECK=0` turns it off).
+    streamcheck: bool,
+    /// Page-locked host buffers (`cuMemHostAlloc`): start and length.
+    pinned: Mutex<std::collections::BTreeMap<usize, usize>>,
     next: AtomicUsize,
     racecheck: bool,
     /// Host threads a launch runs its blocks on.
@@ -219,6 +235,8 @@ pub fn emu() -> &'static Emu {
                 limits: Mutex::new(LIMIT_DEFAULTS),
                 cache_config: std::sync::atomic::AtomicI32::new(0),
                 peers: Mutex::default(),
+                sticky: Mutex::default(),
+                legacy: OnceLock::new(),
             })
             .collect();
         Emu {
@@ -227,7 +245,11 @@ pub fn emu() -> &'static Emu {
             funcs: Mutex::default(),
             streams: Mutex::default(),
             events: Mutex::default(),
-            next: AtomicUsize::new(1),
+            tracker: Mutex::default(),
+            streamcheck: std::env::var("TAPIR_CUDA_EMU_STREAMCHECK").map_or(true, |v| v != "0"),
+            pinned: Mutex::default(),
+            // Handles start past the null, legacy (1) and per-thread (2) stream handles.
+            next: AtomicUsize::new(16),
             racecheck,
             workers,
             instructions: std::sync::atomic::AtomicU64::new(0),

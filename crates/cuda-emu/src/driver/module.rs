@@ -4,6 +4,10 @@ use super::*;
 
 /// Loads PTX text into a module, allocating its global variables.
 pub fn load_module(src: &str) -> Result<usize, (CUresult, String)> {
+    let rc = queue::ctx_error();
+    if rc != SUCCESS {
+        return Err((rc, last_error()));
+    }
     let e = emu();
     let device = current_device();
     let mem = &e.devices[device].memory;
@@ -121,9 +125,10 @@ pub unsafe extern "C" fn cuModuleGetFunction(out: *mut Handle, m: Handle, name: 
     let name = unsafe { CStr::from_ptr(name) }.to_string_lossy();
     let Some(index) = lm.module.funcs.iter().position(|f| f.entry && f.name == name) else { return NOT_FOUND };
     let static_shared = lm.module.funcs[index].shared_size;
+    let uses = hazard::param_use(&lm.module.funcs[index]);
     let id = e.next.fetch_add(1, Ordering::Relaxed);
     lock(&e.funcs)
-        .insert(id, FuncObj { module: lm, index, max_dyn_shared: SHARED_DEFAULT.saturating_sub(static_shared) });
+        .insert(id, FuncObj { module: lm, index, max_dyn_shared: SHARED_DEFAULT.saturating_sub(static_shared), uses });
     write(out, id as Handle)
 }
 

@@ -1,78 +1,81 @@
-//! Streams and events: handles only, as all work is synchronous.
+//! Streams and events: the entry points over `queue`.
 
+use super::queue::{self, Event, Stream, Submit, Work};
 use super::*;
 
-/// A new stream or event in `table`, of the current context's device.
-fn new_handle(table: &Mutex<HashMap<usize, usize>>, out: *mut Handle) -> CUresult {
+fn new_stream(out: *mut Handle, flags: c_uint) -> CUresult {
     if out.is_null() {
         return INVALID_VALUE;
     }
-    let id = emu().next.fetch_add(1, Ordering::Relaxed);
-    lock(table).insert(id, current_device());
+    let rc = queue::ctx_error();
+    if rc != SUCCESS {
+        return rc;
+    }
+    let s = Stream::new(current_device(), false, flags & queue::NON_BLOCKING != 0);
+    let id = s.id;
+    lock(&emu().streams).insert(id, s);
     write(out, id as Handle)
 }
 
-/// Destroys the stream or event `h` of `table`; one not there is
-/// `CUDA_ERROR_INVALID_HANDLE`.
-fn drop_handle(table: &Mutex<HashMap<usize, usize>>, h: Handle) -> CUresult {
-    if lock(table).remove(&handle_id(h)).is_some() {
-        SUCCESS
-    } else {
-        INVALID_HANDLE
-    }
-}
-
-/// The device of stream `s`: its context's, or the current context's for
-/// the null and the legacy/per-thread streams; None for no stream.
-pub(super) fn stream_device(s: Handle) -> Option<usize> {
-    let id = handle_id(s);
-    if id <= 2 {
-        return Some(current_device());
-    }
-    lock(&emu().streams).get(&id).copied()
-}
-
-pub(super) fn check_stream(s: Handle) -> CUresult {
-    let id = handle_id(s);
-    // The null stream and the legacy/per-thread stream handles are always valid.
-    if id <= 2 || lock(&emu().streams).contains_key(&id) {
-        SUCCESS
-    } else {
-        INVALID_HANDLE
-    }
+#[no_mangle]
+pub extern "C" fn cuStreamCreate(out: *mut Handle, flags: c_uint) -> CUresult {
+    new_stream(out, flags)
 }
 
 #[no_mangle]
-pub extern "C" fn cuStreamCreate(out: *mut Handle, _flags: c_uint) -> CUresult {
-    new_handle(&emu().streams, out)
+pub extern "C" fn cuStreamCreateWithPriority(out: *mut Handle, flags: c_uint, _prio: c_int) -> CUresult {
+    new_stream(out, flags)
 }
 
-#[no_mangle]
-pub extern "C" fn cuStreamCreateWithPriority(out: *mut Handle, _flags: c_uint, _prio: c_int) -> CUresult {
-    new_handle(&emu().streams, out)
-}
-
+/// Destroys a stream; work already submitted to it still runs, as in CUDA.
 #[no_mangle]
 pub extern "C" fn cuStreamDestroy_v2(s: Handle) -> CUresult {
-    drop_handle(&emu().streams, s)
+    match lock(&emu().streams).remove(&handle_id(s)) {
+        Some(st) => {
+            st.close();
+            SUCCESS
+        }
+        None => INVALID_HANDLE,
+    }
 }
 
 #[no_mangle]
 pub extern "C" fn cuStreamSynchronize(s: Handle) -> CUresult {
-    check_stream(s)
+    let Some(st) = queue::resolve(s) else { return INVALID_HANDLE };
+    queue::synchronize(&st)
 }
 
+/// `CUDA_ERROR_NOT_READY` while work submitted to the stream is pending.
 #[no_mangle]
 pub extern "C" fn cuStreamQuery(s: Handle) -> CUresult {
-    check_stream(s)
+    let Some(st) = queue::resolve(s) else { return INVALID_HANDLE };
+    let rc = queue::sticky(st.device);
+    if rc != SUCCESS {
+        return rc;
+    }
+    let (q, c) = st.last();
+    if !st.done(q) {
+        return NOT_READY;
+    }
+    lock(&emu().tracker).host.join(&c);
+    queue::sticky(st.device)
 }
 
+/// Later work on `s` waits until the event's last record has completed.
 #[no_mangle]
 pub extern "C" fn cuStreamWaitEvent(s: Handle, e: Handle, _flags: c_uint) -> CUresult {
-    if check_stream(s) != SUCCESS || !lock(&emu().events).contains_key(&handle_id(e)) {
-        return INVALID_HANDLE;
+    let Some(st) = queue::resolve(s) else { return INVALID_HANDLE };
+    let Some(ev) = lock(&emu().events).get(&handle_id(e)).cloned() else { return INVALID_HANDLE };
+    let rc = queue::sticky(st.device);
+    if rc != SUCCESS {
+        return rc;
     }
-    SUCCESS
+    let Some(dep) = ev.target() else { return SUCCESS };
+    let work: Work = Box::new(|| Ok(()));
+    match queue::submit(&st, Submit { what: "cuStreamWaitEvent".into(), access: Vec::new(), deps: vec![dep], work }) {
+        Ok(_) => SUCCESS,
+        Err(rc) => rc,
+    }
 }
 
 #[no_mangle]
@@ -90,43 +93,68 @@ pub extern "C" fn cuStreamEndCapture(_s: Handle, _g: *mut Handle) -> CUresult {
     NOT_SUPPORTED
 }
 
+/// A host pointer that may cross to the worker thread.
+struct SendPtr(*mut c_void);
+// SAFETY: the caller of cuLaunchHostFunc hands the pointer to its callback,
+// which CUDA runs on a thread of its own as well.
+unsafe impl Send for SendPtr {}
+
+/// Runs `f(data)` on the stream's worker, after the work submitted before it.
 #[no_mangle]
 pub unsafe extern "C" fn cuLaunchHostFunc(
     s: Handle,
     f: Option<unsafe extern "C" fn(*mut c_void)>,
     data: *mut c_void,
 ) -> CUresult {
-    if check_stream(s) != SUCCESS {
-        return INVALID_HANDLE;
-    }
+    let Some(st) = queue::resolve(s) else { return INVALID_HANDLE };
     let Some(f) = f else { return INVALID_VALUE };
-    // SAFETY: the caller's callback, run now: the stream has no pending work.
-    unsafe { f(data) };
-    SUCCESS
+    let rc = queue::sticky(st.device);
+    if rc != SUCCESS {
+        return rc;
+    }
+    let data = SendPtr(data);
+    let work: Work = Box::new(move || {
+        let data = data;
+        // SAFETY: the caller's callback with the caller's argument.
+        unsafe { f(data.0) };
+        Ok(())
+    });
+    match queue::submit(&st, Submit { what: "cuLaunchHostFunc".into(), access: Vec::new(), deps: Vec::new(), work }) {
+        Ok(_) => SUCCESS,
+        Err(rc) => rc,
+    }
 }
 
 #[no_mangle]
-pub extern "C" fn cuEventCreate(out: *mut Handle, _flags: c_uint) -> CUresult {
-    new_handle(&emu().events, out)
+pub extern "C" fn cuEventCreate(out: *mut Handle, flags: c_uint) -> CUresult {
+    if out.is_null() {
+        return INVALID_VALUE;
+    }
+    let id = emu().next.fetch_add(1, Ordering::Relaxed);
+    lock(&emu().events).insert(id, Event::new(current_device(), flags));
+    write(out, id as Handle)
 }
 
-fn check_event(e: Handle) -> CUresult {
-    if lock(&emu().events).contains_key(&handle_id(e)) {
-        SUCCESS
-    } else {
-        INVALID_HANDLE
-    }
+fn event(e: Handle) -> Option<Arc<Event>> {
+    lock(&emu().events).get(&handle_id(e)).cloned()
 }
 
 #[no_mangle]
 pub extern "C" fn cuEventRecord(e: Handle, s: Handle) -> CUresult {
-    let Some(sd) = stream_device(s) else { return INVALID_HANDLE };
-    let Some(ed) = lock(&emu().events).get(&handle_id(e)).copied() else { return INVALID_HANDLE };
-    if sd != ed {
+    let Some(st) = queue::resolve(s) else { return INVALID_HANDLE };
+    let Some(ev) = event(e) else { return INVALID_HANDLE };
+    if st.device != ev.device {
         // An event records only on a stream of its own context.
-        return fail(INVALID_HANDLE, format!("cuEventRecord of an event of device {ed} on a stream of device {sd}"));
+        return fail(
+            INVALID_HANDLE,
+            format!("cuEventRecord of an event of device {} on a stream of device {}", ev.device, st.device),
+        );
     }
-    SUCCESS
+    let rc = queue::sticky(st.device);
+    if rc != SUCCESS {
+        return rc;
+    }
+    ev.record(&st)
 }
 
 #[no_mangle]
@@ -136,27 +164,60 @@ pub extern "C" fn cuEventRecordWithFlags(e: Handle, s: Handle, _flags: c_uint) -
 
 #[no_mangle]
 pub extern "C" fn cuEventSynchronize(e: Handle) -> CUresult {
-    check_event(e)
+    let Some(ev) = event(e) else { return INVALID_HANDLE };
+    ev.synchronize();
+    queue::sticky(ev.device)
 }
 
+/// `CUDA_ERROR_NOT_READY` while the work before the event's last record is pending.
 #[no_mangle]
 pub extern "C" fn cuEventQuery(e: Handle) -> CUresult {
-    check_event(e)
+    let Some(ev) = event(e) else { return INVALID_HANDLE };
+    let rc = queue::sticky(ev.device);
+    if rc != SUCCESS {
+        return rc;
+    }
+    if ev.query() {
+        queue::sticky(ev.device)
+    } else {
+        NOT_READY
+    }
 }
 
 #[no_mangle]
 pub extern "C" fn cuEventDestroy_v2(e: Handle) -> CUresult {
-    drop_handle(&emu().events, e)
+    if lock(&emu().events).remove(&handle_id(e)).is_some() {
+        SUCCESS
+    } else {
+        INVALID_HANDLE
+    }
 }
 
-/// Elapsed time between events: always zero, since the emulator measures
-/// correctness, not speed.
+/// Milliseconds between the times the stream workers reached the two
+/// events: `CUDA_ERROR_NOT_READY` while either is pending,
+/// `CUDA_ERROR_INVALID_HANDLE` for an event never recorded or created
+/// with `CU_EVENT_DISABLE_TIMING`.
 #[no_mangle]
 pub extern "C" fn cuEventElapsedTime(ms: *mut f32, a: Handle, b: Handle) -> CUresult {
-    if check_event(a) != SUCCESS || check_event(b) != SUCCESS {
+    let (Some(ea), Some(eb)) = (event(a), event(b)) else { return INVALID_HANDLE };
+    if !ea.timing || !eb.timing || ea.target().is_none() || eb.target().is_none() {
         return INVALID_HANDLE;
     }
-    write(ms, 0.0)
+    let rc = queue::sticky(ea.device);
+    if rc != SUCCESS {
+        return rc;
+    }
+    if !ea.query() || !eb.query() {
+        return NOT_READY;
+    }
+    match (ea.time(), eb.time()) {
+        (Some(ta), Some(tb)) => {
+            let d = if tb >= ta { (tb - ta).as_secs_f64() } else { -(ta - tb).as_secs_f64() };
+            write(ms, (d * 1e3) as f32)
+        }
+        // Recorded after a fault: the worker skipped it.
+        _ => queue::sticky(ea.device),
+    }
 }
 
 #[no_mangle]

@@ -367,6 +367,8 @@ pub(super) fn bin(op: BinOp, t: Ty, ftz: bool, rnd: Rnd, a: u64, b: u64, cc: &mu
                     BinOp::Div => x / y,
                     BinOp::Min => fminmax32(x, y, false),
                     BinOp::Max => fminmax32(x, y, true),
+                    // `copysign d, a, b`: b's magnitude with a's sign.
+                    BinOp::CopySign => y.copysign(x),
                     _ => return None,
                 };
                 bf32(if ftz { ftz32(r) } else { r })
@@ -405,6 +407,7 @@ pub(super) fn bin(op: BinOp, t: Ty, ftz: bool, rnd: Rnd, a: u64, b: u64, cc: &mu
                             fminmax(x, y, true)
                         }
                     }
+                    BinOp::CopySign => y.copysign(x),
                     _ => return None,
                 }
                 .to_bits()
@@ -418,6 +421,8 @@ pub(super) fn bin(op: BinOp, t: Ty, ftz: bool, rnd: Rnd, a: u64, b: u64, cc: &mu
     let (sa, sb) = (sext(a, w), sext(b, w));
     let s = t.signed();
     Some(match op {
+        // Float only.
+        BinOp::CopySign => return None,
         BinOp::Add => ua.wrapping_add(ub) & m,
         BinOp::Sub => ua.wrapping_sub(ub) & m,
         BinOp::Mul => ua.wrapping_mul(ub) & m,

@@ -360,6 +360,7 @@ fn arith(o: &Op, cx: &mut FnCtx) -> Result<Option<Ins>, String> {
         "rem" => return o.bin(BinOp::Rem, cx),
         "min" => return o.bin(BinOp::Min, cx),
         "max" => return o.bin(BinOp::Max, cx),
+        "copysign" => return o.bin(BinOp::CopySign, cx),
         "and" | "or" | "xor" if t == Ty::Pred => {
             let op = match base {
                 "and" => BoolOp::And,

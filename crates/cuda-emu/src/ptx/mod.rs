@@ -131,6 +131,8 @@ pub enum BinOp {
     Rem,
     Min,
     Max,
+    /// `copysign.f32/f64 d, a, b`: the magnitude of `b` with the sign of `a`.
+    CopySign,
     And,
     Or,
     Xor,

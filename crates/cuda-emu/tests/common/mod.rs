@@ -88,3 +88,39 @@ pub fn data(n: usize, seed: u32, range: f32) -> Vec<f32> {
         })
         .collect()
 }
+
+/// Tests of one binary share the emulated device, whose context a kernel
+/// fault leaves failing every call (the sticky error) until it is reset:
+/// a test that faults takes the device alone ([`faulting`]), every other
+/// test of a binary with such a test takes it shared.
+static DEVICE: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+/// Shares the device with the other tests that do not fault.
+pub fn shared_device() -> std::sync::RwLockReadGuard<'static, ()> {
+    DEVICE.read().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The device alone, for a test whose kernel faults; dropping it resets
+/// every device's primary context, which clears the sticky error.
+pub struct Faulting(#[allow(dead_code)] std::sync::RwLockWriteGuard<'static, ()>);
+
+pub fn faulting() -> Faulting {
+    Faulting(DEVICE.write().unwrap_or_else(|p| p.into_inner()))
+}
+
+impl Drop for Faulting {
+    fn drop(&mut self) {
+        if tapir_tensor::cuda::driver_library().is_err() {
+            return;
+        }
+        let mut n = 0;
+        // SAFETY: plain driver calls; the emulator is loaded (the test got this far).
+        unsafe {
+            if cudarc::driver::sys::cuDeviceGetCount(&mut n) == cudarc::driver::sys::CUresult::CUDA_SUCCESS {
+                for d in 0..n {
+                    cudarc::driver::sys::cuDevicePrimaryCtxReset_v2(d);
+                }
+            }
+        }
+    }
+}
