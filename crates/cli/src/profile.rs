@@ -18,7 +18,7 @@ use std::process::Command;
 use anyhow::{bail, Context};
 use clap::Parser;
 use serde_json::Value;
-use tapir::nn::{Adam, Optimizer, ParamStore};
+use tapir::nn::{Adam, Gpt, GptConfig, Optimizer, ParamStore};
 use tapir::prelude::*;
 
 /// The cases, by name.
@@ -29,12 +29,17 @@ pub const CASES: &[(&str, &str)] = &[
     ("add", "elementwise sum of two [rows, cols] tensors"),
     ("cast", "cast of [rows, cols] f32 to the case's dtype"),
     ("adam", "one Adam step of a [rows, cols] parameter (its gradient included)"),
+    (
+        "gpt-step",
+        "one training step (loss, gradients, Adam) of the default mini-GPT (2 layers, d_model 64, 16 positions) with \
+         a vocabulary of cols, on rows sequences",
+    ),
 ];
 
 /// Profiles a case on the emulated device, modeled as an H200.
 #[derive(Parser, Debug, Clone)]
 pub struct Args {
-    /// The case: sparse-ce, softmax, sum, add, cast or adam.
+    /// The case: sparse-ce, softmax, sum, add, cast, adam or gpt-step.
     #[arg(long, default_value = "sparse-ce")]
     pub case: String,
     /// Rows of the case's input.
@@ -102,6 +107,21 @@ pub fn run_case(a: &Args, device: Device) -> anyhow::Result<()> {
             })?;
             let mut opt = Adam::new(1e-3);
             opt.step(&mut store, &grads)?;
+        }
+        "gpt-step" => {
+            let cfg = GptConfig { vocab: v, ..GptConfig::default() };
+            let t = cfg.block_size;
+            let mut store = ParamStore::new();
+            let model = Gpt::new(&mut store, cfg, &mut rng, dt)?;
+            store.to_device(device)?;
+            let ids = rng.randint([n, t], v as u64, DType::I64)?.to_device(device)?;
+            let targets = rng.randint([n, t], v as u64, DType::I64)?.to_device(device)?;
+            let grads = Graph::scope(|g| {
+                let b = store.bind(g);
+                let loss = model.loss(&b, &ids, &targets, None)?;
+                b.grads(loss)
+            })?;
+            Adam::new(1e-3).step(&mut store, &grads)?;
         }
         other => {
             let names: Vec<&str> = CASES.iter().map(|c| c.0).collect();
