@@ -115,6 +115,8 @@ fn a_coalesced_copy_reads_and_writes_each_sector_once() {
     assert_eq!((c.store_requests, c.store_sectors, c.store_bytes), (warps, 4 * warps, 4 * n));
     assert_eq!((c.unique_read_sectors, c.unique_write_sectors), (4 * n / 32, 4 * n / 32));
     assert_eq!(c.max_footprint_sectors, 8 * n / 32);
+    // No two blocks share a sector.
+    assert_eq!((c.block_unique_read_sectors, c.block_unique_write_sectors), (4 * n / 32, 4 * n / 32));
     assert_eq!(c.sectors_per_request(), 4.0);
     assert_eq!(c.sector_efficiency(), 1.0);
     assert_eq!((c.of(Class::LdGlobal), c.of(Class::StGlobal)), (warps, warps));
@@ -167,8 +169,10 @@ fn atomics_on_one_address_are_counted_as_the_same_address() {
     assert_eq!((all.atomic_lanes, all.atomic_same_address, all.of(Class::Atomic)), (128, 124, 4));
     let each = r.run("count_each", 2, [64, 1, 1], &[le(cnt)], 1);
     assert_eq!((each.atomic_lanes, each.atomic_same_address), (128, 0));
-    // An atomic's sector is read and written.
+    // An atomic's sector is read and written; both blocks touch the same 8
+    // sectors: 8 for the launch, 16 summed over blocks.
     assert_eq!((each.unique_read_sectors, each.unique_write_sectors), (8, 8));
+    assert_eq!((each.block_unique_read_sectors, each.block_unique_write_sectors), (16, 16));
 }
 
 #[test]

@@ -17,7 +17,10 @@
 //!   bytes asked for over 32 x sectors is the sector efficiency.
 //! - the *unique* sectors of a launch are those any of its lanes read (or
 //!   wrote, or touched with an atomic, which counts as both); under the L2
-//!   model of `profile`, each is one DRAM transfer.
+//!   model of `profile`, each is one DRAM transfer while the launch's
+//!   footprint fits in L2. Past that, the model takes each block's unique
+//!   sectors (reuse within a block, which a block's small working set gets
+//!   from L1 and L2, but none across blocks).
 //! - shared memory has 32 banks of 4 bytes. A warp-instruction is served
 //!   in phases of at most 128 bytes (all 32 lanes for accesses of up to 4
 //!   bytes, half-warps for 8 bytes, quarter-warps for 16); a phase takes as
@@ -194,6 +197,11 @@ pub struct Counters {
     /// atomic's sector counts as both), summed over launches.
     pub unique_read_sectors: u64,
     pub unique_write_sectors: u64,
+    /// Sectors each block read and wrote, counted once per block, summed
+    /// over blocks and launches: the DRAM traffic the L2 model takes when a
+    /// launch's footprint does not fit (reuse within a block only).
+    pub block_unique_read_sectors: u64,
+    pub block_unique_write_sectors: u64,
     /// The largest footprint (sectors read or written, counted once) of
     /// one launch: the L2 model holds while it fits in L2.
     pub max_footprint_sectors: u64,
@@ -234,6 +242,8 @@ impl Counters {
         self.atomic_bytes += o.atomic_bytes;
         self.unique_read_sectors += o.unique_read_sectors;
         self.unique_write_sectors += o.unique_write_sectors;
+        self.block_unique_read_sectors += o.block_unique_read_sectors;
+        self.block_unique_write_sectors += o.block_unique_write_sectors;
         self.max_footprint_sectors = self.max_footprint_sectors.max(o.max_footprint_sectors);
         self.shared_requests += o.shared_requests;
         self.shared_wavefronts += o.shared_wavefronts;
@@ -321,6 +331,9 @@ pub(super) type SectorSet = HashSet<u64, BuildHasherDefault<SectorHash>>;
 pub(super) struct Footprint {
     pub(super) read: SectorSet,
     pub(super) written: SectorSet,
+    /// The same, of the block being run.
+    block_read: SectorSet,
+    block_written: SectorSet,
 }
 
 impl Footprint {
@@ -338,6 +351,14 @@ impl Footprint {
         } else {
             self.written.extend(o.written);
         }
+    }
+
+    /// Ends a block: its unique sectors, into the counters.
+    pub(super) fn end_block(&mut self, c: &mut Counters) {
+        c.block_unique_read_sectors += self.block_read.len() as u64;
+        c.block_unique_write_sectors += self.block_written.len() as u64;
+        self.block_read.clear();
+        self.block_written.clear();
     }
 
     /// The launch's unique sectors, into its counters.
@@ -397,6 +418,7 @@ pub(super) fn global(c: &mut Counters, fp: &mut Footprint, kind: Access, addrs: 
             c.load_sectors += n;
             c.load_bytes += bytes;
             fp.read.extend(&s);
+            fp.block_read.extend(&s);
         }
         Access::Store => {
             c.mix[Class::StGlobal as usize] += 1;
@@ -404,6 +426,7 @@ pub(super) fn global(c: &mut Counters, fp: &mut Footprint, kind: Access, addrs: 
             c.store_sectors += n;
             c.store_bytes += bytes;
             fp.written.extend(&s);
+            fp.block_written.extend(&s);
         }
         Access::Atomic => {
             c.atomic_requests += 1;
@@ -411,6 +434,8 @@ pub(super) fn global(c: &mut Counters, fp: &mut Footprint, kind: Access, addrs: 
             c.atomic_bytes += bytes;
             fp.read.extend(&s);
             fp.written.extend(&s);
+            fp.block_read.extend(&s);
+            fp.block_written.extend(&s);
         }
     }
 }

@@ -375,7 +375,11 @@ impl<'a> Worker<'a> {
                 w.local[l_].resize(f.local_size as usize, 0);
             }
         }
-        run_block(&mut self.blk, &mut self.warps)
+        let r = run_block(&mut self.blk, &mut self.warps);
+        if self.blk.prof {
+            self.blk.fp.end_block(&mut self.blk.counters);
+        }
+        r
     }
 }
 

@@ -173,7 +173,8 @@ pub fn json(gpu: &Gpu, attrs: &HashMap<String, cubin::KernelAttrs>) -> String {
              \"barriers\": {}, \"mix\": {{{}}}, \"load_requests\": {}, \"load_sectors\": {}, \"load_bytes\": {}, \
              \"store_requests\": {}, \"store_sectors\": {}, \"store_bytes\": {}, \"atomic_requests\": {}, \
              \"atomic_sectors\": {}, \"atomic_bytes\": {}, \"sectors_per_request\": {}, \"sector_efficiency\": {}, \
-             \"unique_read_sectors\": {}, \"unique_write_sectors\": {}, \"max_footprint_sectors\": {}, \
+             \"unique_read_sectors\": {}, \"unique_write_sectors\": {}, \"block_unique_read_sectors\": {}, \
+             \"block_unique_write_sectors\": {}, \"max_footprint_sectors\": {}, \
              \"shared_requests\": {}, \"shared_wavefronts\": {}, \"shared_ideal_wavefronts\": {}, \
              \"bank_conflicts\": {}, \"atomic_lanes\": {}, \"atomic_same_address\": {}, \"regs\": {}, \
              \"frame\": {}, \"occupancy\": {{\"blocks_sm\": {}, \"warps_sm\": {}, \"occupancy\": {}, \"limiter\": {}, \
@@ -205,6 +206,8 @@ pub fn json(gpu: &Gpu, attrs: &HashMap<String, cubin::KernelAttrs>) -> String {
             num(c.sector_efficiency()),
             c.unique_read_sectors,
             c.unique_write_sectors,
+            c.block_unique_read_sectors,
+            c.block_unique_write_sectors,
             c.max_footprint_sectors,
             c.shared_requests,
             c.shared_wavefronts,

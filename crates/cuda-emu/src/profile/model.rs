@@ -151,7 +151,7 @@ pub struct Modeled {
 }
 
 /// The model: DRAM time (unique sectors while a launch's footprint fits in
-/// L2, every sector requested otherwise, at the peak bandwidth or the
+/// L2, each block's unique sectors otherwise, at the peak bandwidth or the
 /// Little's-law bound of the bytes resident warps keep in flight), issue
 /// time (warp-instructions over the SMs the grid occupies, each class at
 /// its pipe's rate, derated below `warps_to_hide` warps a scheduler), and
@@ -163,7 +163,7 @@ pub fn model(gpu: &Gpu, c: &Counters, occ: &Occupancy) -> Modeled {
     let sectors = if fits {
         c.unique_read_sectors + c.unique_write_sectors
     } else {
-        c.load_sectors + c.store_sectors + 2 * c.atomic_sectors
+        c.block_unique_read_sectors + c.block_unique_write_sectors
     };
     let dram_bytes = (sectors * SECTOR) as f64;
     // SMs with work: a launch of fewer blocks than SMs leaves some idle.
@@ -259,8 +259,12 @@ mod tests {
             load_sectors: 16 * n_req,
             store_requests: n_req,
             store_sectors: 16 * n_req,
-            // Past the L2: every requested sector is a DRAM sector.
+            // Past the L2: each block's own sectors are DRAM sectors.
             max_footprint_sectors: 2 * 16 * n_req,
+            block_unique_read_sectors: 16 * n_req,
+            block_unique_write_sectors: 16 * n_req,
+            // Counted once per launch, as they would be in L2 (not used here).
+            unique_read_sectors: 1,
             ..Counters::default()
         };
         let o = occupancy(&H200, 256, Some(32), 0, c.blocks as f64);
@@ -287,6 +291,7 @@ mod tests {
             load_requests: n_req,
             load_sectors: 2 * n_req,
             unique_read_sectors: 2 * n_req,
+            block_unique_read_sectors: 2 * n_req,
             max_footprint_sectors: 2 * n_req,
             ..Counters::default()
         };
