@@ -67,8 +67,10 @@ fn kernel<'a>(p: &'a serde_json::Value, name: &str) -> Option<&'a serde_json::Va
 }
 
 #[tapir_testing::cuda_test]
-fn every_kernel_of_the_table_keeps_its_efficiency() {
-    let Some(_) = tapir_testing::cuda_or_skip("every_kernel_of_the_table_keeps_its_efficiency", Device::cuda(0)) else {
+fn cuda_every_kernel_of_the_efficiency_table_keeps_its_figures() {
+    let Some(_) =
+        tapir_testing::cuda_or_skip("cuda_every_kernel_of_the_efficiency_table_keeps_its_figures", Device::cuda(0))
+    else {
         return;
     };
     let dir = std::env::temp_dir().join(format!("tapir-efficiency-{}", std::process::id()));
@@ -113,8 +115,8 @@ fn every_kernel_of_the_table_keeps_its_efficiency() {
 /// sparse cross-entropy's forward reads its logits at full sector
 /// efficiency with no bank conflicts.
 #[tapir_testing::cuda_test]
-fn profile_prints_a_kernel_summary() {
-    let Some(_) = tapir_testing::cuda_or_skip("profile_prints_a_kernel_summary", Device::cuda(0)) else { return };
+fn cuda_profile_prints_a_kernel_summary() {
+    let Some(_) = tapir_testing::cuda_or_skip("cuda_profile_prints_a_kernel_summary", Device::cuda(0)) else { return };
     let json = std::env::temp_dir().join(format!("tapir-profile-summary-{}.json", std::process::id()));
     let out = Command::new(env!("CARGO_BIN_EXE_tapir"))
         .args(["profile", "--case", "add", "--rows", "32", "--cols", "256", "--json"])
