@@ -7,3 +7,4 @@ pub mod device;
 pub mod gpt;
 pub mod memcheck;
 pub mod pinn;
+pub mod profile;

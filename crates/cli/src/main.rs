@@ -2,7 +2,7 @@
 
 use clap::{Parser, Subcommand};
 
-use tapir_cli::{bench, gpt, memcheck, pinn};
+use tapir_cli::{bench, gpt, memcheck, pinn, profile};
 
 /// tapir: a pure-Rust autograd engine whose graphs cannot leak.
 ///
@@ -26,6 +26,9 @@ enum Command {
     Bench(bench::Args),
     /// Trains a character-level mini-GPT (built-in sums task, or --data FILE).
     Gpt(gpt::Args),
+    /// Runs a case on the emulated CUDA device and prints each kernel's
+    /// counters and modeled H200 time, like a profiler's kernel summary.
+    Profile(profile::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -34,5 +37,6 @@ fn main() -> anyhow::Result<()> {
         Command::Pinn(a) => pinn::run(a),
         Command::Gpt(a) => gpt::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Profile(a) => profile::run(a),
     }
 }

@@ -220,6 +220,9 @@ pub unsafe extern "C" fn tapirEmuGemm(d: *const GemmDesc) -> c_int {
     }
     // TF32 changes f32 products only; f16/bf16 inputs have fewer bits already.
     let tf32 = d.tf32 != 0 && d.a_type == R_32F && d.b_type == R_32F;
+    if crate::exec::profiling() {
+        profile_gemm(&d, tf32, beta != 0.0);
+    }
     let input = |v: f64| if tf32 { f64::from(to_tf32(v as f32)) } else { v };
     let mut col = vec![0f64; k];
     let mut arow = vec![0f64; k * m];
@@ -269,6 +272,31 @@ pub unsafe extern "C" fn tapirEmuGemm(d: *const GemmDesc) -> c_int {
         }
     }
     STATUS_SUCCESS
+}
+
+/// Records a product in the profile: its FLOPs, the bytes of its
+/// matrices (C twice when it is read), and the peak of its input type.
+fn profile_gemm(d: &GemmDesc, tf32: bool, reads_c: bool) {
+    use crate::profile::model::H200;
+    let (m, n, k, batch) = (d.m as f64, d.n as f64, d.k as f64, d.batch as f64);
+    let size = |t: c_int| elem_size(t).unwrap_or(4) as f64;
+    let c_times = if reads_c { 2.0 } else { 1.0 };
+    let bytes = batch * (m * k * size(d.a_type) + k * n * size(d.b_type) + c_times * m * n * size(d.c_type));
+    let (ty, peak) = match d.a_type {
+        R_16F => ("f16", H200.bf16_flops),
+        R_16BF => ("bf16", H200.bf16_flops),
+        R_64F => ("f64", H200.f64_flops),
+        _ if tf32 => ("tf32", H200.tf32_flops),
+        _ => ("f32", H200.f32_flops),
+    };
+    let name = format!(
+        "cublas gemm {ty} {}x{}x{}{}",
+        d.m,
+        d.n,
+        d.k,
+        if d.batch > 1 { format!(" x{}", d.batch) } else { String::new() }
+    );
+    crate::profile::record_library(name, 2.0 * m * n * k * batch, bytes, peak);
 }
 
 /// Reads a scalar of type `t` (f32 or f64) at `addr`: a host pointer, or

@@ -47,4 +47,5 @@ pub mod blas;
 pub mod driver;
 pub mod exec;
 pub mod memory;
+pub mod profile;
 pub mod ptx;

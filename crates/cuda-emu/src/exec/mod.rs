@@ -13,6 +13,7 @@
 //! Stages: `schedule` (blocks, warps, lanes), `step` (one
 //! warp-instruction), `numeric` (PTX arithmetic), `sanitizer`.
 
+mod counters;
 mod numeric;
 mod sanitizer;
 mod schedule;
@@ -23,6 +24,8 @@ use std::sync::Mutex;
 
 use crate::memory::Snapshot;
 use crate::ptx::Module;
+use counters::Footprint;
+pub use counters::{profiling, set_profiling, Class, Counters, BANKS, NCLASS, SECTOR};
 use sanitizer::Shadow;
 use schedule::Worker;
 
@@ -86,31 +89,6 @@ pub struct Stats {
     pub counters: Counters,
 }
 
-/// What the interpreter counts of a launch (or, summed, of all launches
-/// of one kernel): exact, and the same whatever the number of host threads.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Counters {
-    pub launches: u64,
-    pub threads: u64,
-    /// Warp-instructions executed: one per instruction a warp issued.
-    pub warp_instructions: u64,
-    /// Their active lanes, summed: `thread_instructions / warp_instructions`
-    /// is the mean active lanes (32 when no warp ever diverges).
-    pub thread_instructions: u64,
-    /// Block-wide barriers completed.
-    pub barriers: u64,
-}
-
-impl Counters {
-    fn add(&mut self, o: &Counters) {
-        self.launches += o.launches;
-        self.threads += o.threads;
-        self.warp_instructions += o.warp_instructions;
-        self.thread_instructions += o.thread_instructions;
-        self.barriers += o.barriers;
-    }
-}
-
 /// The counters of every kernel run so far in this process, by name, in
 /// the order the kernels first ran (what a profiler's summary reads).
 pub fn kernel_counters() -> Vec<(String, Counters)> {
@@ -139,6 +117,10 @@ pub(crate) struct Block<'a> {
     /// base, length, host address and initcheck shadow.
     pub(crate) last: Option<(u64, u64, *mut u8, Option<&'a [AtomicU64]>)>,
     pub(crate) counters: Counters,
+    /// Whether this launch counts the profiler's counters, and the sectors
+    /// its blocks touched so far.
+    prof: bool,
+    fp: Footprint,
 }
 
 /// Runs the whole launch. Blocks are handed out in order from a shared
@@ -148,29 +130,33 @@ pub(crate) struct Block<'a> {
 pub fn run(l: &Launch) -> Result<Stats, Fault> {
     let nblocks = u64::from(l.grid[0]) * u64::from(l.grid[1]) * u64::from(l.grid[2]);
     let workers = (l.workers.max(1) as u64).min(nblocks).max(1) as usize;
+    let prof = profiling();
     let mut counters = Counters { launches: 1, ..Counters::default() };
+    let mut fp = Footprint::default();
     if workers == 1 {
-        let mut w = Worker::new(l);
+        let mut w = Worker::new(l, prof);
         for id in 0..nblocks {
             w.block(id)?;
         }
         counters.add(&w.blk.counters);
+        fp = w.blk.fp;
     } else {
         let next = AtomicU64::new(0);
         let first_fault = AtomicU64::new(u64::MAX);
-        let results: Vec<(Counters, Option<(u64, Fault)>)> = std::thread::scope(|s| {
+        type Done = (Counters, Footprint, Option<(u64, Fault)>);
+        let results: Vec<Done> = std::thread::scope(|s| {
             let handles: Vec<_> = (0..workers)
                 .map(|_| {
                     s.spawn(|| {
-                        let mut w = Worker::new(l);
+                        let mut w = Worker::new(l, prof);
                         loop {
                             let id = next.fetch_add(1, Ordering::Relaxed);
                             if id >= nblocks || id > first_fault.load(Ordering::Relaxed) {
-                                return (w.blk.counters, None);
+                                return (w.blk.counters, w.blk.fp, None);
                             }
                             if let Err(f) = w.block(id) {
                                 first_fault.fetch_min(id, Ordering::Relaxed);
-                                return (w.blk.counters, Some((id, f)));
+                                return (w.blk.counters, w.blk.fp, Some((id, f)));
                             }
                         }
                     })
@@ -178,13 +164,27 @@ pub fn run(l: &Launch) -> Result<Stats, Fault> {
                 .collect();
             handles.into_iter().map(|h| h.join().expect("internal: an interpreter worker panicked")).collect()
         });
-        for r in &results {
-            counters.add(&r.0);
+        let mut fault = None;
+        for (c, f, e) in results {
+            counters.add(&c);
+            fp.merge(f);
+            if let Some((id, e)) = e {
+                if fault.as_ref().is_none_or(|(i, _)| id < *i) {
+                    fault = Some((id, e));
+                }
+            }
         }
-        if let Some((_, f)) = results.into_iter().filter_map(|r| r.1).min_by_key(|(id, _)| *id) {
+        if let Some((_, f)) = fault {
             return Err(f);
         }
     }
-    record(&l.module.funcs[l.func].name, &counters);
+    let f = &l.module.funcs[l.func];
+    counters.block_threads = u64::from(l.block[0] * l.block[1] * l.block[2]);
+    counters.block_shared = u64::from(f.shared_size) + u64::from(l.dyn_shared);
+    if prof {
+        fp.finish(&mut counters);
+    }
+    record(&f.name, &counters);
+    crate::profile::launched();
     Ok(Stats { instructions: counters.thread_instructions, counters })
 }

@@ -13,6 +13,7 @@
 //! thread waits at the same one. Everything depends only on the kernel and
 //! its inputs, never on the host threads.
 
+use super::counters::{class, Footprint};
 use super::sanitizer::Shadow;
 use super::{Block, Counters, Fault, Launch, LAUNCH_FAILED};
 use crate::ptx::*;
@@ -167,6 +168,11 @@ impl Warp {
             let inst = &insts[pc as usize];
             winst += 1;
             lanes_n += u64::from(active.count_ones());
+            if blk.prof {
+                if let Some(c) = class(&inst.ins) {
+                    blk.counters.mix[c as usize] += 1;
+                }
+            }
             let exec = match inst.guard {
                 None => active,
                 Some((p, neg)) => {
@@ -196,6 +202,11 @@ impl Warp {
                     if t == pc {
                         winst -= 1;
                         lanes_n -= u64::from(taken.count_ones());
+                        if blk.prof {
+                            if let Some(c) = class(&insts[pc as usize].ins) {
+                                blk.counters.mix[c as usize] -= 1;
+                            }
+                        }
                     }
                     break Ok(());
                 }
@@ -289,7 +300,7 @@ pub(super) struct Worker<'a> {
 }
 
 impl<'a> Worker<'a> {
-    pub(super) fn new(l: &'a Launch<'a>) -> Worker<'a> {
+    pub(super) fn new(l: &'a Launch<'a>, prof: bool) -> Worker<'a> {
         let f = &l.module.funcs[l.func];
         let nthreads = (l.block[0] * l.block[1] * l.block[2]) as usize;
         let shared_len = (f.shared_size.div_ceil(16) * 16 + l.dyn_shared) as usize;
@@ -301,6 +312,8 @@ impl<'a> Worker<'a> {
             gen: 0,
             last: None,
             counters: Counters::default(),
+            prof,
+            fp: Footprint::default(),
         };
         let warps = (0..nthreads.div_ceil(WARP))
             .map(|w| Warp::new((w * WARP) as u32, (nthreads - w * WARP).min(WARP), f))
@@ -318,6 +331,7 @@ impl<'a> Worker<'a> {
         self.blk.ctaid = [bx, by, bz];
         self.blk.gen += 1;
         self.blk.counters.threads += u64::from(l.block[0] * l.block[1] * l.block[2]);
+        self.blk.counters.blocks += 1;
         for w in &mut self.warps {
             w.func = l.func as u32;
             w.frames.clear();
@@ -361,7 +375,11 @@ impl<'a> Worker<'a> {
                 w.local[l_].resize(f.local_size as usize, 0);
             }
         }
-        run_block(&mut self.blk, &mut self.warps)
+        let r = run_block(&mut self.blk, &mut self.warps);
+        if self.blk.prof {
+            self.blk.fp.end_block(&mut self.blk.counters);
+        }
+        r
     }
 }
 

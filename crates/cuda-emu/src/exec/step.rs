@@ -7,6 +7,7 @@
 //! access, and control instructions report what happens to the group's
 //! program counter ([`Flow`]).
 
+use super::counters::{self, Access, Class};
 use super::numeric::*;
 use super::schedule::{lanes, Flow, Warp, FULL, WARP};
 use super::{Block, Fault, ASSERT, ILLEGAL_ADDRESS, LAUNCH_FAILED, MISALIGNED_ADDRESS};
@@ -290,6 +291,9 @@ impl Warp {
 
     /// A load, store or atomic of the lanes `exec`.
     fn memory(&mut self, blk: &mut Block, inst: &Inst, exec: u32) -> Result<(), Fault> {
+        if blk.prof && exec != 0 {
+            self.count_memory(blk, inst, exec);
+        }
         match inst.ins {
             Ins::Ld { sp, t, n, d, addr, wide } => {
                 let base = self.vals(addr.base);
@@ -435,6 +439,55 @@ impl Warp {
             _ => unreachable!("internal: not a memory instruction"),
         }
         Ok(())
+    }
+
+    /// The profiler's counters of a load, store or atomic of the lanes
+    /// `exec` (not empty): its class by the space each lane's address
+    /// falls in, global sectors, shared wavefronts, same-address atomics.
+    #[cold]
+    fn count_memory(&self, blk: &mut Block, inst: &Inst, exec: u32) {
+        let (sp, addr, len, kind) = match inst.ins {
+            Ins::Ld { sp, t, n, addr, .. } => (sp, addr, u64::from(t.size()) * u64::from(n), Access::Load),
+            Ins::St { sp, t, n, addr, .. } => (sp, addr, u64::from(t.size()) * u64::from(n), Access::Store),
+            Ins::Atom { sp, t, addr, .. } => (sp, addr, u64::from(t.size()), Access::Atomic),
+            _ => return,
+        };
+        let c = &mut blk.counters;
+        let load = kind == Access::Load;
+        if matches!(sp, Space::Param | Space::Const) {
+            c.mix[if sp == Space::Param { Class::LdParam } else { Class::LdConst } as usize] += 1;
+            return;
+        }
+        let (mut global, mut ng) = ([0u64; WARP], 0);
+        let mut shared: Vec<(usize, u64)> = Vec::new();
+        let mut local = false;
+        let mut all = Vec::with_capacity(WARP);
+        for l in lanes(exec) {
+            let a = self.rd(addr.base, l).wrapping_add(addr.off as u64);
+            all.push(a);
+            match Block::resolve(sp, a) {
+                (Space::Shared, off) => shared.push((l, off)),
+                (Space::Local, _) => local = true,
+                (_, a) => {
+                    global[ng] = a;
+                    ng += 1;
+                }
+            }
+        }
+        if ng > 0 {
+            counters::global(c, &mut blk.fp, kind, &global[..ng], len);
+        }
+        if kind == Access::Atomic {
+            counters::atomic_lanes(c, &mut all);
+            return;
+        }
+        if !shared.is_empty() {
+            c.mix[if load { Class::LdShared } else { Class::StShared } as usize] += 1;
+            counters::shared(c, &shared, len);
+        }
+        if local {
+            c.mix[if load { Class::LdLocal } else { Class::StLocal } as usize] += 1;
+        }
     }
 
     /// A register-to-register instruction of the lanes `m`; Err for an

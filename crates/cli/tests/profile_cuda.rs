@@ -1,0 +1,144 @@
+//! `tapir profile` on the emulated device, and the efficiency table
+//! (`tests/efficiency.tsv`): for each case at a small shape, every listed
+//! kernel keeps at least its sector efficiency and moves at most its
+//! modeled DRAM bytes. The counters are exact, so the check is
+//! deterministic: a change that breaks coalescing or adds a pass fails it.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+
+use tapir::prelude::*;
+
+/// One line of the table.
+struct Row {
+    case: String,
+    rows: usize,
+    cols: usize,
+    dtype: String,
+    kernel: String,
+    min_efficiency: f64,
+    max_bytes: f64,
+}
+
+fn table() -> Vec<Row> {
+    include_str!("efficiency.tsv")
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+        .map(|l| {
+            let f: Vec<&str> = l.split('\t').collect();
+            assert_eq!(f.len(), 7, "efficiency.tsv: seven tab-separated fields in `{l}`");
+            Row {
+                case: f[0].into(),
+                rows: f[1].parse().unwrap(),
+                cols: f[2].parse().unwrap(),
+                dtype: f[3].into(),
+                kernel: f[4].into(),
+                min_efficiency: f[5].parse().unwrap(),
+                max_bytes: f[6].parse().unwrap(),
+            }
+        })
+        .collect()
+}
+
+/// Runs `tapir profile` for a case and returns its JSON profile.
+fn profile(case: &str, rows: usize, cols: usize, dtype: &str, dir: &Path) -> serde_json::Value {
+    let json = dir.join(format!("{case}-{rows}x{cols}-{dtype}.json"));
+    let out = Command::new(env!("CARGO_BIN_EXE_tapir"))
+        .args(["profile", "--no-cubins", "--case", case, "--dtype", dtype])
+        .args(["--rows", &rows.to_string(), "--cols", &cols.to_string()])
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .expect("the tapir binary runs");
+    assert!(
+        out.status.success(),
+        "tapir profile --case {case} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(text.contains("total modeled time"), "{text}");
+    serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap()
+}
+
+fn kernel<'a>(p: &'a serde_json::Value, name: &str) -> Option<&'a serde_json::Value> {
+    p["kernels"].as_array()?.iter().find(|k| k["name"] == name)
+}
+
+#[tapir_testing::cuda_test]
+fn cuda_every_kernel_of_the_efficiency_table_keeps_its_figures() {
+    let Some(_) =
+        tapir_testing::cuda_or_skip("cuda_every_kernel_of_the_efficiency_table_keeps_its_figures", Device::cuda(0))
+    else {
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("tapir-efficiency-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let rows = table();
+    let mut profiles = BTreeMap::new();
+    let mut failures = Vec::new();
+    println!("case\trows\tcols\tdtype\tkernel\tsector_efficiency\tdram_bytes\tsectors_per_request\tbank_conflicts");
+    for r in &rows {
+        let key = (r.case.clone(), r.rows, r.cols, r.dtype.clone());
+        let p = profiles.entry(key).or_insert_with(|| profile(&r.case, r.rows, r.cols, &r.dtype, &dir));
+        let Some(k) = kernel(p, &r.kernel) else {
+            failures.push(format!("{} [{} x {}] {}: no kernel {} ran", r.case, r.rows, r.cols, r.dtype, r.kernel));
+            continue;
+        };
+        let eff = k["sector_efficiency"].as_f64().unwrap();
+        let bytes = k["modeled"]["dram_bytes"].as_f64().unwrap();
+        println!(
+            "{}\t{}\t{}\t{}\t{}\t{:.4}\t{}\t{:.3}\t{}",
+            r.case,
+            r.rows,
+            r.cols,
+            r.dtype,
+            r.kernel,
+            eff,
+            bytes,
+            k["sectors_per_request"].as_f64().unwrap(),
+            k["bank_conflicts"]
+        );
+        if eff < r.min_efficiency {
+            failures.push(format!("{}: sector efficiency {eff:.4} below the table's {}", r.kernel, r.min_efficiency));
+        }
+        if bytes > r.max_bytes {
+            failures.push(format!("{}: {bytes} modeled DRAM bytes, above the table's {}", r.kernel, r.max_bytes));
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
+    assert!(failures.is_empty(), "efficiency table:\n{}", failures.join("\n"));
+}
+
+/// The summary names each kernel with its modeled figures, and the
+/// sparse cross-entropy's forward reads its logits at full sector
+/// efficiency with no bank conflicts.
+#[tapir_testing::cuda_test]
+fn cuda_profile_prints_a_kernel_summary() {
+    let Some(_) = tapir_testing::cuda_or_skip("cuda_profile_prints_a_kernel_summary", Device::cuda(0)) else { return };
+    let json = std::env::temp_dir().join(format!("tapir-profile-summary-{}.json", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_tapir"))
+        .args(["profile", "--case", "add", "--rows", "32", "--cols", "256", "--json"])
+        .arg(&json)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    let p: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    std::fs::remove_file(&json).ok();
+    let names: Vec<&str> = p["kernels"].as_array().unwrap().iter().map(|k| k["name"].as_str().unwrap()).collect();
+    assert!(!names.is_empty());
+    for n in &names {
+        assert!(text.contains(n), "the table names {n}:\n{text}");
+    }
+    assert!(text.contains("total modeled time") && text.contains("where the time goes"), "{text}");
+    // The elementwise sum reads two [32, 256] f32 tensors and writes one: 96 KiB, once each.
+    let add = p["kernels"].as_array().unwrap().iter().find(|k| k["name"].as_str().unwrap().starts_with("add")).unwrap();
+    assert_eq!(add["modeled"]["dram_bytes"].as_f64().unwrap(), 3.0 * 32.0 * 256.0 * 4.0, "{add}");
+    assert_eq!(add["sector_efficiency"].as_f64().unwrap(), 1.0, "{add}");
+    // Registers from the sm_90 cubin the command compiled, and an occupancy from them.
+    assert!(add["regs"].as_u64().is_some_and(|r| (4..=255).contains(&r)), "{add}");
+    let occ = add["occupancy"]["occupancy"].as_f64().unwrap();
+    assert!(occ > 0.0 && occ <= 1.0, "{add}");
+}
