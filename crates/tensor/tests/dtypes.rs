@@ -137,6 +137,14 @@ test_device! {
             let y = x.add(&x.t()?.t()?)?;
             assert_eq!(y.dtype(), dtype);
             assert_eq!(y.to_vec_f32(), xs.iter().map(|v| v * 2.0).collect::<Vec<_>>());
+            // Broadcasting to a larger result, either operand the smaller:
+            // the result, computed in f32, is cast back at its own size.
+            let row = on.vec(vec![2.0f32, 0.5, -1.0], [3])?.cast(dtype)?;
+            let col = on.vec(vec![3.0f32, 1.0], [2, 1])?.cast(dtype)?;
+            let scalar = on.vec(vec![4.0f32], [1])?.cast(dtype)?.reshape([])?;
+            assert_eq!(row.mul(&col)?.to_vec_f32(), vec![6.0, 1.5, -3.0, 2.0, 0.5, -1.0]);
+            assert_eq!(scalar.mul(&row)?.to_vec_f32(), vec![8.0, 2.0, -4.0]);
+            assert_eq!(scalar.sub(&x)?.dims(), &[2, 3]);
             // Comparisons give masks in the same dtype.
             let m = x.gt_scalar(0.0)?;
             assert_eq!(m.dtype(), dtype);

@@ -41,7 +41,7 @@ pub(crate) mod unary;
 
 use crate::backend::{Backend, Src};
 use crate::storage::{CpuElement, Storage};
-use crate::{DType, Error, Layout, Result, Tensor};
+use crate::{DType, Error, Layout, Result, Shape, Tensor};
 
 /// The CPU backend: every family's kernels on host memory.
 #[derive(Debug, Clone, Copy, Default)]
@@ -61,7 +61,8 @@ pub(crate) fn host<'a, T: CpuElement>(x: Src<'a>) -> &'a [T] {
 }
 
 /// Runs a float kernel on `x`: f32 and f64 directly, f16 and bf16 through
-/// an f32 copy (the result is cast back), integers rejected.
+/// an f32 copy (the result, contiguous and of any length, is cast back:
+/// a broadcasting kernel's output is larger than `x`), integers rejected.
 pub(crate) fn float_src(op: &'static str, x: Src<'_>, f: impl FnOnce(Src<'_>) -> Result<Storage>) -> Result<Storage> {
     match x.dtype() {
         DType::F32 | DType::F64 => f(x),
@@ -70,7 +71,8 @@ pub(crate) fn float_src(op: &'static str, x: Src<'_>, f: impl FnOnce(Src<'_>) ->
             let wide = Storage::cpu(shape::cast(x, DType::F32)?);
             let out = f(Src { storage: &wide, layout: &layout })?;
             drop(wide);
-            Ok(Storage::cpu(shape::cast(Src { storage: &out, layout: &layout }, dtype)?))
+            let flat = Layout::contiguous(Shape::from([out.len()]));
+            Ok(Storage::cpu(shape::cast(Src { storage: &out, layout: &flat }, dtype)?))
         }
         dtype => Err(Error::UnsupportedDType { op, dtype, expected: "a float dtype" }),
     }
