@@ -39,9 +39,10 @@ pub fn emulated_selected() -> bool {
 }
 
 /// Where to look for one of the emulator's libraries: the path variable
-/// (a file, or a folder holding it), then the running executable's folder
-/// and its parent (cargo puts test binaries in `target/<profile>/deps`
-/// and the libraries in both).
+/// (a file, or a folder holding it), then the running executable's folder,
+/// its parent and its `deps/` (cargo puts test binaries in
+/// `target/<profile>/deps`, the libraries there when a test build made
+/// them, and in `target/<profile>` too when `cargo build` did).
 fn emu_candidates(var: &str, file: &str) -> Vec<PathBuf> {
     let mut out = Vec::new();
     if let Some(p) = std::env::var_os(var).map(PathBuf::from) {
@@ -51,6 +52,11 @@ fn emu_candidates(var: &str, file: &str) -> Vec<PathBuf> {
     if let Ok(exe) = std::env::current_exe() {
         for dir in exe.ancestors().skip(1).take(2) {
             out.push(dir.join(file));
+        }
+        // A program beside `deps/` (target/debug/tapir) finds the libraries
+        // that `cargo test --workspace` built there, with the test binaries.
+        if let Some(dir) = exe.parent() {
+            out.push(dir.join("deps").join(file));
         }
     }
     out
