@@ -70,11 +70,21 @@ BUNDLE="$(cd "$BUNDLE" 2>/dev/null && pwd)" || {
     echo "no gpu-bundle/: run scripts/gpu-prepare.sh here and carry gpu-bundle to the device" >&2
     exit 2
 }
-BIN="$BUNDLE/bin"
 OUT="${OUT:-$ROOT/gpu-out}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/gpu-check.XXXXXX")"
+# The programs travel packed (bin.tar.xz): unpacked into the work folder,
+# with xz when the machine has it, else Python's lzma.
+BIN="$BUNDLE/bin"
+if [[ -f $BUNDLE/bin.tar.xz ]]; then
+    if command -v xz >/dev/null 2>&1; then
+        tar -xJf "$BUNDLE/bin.tar.xz" -C "$WORK"
+    else
+        python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$BUNDLE/bin.tar.xz" "$WORK"
+    fi || { echo "cannot unpack $BUNDLE/bin.tar.xz" >&2; exit 2; }
+    BIN="$WORK/bin"
+fi
 BUDGET_S="${GPU_CHECK_BUDGET_S:-450}"
 REHEARSAL="${GPU_CHECK_REHEARSAL:-0}"
 START=$(date +%s)
@@ -94,12 +104,14 @@ left() {
     echo "$rem"
 }
 
-# Whether this machine has each tool named ("torch": python3 imports it).
+# Whether this machine has each tool named ("torch": python3 imports it and
+# it sees a CUDA device).
 have() {
     local t
     for t in "$@"; do
         if [[ $t == torch ]]; then
-            python3 -c 'import torch' >/dev/null 2>&1 || return 1
+            # PyTorch with a CUDA device (the rehearsal's has none).
+            python3 -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' >/dev/null 2>&1 || return 1
         else
             command -v "$t" >/dev/null 2>&1 || return 1
         fi
@@ -194,7 +206,7 @@ for t in "${TESTS[@]}"; do
 done
 step suite 150 -- bash -c "$(declare -p TESTS FILTER); $(declare -f suite); suite"
 # The libraries tapir chose, from the selection test's output.
-grep -h '^in use: ' "$WORK/suite.log" "$WORK/libraries.log" 2>/dev/null | head -n 1 >"$WORK/libraries-chosen.txt" || true
+grep -ho 'in use: .*' "$WORK/libraries.log" "$WORK/suite.log" 2>/dev/null | head -n 1 >"$WORK/libraries-chosen.txt" || true
 
 # 3. The emulator against the GPU (in a rehearsal: against itself).
 step differential_emu 45 -- env TAPIR_CUDA=emulated TAPIR_CUDA_EMU_LIB="$BIN" "$BIN/differential" run "$WORK/differential-emu.txt"
@@ -303,14 +315,14 @@ summary["steps_ok"] = all(v["status"] in ("ok", "absent") for v in summary["step
 json.dump(summary, open(out, "w"), indent=1)
 PY
 cp "$OUT/summary.json" "$WORK/summary.json" 2>/dev/null
-tar -czf "$OUT/gpu-check.tar.gz" -C "$WORK" .
+tar -czf "$OUT/gpu-check.tar.gz" -C "$WORK" --exclude=./bin .
 if (($(stat -c %s "$OUT/gpu-check.tar.gz") > 15 * 1048576)); then
     # The device tool brings back files of at most 16 MiB, 8 in all.
     split -b 15M -a 1 "$OUT/gpu-check.tar.gz" "$OUT/gpu-check.tar.gz.part-" && rm "$OUT/gpu-check.tar.gz"
     if (($(ls "$OUT" | wc -l) > 8)); then
         echo "the archive needs more than 7 parts; dropping the ncu report to fit" >&2
         rm -f "$OUT"/gpu-check.tar.gz.part-*
-        tar -czf "$OUT/gpu-check.tar.gz" -C "$WORK" --exclude='*.ncu-rep' .
+        tar -czf "$OUT/gpu-check.tar.gz" -C "$WORK" --exclude=./bin --exclude='*.ncu-rep' .
         split -b 15M -a 1 "$OUT/gpu-check.tar.gz" "$OUT/gpu-check.tar.gz.part-" && rm "$OUT/gpu-check.tar.gz"
     fi
 fi

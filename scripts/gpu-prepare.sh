@@ -6,11 +6,14 @@
 #   scripts/gpu-prepare.sh                 # release build into gpu-bundle/
 #   GPU_PREPARE_PROFILE=debug scripts/gpu-prepare.sh   # the test profile (CI's rehearsal)
 #   GPU_BUNDLE=/some/dir scripts/gpu-prepare.sh
+#   GPU_PREPARE_XZ_LEVEL=0 ...             # faster, larger packing (the rehearsal)
+#   GPU_PREPARE_LIMIT_MIB=N ...            # another size limit (default 60)
 #
 # Then the device command carries that folder (the device tool's `carry`:
 # ["gpu-bundle"]) and runs `scripts/gpu-check.sh`.
 #
-# What goes in gpu-bundle/:
+# What goes in gpu-bundle/ (bin/ packed as bin.tar.xz, which the check
+# unpacks on the device):
 #   bin/tapir                    the CLI (bench, memcheck, gpt, pinn)
 #   bin/differential             crates/cuda-emu/examples/differential.rs
 #   bin/nn_step                  the training-step bench (crates/nn/benches)
@@ -33,11 +36,10 @@ PROFILE="${GPU_PREPARE_PROFILE:-release}"
 BUNDLE="${GPU_BUNDLE:-gpu-bundle}"
 LIMIT_MIB="${GPU_PREPARE_LIMIT_MIB:-60}"
 case "$PROFILE" in
-    release) PFLAG=(--release) DIR=release ;;
-    debug) PFLAG=() DIR=debug ;;
+    release) PFLAG=(--release) ;;
+    debug) PFLAG=() ;;
     *) echo "GPU_PREPARE_PROFILE is release or debug, not $PROFILE" >&2 && exit 2 ;;
 esac
-TARGET="${CARGO_TARGET_DIR:-$PWD/target}"
 START=$(date +%s)
 
 rm -rf "$BUNDLE"
@@ -46,14 +48,17 @@ BUNDLE="$(cd "$BUNDLE" && pwd)"
 MSGS="$(mktemp)"
 trap 'rm -f "$MSGS"' EXIT
 
-# cargo's JSON messages name every executable it wrote. Whole-workspace
-# builds only: cargo unifies features over the packages
-# named, so naming the workspace reuses CI's own build in the test profile.
-echo "== cargo build ($PROFILE): tapir, the emulator, the bench FFI library, the differential example"
-cargo build "${PFLAG[@]}" --workspace
-cargo build "${PFLAG[@]}" --workspace --example differential
-echo "== cargo test --no-run ($PROFILE): the test binaries and the training-step bench"
-cargo test "${PFLAG[@]}" --workspace --lib --tests --no-run --message-format=json >"$MSGS"
+# `cargo test` builds every program the check runs (the workspace's
+# libraries, binaries, tests and examples, and the training-step bench),
+# and its JSON messages name each file it wrote. The whole workspace,
+# named in both invocations, unifies features as CI's own
+# `cargo test --workspace` does, so in the test profile nothing is
+# compiled again (a `cargo build` beside it would resolve features without
+# the dev-dependencies and rebuild every crate).
+echo "== cargo test --no-run ($PROFILE): tapir, the emulator, the bench FFI library, the differential example, the tests, the training-step bench"
+# (The default targets build examples as programs; `--examples` would make
+# them test harnesses.)
+cargo test "${PFLAG[@]}" --workspace --no-run --message-format=json >"$MSGS"
 cargo test "${PFLAG[@]}" --workspace --bench nn_step --no-run --message-format=json >>"$MSGS"
 
 put() { # put SRC NAME: copy and strip
@@ -61,11 +66,36 @@ put() { # put SRC NAME: copy and strip
     chmod u+w "$BUNDLE/bin/$2"
     strip --strip-unneeded "$BUNDLE/bin/$2" 2>/dev/null || strip "$BUNDLE/bin/$2"
 }
-put "$TARGET/$DIR/tapir" tapir
-put "$TARGET/$DIR/examples/differential" differential
-put "$TARGET/$DIR/libtapir_bench_ffi.so" libtapir_bench_ffi.so
-put "$TARGET/$DIR/libtapir_cuda_emu.so" libtapir_cuda_emu.so
-put "$TARGET/$DIR/libtapir_cuda_emu_cublas.so" libtapir_cuda_emu_cublas.so
+# The programs and libraries by name, from the same messages.
+python3 - "$MSGS" >"$BUNDLE/.programs" <<'PY'
+import json, sys
+want = {("bin", "tapir"): "tapir", ("example", "differential"): "differential"}
+libs = ["libtapir_bench_ffi.so", "libtapir_cuda_emu.so", "libtapir_cuda_emu_cublas.so"]
+found = {}
+for line in open(sys.argv[1]):
+    if not line.startswith("{"):
+        continue
+    m = json.loads(line)
+    if m.get("reason") != "compiler-artifact":
+        continue
+    t = m["target"]
+    # A binary or example built as a test harness has the same name.
+    if m["profile"]["test"]:
+        continue
+    for kind in t["kind"]:
+        if (kind, t["name"]) in want and m.get("executable"):
+            found[want[(kind, t["name"])]] = m["executable"]
+    for f in m.get("filenames", []):
+        if f.rsplit("/", 1)[-1] in libs:
+            found[f.rsplit("/", 1)[-1]] = f
+missing = [n for n in list(want.values()) + libs if n not in found]
+if missing:
+    sys.exit(f"cargo's messages name no {', '.join(missing)}")
+for name, path in found.items():
+    print(path, name)
+PY
+while read -r src name; do put "$src" "$name"; done <"$BUNDLE/.programs"
+rm -f "$BUNDLE/.programs"
 
 # Test binaries (and the bench) from cargo's messages: "test-<package>-<target>".
 python3 - "$MSGS" "$PWD" >"$BUNDLE/.executables" <<'PY'
@@ -76,7 +106,8 @@ for line in open(sys.argv[1]):
     if not line.startswith("{"):
         continue
     m = json.loads(line)
-    if m.get("reason") != "compiler-artifact" or not m.get("executable"):
+    # Test harnesses only (the programs above are built without one).
+    if m.get("reason") != "compiler-artifact" or not m.get("executable") or not m["profile"]["test"]:
         continue
     t = m["target"]
     # The package's folder names it: crates/tensor -> tensor, the root -> tapir.
@@ -117,6 +148,13 @@ echo "files (name bytes sha256):" >>"$BUNDLE/MANIFEST"
 cat "$BUNDLE/MANIFEST.tests" >>"$BUNDLE/MANIFEST"
 rm -f "$BUNDLE/MANIFEST.tests"
 
+# bin/ packed into one xz archive (stripped binaries shrink to about a
+# quarter): the check unpacks it on the device, in its own work folder.
+tar -C "$BUNDLE" -cf - bin | xz -T0 "-${GPU_PREPARE_XZ_LEVEL:-6}" >"$BUNDLE/bin.tar.xz"
+unpacked_b=$(du -sb "$BUNDLE/bin" | cut -f1)
+files=$(ls "$BUNDLE/bin" | wc -l)
+rm -rf "$BUNDLE/bin"
+
 # The size that travels: this folder, and the working tree the device tool
 # sends (tracked files, and untracked files git does not ignore).
 bundle_b=$(du -sb "$BUNDLE" | cut -f1)
@@ -124,9 +162,9 @@ tree_b=$( (git ls-files -z --cached; git ls-files -z --others --exclude-standard
     xargs -0 -r stat -c %s 2>/dev/null | awk '{s += $1} END {print s + 0}')
 total_b=$((bundle_b + tree_b))
 mib() { awk -v b="$1" 'BEGIN {printf "%.1f MiB", b / 1048576}'; }
-echo "sizes: bundle $(mib "$bundle_b") + working tree $(mib "$tree_b") = $(mib "$total_b") (limit ${LIMIT_MIB} MiB)" |
+echo "sizes: bundle $(mib "$bundle_b") (bin/ $(mib "$unpacked_b") unpacked) + working tree $(mib "$tree_b") = $(mib "$total_b") (limit ${LIMIT_MIB} MiB)" |
     tee -a "$BUNDLE/MANIFEST"
-echo "== $BUNDLE: $TESTS test binaries, $(ls "$BUNDLE/bin" | wc -l) files, $(($(date +%s) - START)) s"
+echo "== $BUNDLE: $TESTS test binaries, $files files packed in bin.tar.xz, $(($(date +%s) - START)) s"
 if ((total_b > LIMIT_MIB * 1048576)); then
     echo "the bundle and the working tree exceed ${LIMIT_MIB} MiB" >&2
     exit 1

@@ -4,12 +4,13 @@
 # first.
 #
 #   scripts/gpu-rehearse.sh          # after the emulator is built and NVRTC is found
+#   GPU_REHEARSE_KEEP=dir scripts/gpu-rehearse.sh   # keep what came back in dir
 #
 # 1. scripts/gpu-prepare.sh builds the bundle (in the test profile by
 #    default, GPU_REHEARSE_PROFILE=release for the real thing: CI has built
 #    every test once in that profile already, and a release build of the
-#    test binaries takes several minutes more on 2 cores) and checks the
-#    60 MiB limit;
+#    test binaries takes several minutes more on 2 cores), packs it as the
+#    device gets it, and checks the 60 MiB limit in the release profile;
 # 2. the working tree, as the device tool sends it (tracked and untracked-
 #    not-ignored files) plus the bundle, is copied to another folder, so a
 #    path compiled into a program that points back here is found broken;
@@ -19,9 +20,12 @@
 #    lent machine, in the wheels' layout of a Python environment on PATH
 #    (a fake one here, `nvidia/cu13/lib/libnvrtc.so.13` linked to the NVRTC
 #    CI installed; GPU_REHEARSE_NVRTC13=<site-packages> uses a real CUDA 13
-#    NVRTC instead); the suite runs its tests named "cuda_libraries" or
-#    "nvrtc" and a few CUDA ones (GPU_REHEARSE_FILTER), since CI ran every
-#    CUDA test on the emulator already, and bench and memcheck run small;
+#    NVRTC instead), HOME is an empty folder (no pyenv or ~/.local to find
+#    libraries in), and the emulated driver reports CUDA 13.0, the lent
+#    machine's, so tapir picks its libraries as it will there; the library
+#    selection step runs whole, the suite a few CUDA tests
+#    (GPU_REHEARSE_FILTER), since CI ran every CUDA test on the emulator
+#    already, and bench and memcheck run small;
 # 4. what comes back is checked against the device tool's limits: at most
 #    8 files of at most 16 MiB (64 MiB together), no deeper than two
 #    folders under $OUT, names of letters, digits, '.', '_' and '-'.
@@ -34,6 +38,13 @@ trap 'rm -rf "$STAGE"' EXIT
 BUNDLE="$STAGE/bundle-build"
 
 echo "== prepare (${GPU_REHEARSE_PROFILE:-debug})"
+# The test profile's programs are several times the release ones (debug
+# information is stripped, but not the unoptimised code): the 60 MiB limit
+# is the release bundle's, checked where it is built for the device; here
+# the packing runs at xz's fastest level.
+if [[ ${GPU_REHEARSE_PROFILE:-debug} == debug ]]; then
+    export GPU_PREPARE_LIMIT_MIB="${GPU_PREPARE_LIMIT_MIB:-1024}" GPU_PREPARE_XZ_LEVEL="${GPU_PREPARE_XZ_LEVEL:-0}"
+fi
 GPU_PREPARE_PROFILE="${GPU_REHEARSE_PROFILE:-debug}" GPU_BUNDLE="$BUNDLE" scripts/gpu-prepare.sh
 T1=$(date +%s)
 
@@ -64,13 +75,23 @@ else
     done
 fi
 
-# PATH without cargo, rustc, rustup or pip: the folders that hold none of
-# them, after the fake environment's bin.
+# PATH without cargo, rustc, rustup or pip, after the fake environment's
+# bin: the folders that hold none of them as they are; a folder that holds
+# one (pip beside bash in /usr/bin) through a folder of links to every other
+# program in it.
+FORBIDDEN=" cargo rustc rustup pip pip3 "
 SAFE="$VENV/bin"
+LINKS="$STAGE/path-links"
+mkdir -p "$LINKS"
 IFS=: read -r -a dirs <<<"$PATH"
 for d in "${dirs[@]}"; do
-    [[ -z $d || $d == *cargo* || $d == *rustup* || $d == *pyenv* ]] && continue
+    [[ -z $d || ! -d $d || $d == *cargo* || $d == *rustup* || $d == *pyenv* ]] && continue
     if [[ -e $d/cargo || -e $d/rustc || -e $d/rustup || -e $d/pip || -e $d/pip3 ]]; then
+        for f in "$d"/*; do
+            n="$(basename "$f")"
+            [[ -x $f && ! -d $f && $FORBIDDEN != *" $n "* && ! -e $LINKS/$n ]] && ln -s "$f" "$LINKS/$n"
+        done
+        [[ :$SAFE: == *:$LINKS:* ]] || SAFE="$SAFE:$LINKS"
         continue
     fi
     SAFE="$SAFE:$d"
@@ -90,14 +111,17 @@ rc=0
     cd "$STAGE/tree"
     env -u TAPIR_NVRTC_LIB -u TAPIR_CUDA -u TAPIR_CUDA_EMU_LIB -u CARGO_TARGET_DIR -u VIRTUAL_ENV \
         PATH="$SAFE" OUT="$OUT" PIP_NO_INDEX=1 PIP_INDEX_URL=http://127.0.0.1:9/ \
-        GPU_CHECK_REHEARSAL=1 \
-        GPU_CHECK_TEST_FILTER="${GPU_REHEARSE_FILTER:-cuda_libraries nvrtc cuda_add cuda_matmul_f32}" \
+        GPU_CHECK_REHEARSAL=1 HOME="$STAGE/home" TAPIR_CUDA_EMU_DRIVER_VERSION=13000 \
+        GPU_CHECK_TEST_FILTER="${GPU_REHEARSE_FILTER:-cuda_add cuda_matmul_f32}" \
         GPU_CHECK_BENCH_ARGS="--only scalar_chain --reps 1 --no-torch" \
         GPU_CHECK_MEMCHECK_ARGS="--only create_graph_cycle --iters 2 --size 0.05 --no-torch" \
         bash scripts/gpu-check.sh
 ) || rc=$?
 T2=$(date +%s)
 
+if [[ -n ${GPU_REHEARSE_KEEP:-} ]]; then
+    mkdir -p "$GPU_REHEARSE_KEEP" && cp -r "$OUT"/. "$GPU_REHEARSE_KEEP"/
+fi
 echo "== what comes back ($OUT)"
 (cd "$OUT" && find . -type f -printf '%P %s\n')
 bad=0

@@ -170,10 +170,12 @@ impl Runner {
         let f = m.load_function("ce_fwd_f32_i64").unwrap();
         let (r, vv, ignore, smooth) = (rows as i64, v as i64, -100i64, 0.1f64);
         let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        // No bias (a null pointer: the kernels' bias is optional).
+        let no_bias = 0u64;
         let mut l = self.s.launch_builder(&f);
-        l.arg(&r).arg(&vv).arg(&x).arg(&dl).arg(&ignore).arg(&smooth);
+        l.arg(&r).arg(&vv).arg(&x).arg(&no_bias).arg(&dl).arg(&ignore).arg(&smooth);
         l.arg(&mut lse).arg(&mut loss).arg(&mut bad).arg(&mut valid);
-        // SAFETY: ce_fwd(rows, v, x, labels, ignore_index, smoothing, lse, loss, bad_row, valid).
+        // SAFETY: ce_fwd(rows, v, x, bias, labels, ignore_index, smoothing, lse, loss, bad_row, valid).
         unsafe { l.launch(cfg) }.unwrap();
         let approx = uses_approx(&src, "ce_fwd_f32_i64");
         let got = self.s.clone_dtoh(&loss).unwrap();
@@ -183,8 +185,9 @@ impl Runner {
         let f = m.load_function("ce_bwd_f32_i64").unwrap();
         let (gs, scale) = (0i64, 1.0 / 31.0f64);
         let mut l = self.s.launch_builder(&f);
-        l.arg(&r).arg(&vv).arg(&mut x).arg(&lse).arg(&dl).arg(&ignore).arg(&smooth).arg(&g).arg(&gs).arg(&scale);
-        // SAFETY: ce_bwd(rows, v, x, lse, labels, ignore_index, smoothing, g, g_stride, scale).
+        l.arg(&r).arg(&vv).arg(&mut x).arg(&no_bias).arg(&lse).arg(&dl).arg(&ignore).arg(&smooth);
+        l.arg(&g).arg(&gs).arg(&scale);
+        // SAFETY: ce_bwd(rows, v, x, bias, lse, labels, ignore_index, smoothing, g, g_stride, scale).
         unsafe { l.launch(cfg) }.unwrap();
         let got = self.s.clone_dtoh(&x).unwrap();
         self.record("ce_bwd_f32_i64", uses_approx(&src, "ce_bwd_f32_i64"), got.iter().map(|v| u64::from(v.to_bits())));

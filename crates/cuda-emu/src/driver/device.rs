@@ -21,9 +21,13 @@ pub extern "C" fn cuGetExportTable(table: *mut *const c_void, _id: *const [u8; 1
     NOT_FOUND
 }
 
+/// The driver version the emulator reports: CUDA 12.9 (12090), or
+/// `TAPIR_CUDA_EMU_DRIVER_VERSION` (scripts/gpu-rehearse.sh reports 13000,
+/// the lent machine's CUDA 13, so tapir chooses its libraries as there).
 #[no_mangle]
 pub extern "C" fn cuDriverGetVersion(v: *mut c_int) -> CUresult {
-    write(v, 12090)
+    let version = std::env::var("TAPIR_CUDA_EMU_DRIVER_VERSION").ok().and_then(|s| s.trim().parse().ok());
+    write(v, version.unwrap_or(12090))
 }
 
 #[no_mangle]
