@@ -16,6 +16,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressStyle};
+use tapir::nn::dist::{Communicator, DataParallel, DdpOptions, ReduceOp};
 use tapir::nn::{checkpoint, Adam, Gpt, GptConfig, GradScaler, Optimizer, ParamStore, Precision, Schedule};
 use tapir::prelude::*;
 
@@ -124,6 +125,42 @@ pub struct Args {
     /// the CPU). Memory figures are that device's.
     #[arg(long, default_value = "cpu")]
     pub device: DeviceArg,
+    /// Data parallelism: `mpi` trains on every rank of `mpirun -np N tapir
+    /// gpt --dist mpi` (a build with `--features mpi`). Each rank takes its
+    /// --batch sequences of every global batch of N x --batch, so N ranks
+    /// follow the one-rank run with N times the batch; gradients are
+    /// averaged in buckets during the backward, rank 0 prints, evaluates
+    /// and saves.
+    #[arg(long, value_enum, default_value_t = Dist::None)]
+    pub dist: Dist,
+    /// Write the run's figures (losses, live bytes, throughput, ranks) as
+    /// JSON here (rank 0's file, with every rank's throughput).
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+/// How `tapir gpt` spreads its training over processes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Dist {
+    /// One process.
+    None,
+    /// The ranks of the MPI job this process belongs to.
+    Mpi,
+}
+
+/// The communicator of `--dist`.
+fn communicator(dist: Dist) -> anyhow::Result<Communicator> {
+    match dist {
+        Dist::None => Ok(Communicator::single()),
+        #[cfg(feature = "mpi")]
+        Dist::Mpi => Ok(Communicator::mpi()?),
+        #[cfg(not(feature = "mpi"))]
+        Dist::Mpi => bail!(
+            "--dist mpi: this tapir was built without MPI; build it with `cargo build --release -p tapir-cli \
+             --features mpi` (Open MPI and libclang from the system packages: apt-get install openmpi-bin \
+             libopenmpi-dev libclang-dev) and start it with `mpirun -np N target/release/tapir gpt --dist mpi`"
+        ),
+    }
 }
 
 impl Default for Args {
@@ -170,6 +207,14 @@ pub struct Summary {
     pub tokens_per_s: f64,
     /// Samples printed with --sample.
     pub samples: Vec<String>,
+    /// This process's rank and the number of ranks (0 and 1 alone).
+    pub rank: usize,
+    /// Ranks training together.
+    pub world: usize,
+    /// Seconds this rank spent in the gradients' all-reduces.
+    pub allreduce_s: f64,
+    /// Every rank's training tokens per second, by rank.
+    pub rank_tokens_per_s: Vec<f64>,
 }
 
 /// A character vocabulary.
@@ -441,6 +486,10 @@ fn mib(b: usize) -> f64 {
 /// Trains as `a` says and returns what it measured (the command's output
 /// is printed by [`run`]).
 pub fn train(a: &Args) -> anyhow::Result<Summary> {
+    let comm = communicator(a.dist)?;
+    let (rank, world) = (comm.rank(), comm.world_size());
+    // Rank 0 speaks for the job.
+    let quiet = a.quiet || rank != 0;
     let device = a.device.pick()?;
     let task_name = match &a.data {
         Some(p) => format!("text:{}", p.display()),
@@ -499,13 +548,16 @@ pub fn train(a: &Args) -> anyhow::Result<Summary> {
     if let Some(path) = &a.resume {
         let meta = checkpoint::load(path, &mut store, Some(&mut opt))?;
         start = config_from_metadata(&meta)?.3;
-        if !a.quiet {
+        if !quiet {
             eprintln!("resumed {} at step {start}", path.display());
         }
     }
     // The weights are drawn (or loaded) on the host, so a seed or a
     // checkpoint gives the same model on every device.
     store.to_device(device)?;
+    // Every rank starts from rank 0's parameters; the bucket buffers are
+    // made here, once.
+    let mut ddp = if world > 1 { Some(DataParallel::new(&comm, &mut store, DdpOptions::default())?) } else { None };
     let schedule = Schedule::WarmupCosine { warmup: a.warmup, total: a.steps, min_factor: 0.1 };
     // Each step's batch and dropout masks come from a generator seeded by
     // (seed, step), so a resumed run draws exactly what the uninterrupted
@@ -514,9 +566,9 @@ pub fn train(a: &Args) -> anyhow::Result<Summary> {
         Rng::new(seed ^ (step as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ stream.rotate_left(32))
     };
 
-    if !a.quiet {
+    if !quiet {
         eprintln!(
-            "tapir gpt: {task_name}, {} parameters ({:.2} MiB), d_model {}, {} layers, {} heads, context {}, batch {}, steps {}..{}, on {device}",
+            "tapir gpt: {task_name}, {} parameters ({:.2} MiB), d_model {}, {} layers, {} heads, context {}, batch {}, steps {}..{}, on {device}{}",
             store.numel(),
             mib(store.bytes()),
             cfg.d_model,
@@ -525,11 +577,12 @@ pub fn train(a: &Args) -> anyhow::Result<Summary> {
             cfg.block_size,
             a.batch,
             start,
-            a.steps
+            a.steps,
+            if world > 1 { format!(", rank 0 of {world} (MPI): a global batch of {}", world * a.batch) } else { String::new() }
         );
     }
     let end = a.stop_after.map_or(a.steps, |n| a.steps.min(start + n));
-    let bar = if a.quiet { ProgressBar::hidden() } else { ProgressBar::new(end as u64) };
+    let bar = if quiet { ProgressBar::hidden() } else { ProgressBar::new(end as u64) };
     bar.set_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}")
             .expect("internal: template"),
@@ -551,6 +604,10 @@ pub fn train(a: &Args) -> anyhow::Result<Summary> {
         time_to_95: None,
         tokens_per_s: 0.0,
         samples: vec![],
+        rank,
+        world,
+        allreduce_s: 0.0,
+        rank_tokens_per_s: vec![],
     };
     let precision = Precision::parse(&a.precision)?;
     let mut scaler = (precision == Precision::F16).then(GradScaler::default);
@@ -560,10 +617,16 @@ pub fn train(a: &Args) -> anyhow::Result<Summary> {
         let step_t0 = Instant::now();
         opt.set_lr(schedule.lr(a.lr, step));
         let mut data_rng = step_rng(step, 1);
-        let mut drop_rng = step_rng(step, 2);
+        let mut drop_rng = step_rng(step, 2 + rank as u64);
+        // Every rank draws the same global batch and keeps its own rows.
         let (x, y) = match &task {
-            Task::Sums(s) => s.batch(&mut data_rng, a.batch)?,
-            Task::Text(t) => t.batch(&mut data_rng, a.batch, seq)?,
+            Task::Sums(s) => s.batch(&mut data_rng, a.batch * world)?,
+            Task::Text(t) => t.batch(&mut data_rng, a.batch * world, seq)?,
+        };
+        let (x, y) = if world > 1 {
+            (x.narrow(0, rank * a.batch, a.batch)?.contiguous()?, y.narrow(0, rank * a.batch, a.batch)?.contiguous()?)
+        } else {
+            (x, y)
         };
         let (x, y) = (x.to_device(device)?, y.to_device(device)?);
         tokens += x.numel();
@@ -577,8 +640,20 @@ pub fn train(a: &Args) -> anyhow::Result<Summary> {
                 Some(s) => s.scale_loss(loss)?,
                 None => loss,
             };
-            Ok::<_, Error>((value, p.grads(seed)?))
+            let grads = match &mut ddp {
+                Some(ddp) => ddp.grads(&p, seed)?,
+                None => p.grads(seed)?,
+            };
+            Ok::<_, Error>((value, grads))
         })?;
+        // The loss of the global batch: the mean of the ranks' means.
+        let loss = if world > 1 {
+            let mut l = Tensor::from_vec(vec![loss], [1])?;
+            comm.all_reduce(&mut l, ReduceOp::Average)?;
+            l.to_vec::<f32>()?[0]
+        } else {
+            loss
+        };
         // With a loss scaler, the gradients unscaled, or none when they
         // overflowed (the step is skipped and the scale backs off).
         let grads = match &mut scaler {
@@ -618,7 +693,7 @@ pub fn train(a: &Args) -> anyhow::Result<Summary> {
             mib(stats.allocated)
         ));
         if let Task::Sums(s) = &task {
-            if (a.eval_every > 0 && done % a.eval_every == 0) || done == end {
+            if rank == 0 && ((a.eval_every > 0 && done % a.eval_every == 0) || done == end) {
                 let eval_t0 = Instant::now();
                 let acc = accuracy(&model, &store, s)?;
                 summary.eval_s += eval_t0.elapsed().as_secs_f64();
@@ -632,7 +707,7 @@ pub fn train(a: &Args) -> anyhow::Result<Summary> {
                     t0.elapsed().as_secs_f64()
                 );
                 if bar.is_hidden() {
-                    if !a.quiet {
+                    if !quiet {
                         eprintln!("{line}");
                     }
                 } else {
@@ -641,7 +716,7 @@ pub fn train(a: &Args) -> anyhow::Result<Summary> {
             }
         }
         if let Some(path) = &a.save {
-            if a.save_every > 0 && done % a.save_every == 0 && done != end {
+            if rank == 0 && a.save_every > 0 && done % a.save_every == 0 && done != end {
                 checkpoint::save(path, &store, Some(&opt), &meta(done))?;
             }
         }
@@ -650,6 +725,15 @@ pub fn train(a: &Args) -> anyhow::Result<Summary> {
     summary.wall_s = t0.elapsed().as_secs_f64();
     summary.tokens_per_s = tokens as f64 / summary.train_s.max(1e-9);
     summary.accuracy = summary.evals.last().map(|e| e.1);
+    summary.allreduce_s = ddp.as_ref().map_or(0.0, DataParallel::comm_seconds);
+    summary.rank_tokens_per_s = if world > 1 {
+        comm.all_gather(&Tensor::from_vec(vec![summary.tokens_per_s], [1])?)?.to_vec::<f64>()?
+    } else {
+        vec![summary.tokens_per_s]
+    };
+    if rank != 0 {
+        return Ok(summary);
+    }
     if let Some(path) = &a.save {
         checkpoint::save(path, &store, Some(&opt), &meta(end.max(start)))?;
     }
@@ -674,6 +758,25 @@ pub fn train(a: &Args) -> anyhow::Result<Summary> {
         write_chart(&a.chart, start, &summary)?;
     }
     Ok(summary)
+}
+
+/// The figures of `--json`.
+fn write_json(path: &Path, s: &Summary) -> anyhow::Result<()> {
+    let v = serde_json::json!({
+        "steps_run": s.steps_run,
+        "losses": s.losses,
+        "live": s.live,
+        "peak": s.peak,
+        "memory_flat": s.memory_flat,
+        "accuracy": s.accuracy,
+        "train_s": s.train_s,
+        "tokens_per_s": s.tokens_per_s,
+        "world": s.world,
+        "rank_tokens_per_s": s.rank_tokens_per_s,
+        "allreduce_s": s.allreduce_s,
+    });
+    std::fs::write(path, serde_json::to_string_pretty(&v)? + "\n")
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 fn write_chart(path: &Path, start: usize, s: &Summary) -> anyhow::Result<()> {
@@ -728,6 +831,25 @@ fn write_chart(path: &Path, start: usize, s: &Summary) -> anyhow::Result<()> {
 /// Runs the command and prints its report.
 pub fn run(a: Args) -> anyhow::Result<()> {
     let s = train(&a)?;
+    if s.world > 1 {
+        // One write, so the ranks' lines do not cut into each other.
+        let line = format!(
+            "rank {} of {}: {:.0} tokens/s, all-reduce {:.3} s of {:.3} s training ({:.0}%)\n",
+            s.rank,
+            s.world,
+            s.tokens_per_s,
+            s.allreduce_s,
+            s.train_s,
+            100.0 * s.allreduce_s / s.train_s.max(1e-9)
+        );
+        let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
+    }
+    if s.rank != 0 {
+        return Ok(());
+    }
+    if let Some(path) = &a.json {
+        write_json(path, &s)?;
+    }
     for line in &s.samples {
         println!("{line}");
     }
@@ -753,6 +875,15 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             Some(t) => println!("reached 95%  after {t:.1} s"),
             None => println!("reached 95%  no"),
         }
+    }
+    if s.world > 1 {
+        println!(
+            "ranks        {} over MPI: {:.0} tokens/s in all ({} by rank); all-reduce {:.2} s on rank 0",
+            s.world,
+            s.rank_tokens_per_s.iter().sum::<f64>(),
+            s.rank_tokens_per_s.iter().map(|t| format!("{t:.0}")).collect::<Vec<_>>().join(", "),
+            s.allreduce_s
+        );
     }
     let peak = s.peak.iter().copied().max().unwrap_or(0);
     match (s.live.first(), s.memory_flat) {

@@ -95,6 +95,8 @@ pub struct DataParallel<'c> {
     /// The next bucket to reduce.
     next: usize,
     events: Vec<DdpEvent>,
+    /// Seconds spent inside the all-reduces since construction.
+    comm_s: f64,
 }
 
 impl<'c> DataParallel<'c> {
@@ -155,7 +157,16 @@ impl<'c> DataParallel<'c> {
                 (p.dims().to_vec(), p.dtype(), p.device())
             })
             .collect();
-        Ok(DataParallel { comm, buckets, slots, params, packed: vec![false; ids.len()], next: 0, events: Vec::new() })
+        Ok(DataParallel {
+            comm,
+            buckets,
+            slots,
+            params,
+            packed: vec![false; ids.len()],
+            next: 0,
+            events: Vec::new(),
+            comm_s: 0.0,
+        })
     }
 
     /// The communicator.
@@ -171,6 +182,13 @@ impl<'c> DataParallel<'c> {
     /// Bytes of the bucket buffers (made once, at construction).
     pub fn bucket_bytes(&self) -> usize {
         self.buckets.iter().map(|b| b.buffer.numel() * b.buffer.dtype().size_in_bytes()).sum()
+    }
+
+    /// Seconds this rank spent inside the gradients' all-reduces since
+    /// construction (waiting for slower ranks included): with the steps'
+    /// time, how much of a step communication takes.
+    pub fn comm_seconds(&self) -> f64 {
+        self.comm_s
     }
 
     /// What the last [`grads`](Self::grads) did, in order.
@@ -265,6 +283,7 @@ impl<'c> DataParallel<'c> {
     /// The all-reduce of bucket `b`, averaged.
     fn reduce(&mut self, b: usize) -> Result<()> {
         self.events.push(DdpEvent::AllReduce { bucket: b });
+        let t0 = std::time::Instant::now();
         let inv = 1.0 / self.comm.world_size() as f64;
         let buffer = &mut self.buckets[b].buffer;
         match buffer.dtype() {
@@ -279,6 +298,7 @@ impl<'c> DataParallel<'c> {
                 s.iter_mut().for_each(|x| *x = (*x as f64 * inv) as f32);
             }
         }
+        self.comm_s += t0.elapsed().as_secs_f64();
         Ok(())
     }
 
