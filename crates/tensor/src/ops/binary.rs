@@ -7,7 +7,7 @@
 //! ([`DType::promote`]); each gradient is cast back to its input's dtype,
 //! so an optimizer never meets a parameter and a gradient that disagree.
 //! Each op checks and promotes its operands once, for every device, and
-//! hands the device's [`BinaryKernels`] the plan and the operands.
+//! hands the device's [`BinaryKernels`](crate::backend::BinaryKernels) the plan and the operands.
 
 use crate::backend::binary::Rhs;
 pub use crate::backend::binary::{Binary, Cmp};

@@ -1,6 +1,6 @@
 //! Layout ops: reshape, permute, narrow, broadcast, concat, cast. Views
 //! share storage (no copy) whenever the layout allows; the ops that copy
-//! check once, for every device, and hand the device's [`ShapeKernels`]
+//! check once, for every device, and hand the device's [`ShapeKernels`](crate::backend::ShapeKernels)
 //! their operands.
 
 use smallvec::SmallVec;

@@ -4,7 +4,7 @@
 //! [`Unary::ALL`]), a name, and one line of derivative `dy/dx` written in
 //! differentiable ops; the VJP is `g * dy/dx` and the JVP `t * dy/dx`, so
 //! both modes share the line. The op checks its operand once, for every
-//! device, and hands the device's [`UnaryKernels`] the function and the
+//! device, and hands the device's [`UnaryKernels`](crate::backend::UnaryKernels) the function and the
 //! operand: its CPU kernel is one closure in `cpu/unary.rs`, its CUDA
 //! kernel one line of `kernels/elementwise.cu` (named by
 //! [`Unary::cuda_kernel`]).
