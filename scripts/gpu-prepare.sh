@@ -41,6 +41,9 @@ case "$PROFILE" in
     *) echo "GPU_PREPARE_PROFILE is release or debug, not $PROFILE" >&2 && exit 2 ;;
 esac
 START=$(date +%s)
+# A CUDA test is compiled #[ignore]d unless a device was asked for when it
+# was built (crates/testing/macros): the bundle is for a GPU, so ask.
+export TAPIR_REQUIRE_CUDA=1
 
 rm -rf "$BUNDLE"
 mkdir -p "$BUNDLE/bin"
