@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CI: data parallelism over real MPI ranks (crates/nn/tests/dist.rs launches
 # its own test binary under `mpirun`, 2 and 4 ranks on this machine;
-# crates/cli/tests/gpt_dist.rs runs `tapir gpt --dist mpi` on 2 ranks).
+# crates/cli/tests/dist_commands.rs runs `tapir gpt` and `tapir pinn` with --dist mpi on 2 ranks).
 # Installs Open MPI and what the `mpi` crate's build needs (libclang for its
 # bindings) from the system packages when they are missing; TAPIR_REQUIRE_MPI=1
 # turns a missing mpirun into a failure instead of a skip.
@@ -19,4 +19,4 @@ mpirun --version | head -1
 # --workspace keeps every other crate's features as in the main test build,
 # so only tapir-nn and what depends on it are rebuilt with the feature.
 echo "== data-parallel tests on MPI ranks"
-TAPIR_REQUIRE_MPI=1 cargo test --workspace --features tapir-nn/mpi,tapir-cli/mpi --test dist --test gpt_dist
+TAPIR_REQUIRE_MPI=1 cargo test --workspace --features tapir-nn/mpi,tapir-cli/mpi --test dist --test dist_commands

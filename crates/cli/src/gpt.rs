@@ -139,17 +139,18 @@ pub struct Args {
     pub json: Option<PathBuf>,
 }
 
-/// How `tapir gpt` spreads its training over processes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+/// How `tapir gpt` and `tapir pinn` spread their training over processes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum Dist {
     /// One process.
+    #[default]
     None,
     /// The ranks of the MPI job this process belongs to.
     Mpi,
 }
 
 /// The communicator of `--dist`.
-fn communicator(dist: Dist) -> anyhow::Result<Communicator> {
+pub(crate) fn communicator(dist: Dist) -> anyhow::Result<Communicator> {
     match dist {
         Dist::None => Ok(Communicator::single()),
         #[cfg(feature = "mpi")]
@@ -158,7 +159,8 @@ fn communicator(dist: Dist) -> anyhow::Result<Communicator> {
         Dist::Mpi => bail!(
             "--dist mpi: this tapir was built without MPI; build it with `cargo build --release -p tapir-cli \
              --features mpi` (Open MPI and libclang from the system packages: apt-get install openmpi-bin \
-             libopenmpi-dev libclang-dev) and start it with `mpirun -np N target/release/tapir gpt --dist mpi`"
+             libopenmpi-dev libclang-dev) and start it with `mpirun -np N target/release/tapir gpt --dist mpi` \
+             (or `pinn ... --dist mpi`)"
         ),
     }
 }

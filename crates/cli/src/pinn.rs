@@ -12,11 +12,13 @@ use std::time::Instant;
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
+use tapir::nn::dist::{Communicator, DataParallel, DdpOptions, ReduceOp};
 use tapir::nn::{Activation, Adam, Bound, Grads, Lbfgs, Mlp, Optimizer, ParamStore, Schedule};
 use tapir::prelude::*;
 
 use crate::chart::{bytes, heatmaps, line_chart, num, Field, Marker, Panel, Series};
 use crate::device::DeviceArg;
+use crate::gpt::{communicator, Dist};
 
 /// Which PDE.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,6 +88,17 @@ pub struct Args {
     /// L-BFGS iterations.
     #[arg(long, default_value = "cpu")]
     pub device: DeviceArg,
+    /// Data parallelism: `mpi` trains on every rank of `mpirun -np N tapir
+    /// pinn ... --dist mpi` (a build with `--features mpi`). Each rank
+    /// takes its 1/N of the interior and of the boundary points (both
+    /// counts multiples of N), losses and gradients are averaged over
+    /// ranks, so N ranks follow one process; rank 0 prints and plots.
+    #[arg(long, value_enum, default_value_t = Dist::None)]
+    pub dist: Dist,
+    /// Write the run's figures (losses, errors, time, ranks) as JSON here
+    /// (rank 0's file).
+    #[arg(long)]
+    pub json: Option<PathBuf>,
 }
 
 /// Whether the network is made odd in x: `u(x, t) = (N(x, t) - N(-x, t)) / 2`.
@@ -215,6 +228,23 @@ struct Points {
     source: Tensor,
 }
 
+impl Points {
+    /// Rank `rank`'s 1/`world` of the interior and edge points (rows).
+    fn shard(self, rank: usize, world: usize) -> Result<Points> {
+        let part = |t: &Tensor| -> Result<Tensor> {
+            let n = t.dims()[0] / world;
+            t.narrow(0, rank * n, n)?.contiguous()
+        };
+        Ok(Points {
+            interior: part(&self.interior)?,
+            edge: part(&self.edge)?,
+            edge_u: part(&self.edge_u)?,
+            source: part(&self.source)?,
+            mirror: self.mirror,
+        })
+    }
+}
+
 fn sample(p: Problem, a: &Args, dtype: DType, device: Device, gh: &GaussHermite) -> Result<Points> {
     let mut rng = Rng::new(a.seed);
     let ((x0, x1), (y0, y1)) = domain(p);
@@ -340,6 +370,37 @@ fn loss<'g>(prob: Problem, net: &Mlp, p: &Bound<'g>, pts: &Points, odd: bool) ->
     r.square()?.mean_all()?.add(&misfit.square()?.mean_all()?)
 }
 
+/// The loss and its parameters' gradients at `store`; over several ranks
+/// both are averaged (the gradients by `ddp`, in buckets during the
+/// backward).
+#[allow(clippy::too_many_arguments)]
+fn loss_and_grads(
+    prob: Problem,
+    net: &Mlp,
+    pts: &Points,
+    odd: bool,
+    store: &ParamStore,
+    comm: &Communicator,
+    ddp: Option<&mut DataParallel<'_>>,
+) -> Result<(f64, Grads)> {
+    let (l, grads) = Graph::scope(|g| {
+        let p = store.bind(g);
+        let l = loss(prob, net, &p, pts, odd)?;
+        let value = l.item()?;
+        let grads = match ddp {
+            Some(ddp) => ddp.grads(&p, l)?,
+            None => p.grads(l)?,
+        };
+        Ok::<_, Error>((value, grads))
+    })?;
+    if comm.world_size() == 1 {
+        return Ok((l, grads));
+    }
+    let mut t = Tensor::from_vec(vec![l], [1])?;
+    comm.all_reduce(&mut t, ReduceOp::Average)?;
+    Ok((t.to_vec::<f64>()?[0], grads))
+}
+
 /// The evaluation grid (101 x 101), the exact values on it, and the
 /// network's relative L2 error there.
 struct Grid {
@@ -391,6 +452,12 @@ pub struct Outcome {
     pub errors: Vec<(usize, f64)>,
     /// Wall time.
     pub seconds: f64,
+    /// This process's rank and the number of ranks (0 and 1 alone).
+    pub rank: usize,
+    /// Ranks training together.
+    pub world: usize,
+    /// Seconds this rank spent in the gradients' all-reduces.
+    pub allreduce_s: f64,
 }
 
 /// Trains and evaluates; the CLI and the tests share this.
@@ -398,6 +465,33 @@ pub fn train(a: &Args) -> anyhow::Result<Outcome> {
     let dtype = if a.f64 { DType::F64 } else { DType::F32 };
     let prob = a.problem;
     let device = a.device.pick()?;
+    let comm = communicator(a.dist)?;
+    let (rank, world) = (comm.rank(), comm.world_size());
+    // Rank 0 speaks for the job.
+    let speak = rank == 0;
+    if speak {
+        println!(
+            "tapir pinn {:?}: MLP 2-{}-1 tanh, {} interior + {} boundary points, Adam {} -> {} over {} steps, {}, --device {}{}",
+            a.problem,
+            a.hidden.iter().map(|w| w.to_string()).collect::<Vec<_>>().join("-"),
+            a.interior,
+            a.boundary,
+            a.lr,
+            a.lr_final,
+            a.steps,
+            if a.f64 { "f64" } else { "f32" },
+            a.device,
+            if world > 1 { format!(", {world} ranks (MPI), each with 1/{world} of the points") } else { String::new() }
+        );
+    }
+    if world > 1 && !(a.interior.is_multiple_of(world) && a.boundary.is_multiple_of(world)) {
+        anyhow::bail!(
+            "--dist mpi on {world} ranks: --interior ({}) and --boundary ({}) must be multiples of {world}, so that \
+             every rank's mean is over as many points and their average is the whole mean",
+            a.interior,
+            a.boundary
+        );
+    }
     let lbfgs_iters = match a.lbfgs {
         Some(n) => n,
         None => match prob {
@@ -407,7 +501,9 @@ pub fn train(a: &Args) -> anyhow::Result<Outcome> {
         },
     };
     let gh = GaussHermite::new(200);
+    // Every rank draws every point from the seed, then keeps its share.
     let pts = sample(prob, a, dtype, device, &gh)?;
+    let pts = if world > 1 { pts.shard(rank, world)? } else { pts };
     let grid = Grid::new(prob, dtype, device, &gh)?;
     let mut rng = Rng::new(a.seed.wrapping_add(1));
     let mut store = ParamStore::new();
@@ -418,12 +514,15 @@ pub fn train(a: &Args) -> anyhow::Result<Outcome> {
     // The weights are drawn on the host so a seed gives the same network on
     // every device.
     store.to_device(device)?;
+    // Every rank starts from rank 0's parameters; the bucket buffers are
+    // made here, once.
+    let mut ddp = if world > 1 { Some(DataParallel::new(&comm, &mut store, DdpOptions::default())?) } else { None };
     let odd = odd_in_x(a);
     let mirror = odd.then_some(&pts.mirror);
     let initial_rel_l2 = grid.rel_l2(&grid.predict(&net, &store, mirror)?);
     let mut adam = Adam::new(a.lr);
     let schedule = Schedule::Exponential { total: a.steps, final_factor: a.lr_final / a.lr };
-    let bar = if a.quiet { ProgressBar::hidden() } else { ProgressBar::new((a.steps + lbfgs_iters) as u64) };
+    let bar = if a.quiet || !speak { ProgressBar::hidden() } else { ProgressBar::new((a.steps + lbfgs_iters) as u64) };
     bar.set_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}")
             .expect("valid template"),
@@ -436,11 +535,7 @@ pub fn train(a: &Args) -> anyhow::Result<Outcome> {
     let evaluate = |store: &ParamStore| -> Result<f64> { Ok(grid.rel_l2(&grid.predict(&net, store, mirror)?)) };
     for step in 0..a.steps {
         let lr = schedule.lr(a.lr, step);
-        let (l, grads) = Graph::scope(|g| {
-            let p = store.bind(g);
-            let l = loss(prob, &net, &p, &pts, odd)?;
-            Ok::<_, Error>((l.item()?, p.grads(l)?))
-        })?;
+        let (l, grads) = loss_and_grads(prob, &net, &pts, odd, &store, &comm, ddp.as_mut())?;
         adam.set_lr(lr);
         adam.step(&mut store, &grads)?;
         drop(grads);
@@ -449,50 +544,51 @@ pub fn train(a: &Args) -> anyhow::Result<Outcome> {
         if (step + 1) % a.eval_every == 0 || step + 1 == a.steps {
             err = evaluate(&store)?;
             errors.push((step + 1, err));
-            bar.suspend(|| {
-                println!(
-                    "adam  {:>6}  loss {:<9} rel L2 {:<9} live {}",
-                    step + 1,
-                    num(l),
-                    num(err),
-                    bytes(memory_allocated(device) as f64)
-                )
-            });
+            if speak {
+                bar.suspend(|| {
+                    println!(
+                        "adam  {:>6}  loss {:<9} rel L2 {:<9} live {}",
+                        step + 1,
+                        num(l),
+                        num(err),
+                        bytes(memory_allocated(device) as f64)
+                    )
+                });
+            }
         }
         bar.set_message(format!("adam loss {} rel L2 {}", num(l), num(err)));
         bar.inc(1);
     }
     let mut lbfgs = Lbfgs::new(50);
     for it in 0..lbfgs_iters {
-        let st = lbfgs.step(&mut store, |s: &ParamStore| -> Result<(f64, Grads)> {
-            Graph::scope(|g| {
-                let p = s.bind(g);
-                let l = loss(prob, &net, &p, &pts, odd)?;
-                Ok((l.item()?, p.grads(l)?))
-            })
-        })?;
+        let st =
+            lbfgs.step(&mut store, |s: &ParamStore| loss_and_grads(prob, &net, &pts, odd, s, &comm, ddp.as_mut()))?;
         live.push(memory_allocated(device));
         losses.push(st.loss);
         let last = it + 1 == lbfgs_iters || st.converged;
         if (it + 1) % 50 == 0 || last {
             err = evaluate(&store)?;
             errors.push((a.steps + it + 1, err));
-            bar.suspend(|| {
-                println!(
-                    "lbfgs {:>6}  loss {:<9} rel L2 {:<9} live {}",
-                    it + 1,
-                    num(st.loss),
-                    num(err),
-                    bytes(memory_allocated(device) as f64)
-                )
-            });
+            if speak {
+                bar.suspend(|| {
+                    println!(
+                        "lbfgs {:>6}  loss {:<9} rel L2 {:<9} live {}",
+                        it + 1,
+                        num(st.loss),
+                        num(err),
+                        bytes(memory_allocated(device) as f64)
+                    )
+                });
+            }
         }
         bar.set_message(format!("lbfgs loss {} rel L2 {}", num(st.loss), num(err)));
         bar.inc(1);
         if st.converged {
             // The bar's end is where training ended, so it reads complete.
             bar.set_length(bar.position());
-            bar.suspend(|| println!("lbfgs converged after {} iterations", it + 1));
+            if speak {
+                bar.suspend(|| println!("lbfgs converged after {} iterations", it + 1));
+            }
             break;
         }
     }
@@ -500,6 +596,10 @@ pub fn train(a: &Args) -> anyhow::Result<Outcome> {
     let u = grid.predict(&net, &store, mirror)?;
     let rel_l2 = grid.rel_l2(&u);
     let seconds = started.elapsed().as_secs_f64();
+    let allreduce_s = ddp.as_ref().map_or(0.0, DataParallel::comm_seconds);
+    if !speak {
+        return Ok(Outcome { rel_l2, initial_rel_l2, live, losses, errors, seconds, rank, world, allreduce_s });
+    }
     if !a.plot.as_os_str().is_empty() {
         let ((x0, x1), (y0, y1)) = domain(prob);
         let ylab = if prob == Problem::Poisson { "y" } else { "t" };
@@ -564,25 +664,43 @@ pub fn train(a: &Args) -> anyhow::Result<Outcome> {
             ],
         )?;
     }
-    Ok(Outcome { rel_l2, initial_rel_l2, live, losses, errors, seconds })
+    Ok(Outcome { rel_l2, initial_rel_l2, live, losses, errors, seconds, rank, world, allreduce_s })
 }
 
 /// Runs the command.
 pub fn run(a: Args) -> anyhow::Result<()> {
-    println!(
-        "tapir pinn {:?}: MLP 2-{}-1 tanh, {} interior + {} boundary points, Adam {} -> {} over {} steps, {}, --device {}",
-        a.problem,
-        a.hidden.iter().map(|w| w.to_string()).collect::<Vec<_>>().join("-"),
-        a.interior,
-        a.boundary,
-        a.lr,
-        a.lr_final,
-        a.steps,
-        if a.f64 { "f64" } else { "f32" },
-        a.device
-    );
     let o = train(&a).context("training")?;
     let flat = o.live.iter().skip(1).all(|&b| b == o.live[1.min(o.live.len() - 1)]);
+    if o.world > 1 {
+        // One write, so the ranks' lines do not cut into each other.
+        let line = format!(
+            "rank {} of {}: all-reduce {:.3} s of {:.3} s ({:.0}%)\n",
+            o.rank,
+            o.world,
+            o.allreduce_s,
+            o.seconds,
+            100.0 * o.allreduce_s / o.seconds.max(1e-9)
+        );
+        let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
+    }
+    if o.rank != 0 {
+        anyhow::ensure!(flat, "live memory changed between step boundaries (rank {})", o.rank);
+        return Ok(());
+    }
+    if let Some(path) = &a.json {
+        let v = serde_json::json!({
+            "losses": o.losses,
+            "errors": o.errors,
+            "rel_l2": o.rel_l2,
+            "initial_rel_l2": o.initial_rel_l2,
+            "seconds": o.seconds,
+            "live": o.live,
+            "world": o.world,
+            "allreduce_s": o.allreduce_s,
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&v)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
     println!("relative L2 error on a 101 x 101 grid: {} (initially {})", num(o.rel_l2), num(o.initial_rel_l2));
     println!(
         "live memory at every step boundary after the first: {} ({}, {} boundaries)",

@@ -112,6 +112,8 @@ fn a_short_poisson_run_lowers_the_error_with_flat_memory() {
         quiet: true,
         plain: false,
         device: Default::default(),
+        dist: Default::default(),
+        json: None,
     };
     let o = train(&a).unwrap();
     assert!(o.rel_l2 < 0.5 * o.initial_rel_l2, "error {} -> {}", o.initial_rel_l2, o.rel_l2);

@@ -39,6 +39,8 @@ fn tiny(device: DeviceArg) -> Args {
         quiet: true,
         plain: false,
         device,
+        dist: Default::default(),
+        json: None,
     }
 }
 

@@ -1,0 +1,184 @@
+//! `tapir gpt --dist mpi` and `tapir pinn --dist mpi` on real MPI ranks:
+//! two ranks follow one process over the same global batch (gpt: batch B
+//! each against 2B; pinn: half the points each against all of them), and a
+//! build without MPI refuses `--dist mpi` with the way to get it.
+//!
+//! The MPI tests need a build with `--features mpi` (Open MPI and libclang
+//! installed) and `mpirun` on the PATH; otherwise they say why and pass,
+//! unless `TAPIR_REQUIRE_MPI=1`, which makes that a failure (CI's
+//! scripts/ci-mpi.sh sets it).
+
+use std::path::Path;
+use std::process::Command;
+
+const TAPIR: &str = env!("CARGO_BIN_EXE_tapir");
+
+/// A small run: 6 steps of a one-layer model, no dropout (a rank's dropout
+/// masks are its own), no chart.
+const RUN: &[&str] =
+    &["gpt", "--digits", "1", "--steps", "6", "--d-model", "16", "--layers", "1", "--heads", "2", "--block", "8"];
+const TAIL: &[&str] = &["--warmup", "2", "--eval-every", "0", "--no-chart", "--quiet"];
+
+fn json(path: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap()
+}
+
+fn losses(path: &Path) -> Vec<f64> {
+    json(path)["losses"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()
+}
+
+/// Whether this build and machine can run MPI ranks (after saying why
+/// not); with TAPIR_REQUIRE_MPI=1 a missing piece is a failure.
+fn mpi_or_skip() -> bool {
+    let required = std::env::var("TAPIR_REQUIRE_MPI").is_ok_and(|v| v == "1");
+    if !cfg!(feature = "mpi") {
+        assert!(!required, "TAPIR_REQUIRE_MPI=1 but tapir-cli was built without the `mpi` feature");
+        println!("skipped: tapir-cli built without the `mpi` feature (cargo test -p tapir-cli --features mpi)");
+        return false;
+    }
+    if Command::new("mpirun").arg("--version").output().is_err() {
+        assert!(!required, "TAPIR_REQUIRE_MPI=1 but mpirun is not on the PATH");
+        println!("skipped: no mpirun on the PATH (apt-get install openmpi-bin libopenmpi-dev)");
+        return false;
+    }
+    true
+}
+
+/// `mpirun -np 2 tapir <args>`, as CI can run it (as root, in a container).
+fn two_ranks(args: &[&str]) -> std::process::Output {
+    Command::new("mpirun")
+        .args(["--oversubscribe", "--allow-run-as-root", "-np", "2", TAPIR])
+        .args(args)
+        // Containers often refuse the cross-memory-attach copy that Open
+        // MPI's shared-memory transport tries first.
+        .env("OMPI_MCA_btl_vader_single_copy_mechanism", "none")
+        .output()
+        .unwrap()
+}
+
+fn scratch(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("tapir-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn mpi_two_ranks_follow_one_process_with_twice_the_batch() {
+    if !mpi_or_skip() {
+        return;
+    }
+    let dir = scratch("gpt-dist");
+    let (one, two) = (dir.join("one.json"), dir.join("two.json"));
+
+    let out = Command::new(TAPIR).args(RUN).args(["--batch", "16", "--json"]).arg(&one).args(TAIL).output().unwrap();
+    assert!(out.status.success(), "one process: {}", String::from_utf8_lossy(&out.stderr));
+
+    let two_json = two.to_str().unwrap();
+    let out = two_ranks(&[RUN, &["--dist", "mpi", "--batch", "8", "--json", two_json], TAIL].concat());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "two ranks: {stderr}");
+    // Each rank reports its throughput and its time in the all-reduces
+    // (the ranks' lines may come through mpirun interleaved).
+    assert_eq!(stderr.matches(" of 2: ").count(), 2, "{stderr}");
+    assert_eq!(stderr.matches(" training (").count(), 2, "{stderr}");
+
+    let v = json(&two);
+    assert_eq!(v["world"], 2, "{v}");
+    assert_eq!(v["rank_tokens_per_s"].as_array().unwrap().len(), 2, "{v}");
+    assert!(v["allreduce_s"].as_f64().unwrap() > 0.0, "{v}");
+
+    let (a, b) = (losses(&one), losses(&two));
+    assert_eq!(a.len(), 6);
+    assert_eq!(a.len(), b.len());
+    // The first step's loss is the same global batch under the same
+    // weights: the mean of the two halves' means is the mean, to rounding.
+    assert!((a[0] - b[0]).abs() <= 1e-6 * a[0].abs(), "step 0: one process {}, two ranks {}", a[0], b[0]);
+    // Later steps follow the one-process run. Not to rounding: Adam's first
+    // updates are about lr times the sign of each gradient element, so an
+    // element near zero whose sign the order of the sums flips moves its
+    // weight by a whole step (seen: 2e-4 relative after two steps). A rank
+    // that trained on the wrong rows, or gradients summed instead of
+    // averaged, is off by far more.
+    for (step, (x, y)) in a.iter().zip(&b).enumerate() {
+        assert!((x - y).abs() <= 2e-3 * x.abs(), "step {step}: one process {x}, two ranks {y}\n{a:?}\n{b:?}");
+    }
+    assert!(a[5] < a[0] && b[5] < b[0], "both runs learn: {a:?} {b:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Poisson with half the collocation points on each rank: the mean over
+/// each half, averaged, is the mean over all, so the two runs agree to
+/// rounding through Adam and L-BFGS alike.
+#[test]
+fn mpi_pinn_two_ranks_with_half_the_points_each_follow_one_process() {
+    if !mpi_or_skip() {
+        return;
+    }
+    let dir = scratch("pinn-dist");
+    let (plot, curves) = (dir.join("p.png"), dir.join("c.png"));
+    let (one, two) = (dir.join("one.json"), dir.join("two.json"));
+    let args = |json: &Path| -> Vec<String> {
+        let mut v: Vec<String> = [
+            "pinn",
+            "poisson",
+            "--steps",
+            "6",
+            "--lbfgs",
+            "4",
+            "--interior",
+            "64",
+            "--boundary",
+            "32",
+            "--hidden",
+            "8,8",
+            "--eval-every",
+            "1000",
+            "--quiet",
+        ]
+        .map(String::from)
+        .to_vec();
+        for (flag, path) in [("--plot", plot.as_path()), ("--curves", curves.as_path()), ("--json", json)] {
+            v.push(flag.into());
+            v.push(path.display().to_string());
+        }
+        v
+    };
+    let out = Command::new(TAPIR).args(args(&one)).output().unwrap();
+    assert!(out.status.success(), "one process: {}", String::from_utf8_lossy(&out.stderr));
+    let mut on_two = args(&two);
+    on_two.extend(["--dist".into(), "mpi".into()]);
+    let out = two_ranks(&on_two.iter().map(String::as_str).collect::<Vec<_>>());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "two ranks: {stderr}");
+    assert_eq!(stderr.matches(" of 2: all-reduce").count(), 2, "{stderr}");
+    // Rank 0 alone prints the report.
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(stdout.matches("relative L2 error").count(), 1, "{stdout}");
+    let (a, b) = (losses(&one), losses(&two));
+    assert_eq!(a.len(), 10, "6 Adam steps and 4 L-BFGS iterations: {a:?}");
+    assert_eq!(a.len(), b.len());
+    for (step, (x, y)) in a.iter().zip(&b).enumerate() {
+        assert!((x - y).abs() <= 1e-5 * x.abs(), "step {step}: one process {x}, two ranks {y}\n{a:?}\n{b:?}");
+    }
+    assert!(a[9] < a[0], "the run learns: {a:?}");
+    assert_eq!(json(&two)["world"], 2);
+    // Shares must be equal for the average of means to be the mean.
+    let out = two_ranks(&["pinn", "poisson", "--steps", "1", "--interior", "63", "--dist", "mpi", "--quiet"]);
+    assert!(!out.status.success());
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(text.contains("must be multiples of 2"), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn dist_mpi_without_the_feature_says_how_to_get_it() {
+    if cfg!(feature = "mpi") {
+        println!("skipped: this build has the `mpi` feature (the MPI test covers --dist mpi)");
+        return;
+    }
+    let out = Command::new(TAPIR).args(RUN).args(["--dist", "mpi"]).args(TAIL).output().unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("built without MPI") && stderr.contains("--features mpi"), "{stderr}");
+}
