@@ -274,8 +274,14 @@ fn mpirun(worker: &str, np: usize, extra_env: &[(&str, &str)]) -> Option<(std::p
         return None;
     }
     let exe = std::env::current_exe().unwrap();
+    // Each rank's stdout in a file of its own: through mpirun the ranks'
+    // writes interleave mid-line, and libtest writes its summary in pieces.
+    let outputs = std::env::temp_dir().join(format!("tapir-dist-{worker}-{np}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&outputs);
     let mut cmd = Command::new("mpirun");
     cmd.args(["--oversubscribe", "--allow-run-as-root", "-np", &np.to_string()])
+        .arg("--output-filename")
+        .arg(&outputs)
         .arg(exe)
         .args([worker, "--exact", "--ignored", "--nocapture", "--test-threads=1"])
         // Containers often refuse the cross-memory-attach copy that Open
@@ -286,8 +292,15 @@ fn mpirun(worker: &str, np: usize, extra_env: &[(&str, &str)]) -> Option<(std::p
         cmd.env(k, v);
     }
     let t0 = Instant::now();
-    let out = cmd.output().expect("mpirun runs");
-    Some((out, t0.elapsed()))
+    let mut out = cmd.output().expect("mpirun runs");
+    let took = t0.elapsed();
+    // The ranks' stdout, whole and in rank order (mpirun's own is the
+    // same text, interleaved).
+    out.stdout = (0..np)
+        .flat_map(|r| std::fs::read(outputs.join("1").join(format!("rank.{r}")).join("stdout")).unwrap_or_default())
+        .collect();
+    let _ = std::fs::remove_dir_all(&outputs);
+    Some((out, took))
 }
 
 fn assert_ranks_passed(worker: &str, np: usize) {
