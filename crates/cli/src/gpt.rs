@@ -149,6 +149,17 @@ pub enum Dist {
     Mpi,
 }
 
+/// Every rank's line on stderr after a `--dist` run: `what` (may be empty),
+/// then its time in the all-reduces against its training time. One write,
+/// so the ranks' lines do not cut into each other.
+pub(crate) fn rank_report(rank: usize, world: usize, what: &str, allreduce_s: f64, train_s: f64) {
+    let line = format!(
+        "rank {rank} of {world}: {what}all-reduce {allreduce_s:.3} s of {train_s:.3} s training ({:.0}%)\n",
+        100.0 * allreduce_s / train_s.max(1e-9)
+    );
+    let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
+}
+
 /// The communicator of `--dist`.
 pub(crate) fn communicator(dist: Dist) -> anyhow::Result<Communicator> {
     match dist {
@@ -834,17 +845,7 @@ fn write_chart(path: &Path, start: usize, s: &Summary) -> anyhow::Result<()> {
 pub fn run(a: Args) -> anyhow::Result<()> {
     let s = train(&a)?;
     if s.world > 1 {
-        // One write, so the ranks' lines do not cut into each other.
-        let line = format!(
-            "rank {} of {}: {:.0} tokens/s, all-reduce {:.3} s of {:.3} s training ({:.0}%)\n",
-            s.rank,
-            s.world,
-            s.tokens_per_s,
-            s.allreduce_s,
-            s.train_s,
-            100.0 * s.allreduce_s / s.train_s.max(1e-9)
-        );
-        let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
+        rank_report(s.rank, s.world, &format!("{:.0} tokens/s, ", s.tokens_per_s), s.allreduce_s, s.train_s);
     }
     if s.rank != 0 {
         return Ok(());

@@ -18,7 +18,7 @@ use tapir::prelude::*;
 
 use crate::chart::{bytes, heatmaps, line_chart, num, Field, Marker, Panel, Series};
 use crate::device::DeviceArg;
-use crate::gpt::{communicator, Dist};
+use crate::gpt::{communicator, rank_report, Dist};
 
 /// Which PDE.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -672,16 +672,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let o = train(&a).context("training")?;
     let flat = o.live.iter().skip(1).all(|&b| b == o.live[1.min(o.live.len() - 1)]);
     if o.world > 1 {
-        // One write, so the ranks' lines do not cut into each other.
-        let line = format!(
-            "rank {} of {}: all-reduce {:.3} s of {:.3} s ({:.0}%)\n",
-            o.rank,
-            o.world,
-            o.allreduce_s,
-            o.seconds,
-            100.0 * o.allreduce_s / o.seconds.max(1e-9)
-        );
-        let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
+        rank_report(o.rank, o.world, "", o.allreduce_s, o.seconds);
     }
     if o.rank != 0 {
         anyhow::ensure!(flat, "live memory changed between step boundaries (rank {})", o.rank);
