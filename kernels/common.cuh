@@ -60,6 +60,63 @@ template <> __device__ __forceinline__ tapir_bf16 from_acc<tapir_bf16>(float v) 
     return r;
 }
 
+// 16-byte accesses: Pack16<T>::N elements of T in one uint4, the widest
+// load and store a thread issues (4 f32, 2 f64, 8 f16 or bf16), so a warp
+// moves 512 bytes per instruction instead of 64 to 128. A kernel takes this
+// path when every access it makes this way is 16-byte aligned (aligned16 of
+// each base, and rows a multiple of 16 bytes long), else its element loop.
+// Elements are unpacked into the accumulation type in registers.
+__device__ __forceinline__ bool aligned16(const void* p) { return ((u64)p & 15) == 0; }
+template <typename T> struct Pack16;
+template <> struct Pack16<float> {
+    enum { N = 4 };
+    __device__ static __forceinline__ void unpack(uint4 r, float* o) {
+        o[0] = __uint_as_float(r.x);
+        o[1] = __uint_as_float(r.y);
+        o[2] = __uint_as_float(r.z);
+        o[3] = __uint_as_float(r.w);
+    }
+    __device__ static __forceinline__ uint4 pack(const float* v) {
+        return make_uint4(__float_as_uint(v[0]), __float_as_uint(v[1]), __float_as_uint(v[2]), __float_as_uint(v[3]));
+    }
+};
+template <> struct Pack16<double> {
+    enum { N = 2 };
+    __device__ static __forceinline__ void unpack(uint4 r, double* o) {
+        o[0] = __hiloint2double((int)r.y, (int)r.x);
+        o[1] = __hiloint2double((int)r.w, (int)r.z);
+    }
+    __device__ static __forceinline__ uint4 pack(const double* v) {
+        return make_uint4((unsigned)__double2loint(v[0]), (unsigned)__double2hiint(v[0]), (unsigned)__double2loint(v[1]),
+                          (unsigned)__double2hiint(v[1]));
+    }
+};
+// Two 16-bit elements per word, the lower address in the low half.
+template <typename H> struct Pack16Half {
+    enum { N = 8 };
+    __device__ static __forceinline__ void unpack_word(unsigned w, float* o) {
+        H lo, hi;
+        lo.x = (u16)(w & 0xffffu);
+        hi.x = (u16)(w >> 16);
+        o[0] = to_acc(lo);
+        o[1] = to_acc(hi);
+    }
+    __device__ static __forceinline__ void unpack(uint4 r, float* o) {
+        unpack_word(r.x, o);
+        unpack_word(r.y, o + 2);
+        unpack_word(r.z, o + 4);
+        unpack_word(r.w, o + 6);
+    }
+    __device__ static __forceinline__ unsigned pack_word(const float* v) {
+        return (unsigned)from_acc<H>(v[0]).x | ((unsigned)from_acc<H>(v[1]).x << 16);
+    }
+    __device__ static __forceinline__ uint4 pack(const float* v) {
+        return make_uint4(pack_word(v), pack_word(v + 2), pack_word(v + 4), pack_word(v + 6));
+    }
+};
+template <> struct Pack16<tapir_f16> : Pack16Half<tapir_f16> {};
+template <> struct Pack16<tapir_bf16> : Pack16Half<tapir_bf16> {};
+
 // Float constants and limits by accumulation type.
 template <typename A> __device__ __forceinline__ A neg_inf();
 template <> __device__ __forceinline__ float neg_inf<float>() { return __int_as_float(0xff800000); }
@@ -162,6 +219,44 @@ template <typename A> __device__ __forceinline__ Lse<A> lse_push(Lse<A> a, A x) 
     } else {
         a.s += t_exp(x - a.m);
     }
+    return a;
+}
+// exp(x) for the terms of a softmax or log-sum-exp, whose arguments are
+// differences x - max <= 0: one multiply and the hardware's base-2
+// exponential (ex2.approx.ftz, relative error about 2^-22, subnormal
+// results flushed to 0), where expf's full-range sequence is several
+// times the instructions. -inf gives 0 and NaN stays NaN. Double keeps exp.
+__device__ __forceinline__ float term_exp(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
+    return y;
+}
+__device__ __forceinline__ double term_exp(double x) { return exp(x); }
+
+// lse_push of N values at once: one max over them (fmax, which skips a
+// NaN: a NaN term makes the sum NaN instead, and lse_value turns a NaN sum
+// into a NaN result), at most one rescale of the running sum, then N
+// exponentials. A NaN that only -inf values accompany is kept in m, as
+// lse_push keeps it, and sticks; -inf adds nothing; an all -inf run keeps
+// s = 0; at m = +inf the sum is never read.
+template <typename A, int N> __device__ __forceinline__ Lse<A> lse_push_n(Lse<A> a, const A* x) {
+    if (t_isnan(a.m)) return a;
+    A cm = x[0];
+#pragma unroll
+    for (int i = 1; i < N; ++i) cm = fmax(cm, x[i]);
+    A m = fmax(a.m, cm);
+    if (m == neg_inf<A>()) {
+#pragma unroll
+        for (int i = 0; i < N; ++i)
+            if (t_isnan(x[i])) a.m = x[i];
+        return a;
+    }
+    A s = a.s;
+    if (m != a.m) s = a.m == neg_inf<A>() ? A(0) : s * term_exp(a.m - m);
+#pragma unroll
+    for (int i = 0; i < N; ++i) s += term_exp(x[i] - m);
+    a.m = m;
+    a.s = s;
     return a;
 }
 template <typename A> __device__ __forceinline__ Lse<A> lse_merge(Lse<A> a, Lse<A> b) {

@@ -12,10 +12,16 @@
 // f16 or bf16 row by row. A row holding +inf has a NaN lse, as on the CPU
 // (its log-softmax is inf - inf).
 // A label that is neither ignore_index nor in 0..v is an error: the kernel
-// records the lowest such row in *bad_row (set to ~0 by the host before the
-// launch; atomicMin) and the host turns it into Error::LabelOutOfRange, the
+// records the lowest such row in *bad_row as its complement ~row (the host
+// zeroes the word before the launch, so 0 means none, and atomicMax keeps
+// the lowest row) and the host turns it into Error::LabelOutOfRange, the
 // error the CPU returns. *valid counts the non-ignored rows (for the mean),
-// when not null.
+// when not null. The host zeroes both words with one memset.
+//
+// Rows whose bytes are a multiple of 16, from a 16-byte aligned base (and
+// bias), are read 16 bytes a thread at a time (Pack16 in common.cuh), and
+// the backward writes them so, with the exponentials of term_exp; other
+// rows element by element with expf.
 //
 // `bias` (v values, or null) is added to every row as it is read: the
 // fused linear head passes its bias here, so a chunk of logits is the
@@ -34,29 +40,64 @@
 // Offsets are 64-bit: rows * v may exceed 2^31 (N = 32768, V = 128256).
 // lse is kept in the accumulation type (float for f32/f16/bf16).
 //
+// `ce_finish_<dtype>(rows, loss, kept, out)`, one block: the call's loss
+// from the per-row losses, their sum in f64 (each thread a strided part,
+// then the block's tree, a fixed order), divided by the count of kept rows
+// for a mean (kept >= 0; NaN when it is 0; kept = -1 for a sum), rounded
+// once to the loss dtype. It replaces the cast, sum, scale and cast
+// launches a mean took before.
+//
 // `ce_scale_<dtype>(n, x, s)` scales in place (x *= s), and
 // `ce_bias_grad_<dtype>(rows, v, g, db)` adds the column sums of the
 // [rows, v] block g to db (a thread per column, rows summed in the
 // accumulation type): the fused linear head scales its gradients and
 // accumulates its bias gradient chunk by chunk with no buffer beyond them.
 
+// Whether a kernel over rows of v elements at x (and bias) may use
+// 16-byte accesses throughout.
+template <typename T> __device__ __forceinline__ bool rows_vectorizable(i64 v, const T* x, const T* bias) {
+    return ((v * (i64)sizeof(T)) & 15) == 0 && aligned16(x) && (!bias || aligned16(bias));
+}
+
 template <typename T, typename L>
 __device__ __forceinline__ void ce_fwd(i64 rows, i64 v, const T* x, const T* bias, const L* labels, i64 ignore_index,
                                        double smoothing, typename Acc<T>::type* lse_out, typename Acc<T>::type* loss_out,
                                        u64* bad_row, u64* valid) {
     typedef typename Acc<T>::type A;
+    const int N = Pack16<T>::N;
     const bool smooth = smoothing > 0.0;
+    const bool vec = rows_vectorizable(v, x, bias);
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
         const T* row = x + r * v;
         Lse<A> st;
         st.m = neg_inf<A>();
         st.s = A(0);
         A sx = A(0);
-        for (i64 c = threadIdx.x; c < v; c += blockDim.x) {
-            A e = to_acc(row[c]);
-            if (bias) e += to_acc(bias[c]);
-            st = lse_push(st, e);
-            if (smooth) sx += e;
+        if (vec) {
+            const uint4* row16 = (const uint4*)row;
+            const uint4* bias16 = (const uint4*)bias;
+            for (i64 k = threadIdx.x; k < v / N; k += blockDim.x) {
+                A e[N];
+                Pack16<T>::unpack(row16[k], e);
+                if (bias) {
+                    A b[N];
+                    Pack16<T>::unpack(bias16[k], b);
+#pragma unroll
+                    for (int i = 0; i < N; ++i) e[i] += b[i];
+                }
+                st = lse_push_n<A, N>(st, e);
+                if (smooth) {
+#pragma unroll
+                    for (int i = 0; i < N; ++i) sx += e[i];
+                }
+            }
+        } else {
+            for (i64 c = threadIdx.x; c < v; c += blockDim.x) {
+                A e = to_acc(row[c]);
+                if (bias) e += to_acc(bias[c]);
+                st = lse_push(st, e);
+                if (smooth) sx += e;
+            }
         }
         st = block_lse(st);
         if (smooth) sx = block_reduce<0>(sx, A(0));
@@ -75,7 +116,7 @@ __device__ __forceinline__ void ce_fwd(i64 rows, i64 v, const T* x, const T* bia
                 loss = lse - (A(1) - eps) * xy - eps * sx / (A)v;
                 if (valid) atomicAdd(valid, 1ull);
             } else {
-                atomicMin(bad_row, (u64)r);
+                atomicMax(bad_row, ~(u64)r);
             }
             loss_out[r] = loss;
         }
@@ -87,24 +128,66 @@ __device__ __forceinline__ void ce_bwd(i64 rows, i64 v, T* x, const T* bias, con
                                        const L* labels,
                                        i64 ignore_index, double smoothing, const T* g, i64 g_stride, double scale) {
     typedef typename Acc<T>::type A;
+    const int N = Pack16<T>::N;
     const A eps_v = (A)(smoothing / (double)v);
     const A on = (A)(1.0 - smoothing);
+    const bool vec = rows_vectorizable<T>(v, x, bias);
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
         T* row = x + r * v;
+        uint4* row16 = (uint4*)row;
         i64 y = (i64)labels[r];
         if (y == ignore_index || y < 0 || y >= v) {
-            for (i64 c = threadIdx.x; c < v; c += blockDim.x) row[c] = from_acc<T>(A(0));
+            if (vec) {
+                for (i64 k = threadIdx.x; k < v / N; k += blockDim.x) row16[k] = make_uint4(0u, 0u, 0u, 0u);
+            } else {
+                for (i64 c = threadIdx.x; c < v; c += blockDim.x) row[c] = from_acc<T>(A(0));
+            }
             continue;
         }
         A w = to_acc(g[r * g_stride]) * (A)scale;
         A l = lse[r];
-        for (i64 c = threadIdx.x; c < v; c += blockDim.x) {
-            A e = to_acc(row[c]);
-            if (bias) e += to_acc(bias[c]);
-            A d = w * (t_exp(e - l) - eps_v);
-            if (c == y) d -= w * on;
-            row[c] = from_acc<T>(d);
+        if (vec) {
+            const uint4* bias16 = (const uint4*)bias;
+            for (i64 k = threadIdx.x; k < v / N; k += blockDim.x) {
+                A e[N];
+                Pack16<T>::unpack(row16[k], e);
+                if (bias) {
+                    A b[N];
+                    Pack16<T>::unpack(bias16[k], b);
+#pragma unroll
+                    for (int i = 0; i < N; ++i) e[i] += b[i];
+                }
+#pragma unroll
+                for (int i = 0; i < N; ++i) e[i] = w * (term_exp(e[i] - l) - eps_v);
+                const i64 at = y - k * N;  // the label's place in this pack, if it is here
+                if (at >= 0 && at < N) {
+#pragma unroll
+                    for (int i = 0; i < N; ++i)
+                        if (i == at) e[i] -= w * on;
+                }
+                row16[k] = Pack16<T>::pack(e);
+            }
+        } else {
+            for (i64 c = threadIdx.x; c < v; c += blockDim.x) {
+                A e = to_acc(row[c]);
+                if (bias) e += to_acc(bias[c]);
+                A d = w * (t_exp(e - l) - eps_v);
+                if (c == y) d -= w * on;
+                row[c] = from_acc<T>(d);
+            }
         }
+    }
+}
+
+// The call's loss from the per-row losses; one block (see the header).
+template <typename T>
+__device__ __forceinline__ void ce_finish(i64 rows, const typename Acc<T>::type* loss, i64 kept, T* out) {
+    double s = 0.0;
+    for (i64 r = threadIdx.x; r < rows; r += blockDim.x) s += (double)loss[r];
+    s = block_reduce<0>(s, 0.0);
+    if (threadIdx.x == 0) {
+        if (kept >= 0) s = kept == 0 ? quiet_nan<double>() : s / (double)kept;
+        out[0] = from_acc<T>((typename Acc<T>::type)s);
     }
 }
 
@@ -121,6 +204,15 @@ __device__ __forceinline__ void ce_bwd(i64 rows, i64 v, T* x, const T* bias, con
                                                             i64 g_stride, double scale) {                      \
         ce_bwd<T, L>(rows, v, x, bias, lse, labels, ignore_index, smoothing, g, g_stride, scale);              \
     }
+#define CE_FINISH(T, SUFFIX)                                                                           \
+    extern "C" __global__ void ce_finish_##SUFFIX(i64 rows, const Acc<T>::type* loss, i64 kept, T* out) {      \
+        ce_finish<T>(rows, loss, kept, out);                                                               \
+    }
+CE_FINISH(float, f32)
+CE_FINISH(double, f64)
+CE_FINISH(tapir_f16, f16)
+CE_FINISH(tapir_bf16, bf16)
+
 #define CE_ALL(L, LSUFFIX)                       \
     CE_KERNELS(float, f32, L, LSUFFIX)           \
     CE_KERNELS(double, f64, L, LSUFFIX)          \

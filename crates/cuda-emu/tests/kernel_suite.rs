@@ -102,7 +102,7 @@ fn cross_entropy_forward_and_backward() {
     let dl = s.clone_htod(&labels).unwrap();
     let mut lse = s.alloc_zeros::<f32>(rows).unwrap();
     let mut loss = s.alloc_zeros::<f32>(rows).unwrap();
-    let mut bad = s.clone_htod(&[u64::MAX]).unwrap();
+    let mut bad = s.alloc_zeros::<u64>(1).unwrap();
     let mut valid = s.alloc_zeros::<u64>(1).unwrap();
     let f = func(&s, "cross_entropy.cu", "ce_fwd_f32_i64");
     let (r, vv, ignore, smooth) = (rows as i64, v as i64, -100i64, 0f64);
@@ -123,7 +123,7 @@ fn cross_entropy_forward_and_backward() {
     // SAFETY: ce_fwd(rows, v, x, bias, labels, ignore_index, smoothing, lse, loss, bad_row, valid).
     unsafe { l.launch(cfg(4, (256, 1))) }.unwrap();
     let (glse, gloss) = (s.clone_dtoh(&lse).unwrap(), s.clone_dtoh(&loss).unwrap());
-    assert_eq!(s.clone_dtoh(&bad).unwrap(), vec![u64::MAX], "no bad label");
+    assert_eq!(s.clone_dtoh(&bad).unwrap(), vec![0], "no bad label (the word holds !row, 0 for none)");
     assert_eq!(s.clone_dtoh(&valid).unwrap(), vec![5], "five rows are not ignored");
     let mut want_lse = vec![0f64; rows];
     for row in 0..rows {
@@ -156,9 +156,9 @@ fn cross_entropy_forward_and_backward() {
             assert!((f64::from(grad[row * v + j]) - want).abs() < 1e-6, "grad [{row}, {j}]");
         }
     }
-    // A label past v is reported in bad_row (the lowest such row).
+    // A label past v is reported in bad_row (the lowest such row, as !row).
     let bad_labels = s.clone_htod(&[0i64, 700, 1, 9999, 2, 3]).unwrap();
-    let mut bad = s.clone_htod(&[u64::MAX]).unwrap();
+    let mut bad = s.alloc_zeros::<u64>(1).unwrap();
     let f = func(&s, "cross_entropy.cu", "ce_fwd_f32_i64");
     let null = 0u64;
     let mut l = s.launch_builder(&f);
@@ -175,7 +175,7 @@ fn cross_entropy_forward_and_backward() {
         .arg(&null);
     // SAFETY: as above, valid null.
     unsafe { l.launch(cfg(2, (128, 1))) }.unwrap();
-    assert_eq!(s.clone_dtoh(&bad).unwrap(), vec![1]);
+    assert_eq!(s.clone_dtoh(&bad).unwrap(), vec![!1u64], "row 1, as its complement");
 }
 
 #[test]

@@ -4,8 +4,10 @@
 //!
 //! The sparse loss is one forward launch, a block per row, that keeps each
 //! row's log-sum-exp (N floats) and finds bad labels on the device: the
-//! lowest bad row and the count of kept rows share one two-word flag the
-//! host reads once per call, the only wait the loss makes. A set flag
+//! lowest bad row and the count of kept rows share one two-word flag,
+//! zeroed by one memset, that the host reads once per call, the only wait
+//! the loss makes; a sum or mean is then one single-block launch over the
+//! per-row losses. A set flag
 //! becomes the CPU's `Error::LabelOutOfRange` with the same row and value,
 //! and what the call allocated is freed. The backward is one launch that
 //! writes `w * (softmax - target)` over the logits' own buffer when the
@@ -37,9 +39,7 @@ use super::shape::{fill_bytes, first_element};
 use crate::ops::cross_entropy::{
     check_options, compute_dtype, CrossEntropyOptions, LinearCrossEntropy, Reduction, SparseCrossEntropy,
 };
-use crate::ops::reduce::ReduceOps;
 use crate::ops::shape::ShapeOps;
-use crate::ops::unary::UnaryOps;
 use crate::ops::Op;
 use crate::{DType, Error, Result, Shape, Tensor};
 
@@ -69,6 +69,7 @@ pub(crate) fn kernels() -> Vec<(&'static str, String)> {
             out.push((FILE, bwd_kernel(dt, ld)));
         }
         out.push((FILE, inplace_kernel("scale", dt)));
+        out.push((FILE, inplace_kernel("finish", dt)));
         out.push((FILE, inplace_kernel("bias_grad", dt)));
     }
     out
@@ -112,13 +113,12 @@ fn ptr(t: &Tensor) -> Result<u64> {
     first_element("cross_entropy", t)
 }
 
-/// The flag words of one call: `parts` bad-row words (all ones: none yet;
-/// the kernels take the minimum) and a zeroed count of kept rows last.
+/// The flag words of one call, zeroed by one memset: `parts` bad-row
+/// words (the complement of the lowest bad row, 0 for none: the kernels
+/// take the maximum) and the count of kept rows last.
 fn flags(dev: &Arc<CudaDevice>, parts: usize) -> Result<Tensor> {
     let t = scratch(dev, DType::I64, Shape::from([parts + 1]))?;
-    let p = ptr(&t)?;
-    fill_bytes(dev, p, 0xff, parts * 8)?;
-    fill_bytes(dev, p + (parts * 8) as u64, 0, 8)?;
+    fill_bytes(dev, ptr(&t)?, 0, (parts + 1) * 8)?;
     Ok(t)
 }
 
@@ -243,16 +243,20 @@ fn private(t: Tensor) -> Result<Tensor> {
     Ok(tensor_of(out, t.shape().clone()))
 }
 
-/// The loss of `rows` per-row losses `loss` (accumulation type) combined as
+/// The loss of the per-row losses `loss` (accumulation type) combined as
 /// the CPU combines them, in `dtype`: a sum accumulated in f64 from +0.0,
-/// a mean over the `valid` kept rows (NaN when none is).
+/// a mean over the `valid` kept rows (NaN when none is), one launch either
+/// way.
 fn combine(loss: Tensor, valid: usize, red: Reduction, dtype: DType) -> Result<Tensor> {
-    match red {
-        Reduction::None => cast(&loss, dtype),
-        Reduction::Sum => cast(&cast(&loss, DType::F64)?.sum_all()?, dtype),
-        Reduction::Mean if valid == 0 => Tensor::full_on((), f64::NAN, dtype, loss.device()),
-        Reduction::Mean => cast(&cast(&loss, DType::F64)?.sum_all()?.mul_scalar(1.0 / valid as f64)?, dtype),
+    if red == Reduction::None {
+        return cast(&loss, dtype);
     }
+    let (dev, lp) = device_of("cross_entropy", &loss)?;
+    let out = scratch(&dev, dtype, Shape::from(()))?;
+    let kept = if red == Reduction::Mean { valid as i64 } else { -1 };
+    let args = [Arg::I64(loss.numel() as i64), Arg::Ptr(lp), Arg::I64(kept), Arg::Ptr(ptr(&out)?)];
+    launch(&dev, FILE, &inplace_kernel("finish", dtype), BLOCK as usize, &args)?;
+    Ok(out)
 }
 
 /// The per-row weights of an upstream gradient `g` as the backward kernel
@@ -270,7 +274,7 @@ fn weights(g: &Tensor, dtype: DType, red: Reduction, valid: usize) -> Result<(Te
 /// The first bad row of a call whose chunk `k` starts at `k * chunk`, from
 /// the flag words, as the CPU's error.
 fn bad_label(op: &'static str, labels: &Tensor, words: &[u64], chunk: usize, classes: usize) -> Result<()> {
-    let bad = words.iter().enumerate().filter(|(_, &w)| w != u64::MAX).map(|(k, &w)| k * chunk + w as usize).min();
+    let bad = words.iter().enumerate().filter(|(_, &w)| w != 0).map(|(k, &w)| k * chunk + !w as usize).min();
     match bad {
         None => Ok(()),
         Some(row) => Err(Error::LabelOutOfRange { op, label: label_at(labels, row)?, row, classes }),
