@@ -4,7 +4,7 @@
 mod common;
 
 use tapir_cuda_emu::ptx;
-use tapir_tensor::cuda::{compile_kernel, DEFAULT_ARCH, KERNELS};
+use tapir_tensor::cuda::{cached_ptx, DEFAULT_ARCH, KERNELS};
 
 #[test]
 fn every_kernel_decodes_with_no_unsupported_opcode() {
@@ -15,7 +15,7 @@ fn every_kernel_decodes_with_no_unsupported_opcode() {
     let mut entries = 0;
     for (name, _) in KERNELS {
         for arch in [DEFAULT_ARCH, "compute_90"] {
-            let src = compile_kernel(name, arch).expect("kernels compile (tests/nvrtc_kernels.rs checks this too)");
+            let src = cached_ptx(name, arch).expect("kernels compile (tests/nvrtc_kernels.rs checks this too)");
             let m = ptx::load(&src, &|g| (0..g.len() as u64).map(|k| 0x7f00_0000_0000 + k * 4096).collect())
                 .unwrap_or_else(|e| panic!("{name} ({arch}): {e}"));
             entries += m.funcs.iter().filter(|f| f.entry).count();

@@ -6,7 +6,8 @@
 //!
 //! Every `kernels/*.cu` file is embedded here with `include_str!` and listed
 //! in [`KERNELS`]; [`compile_kernel`] turns one into PTX for a given
-//! architecture and [`cached_ptx`] does so once per process. NVRTC is found
+//! architecture and [`cached_ptx`] does so once per process, keeping the PTX
+//! on disk for the next ([`kernel_cache_dir`]). NVRTC is found
 //! at run time, never linked: when the library is absent
 //! the functions return [`NvrtcError::NotFound`] rather than panic, so the
 //! crate builds and runs on a machine with no CUDA at all. A probe of the
@@ -41,7 +42,9 @@ pub use context::CudaDevice;
 
 pub use driver::{cublas_library, driver_library, driver_version, emulated_selected};
 
-pub use nvrtc::{cached_ptx, compile_kernel, compile_source, nvrtc_library, NvrtcError, DEFAULT_ARCH};
+pub use nvrtc::{
+    cached_ptx, compile_kernel, compile_source, kernel_cache_dir, nvrtc_library, NvrtcError, DEFAULT_ARCH,
+};
 
 /// The CUDA backend: every family's kernels as launches on the device
 /// whose buffers the operands live in.

@@ -90,8 +90,11 @@ pub fn nvrtc_library() -> Result<&'static str, NvrtcError> {
 }
 
 /// The PTX of the kernel file `name` for `arch`, compiled on first use and
-/// kept for the rest of the process. A failed
-/// compilation is not cached, so its error is reported on every call.
+/// kept for the rest of the process, and on disk between processes (see
+/// [`kernel_cache_dir`]): a program that finds the file's PTX there, made
+/// from the same source by the same NVRTC with the same options, loads it
+/// instead of compiling. A failed compilation is not cached, so its error
+/// is reported on every call.
 pub fn cached_ptx(name: &str, arch: &str) -> Result<Arc<str>, NvrtcError> {
     type Cache = Mutex<HashMap<(String, String), Arc<str>>>;
     static CACHE: OnceLock<Cache> = OnceLock::new();
@@ -102,18 +105,79 @@ pub fn cached_ptx(name: &str, arch: &str) -> Result<Arc<str>, NvrtcError> {
     }
     // Compiled outside the lock: two threads may both compile a kernel the
     // first time, and the first to finish wins; nothing waits on NVRTC.
-    let ptx: Arc<str> = compile_kernel(name, arch)?.into();
+    let ptx: Arc<str> = kernel_via_cache(kernel_cache_dir().as_deref(), name, arch)?.into();
     Ok(cache.lock().unwrap_or_else(|p| p.into_inner()).entry(key).or_insert(ptx).clone())
+}
+
+/// The folder compiled kernels are kept in between processes:
+/// `TAPIR_KERNEL_CACHE` when set (`off` or an empty value: none), else
+/// `$XDG_CACHE_HOME/tapir/kernels`, else `$HOME/.cache/tapir/kernels`, else
+/// none. Each file is named after the kernel file, the architecture and a
+/// hash of everything the PTX depends on (the source with its prelude, the
+/// options, and the NVRTC library's path, size and modification time), so
+/// an edited kernel or another NVRTC never reads a stale entry; an entry is
+/// written whole or not at all (a temporary file renamed into place), and
+/// one that cannot be read or written costs a compilation, never an error.
+/// Deleting the folder is always safe.
+pub fn kernel_cache_dir() -> Option<std::path::PathBuf> {
+    use std::path::PathBuf;
+    match std::env::var_os("TAPIR_KERNEL_CACHE") {
+        Some(v) if v.is_empty() || v == "off" => None,
+        Some(v) => Some(PathBuf::from(v)),
+        None => std::env::var_os("XDG_CACHE_HOME")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").filter(|v| !v.is_empty()).map(|h| PathBuf::from(h).join(".cache")))
+            .map(|base| base.join("tapir").join("kernels")),
+    }
+}
+
+/// The last line of every cache entry: an entry without it was cut short.
+const CACHE_END: &str = "// tapir kernel cache: end of entry\n";
+
+/// [`compile_kernel`] through the on-disk cache in `dir` (none: compiled).
+fn kernel_via_cache(dir: Option<&Path>, name: &str, arch: &str) -> Result<String, NvrtcError> {
+    let Some(dir) = dir else { return compile_kernel(name, arch) };
+    let (source, options) = (full_source(name, kernel_source(name)?), options(arch));
+    let library = nvrtc_library()?;
+    let stamp = std::fs::metadata(library).ok().map(|m| (m.len(), m.modified().ok()));
+    let hash = fnv1a(format!("{source}\0{options:?}\0{library}\0{stamp:?}").as_bytes());
+    let file = dir.join(format!("{}-{arch}-{hash:016x}.ptx", name.trim_end_matches(".cu")));
+    if let Ok(text) = std::fs::read_to_string(&file) {
+        if let Some(ptx) = text.strip_suffix(CACHE_END) {
+            return Ok(ptx.to_string());
+        }
+    }
+    let ptx = compile_full(name, source, options)?;
+    let tmp = dir.join(format!(".{}-{hash:016x}.tmp", std::process::id()));
+    let written = std::fs::create_dir_all(dir)
+        .and_then(|_| std::fs::write(&tmp, format!("{ptx}{CACHE_END}")))
+        .and_then(|_| std::fs::rename(&tmp, &file));
+    if written.is_err() {
+        std::fs::remove_file(&tmp).ok();
+    }
+    Ok(ptx)
+}
+
+/// FNV-1a, 64 bits: the cache's file names (not a security boundary; a
+/// collision would need two sources the cache has seen to agree).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
 }
 
 /// Compiles the kernel file `name` of [`super::KERNELS`] to PTX for `arch`
 /// (e.g. [`DEFAULT_ARCH`], or `compute_90` for an H100/H200).
 pub fn compile_kernel(name: &str, arch: &str) -> Result<String, NvrtcError> {
-    let (_, src) = super::KERNELS
+    compile_source(name, kernel_source(name)?, arch)
+}
+
+/// The source of the kernel file `name` of [`super::KERNELS`].
+fn kernel_source(name: &str) -> Result<&'static str, NvrtcError> {
+    super::KERNELS
         .iter()
         .find(|(n, _)| *n == name)
-        .ok_or_else(|| NvrtcError::Other { kernel: name.to_string(), reason: "no such file in KERNELS".into() })?;
-    compile_source(name, src, arch)
+        .map(|(_, src)| *src)
+        .ok_or_else(|| NvrtcError::Other { kernel: name.to_string(), reason: "no such file in KERNELS".into() })
 }
 
 /// Compiles `source` (one kernel file, without the prelude) to PTX for
@@ -121,18 +185,70 @@ pub fn compile_kernel(name: &str, arch: &str) -> Result<String, NvrtcError> {
 /// line numbers those of `name`.
 pub fn compile_source(name: &str, source: &str, arch: &str) -> Result<String, NvrtcError> {
     nvrtc_library()?;
-    let file = Path::new(name).file_name().map_or(name.into(), |f| f.to_string_lossy());
-    let full = format!("{}\n#line 1 \"{file}\"\n{source}", super::PRELUDE);
-    let opts = CompileOptions {
-        options: vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()],
-        name: Some(file.to_string()),
-        ..Default::default()
-    };
+    compile_full(name, full_source(name, source), options(arch))
+}
+
+/// The file name NVRTC reports errors in.
+fn file_name(name: &str) -> String {
+    Path::new(name).file_name().map_or(name.into(), |f| f.to_string_lossy().into_owned())
+}
+
+/// The text NVRTC compiles: the prelude, then the file at its own line 1.
+fn full_source(name: &str, source: &str) -> String {
+    format!("{}\n#line 1 \"{}\"\n{source}", super::PRELUDE, file_name(name))
+}
+
+/// NVRTC's options for `arch`.
+fn options(arch: &str) -> Vec<String> {
+    vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()]
+}
+
+/// Compiles the full text (prelude included) with these options.
+fn compile_full(name: &str, full: String, options: Vec<String>) -> Result<String, NvrtcError> {
+    let opts = CompileOptions { options, name: Some(file_name(name)), ..Default::default() };
     match compile_ptx_with_opts(full, opts) {
         Ok(ptx) => Ok(ptx.to_src()),
         Err(CompileError::CompileError { options, log, .. }) => {
             Err(NvrtcError::Compile { kernel: name.to_string(), options, log: log.to_string_lossy().into_owned() })
         }
         Err(e) => Err(NvrtcError::Other { kernel: name.to_string(), reason: format!("{e:?}") }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A cache entry is written on a miss, read on a hit (the file's text
+    /// is what comes back), and one cut short is compiled again and
+    /// rewritten whole.
+    #[test]
+    fn the_kernel_cache_writes_reads_and_repairs_its_entries() {
+        if let Err(e) = nvrtc_library() {
+            assert!(std::env::var("TAPIR_REQUIRE_NVRTC").as_deref() != Ok("1"), "TAPIR_REQUIRE_NVRTC=1 but {e}");
+            println!("skipped: NVRTC not found (set TAPIR_REQUIRE_NVRTC=1 to make this a failure)");
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("tapir-kernel-cache-test-{}", std::process::id()));
+        std::fs::remove_dir_all(&dir).ok();
+        let name = "cast.cu";
+        let fresh = kernel_via_cache(Some(&dir), name, DEFAULT_ARCH).unwrap();
+        assert_eq!(fresh, compile_kernel(name, DEFAULT_ARCH).unwrap());
+        let entries: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+        assert_eq!(entries.len(), 1, "{entries:?}");
+        let entry = &entries[0];
+        assert!(entry.file_name().unwrap().to_string_lossy().starts_with("cast-compute_80-"), "{entry:?}");
+        assert_eq!(std::fs::read_to_string(entry).unwrap(), format!("{fresh}{CACHE_END}"));
+        // A hit returns the entry's text, whatever it is.
+        std::fs::write(entry, format!("// marked\n{CACHE_END}")).unwrap();
+        assert_eq!(kernel_via_cache(Some(&dir), name, DEFAULT_ARCH).unwrap(), "// marked\n");
+        // An entry without its last line is compiled again and rewritten.
+        std::fs::write(entry, &fresh[..fresh.len() / 2]).unwrap();
+        assert_eq!(kernel_via_cache(Some(&dir), name, DEFAULT_ARCH).unwrap(), fresh);
+        assert_eq!(std::fs::read_to_string(entry).unwrap(), format!("{fresh}{CACHE_END}"));
+        // Another architecture is another entry.
+        kernel_via_cache(Some(&dir), name, "compute_90").unwrap();
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 2);
+        std::fs::remove_dir_all(&dir).ok();
     }
 }
