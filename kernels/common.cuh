@@ -158,6 +158,22 @@ __device__ __forceinline__ void pair_offsets(i64 i, int ndim, const i64* info, i
     *bi = b_off + (info ? strided_offset(i, ndim, info, info + 2 * ndim) : i);
 }
 
+// A kernel's `info` (its `count` dims and strides) copied into shared
+// memory once a block: the index arithmetic of every element then reads
+// shared memory, where it issued a global load per dimension and operand
+// for each element (a broadcast load whose 32-byte sector carries 8 useful
+// bytes, which halved a broadcast multiply's sector efficiency). Null, a
+// dense call, stays null. Every thread of the block calls it, before any
+// divergence (it synchronises the block).
+#define TAPIR_MAX_INFO (4 * TAPIR_MAX_DIMS)
+__device__ __forceinline__ const i64* block_info(const i64* info, int count) {
+    __shared__ i64 shared_info[TAPIR_MAX_INFO];
+    if (!info || count > TAPIR_MAX_INFO) return info;
+    for (int k = threadIdx.x; k < count; k += blockDim.x) shared_info[k] = info[k];
+    __syncthreads();
+    return shared_info;
+}
+
 // Warp and block reductions by shuffles. A block reduction needs blockDim.x
 // a multiple of 32 and at most 1024; every thread gets the result.
 template <typename A> __device__ __forceinline__ A warp_sum(A v) {

@@ -79,6 +79,7 @@ UNARY_OP(softplus, (x > A(0) ? x : A(0)) + t_log1p(t_exp(x < A(0) ? x : -x)))
 template <typename T, typename F>
 __device__ __forceinline__ void unary(i64 n, int ndim, const i64* info, const T* x, i64 x_off, double p0,
                                       double p1, T* out) {
+    info = block_info(info, 2 * ndim);
     typedef typename Acc<T>::type A;
     F f;
     A q0 = (A)p0, q1 = (A)p1;
@@ -127,6 +128,7 @@ UNARY_ALL(softplus)
 // unary kernels; p0 and p1 are ignored.
 template <typename T, typename U, bool ABS>
 __device__ __forceinline__ void int_neg_abs(i64 n, int ndim, const i64* info, const T* x, i64 x_off, T* out) {
+    info = block_info(info, 2 * ndim);
     for (i64 i = global_id(); i < n; i += global_stride()) {
         T v = x[x_off + (info ? strided_offset(i, ndim, info, info + ndim) : i)];
         out[i] = (ABS && v >= 0) ? v : (T)((U)0 - (U)v);
@@ -171,6 +173,7 @@ BINARY_OP(gelu_bwd, b * (A(0.5) * (A(1) + t_erf(a * A(FRAC_1_SQRT_2))) + a * A(F
 template <typename T, typename F>
 __device__ __forceinline__ void binary(i64 n, int ndim, const i64* info, const T* a, i64 a_off, const T* b,
                                        i64 b_off, T* out) {
+    info = block_info(info, 3 * ndim);
     F f;
     for (i64 i = global_id(); i < n; i += global_stride()) {
         i64 ai, bi;
@@ -210,6 +213,7 @@ BINARY_ALL(gelu_bwd)
 template <typename T>
 __device__ __forceinline__ void compare(i64 n, int ndim, const i64* info, int cmp, const T* a, i64 a_off,
                                         const T* b, i64 b_off, double scalar, T* out) {
+    info = block_info(info, 3 * ndim);
     typedef typename Acc<T>::type A;
     for (i64 i = global_id(); i < n; i += global_stride()) {
         i64 ai, bi;
@@ -238,6 +242,7 @@ COMPARE_KERNEL(tapir_bf16, bf16)
 template <typename T>
 __device__ __forceinline__ void int_compare(i64 n, int ndim, const i64* info, int cmp, const T* a, i64 a_off,
                                             const T* b, i64 b_off, T* out) {
+    info = block_info(info, 3 * ndim);
     for (i64 i = global_id(); i < n; i += global_stride()) {
         i64 ai, bi;
         pair_offsets(i, ndim, info, a_off, b_off, &ai, &bi);
@@ -259,6 +264,7 @@ INT_COMPARE_KERNEL(i64, i64)
 // of an op that needs dense rows). Same dtype in and out.
 template <typename T>
 __device__ __forceinline__ void copy_strided(i64 n, int ndim, const i64* info, const T* x, i64 x_off, T* out) {
+    info = block_info(info, 2 * ndim);
     for (i64 i = global_id(); i < n; i += global_stride()) {
         out[i] = x[x_off + strided_offset(i, ndim, info, info + ndim)];
     }
@@ -280,6 +286,7 @@ COPY_KERNEL(i64, i64)
 template <typename T, typename U, int OP>
 __device__ __forceinline__ void int_binary(i64 n, int ndim, const i64* info, const T* a, i64 a_off, const T* b,
                                            i64 b_off, T* out) {
+    info = block_info(info, 3 * ndim);
     for (i64 i = global_id(); i < n; i += global_stride()) {
         i64 ai, bi;
         pair_offsets(i, ndim, info, a_off, b_off, &ai, &bi);
@@ -318,6 +325,7 @@ INT_BINARY(minimum, 4)
 template <typename T, typename U>
 __device__ __forceinline__ void int_pow(i64 n, int ndim, const i64* info, const T* a, i64 a_off, const T* b,
                                         i64 b_off, T* out, u64* bad) {
+    info = block_info(info, 3 * ndim);
     for (i64 i = global_id(); i < n; i += global_stride()) {
         i64 ai, bi;
         pair_offsets(i, ndim, info, a_off, b_off, &ai, &bi);
@@ -364,6 +372,7 @@ __device__ __forceinline__ bool nonzero(i64 v) { return v != 0; }
 template <typename M, typename V>
 __device__ __forceinline__ void where_select(i64 n, int ndim, const i64* info, const M* m, i64 m_off, const V* a,
                                              i64 a_off, const V* b, i64 b_off, V* out) {
+    info = block_info(info, 4 * ndim);
     for (i64 i = global_id(); i < n; i += global_stride()) {
         i64 mi = m_off + strided_offset(i, ndim, info, info + ndim);
         i64 ai = a_off + strided_offset(i, ndim, info, info + 2 * ndim);
@@ -393,6 +402,7 @@ WHERE_ALL(i64, i64)
 // host passes both pointers at their first element.
 template <typename V>
 __device__ __forceinline__ void place(i64 n, int ndim, const i64* info, const V* x, V* out) {
+    info = block_info(info, 3 * ndim);
     for (i64 i = global_id(); i < n; i += global_stride()) {
         out[strided_offset(i, ndim, info, info + 2 * ndim)] = x[strided_offset(i, ndim, info, info + ndim)];
     }
