@@ -48,8 +48,52 @@ template <> __device__ __forceinline__ float convert<tapir_bf16, float>(tapir_bf
 template <> __device__ __forceinline__ tapir_f16 convert<float, tapir_f16>(float v) { return from_acc<tapir_f16>(v); }
 template <> __device__ __forceinline__ tapir_bf16 convert<float, tapir_bf16>(float v) { return from_acc<tapir_bf16>(v); }
 
+// f32 <-> f16 and bf16, the casts of mixed precision: four elements a
+// thread, one 16-byte access on the f32 side and one 8-byte access on the
+// 2-byte side, so that a warp's requests cover whole sectors on both (two
+// 16-byte f32 loads a lane would leave every request half used), when the
+// buffers are so aligned; the rest element by element.
+template <typename H> __device__ __forceinline__ bool narrow16(i64 n, const float* x, H* out) {
+    if (!aligned16(x) || ((u64)out & 7) != 0) return false;
+    const i64 packs = n / 4;
+    for (i64 k = global_id(); k < packs; k += global_stride()) {
+        float v[4];
+        Pack16<float>::unpack(((const uint4*)x)[k], v);
+        ((uint2*)out)[k] = make_uint2(Pack16Half<H>::pack_word(v), Pack16Half<H>::pack_word(v + 2));
+    }
+    for (i64 i = packs * 4 + global_id(); i < n; i += global_stride()) out[i] = from_acc<H>(x[i]);
+    return true;
+}
+template <typename H> __device__ __forceinline__ bool widen16(i64 n, const H* x, float* out) {
+    if (((u64)x & 7) != 0 || !aligned16(out)) return false;
+    const i64 packs = n / 4;
+    for (i64 k = global_id(); k < packs; k += global_stride()) {
+        uint2 r = ((const uint2*)x)[k];
+        float v[4];
+        Pack16Half<H>::unpack_word(r.x, v);
+        Pack16Half<H>::unpack_word(r.y, v + 2);
+        ((uint4*)out)[k] = Pack16<float>::pack(v);
+    }
+    for (i64 i = packs * 4 + global_id(); i < n; i += global_stride()) out[i] = to_acc(x[i]);
+    return true;
+}
+template <typename I, typename O> __device__ __forceinline__ bool cast16(i64, const I*, O*) { return false; }
+template <> __device__ __forceinline__ bool cast16<float, tapir_f16>(i64 n, const float* x, tapir_f16* out) {
+    return narrow16(n, x, out);
+}
+template <> __device__ __forceinline__ bool cast16<float, tapir_bf16>(i64 n, const float* x, tapir_bf16* out) {
+    return narrow16(n, x, out);
+}
+template <> __device__ __forceinline__ bool cast16<tapir_f16, float>(i64 n, const tapir_f16* x, float* out) {
+    return widen16(n, x, out);
+}
+template <> __device__ __forceinline__ bool cast16<tapir_bf16, float>(i64 n, const tapir_bf16* x, float* out) {
+    return widen16(n, x, out);
+}
+
 template <typename I, typename O>
 __device__ __forceinline__ void cast(i64 n, const I* x, O* out) {
+    if (cast16<I, O>(n, x, out)) return;
     for (i64 i = global_id(); i < n; i += global_stride()) out[i] = convert<I, O>(x[i]);
 }
 

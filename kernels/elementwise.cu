@@ -76,6 +76,30 @@ UNARY_OP(erf, t_erf(x))
 UNARY_OP(sign, x > A(0) ? A(1) : (x < A(0) ? A(-1) : x))
 UNARY_OP(softplus, (x > A(0) ? x : A(0)) + t_log1p(t_exp(x < A(0) ? x : -x)))
 
+// The dense calls (info null) of the unary and binary kernels run 16 bytes
+// a thread when their operands are 16-byte aligned (Pack16): for bf16 and
+// f16 that is eight elements a load instead of one, the difference between
+// a third of HBM's bandwidth and all of it on the H200 model. The last
+// n % N elements, and unaligned operands, go element by element.
+template <typename T, typename F>
+__device__ __forceinline__ bool unary_dense16(i64 n, const T* x, typename Acc<T>::type q0,
+                                              typename Acc<T>::type q1, T* out) {
+    typedef typename Acc<T>::type A;
+    const int N = Pack16<T>::N;
+    if (!aligned16(x) || !aligned16(out)) return false;
+    F f;
+    const i64 packs = n / N;
+    for (i64 k = global_id(); k < packs; k += global_stride()) {
+        A v[N];
+        Pack16<T>::unpack(((const uint4*)x)[k], v);
+#pragma unroll
+        for (int i = 0; i < N; ++i) v[i] = f(v[i], q0, q1);
+        ((uint4*)out)[k] = Pack16<T>::pack(v);
+    }
+    for (i64 i = packs * N + global_id(); i < n; i += global_stride()) out[i] = from_acc<T>(f(to_acc(x[i]), q0, q1));
+    return true;
+}
+
 template <typename T, typename F>
 __device__ __forceinline__ void unary(i64 n, int ndim, const i64* info, const T* x, i64 x_off, double p0,
                                       double p1, T* out) {
@@ -83,6 +107,7 @@ __device__ __forceinline__ void unary(i64 n, int ndim, const i64* info, const T*
     typedef typename Acc<T>::type A;
     F f;
     A q0 = (A)p0, q1 = (A)p1;
+    if (!info && unary_dense16<T, F>(n, x + x_off, q0, q1, out)) return;
     for (i64 i = global_id(); i < n; i += global_stride()) {
         i64 xi = x_off + (info ? strided_offset(i, ndim, info, info + ndim) : i);
         out[i] = from_acc<T>(f(to_acc(x[xi]), q0, q1));
@@ -171,9 +196,29 @@ BINARY_OP(gelu_tanh_bwd, gelu_tanh_grad(a) * b)
 BINARY_OP(gelu_bwd, b * (A(0.5) * (A(1) + t_erf(a * A(FRAC_1_SQRT_2))) + a * A(FRAC_1_SQRT_2PI) * t_exp(A(-0.5) * a * a)))
 
 template <typename T, typename F>
+__device__ __forceinline__ bool binary_dense16(i64 n, const T* a, const T* b, T* out) {
+    typedef typename Acc<T>::type A;
+    const int N = Pack16<T>::N;
+    if (!aligned16(a) || !aligned16(b) || !aligned16(out)) return false;
+    F f;
+    const i64 packs = n / N;
+    for (i64 k = global_id(); k < packs; k += global_stride()) {
+        A x[N], y[N];
+        Pack16<T>::unpack(((const uint4*)a)[k], x);
+        Pack16<T>::unpack(((const uint4*)b)[k], y);
+#pragma unroll
+        for (int i = 0; i < N; ++i) x[i] = f(x[i], y[i]);
+        ((uint4*)out)[k] = Pack16<T>::pack(x);
+    }
+    for (i64 i = packs * N + global_id(); i < n; i += global_stride()) out[i] = from_acc<T>(f(to_acc(a[i]), to_acc(b[i])));
+    return true;
+}
+
+template <typename T, typename F>
 __device__ __forceinline__ void binary(i64 n, int ndim, const i64* info, const T* a, i64 a_off, const T* b,
                                        i64 b_off, T* out) {
     info = block_info(info, 3 * ndim);
+    if (!info && binary_dense16<T, F>(n, a + a_off, b + b_off, out)) return;
     F f;
     for (i64 i = global_id(); i < n; i += global_stride()) {
         i64 ai, bi;
