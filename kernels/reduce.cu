@@ -63,11 +63,23 @@ template <int K> struct RowReduce {
     template <typename TI, typename T>
     static __device__ __forceinline__ void last(i64 rows, i64 cols, const TI* x, T* out) {
         typedef Fold<K, typename Acc<T>::type> F;
+        const int N = Pack16<TI>::N;
         const RowSplit s = row_split(cols);
+        // Rows a multiple of 16 bytes from an aligned base: 16-byte loads.
+        const bool vec = ((cols * (i64)sizeof(TI)) & 15) == 0 && aligned16(x);
         for (i64 r = s.first; r < rows; r += s.step) {
             const TI* row = x + r * cols;
             typename F::S st = F::init();
-            for (i64 c = s.lane; c < cols; c += s.width) st = F::push(st, to_acc(row[c]));
+            if (vec) {
+                for (i64 k = s.lane; k < cols / N; k += s.width) {
+                    typename Acc<T>::type v[N];
+                    Pack16<TI>::unpack(((const uint4*)row)[k], v);
+#pragma unroll
+                    for (int i = 0; i < N; ++i) st = F::push(st, v[i]);
+                }
+            } else {
+                for (i64 c = s.lane; c < cols; c += s.width) st = F::push(st, to_acc(row[c]));
+            }
             st = s.warp ? F::warp(st) : F::block(st);
             if (s.lane == 0) out[r] = from_acc<T>(F::value(st));
         }

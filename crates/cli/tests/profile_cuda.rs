@@ -1,8 +1,9 @@
 //! `tapir profile` on the emulated device, and the efficiency table
 //! (`tests/efficiency.tsv`): for each case at a small shape, every listed
-//! kernel keeps at least its sector efficiency and moves at most its
-//! modeled DRAM bytes. The counters are exact, so the check is
-//! deterministic: a change that breaks coalescing or adds a pass fails it.
+//! kernel keeps at least its sector efficiency and its sectors a request
+//! (16-byte accesses) and moves at most its modeled DRAM bytes. The
+//! counters are exact, so the check is deterministic: a change that breaks
+//! coalescing, drops vector accesses or adds a pass fails it.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -19,6 +20,7 @@ struct Row {
     kernel: String,
     min_efficiency: f64,
     max_bytes: f64,
+    min_sectors_per_request: f64,
 }
 
 fn table() -> Vec<Row> {
@@ -27,7 +29,7 @@ fn table() -> Vec<Row> {
         .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
         .map(|l| {
             let f: Vec<&str> = l.split('\t').collect();
-            assert_eq!(f.len(), 7, "efficiency.tsv: seven tab-separated fields in `{l}`");
+            assert_eq!(f.len(), 8, "efficiency.tsv: eight tab-separated fields in `{l}`");
             Row {
                 case: f[0].into(),
                 rows: f[1].parse().unwrap(),
@@ -36,6 +38,7 @@ fn table() -> Vec<Row> {
                 kernel: f[4].into(),
                 min_efficiency: f[5].parse().unwrap(),
                 max_bytes: f[6].parse().unwrap(),
+                min_sectors_per_request: f[7].parse().unwrap(),
             }
         })
         .collect()
@@ -88,20 +91,19 @@ fn cuda_every_kernel_of_the_efficiency_table_keeps_its_figures() {
         };
         let eff = k["sector_efficiency"].as_f64().unwrap();
         let bytes = k["modeled"]["dram_bytes"].as_f64().unwrap();
+        let per_request = k["sectors_per_request"].as_f64().unwrap();
         println!(
             "{}\t{}\t{}\t{}\t{}\t{:.4}\t{}\t{:.3}\t{}",
-            r.case,
-            r.rows,
-            r.cols,
-            r.dtype,
-            r.kernel,
-            eff,
-            bytes,
-            k["sectors_per_request"].as_f64().unwrap(),
-            k["bank_conflicts"]
+            r.case, r.rows, r.cols, r.dtype, r.kernel, eff, bytes, per_request, k["bank_conflicts"]
         );
         if eff < r.min_efficiency {
             failures.push(format!("{}: sector efficiency {eff:.4} below the table's {}", r.kernel, r.min_efficiency));
+        }
+        if per_request < r.min_sectors_per_request {
+            failures.push(format!(
+                "{}: {per_request:.3} sectors a request, below the table's {} (lost vector accesses?)",
+                r.kernel, r.min_sectors_per_request
+            ));
         }
         if bytes > r.max_bytes {
             failures.push(format!("{}: {bytes} modeled DRAM bytes, above the table's {}", r.kernel, r.max_bytes));
