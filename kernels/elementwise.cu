@@ -214,11 +214,85 @@ __device__ __forceinline__ bool binary_dense16(i64 n, const T* a, const T* b, T*
     return true;
 }
 
+// The period of an operand whose element i is at offset i % period: its
+// strides are the contiguous ones over some innermost axes and 0 over the
+// rest (size-1 axes aside). A dense operand's period is n, a broadcast
+// scalar's 1, a bias broadcast over rows its row length. 0: not periodic.
+__device__ __forceinline__ i64 period_of(int ndim, const i64* dims, const i64* strides) {
+    i64 p = 1;
+    bool inner = true;
+    for (int d = ndim - 1; d >= 0; --d) {
+        if (dims[d] == 1) continue;
+        if (inner && strides[d] == p) {
+            p *= dims[d];
+            continue;
+        }
+        inner = false;
+        if (strides[d] != 0) return 0;
+    }
+    return p;
+}
+
+// Pack k (elements k * N ..) of an operand of period `per`: a 16-byte load,
+// or one element repeated for a period of 1 (a scalar).
+template <typename T>
+__device__ __forceinline__ bool packable(i64 per, const T* p) {
+    return per == 1 || (per % Pack16<T>::N == 0 && aligned16(p));
+}
+template <typename T>
+__device__ __forceinline__ void load_periodic(const T* p, i64 per, i64 k, typename Acc<T>::type* v) {
+    const int N = Pack16<T>::N;
+    if (per == 1) {
+        const typename Acc<T>::type s = to_acc(p[0]);
+#pragma unroll
+        for (int i = 0; i < N; ++i) v[i] = s;
+    } else {
+        Pack16<T>::unpack(((const uint4*)p)[(k * N % per) / N], v);
+    }
+}
+
+// A broadcast call whose operands are both periodic (a bias added to
+// every row, a tensor times a device scalar): element i reads a[i % pa]
+// and b[i % pb], one remainder each instead of the per-axis division of
+// strided_offset, and 16-byte packs when each period is 1 or whole packs
+// and the buffers are aligned. False when the call is not of that kind.
+template <typename T, typename F>
+__device__ __forceinline__ bool binary_periodic(i64 n, int ndim, const i64* info, const T* a, const T* b, T* out) {
+    typedef typename Acc<T>::type A;
+    const int N = Pack16<T>::N;
+    __shared__ i64 periods[2];
+    if (threadIdx.x == 0) {
+        periods[0] = period_of(ndim, info, info + ndim);
+        periods[1] = period_of(ndim, info, info + 2 * ndim);
+    }
+    __syncthreads();
+    const i64 pa = periods[0], pb = periods[1];
+    if (pa == 0 || pb == 0) return false;
+    F f;
+    if (packable(pa, a) && packable(pb, b) && aligned16(out)) {
+        const i64 packs = n / N;
+        for (i64 k = global_id(); k < packs; k += global_stride()) {
+            A x[N], y[N];
+            load_periodic(a, pa, k, x);
+            load_periodic(b, pb, k, y);
+#pragma unroll
+            for (int i = 0; i < N; ++i) x[i] = f(x[i], y[i]);
+            ((uint4*)out)[k] = Pack16<T>::pack(x);
+        }
+        for (i64 i = packs * N + global_id(); i < n; i += global_stride())
+            out[i] = from_acc<T>(f(to_acc(a[i % pa]), to_acc(b[i % pb])));
+        return true;
+    }
+    for (i64 i = global_id(); i < n; i += global_stride()) out[i] = from_acc<T>(f(to_acc(a[i % pa]), to_acc(b[i % pb])));
+    return true;
+}
+
 template <typename T, typename F>
 __device__ __forceinline__ void binary(i64 n, int ndim, const i64* info, const T* a, i64 a_off, const T* b,
                                        i64 b_off, T* out) {
     info = block_info(info, 3 * ndim);
     if (!info && binary_dense16<T, F>(n, a + a_off, b + b_off, out)) return;
+    if (info && binary_periodic<T, F>(n, ndim, info, a + a_off, b + b_off, out)) return;
     F f;
     for (i64 i = global_id(); i < n; i += global_stride()) {
         i64 ai, bi;
