@@ -27,6 +27,8 @@ pub(crate) mod index;
 pub(crate) mod launch;
 mod libs;
 pub(crate) mod matmul;
+#[cfg(feature = "nccl")]
+pub mod nccl;
 mod nvrtc;
 pub mod optim;
 pub(crate) mod random;
