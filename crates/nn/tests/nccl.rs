@@ -264,3 +264,32 @@ fn data_parallel_over_nccl_follows_one_device() {
         println!("{world} devices: losses {:?}; one device: {one_losses:?}", runs[0].0);
     }
 }
+
+#[cuda_test]
+fn all_reduce_of_four_mebibytes_on_two_devices_and_its_time() {
+    let _s = serial();
+    let Some(all) = devices("all_reduce_of_four_mebibytes_on_two_devices_and_its_time", 2) else { return };
+    let n = 1 << 20;
+    let comms = Communicator::nccl_devices(&all[..2]).unwrap();
+    let times = on_ranks(comms, |r, comm| {
+        let mut t = Tensor::full_on([n], (r + 1) as f64, DType::F32, all[r]).unwrap();
+        let mut best = f64::INFINITY;
+        for _ in 0..3 {
+            tapir_tensor::cuda::synchronize(all[r]).unwrap();
+            let t0 = std::time::Instant::now();
+            comm.all_reduce(&mut t, ReduceOp::Average).unwrap();
+            tapir_tensor::cuda::synchronize(all[r]).unwrap();
+            best = best.min(t0.elapsed().as_secs_f64());
+        }
+        // (1 + 2) / 2, averaged again twice: 1.5 each time.
+        assert!(t.to_vec::<f32>().unwrap().iter().all(|&x| x == 1.5));
+        best
+    });
+    for (r, s) in times.iter().enumerate() {
+        println!(
+            "rank {r}: all_reduce (average) of {n} f32 (4 MiB) over 2 emulated devices: {:.1} ms, best of 3 \
+             (the stand-in's host arithmetic, nothing like NCCL's speed)",
+            s * 1e3
+        );
+    }
+}

@@ -303,8 +303,11 @@ struct Forming {
     joined: Vec<bool>,
 }
 
-fn forming() -> &'static (Mutex<HashMap<Vec<u8>, Forming>>, Condvar) {
-    static F: OnceLock<(Mutex<HashMap<Vec<u8>, Forming>>, Condvar)> = OnceLock::new();
+/// The cliques being formed, by id, and the condition their ranks wait on.
+type FormingTable = (Mutex<HashMap<Vec<u8>, Forming>>, Condvar);
+
+fn forming() -> &'static FormingTable {
+    static F: OnceLock<FormingTable> = OnceLock::new();
     F.get_or_init(|| (Mutex::new(HashMap::new()), Condvar::new()))
 }
 

@@ -285,7 +285,7 @@ impl NcclComm {
     pub fn reduce_scatter(&self, t: &Tensor, op: NcclOp) -> Result<Tensor> {
         const OP: &str = "ncclReduceScatter";
         self.check(OP, t)?;
-        if t.numel() % self.world != 0 {
+        if !t.numel().is_multiple_of(self.world) {
             return Err(Error::InvalidShape {
                 op: OP,
                 shape: Box::new(t.shape().clone()),
