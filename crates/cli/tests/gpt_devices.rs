@@ -109,3 +109,26 @@ fn devices_takes_cuda_devices_only() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--devices takes CUDA devices"), "{stderr}");
 }
+
+/// Without NCCL, `--devices` is an error saying what was looked for (here:
+/// the emulator's stand-in at a path that does not exist), not a panic.
+#[tapir_testing::cuda_test]
+fn devices_without_nccl_say_what_was_tried() {
+    if !tapir::tensor::cuda::emulated_selected() {
+        println!("devices_without_nccl_say_what_was_tried: skipped, the emulated device is not selected");
+        return;
+    }
+    let out = Command::new(TAPIR)
+        .env("TAPIR_CUDA_EMU_DEVICES", "2")
+        .env("TAPIR_CUDA_EMU_NCCL_LIB", "/nonexistent/libtapir_cuda_emu_nccl.so")
+        .args(["gpt", "--devices", "cuda:0,cuda:1", "--steps", "1", "--no-chart", "--quiet"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("no NCCL library") && stderr.contains("/nonexistent/libtapir_cuda_emu_nccl.so"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}

@@ -166,7 +166,7 @@ pub enum Error {
     /// A collective through NCCL failed, or no NCCL library was found:
     /// NCCL's own name for the result and its last message, or what was
     /// tried.
-    #[error("{op}: nccl: {reason}")]
+    #[error("{op}: {reason}")]
     Nccl {
         /// The NCCL call (or tapir function) that failed.
         op: &'static str,
