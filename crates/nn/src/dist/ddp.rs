@@ -42,14 +42,11 @@ pub enum DdpEvent {
 #[derive(Debug)]
 struct Bucket {
     params: Vec<ParamId>,
-    /// The flat buffer. Through the host: made once, in the carrier dtype
-    /// (f64 for f64 parameters, f32 for every other float). On a device
-    /// backend: the last step's reduced gradients, on the device, in the
-    /// parameters' dtype, replaced by each step's (the same size).
+    /// The flat buffer, made once: on the host in the carrier dtype (f64
+    /// for f64 parameters, f32 for every other float), or on a device
+    /// backend's device in the parameters' dtype, where each gradient is
+    /// copied in and the bucket reduced in place.
     buffer: Tensor,
-    /// On a device backend, this step's gradients of the bucket's
-    /// parameters, flat, in bucket order, until it is reduced.
-    pending: Vec<Option<Tensor>>,
     /// Gradients packed so far in this step.
     filled: usize,
 }
@@ -91,9 +88,8 @@ struct Bucket {
 pub struct DataParallel<'c> {
     comm: &'c Communicator,
     buckets: Vec<Bucket>,
-    /// For each parameter: its bucket, its offset there (elements) and
-    /// its position among the bucket's parameters.
-    slots: Vec<(usize, usize, usize)>,
+    /// For each parameter: its bucket and offset there (elements).
+    slots: Vec<(usize, usize)>,
     /// The device a device backend reduces on (NCCL), or `None`: through
     /// the host.
     device: Option<tapir_tensor::Device>,
@@ -142,7 +138,7 @@ impl<'c> DataParallel<'c> {
         }
         // Buckets, last parameter first, one carrier dtype each (on a
         // device backend, the parameters' own dtype: NCCL reduces them all).
-        let mut slots = vec![(0, 0, 0); ids.len()];
+        let mut slots = vec![(0, 0); ids.len()];
         let mut layout: Vec<(DType, Vec<ParamId>, usize)> = Vec::new();
         for &id in ids.iter().rev() {
             let p = store.get(id);
@@ -159,7 +155,7 @@ impl<'c> DataParallel<'c> {
                 }
             };
             let (_, members, used) = &mut layout[b];
-            slots[id.index()] = (b, *used / carrier.size_in_bytes(), members.len());
+            slots[id.index()] = (b, *used / carrier.size_in_bytes());
             members.push(id);
             *used += bytes;
         }
@@ -170,8 +166,7 @@ impl<'c> DataParallel<'c> {
                 if let Some(d) = device {
                     buffer = buffer.to_device(d)?;
                 }
-                let pending = vec![None; params.len()];
-                Ok(Bucket { params, buffer, pending, filled: 0 })
+                Ok(Bucket { params, buffer, filled: 0 })
             })
             .collect::<Result<Vec<_>>>()?;
         let params = ids
@@ -293,12 +288,11 @@ impl<'c> DataParallel<'c> {
     /// Copies parameter `k`'s gradient into its bucket, then reduces every
     /// bucket that is full and next in order.
     fn pack(&mut self, k: usize, g: &Tensor) -> Result<()> {
-        let (b, offset, pos) = self.slots[k];
+        let (b, offset) = self.slots[k];
         let bucket = &mut self.buckets[b];
         if self.device.is_some() {
-            // Kept as it is, on the device; the bucket is put together when
-            // it is reduced.
-            bucket.pending[pos] = Some(g.flatten()?);
+            // A copy on the device's stream, into the bucket made once.
+            tapir_tensor::cuda::copy_into(&mut bucket.buffer, offset, g)?;
         } else {
             match Staged::from(g)? {
                 Staged::F32(v) => bucket.buffer.make_mut::<f32>()?[offset..offset + v.len()].copy_from_slice(&v),
@@ -319,21 +313,10 @@ impl<'c> DataParallel<'c> {
         self.events.push(DdpEvent::AllReduce { bucket: b });
         let t0 = std::time::Instant::now();
         if let Some(collectives) = self.comm.backend().device() {
-            // One flat tensor of the bucket's gradients, reduced in place on
-            // the device's stream: the call returns once it is queued, and the
-            // backward's next kernels queue behind it.
-            let bucket = &mut self.buckets[b];
-            let parts: Vec<Tensor> = bucket
-                .pending
-                .iter_mut()
-                .map(|p| p.take().ok_or_else(|| Error::invalid_arg("DataParallel", "internal: a gradient is missing")))
-                .collect::<Result<_>>()?;
-            let refs: Vec<&Tensor> = parts.iter().collect();
-            let mut flat = if refs.len() == 1 { parts[0].contiguous()? } else { Tensor::concat(&refs, 0)? };
-            drop(refs);
-            drop(parts);
-            collectives.all_reduce(&mut flat, super::ReduceOp::Average)?;
-            bucket.buffer = flat;
+            // The bucket reduced in place on the device's stream: the call
+            // returns once it is queued, and the backward's next kernels
+            // queue behind it.
+            collectives.all_reduce(&mut self.buckets[b].buffer, super::ReduceOp::Average)?;
             self.comm_s += t0.elapsed().as_secs_f64();
             return Ok(());
         }
@@ -360,7 +343,7 @@ impl<'c> DataParallel<'c> {
     fn unpack(&self) -> Result<Grads> {
         let mut out = Vec::with_capacity(self.params.len());
         for (k, (dims, dtype, device)) in self.params.iter().enumerate() {
-            let (b, offset, _) = self.slots[k];
+            let (b, offset) = self.slots[k];
             let n: usize = dims.iter().product();
             let buffer = &self.buckets[b].buffer;
             if self.device.is_some() {
