@@ -30,7 +30,7 @@
 //! `Communicator::nccl_devices(&[Device::Cuda(0), Device::Cuda(1)])` makes
 //! one communicator per GPU of this process (each moved to a thread of its
 //! own), and `Communicator::nccl(device, rank, world, id)` joins a job
-//! whose ranks share an [`NcclId`] (made by one rank, sent to the others
+//! whose ranks share an `NcclId` (made by one rank, sent to the others
 //! over MPI, say). On the emulated device (`TAPIR_CUDA=emulated`,
 //! `TAPIR_CUDA_EMU_DEVICES=2`) NCCL is the emulator's stand-in, so the same
 //! code runs in tests without a GPU.
