@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs cudarc 0.19's own unit tests (driver, NVRTC, cuBLAS) and examples,
+# Runs cudarc 0.19's own unit tests (driver, NVRTC, cuBLAS, NCCL) and examples,
 # from its crate source in cargo's registry, against tapir's emulated CUDA
 # device, and prints the pass counts. Tests and examples that need what the
 # emulator does not provide are skipped, each with its reason below; any
@@ -52,7 +52,7 @@ if [ -z "${TAPIR_NVRTC_LIB:-}" ]; then
     TAPIR_NVRTC_LIB=$(python3 -c 'import nvidia.cuda_nvrtc as m, os; print(os.path.join(list(m.__path__)[0], "lib", "libnvrtc.so.12"))')
 fi
 if [ -z "${TAPIR_CUDA_EMU_LIB:-}" ]; then
-    cargo build -q -p tapir-cuda-emu -p tapir-cuda-emu-cublas
+    cargo build -q -p tapir-cuda-emu -p tapir-cuda-emu-cublas -p tapir-cuda-emu-nccl
     TAPIR_CUDA_EMU_LIB=$root/target/debug
 fi
 emu_dir=$(cd "${TAPIR_CUDA_EMU_LIB%/libtapir_cuda_emu.so}" && pwd)
@@ -85,6 +85,7 @@ rm -f "$work/cudarc/Cargo.lock"
 ln -s "$emu_dir/libtapir_cuda_emu.so" "$work/lib/libcuda.so"
 ln -s "$emu_dir/libtapir_cuda_emu.so" "$work/lib/libcuda.so.1"
 ln -s "$emu_dir/libtapir_cuda_emu_cublas.so" "$work/lib/libcublas.so"
+ln -s "$emu_dir/libtapir_cuda_emu_nccl.so" "$work/lib/libnccl.so"
 export LD_LIBRARY_PATH="$work/lib:$(dirname "$TAPIR_NVRTC_LIB")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export TAPIR_CUDA_EMU_DEVICES=${TAPIR_CUDA_EMU_DEVICES:-2}
 export TAPIR_CUDA_EMU_MEMORY=${TAPIR_CUDA_EMU_MEMORY:-2G}
@@ -92,7 +93,7 @@ export CARGO_TARGET_DIR=$work/build
 # No debug info and no incremental state: a third of the disk and link time.
 export CARGO_PROFILE_DEV_DEBUG=0 CARGO_INCREMENTAL=0
 
-features=std,driver,nvrtc,cublas,dynamic-loading,cuda-12090
+features=std,driver,nvrtc,cublas,nccl,dynamic-loading,cuda-12090
 cd "$work/cudarc"
 echo "== building cudarc 0.19.10's tests and examples ($features)"
 cargo test --offline -q --no-default-features --features "$features" --lib --no-run

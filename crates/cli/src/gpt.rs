@@ -133,6 +133,14 @@ pub struct Args {
     /// and saves.
     #[arg(long, value_enum, default_value_t = Dist::None)]
     pub dist: Dist,
+    /// Data parallelism over several CUDA devices of this process, e.g.
+    /// `cuda:0,cuda:1`: one thread and one NCCL communicator per device
+    /// (a build with the `nccl` feature, on by default; NCCL is found at
+    /// run time). Each device takes its --batch sequences of every global
+    /// batch of N x --batch, as the ranks of `--dist mpi` do; rank 0
+    /// (the first device) prints, evaluates and saves. Replaces --device.
+    #[arg(long, value_delimiter = ',')]
+    pub devices: Vec<DeviceArg>,
     /// Write the run's figures (losses, live bytes, throughput, ranks) as
     /// JSON here (rank 0's file, with every rank's throughput).
     #[arg(long)]
@@ -228,6 +236,11 @@ pub struct Summary {
     pub allreduce_s: f64,
     /// Every rank's training tokens per second, by rank.
     pub rank_tokens_per_s: Vec<f64>,
+    /// What carries the ranks' collectives: "MPI" or "NCCL" (empty alone).
+    pub transport: &'static str,
+    /// With --devices, every rank's (tokens/s, all-reduce s, training s),
+    /// by rank: the ranks are threads of this process.
+    pub threads: Vec<(f64, f64, f64)>,
 }
 
 /// A character vocabulary.
@@ -496,14 +509,68 @@ fn mib(b: usize) -> f64 {
     b as f64 / (1024.0 * 1024.0)
 }
 
+/// The CUDA devices of `--devices`, each checked.
+fn device_list(list: &[DeviceArg]) -> anyhow::Result<Vec<Device>> {
+    list.iter()
+        .map(|d| match d {
+            DeviceArg::Cuda(_) => d.pick(),
+            other => bail!("--devices takes CUDA devices (cuda:0,cuda:1,...), not {other}"),
+        })
+        .collect()
+}
+
 /// Trains as `a` says and returns what it measured (the command's output
-/// is printed by [`run`]).
+/// is printed by [`run`]): on one device, on the ranks of `--dist`, or on
+/// the devices of `--devices`, one thread each (rank 0's summary, with
+/// every rank's figures).
 pub fn train(a: &Args) -> anyhow::Result<Summary> {
-    let comm = communicator(a.dist)?;
+    if a.devices.is_empty() {
+        let comm = communicator(a.dist)?;
+        let transport = if comm.world_size() > 1 { "MPI" } else { "" };
+        return train_on(a, &comm, a.device.pick()?, transport);
+    }
+    if a.dist != Dist::None {
+        bail!("--devices and --dist are two ways to spread the training; give one");
+    }
+    let devices = device_list(&a.devices)?;
+    if devices.len() == 1 {
+        return train_on(a, &Communicator::single(), devices[0], "");
+    }
+    let comms = nccl_communicators(&devices)?;
+    let summaries: Vec<anyhow::Result<Summary>> = std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .zip(&devices)
+            .map(|(comm, &device)| s.spawn(move || train_on(a, &comm, device, "NCCL")))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a rank's thread panicked"))))
+            .collect()
+    });
+    let mut summaries = summaries.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
+    let threads = summaries.iter().map(|s| (s.tokens_per_s, s.allreduce_s, s.train_s)).collect();
+    let mut first = summaries.swap_remove(0);
+    first.threads = threads;
+    Ok(first)
+}
+
+/// One NCCL communicator per device.
+#[cfg(feature = "nccl")]
+fn nccl_communicators(devices: &[Device]) -> anyhow::Result<Vec<Communicator>> {
+    Communicator::nccl_devices(devices).context("--devices: making the NCCL communicators")
+}
+
+#[cfg(not(feature = "nccl"))]
+fn nccl_communicators(_devices: &[Device]) -> anyhow::Result<Vec<Communicator>> {
+    bail!("--devices: this tapir was built without NCCL; build it with `cargo build --release -p tapir-cli --features nccl`")
+}
+
+/// The training of one rank (all of it alone) on `device`.
+fn train_on(a: &Args, comm: &Communicator, device: Device, transport: &'static str) -> anyhow::Result<Summary> {
     let (rank, world) = (comm.rank(), comm.world_size());
     // Rank 0 speaks for the job.
     let quiet = a.quiet || rank != 0;
-    let device = a.device.pick()?;
     let task_name = match &a.data {
         Some(p) => format!("text:{}", p.display()),
         None => format!("sums:{}", a.digits),
@@ -570,7 +637,7 @@ pub fn train(a: &Args) -> anyhow::Result<Summary> {
     store.to_device(device)?;
     // Every rank starts from rank 0's parameters; the bucket buffers are
     // made here, once.
-    let mut ddp = if world > 1 { Some(DataParallel::new(&comm, &mut store, DdpOptions::default())?) } else { None };
+    let mut ddp = if world > 1 { Some(DataParallel::new(comm, &mut store, DdpOptions::default())?) } else { None };
     let schedule = Schedule::WarmupCosine { warmup: a.warmup, total: a.steps, min_factor: 0.1 };
     // Each step's batch and dropout masks come from a generator seeded by
     // (seed, step), so a resumed run draws exactly what the uninterrupted
@@ -591,7 +658,11 @@ pub fn train(a: &Args) -> anyhow::Result<Summary> {
             a.batch,
             start,
             a.steps,
-            if world > 1 { format!(", rank 0 of {world} (MPI): a global batch of {}", world * a.batch) } else { String::new() }
+            if world > 1 {
+                format!(", rank 0 of {world} ({transport}): a global batch of {}", world * a.batch)
+            } else {
+                String::new()
+            }
         );
     }
     let end = a.stop_after.map_or(a.steps, |n| a.steps.min(start + n));
@@ -621,6 +692,8 @@ pub fn train(a: &Args) -> anyhow::Result<Summary> {
         world,
         allreduce_s: 0.0,
         rank_tokens_per_s: vec![],
+        transport,
+        threads: vec![],
     };
     let precision = Precision::parse(&a.precision)?;
     let mut scaler = (precision == Precision::F16).then(GradScaler::default);
@@ -661,7 +734,8 @@ pub fn train(a: &Args) -> anyhow::Result<Summary> {
         })?;
         // The loss of the global batch: the mean of the ranks' means.
         let loss = if world > 1 {
-            let mut l = Tensor::from_vec(vec![loss], [1])?;
+            // On the rank's device: NCCL reduces device tensors only.
+            let mut l = Tensor::from_vec(vec![loss], [1])?.to_device(device)?;
             comm.all_reduce(&mut l, ReduceOp::Average)?;
             l.to_vec::<f32>()?[0]
         } else {
@@ -740,7 +814,7 @@ pub fn train(a: &Args) -> anyhow::Result<Summary> {
     summary.accuracy = summary.evals.last().map(|e| e.1);
     summary.allreduce_s = ddp.as_ref().map_or(0.0, DataParallel::comm_seconds);
     summary.rank_tokens_per_s = if world > 1 {
-        comm.all_gather(&Tensor::from_vec(vec![summary.tokens_per_s], [1])?)?.to_vec::<f64>()?
+        comm.all_gather(&Tensor::from_vec(vec![summary.tokens_per_s], [1])?.to_device(device)?)?.to_vec::<f64>()?
     } else {
         vec![summary.tokens_per_s]
     };
@@ -844,8 +918,11 @@ fn write_chart(path: &Path, start: usize, s: &Summary) -> anyhow::Result<()> {
 /// Runs the command and prints its report.
 pub fn run(a: Args) -> anyhow::Result<()> {
     let s = train(&a)?;
-    if s.world > 1 {
+    if s.threads.is_empty() && s.world > 1 {
         rank_report(s.rank, s.world, &format!("{:.0} tokens/s, ", s.tokens_per_s), s.allreduce_s, s.train_s);
+    }
+    for (r, &(tokens, allreduce, train)) in s.threads.iter().enumerate() {
+        rank_report(r, s.world, &format!("{tokens:.0} tokens/s, "), allreduce, train);
     }
     if s.rank != 0 {
         return Ok(());
@@ -881,8 +958,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     if s.world > 1 {
         println!(
-            "ranks        {} over MPI: {:.0} tokens/s in all ({} by rank); all-reduce {:.2} s on rank 0",
+            "ranks        {} over {}: {:.0} tokens/s in all ({} by rank); all-reduce {:.2} s on rank 0",
             s.world,
+            s.transport,
             s.rank_tokens_per_s.iter().sum::<f64>(),
             s.rank_tokens_per_s.iter().map(|t| format!("{t:.0}")).collect::<Vec<_>>().join(", "),
             s.allreduce_s

@@ -19,6 +19,13 @@
 //!   optimizers update a CUDA parameter with one kernel launch (the CPU's
 //!   arithmetic, bit for bit) and keep its state beside it, and
 //!   checkpoints load onto the device of the store they fill.
+//! - Past one device, [`dist`]: a `Communicator` over MPI (CPU ranks, the
+//!   `mpi` feature) or NCCL (CUDA devices, the `nccl` feature: one thread
+//!   per GPU with `Communicator::nccl_devices`, the gradients reduced in
+//!   place on each device), `DataParallel` after PyTorch's DDP and
+//!   `ShardedAdam` (ZeRO stage 1). Without a GPU the NCCL path runs on the
+//!   emulated devices (`TAPIR_CUDA=emulated TAPIR_CUDA_EMU_DEVICES=2`) and
+//!   the emulator's NCCL stand-in: `cargo test -p tapir-nn --test nccl`.
 //!
 //! ```
 //! use tapir::prelude::*;

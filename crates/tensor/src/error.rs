@@ -163,6 +163,16 @@ pub enum Error {
     /// An error from the CUDA driver, NVRTC or cuBLAS.
     #[error("cuda: {0}")]
     Cuda(String),
+    /// A collective through NCCL failed, or no NCCL library was found:
+    /// NCCL's own name for the result and its last message, or what was
+    /// tried.
+    #[error("{op}: {reason}")]
+    Nccl {
+        /// The NCCL call (or tapir function) that failed.
+        op: &'static str,
+        /// What NCCL said, or why no NCCL could be used.
+        reason: String,
+    },
     /// A checkpoint could not be saved or loaded: `tapir_nn`'s
     /// `CheckpointError` converted by `?` in a function returning this
     /// crate's [`Result`] (a tensor error inside it converts to itself).

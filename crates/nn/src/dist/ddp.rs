@@ -38,12 +38,14 @@ pub enum DdpEvent {
     },
 }
 
-/// One all-reduce's worth of gradients, in one flat buffer made once.
+/// One all-reduce's worth of gradients, in one flat buffer.
 #[derive(Debug)]
 struct Bucket {
     params: Vec<ParamId>,
-    /// The flat buffer, on the host, in the carrier dtype (f64 for f64
-    /// parameters, f32 for every other float).
+    /// The flat buffer, made once: on the host in the carrier dtype (f64
+    /// for f64 parameters, f32 for every other float), or on a device
+    /// backend's device in the parameters' dtype, where each gradient is
+    /// copied in and the bucket reduced in place.
     buffer: Tensor,
     /// Gradients packed so far in this step.
     filled: usize,
@@ -86,8 +88,11 @@ struct Bucket {
 pub struct DataParallel<'c> {
     comm: &'c Communicator,
     buckets: Vec<Bucket>,
-    /// For each parameter: its bucket and offset there.
+    /// For each parameter: its bucket and offset there (elements).
     slots: Vec<(usize, usize)>,
+    /// The device a device backend reduces on (NCCL), or `None`: through
+    /// the host.
+    device: Option<tapir_tensor::Device>,
     /// Shapes and dtypes of the parameters, to rebuild their gradients.
     params: Vec<(Vec<usize>, DType, tapir_tensor::Device)>,
     /// Whether each parameter's gradient is in its bucket this step.
@@ -111,6 +116,15 @@ impl<'c> DataParallel<'c> {
                 format!("root rank {} in a world of {}", opts.root, comm.world_size()),
             ));
         }
+        let device = comm.backend().device().map(|d| d.device());
+        if let Some(d) = device {
+            if let Some((_, name, p)) = store.iter().find(|(_, _, p)| p.device() != d) {
+                return Err(Error::invalid_arg(
+                    "DataParallel::new",
+                    format!("parameter '{name}' is on {}, the communicator's device is {d}", p.device()),
+                ));
+            }
+        }
         comm.agree_on("DataParallel::new", DType::I64, &[store.len()])
             .map_err(|e| Error::invalid_arg("DataParallel::new", format!("the ranks' models differ in size: {e}")))?;
         let ids: Vec<ParamId> = store.ids().collect();
@@ -122,12 +136,13 @@ impl<'c> DataParallel<'c> {
             comm.broadcast(&mut value, opts.root)?;
             store.set(id, value)?;
         }
-        // Buckets, last parameter first, one carrier dtype each.
+        // Buckets, last parameter first, one carrier dtype each (on a
+        // device backend, the parameters' own dtype: NCCL reduces them all).
         let mut slots = vec![(0, 0); ids.len()];
         let mut layout: Vec<(DType, Vec<ParamId>, usize)> = Vec::new();
         for &id in ids.iter().rev() {
             let p = store.get(id);
-            let carrier = Staged::carrier(p.dtype())?;
+            let carrier = if device.is_some() { p.dtype() } else { Staged::carrier(p.dtype())? };
             let bytes = p.numel() * carrier.size_in_bytes();
             // Only the most recent bucket of a dtype stays open, so a bucket
             // holds parameters that become final together.
@@ -147,7 +162,11 @@ impl<'c> DataParallel<'c> {
         let buckets = layout
             .into_iter()
             .map(|(carrier, params, used)| {
-                Ok(Bucket { params, buffer: Tensor::zeros([used / carrier.size_in_bytes()], carrier)?, filled: 0 })
+                let mut buffer = Tensor::zeros([used / carrier.size_in_bytes()], carrier)?;
+                if let Some(d) = device {
+                    buffer = buffer.to_device(d)?;
+                }
+                Ok(Bucket { params, buffer, filled: 0 })
             })
             .collect::<Result<Vec<_>>>()?;
         let params = ids
@@ -161,6 +180,7 @@ impl<'c> DataParallel<'c> {
             comm,
             buckets,
             slots,
+            device,
             params,
             packed: vec![false; ids.len()],
             next: 0,
@@ -186,7 +206,10 @@ impl<'c> DataParallel<'c> {
 
     /// Seconds this rank spent inside the gradients' all-reduces since
     /// construction (waiting for slower ranks included): with the steps'
-    /// time, how much of a step communication takes.
+    /// time, how much of a step communication takes. On a device backend
+    /// (NCCL) it is the time to put each bucket together and queue its
+    /// all-reduce: the reduction itself runs on the device's stream, behind
+    /// the backward's kernels, and its time shows in the step's.
     pub fn comm_seconds(&self) -> f64 {
         self.comm_s
     }
@@ -252,8 +275,8 @@ impl<'c> DataParallel<'c> {
                 let g = match acc {
                     Some(a) => a.get(ParamId(k)).clone(),
                     None => {
-                        let (dims, dtype, _) = &self.params[k];
-                        Tensor::zeros(dims.clone(), *dtype)?
+                        let (dims, dtype, device) = &self.params[k];
+                        Tensor::zeros(dims.clone(), *dtype)?.to_device(*device)?
                     }
                 };
                 self.pack(k, &g)?;
@@ -267,9 +290,14 @@ impl<'c> DataParallel<'c> {
     fn pack(&mut self, k: usize, g: &Tensor) -> Result<()> {
         let (b, offset) = self.slots[k];
         let bucket = &mut self.buckets[b];
-        match Staged::from(g)? {
-            Staged::F32(v) => bucket.buffer.make_mut::<f32>()?[offset..offset + v.len()].copy_from_slice(&v),
-            Staged::F64(v) => bucket.buffer.make_mut::<f64>()?[offset..offset + v.len()].copy_from_slice(&v),
+        if self.device.is_some() {
+            // A copy on the device's stream, into the bucket made once.
+            tapir_tensor::cuda::copy_into(&mut bucket.buffer, offset, g)?;
+        } else {
+            match Staged::from(g)? {
+                Staged::F32(v) => bucket.buffer.make_mut::<f32>()?[offset..offset + v.len()].copy_from_slice(&v),
+                Staged::F64(v) => bucket.buffer.make_mut::<f64>()?[offset..offset + v.len()].copy_from_slice(&v),
+            }
         }
         self.packed[k] = true;
         bucket.filled += 1;
@@ -284,6 +312,14 @@ impl<'c> DataParallel<'c> {
     fn reduce(&mut self, b: usize) -> Result<()> {
         self.events.push(DdpEvent::AllReduce { bucket: b });
         let t0 = std::time::Instant::now();
+        if let Some(collectives) = self.comm.backend().device() {
+            // The bucket reduced in place on the device's stream: the call
+            // returns once it is queued, and the backward's next kernels
+            // queue behind it.
+            collectives.all_reduce(&mut self.buckets[b].buffer, super::ReduceOp::Average)?;
+            self.comm_s += t0.elapsed().as_secs_f64();
+            return Ok(());
+        }
         let inv = 1.0 / self.comm.world_size() as f64;
         let buffer = &mut self.buckets[b].buffer;
         match buffer.dtype() {
@@ -310,6 +346,11 @@ impl<'c> DataParallel<'c> {
             let (b, offset) = self.slots[k];
             let n: usize = dims.iter().product();
             let buffer = &self.buckets[b].buffer;
+            if self.device.is_some() {
+                // A view of the reduced bucket, in the parameter's shape.
+                out.push(buffer.narrow(0, offset, n)?.reshape(dims.clone())?);
+                continue;
+            }
             let t = match buffer.dtype() {
                 DType::F64 => {
                     let s = buffer.as_slice::<f64>().ok_or_else(|| Error::invalid_arg("DataParallel", "bucket"))?;

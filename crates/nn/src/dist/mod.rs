@@ -1,5 +1,6 @@
-//! Training past one process: a communicator over an existing engine (MPI
-//! for CPU ranks; NCCL for GPUs is the next backend), data parallelism after
+//! Training past one process or one device: a communicator over an
+//! existing engine (MPI for CPU ranks, NCCL for CUDA devices), data
+//! parallelism after
 //! PyTorch's DistributedDataParallel ([`DataParallel`]), the optimizer state
 //! sharded across ranks ([`ShardedAdam`], ZeRO stage 1), and each rank's
 //! part of the data ([`DataLoader::shard`](crate::DataLoader::shard)).
@@ -7,8 +8,9 @@
 //! tapir writes no transport of its own: a [`Backend`] moves host buffers
 //! with the engine's collectives, and [`Communicator`] puts tapir tensors of
 //! any float dtype, on any device, through it (f16 and bf16 are reduced in
-//! f32; a device tensor is staged through the host until the NCCL backend
-//! reduces it where it lives).
+//! f32). A backend that reduces on the device ([`DeviceCollectives`], the
+//! NCCL one) takes CUDA tensors where they live, in place, of every dtype,
+//! with no copy through the host.
 //!
 //! ```
 //! use tapir::prelude::*;
@@ -24,25 +26,59 @@
 //! ```
 //!
 //! With the `mpi` feature, `Communicator::mpi()` joins the job `mpirun`
-//! started (`mpirun -np 2 ./train`).
+//! started (`mpirun -np 2 ./train`). With the `nccl` feature,
+//! `Communicator::nccl_devices(&[Device::Cuda(0), Device::Cuda(1)])` makes
+//! one communicator per GPU of this process (each moved to a thread of its
+//! own), and `Communicator::nccl(device, rank, world, id)` joins a job
+//! whose ranks share an `NcclId` (made by one rank, sent to the others
+//! over MPI, say). On the emulated device (`TAPIR_CUDA=emulated`,
+//! `TAPIR_CUDA_EMU_DEVICES=2`) NCCL is the emulator's stand-in, so the same
+//! code runs in tests without a GPU.
 
 mod ddp;
 #[cfg(feature = "mpi")]
 mod mpi;
+#[cfg(feature = "nccl")]
+mod nccl;
 mod zero;
 
 pub use ddp::{DataParallel, DdpEvent, DdpOptions};
+#[cfg(feature = "nccl")]
+pub use tapir_tensor::cuda::nccl::NcclId;
 pub use zero::ShardedAdam;
 
 use tapir_tensor::{DType, Device, Error, Result, ShapeOps, Tensor};
 
 /// How a collective combines the ranks' values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ReduceOp {
     /// The element-wise sum over ranks.
     Sum,
     /// The element-wise mean over ranks (the sum divided by the world size).
     Average,
+    /// The element-wise maximum over ranks.
+    Max,
+    /// The element-wise minimum over ranks.
+    Min,
+}
+
+/// Collectives a backend runs on device tensors, in place where they
+/// live (NCCL on CUDA tensors), for every dtype; [`Communicator`] sends a
+/// tensor here when the backend has them ([`Backend::device`]) and through
+/// the host buffers otherwise. Every tensor must be on [`device`](Self::device).
+pub trait DeviceCollectives {
+    /// The device this rank's tensors live on.
+    fn device(&self) -> Device;
+    /// `t` replaced by the element-wise `op` over ranks, in place.
+    fn all_reduce(&self, t: &mut Tensor, op: ReduceOp) -> Result<()>;
+    /// `t` replaced by rank `root`'s, in place.
+    fn broadcast(&self, t: &mut Tensor, root: usize) -> Result<()>;
+    /// Every rank's `t`, concatenated in rank order, flat.
+    fn all_gather(&self, t: &Tensor) -> Result<Tensor>;
+    /// The element-wise `op` over ranks of the flat `t`, of which this
+    /// rank gets block `rank` (`t.numel() / world` elements), flat.
+    fn reduce_scatter(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor>;
 }
 
 /// A host buffer a collective reads or writes: the two element types the
@@ -96,6 +132,12 @@ pub trait Backend: Send {
     /// rank that failed calls, so that the others end with an error instead
     /// of waiting for it forever.
     fn abort(&self, message: &str) -> !;
+    /// The collectives this engine runs on device tensors in place, if it
+    /// has them (NCCL); `None` (the default) sends every tensor through
+    /// the host buffers above.
+    fn device(&self) -> Option<&dyn DeviceCollectives> {
+        None
+    }
 }
 
 /// One process alone: every collective is the identity.
@@ -198,15 +240,51 @@ impl Communicator {
         self.backend.abort(message)
     }
 
-    /// Replaces `t` on every rank by the element-wise sum (or mean) of its
-    /// values over ranks. `t` keeps its shape, dtype and device.
+    /// The backend's device collectives, when it has them: then `t` must
+    /// be on their device (an [`Error::DeviceMismatch`] otherwise, a CPU
+    /// tensor given to an NCCL communicator, say).
+    fn on_device(&self, op: &'static str, t: &Tensor) -> Result<Option<&dyn DeviceCollectives>> {
+        match self.backend.device() {
+            Some(d) if t.device() != d.device() => Err(Error::DeviceMismatch { op, lhs: t.device(), rhs: d.device() }),
+            other => Ok(other),
+        }
+    }
+
+    /// Replaces `t` on every rank by the element-wise sum (mean, maximum,
+    /// minimum) of its values over ranks. `t` keeps its shape, dtype and
+    /// device; on a device backend it is reduced in place there.
     pub fn all_reduce(&self, t: &mut Tensor, op: ReduceOp) -> Result<()> {
+        let device = self.on_device("all_reduce", t)?;
         self.agree("all_reduce", t)?;
-        let world = self.world_size() as f64;
+        if let Some(d) = device {
+            return d.all_reduce(t, op);
+        }
+        let world = self.world_size();
+        if matches!(op, ReduceOp::Max | ReduceOp::Min) {
+            // Every rank's values, then the extreme of each element here:
+            // the host engines are asked for sums only.
+            let mut send = Staged::from(t)?;
+            let mut all = Staged::zeros(send.dtype(), t.numel() * world);
+            self.backend.all_gather(send.as_buf(), all.as_buf())?;
+            let pick = |a: f64, b: f64| if op == ReduceOp::Max { a.max(b) } else { a.min(b) };
+            let n = t.numel();
+            let out = match all {
+                Staged::F32(v) => Staged::F32(
+                    (0..n)
+                        .map(|i| (1..world).fold(v[i], |acc, r| pick(acc as f64, v[r * n + i] as f64) as f32))
+                        .collect(),
+                ),
+                Staged::F64(v) => {
+                    Staged::F64((0..n).map(|i| (1..world).fold(v[i], |acc, r| pick(acc, v[r * n + i]))).collect())
+                }
+            };
+            *t = out.into_tensor(t.dims().to_vec(), t.dtype(), t.device())?;
+            return Ok(());
+        }
         *t = through_host(t, t.shape().dims().to_vec(), |buf| {
             self.backend.all_reduce_sum(buf.as_buf())?;
             if op == ReduceOp::Average {
-                buf.scale(1.0 / world);
+                buf.scale(1.0 / world as f64);
             }
             Ok(())
         })?;
@@ -216,7 +294,11 @@ impl Communicator {
     /// Replaces `t` on every rank by rank `root`'s value.
     pub fn broadcast(&self, t: &mut Tensor, root: usize) -> Result<()> {
         check_root(root, self.world_size())?;
+        let device = self.on_device("broadcast", t)?;
         self.agree("broadcast", t)?;
+        if let Some(d) = device {
+            return d.broadcast(t, root);
+        }
         *t = through_host(t, t.shape().dims().to_vec(), |buf| self.backend.broadcast(buf.as_buf(), root))?;
         Ok(())
     }
@@ -224,18 +306,23 @@ impl Communicator {
     /// Every rank's `t` stacked along a new leading axis, in rank order:
     /// `[world, ...t.shape]` (torch's `all_gather_into_tensor`, stacked).
     pub fn all_gather(&self, t: &Tensor) -> Result<Tensor> {
+        let device = self.on_device("all_gather", t)?;
         self.agree("all_gather", t)?;
         let mut dims = vec![self.world_size()];
         dims.extend_from_slice(t.dims());
+        if let Some(d) = device {
+            return d.all_gather(t)?.reshape(dims);
+        }
         let mut send = Staged::from(t)?;
         let mut recv = Staged::zeros(send.dtype(), t.numel() * self.world_size());
         self.backend.all_gather(send.as_buf(), recv.as_buf())?;
         recv.into_tensor(dims, t.dtype(), t.device())
     }
 
-    /// The element-wise sum (or mean) over ranks of `t`, of which rank `r`
-    /// gets block `r` along the first axis: `t`'s first dimension must be a
-    /// multiple of the world size, and the result is `[d0 / world, ...]`.
+    /// The element-wise sum (mean, maximum, minimum) over ranks of `t`, of
+    /// which rank `r` gets block `r` along the first axis: `t`'s first
+    /// dimension must be a multiple of the world size, and the result is
+    /// `[d0 / world, ...]`.
     pub fn reduce_scatter(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
         let world = self.world_size();
         let d0 = t.dims().first().copied().unwrap_or(0);
@@ -246,9 +333,18 @@ impl Communicator {
                 reason: format!("the first dimension must be a multiple of the world size {world}"),
             });
         }
+        let device = self.on_device("reduce_scatter", t)?;
         self.agree("reduce_scatter", t)?;
         let mut dims = t.dims().to_vec();
         dims[0] /= world;
+        if let Some(d) = device {
+            return d.reduce_scatter(t, op)?.reshape(dims);
+        }
+        if matches!(op, ReduceOp::Max | ReduceOp::Min) {
+            let mut full = t.clone();
+            self.all_reduce(&mut full, op)?;
+            return full.narrow(0, self.rank() * dims[0], dims[0]);
+        }
         let mut send = Staged::from(t)?;
         let mut recv = Staged::zeros(send.dtype(), t.numel() / world);
         self.backend.reduce_scatter_sum(send.as_buf(), recv.as_buf())?;
@@ -347,7 +443,7 @@ impl Staged {
         })
     }
 
-    fn dtype(&self) -> DType {
+    pub(crate) fn dtype(&self) -> DType {
         match self {
             Staged::F32(_) => DType::F32,
             Staged::F64(_) => DType::F64,

@@ -32,6 +32,9 @@ type CuDeviceGetCount = unsafe extern "C" fn(count: *mut i32) -> u32;
 /// The file names of the emulator's two libraries, as cargo builds them.
 const EMU_DRIVER: &str = "libtapir_cuda_emu.so";
 const EMU_CUBLAS: &str = "libtapir_cuda_emu_cublas.so";
+/// The emulator's NCCL stand-in, built beside the other two.
+#[cfg(feature = "nccl")]
+const EMU_NCCL: &str = "libtapir_cuda_emu_nccl.so";
 
 /// Whether the emulated device is selected (`TAPIR_CUDA=emulated`).
 pub fn emulated_selected() -> bool {
@@ -176,6 +179,65 @@ pub fn cublas_library() -> Result<String, String> {
             })
     })
     .clone()
+}
+
+/// The NCCL library to use, opened (and kept loaded) before cudarc looks
+/// it up by name, or why there is none. With the emulator selected it is
+/// the emulator's NCCL stand-in (`TAPIR_CUDA_EMU_NCCL_LIB`, else beside the
+/// emulator's library, else where the emulator's libraries are looked
+/// for); otherwise `TAPIR_NCCL_LIB`, the `nvidia-nccl` wheels' and the
+/// toolkits' `libnccl.so.2`, then the loader's path, each checked to be the
+/// object cudarc's open by name (`libnccl.so`, ...) will find.
+#[cfg(feature = "nccl")]
+pub fn nccl_library() -> Result<String, String> {
+    if emulated_selected() {
+        let driver = driver_library()?;
+        let dir = Path::new(&driver).parent().map(Path::to_path_buf).unwrap_or_default();
+        let mut candidates = emu_candidates("TAPIR_CUDA_EMU_NCCL_LIB", EMU_NCCL);
+        if std::env::var_os("TAPIR_CUDA_EMU_NCCL_LIB").is_none() {
+            candidates.insert(0, dir.join(EMU_NCCL));
+        }
+        let mut tried = Vec::new();
+        return match open_first(&candidates, &mut tried) {
+            Some(p) => Ok(p.display().to_string()),
+            None => Err(format!(
+                "the emulator's NCCL stand-in was not found: build it with `{} -p tapir-cuda-emu-nccl`, or set \
+                 TAPIR_CUDA_EMU_NCCL_LIB; tried {}",
+                emu_build_command(),
+                tried.join(", ")
+            )),
+        };
+    }
+    let roots = super::libs::Roots::from_env(&super::libs::NCCL);
+    let mut candidates: Vec<PathBuf> = Vec::new();
+    if let Some(p) = &roots.explicit {
+        candidates.push(if p.is_dir() { p.join("libnccl.so.2") } else { p.clone() });
+    }
+    for site in &roots.site_packages {
+        for sub in ["nvidia/nccl/lib", "nvidia/cu13/lib"] {
+            for file in ["libnccl.so", "libnccl.so.2"] {
+                let p = site.join(sub).join(file);
+                if p.is_file() {
+                    candidates.push(p);
+                }
+            }
+        }
+    }
+    for dir in &roots.toolkits {
+        let p = dir.join("libnccl.so.2");
+        if p.is_file() {
+            candidates.push(p);
+        }
+    }
+    candidates.extend(["libnccl.so", "libnccl.so.2"].map(PathBuf::from));
+    super::libs::open_for_cudarc(&candidates, &cudarc::get_lib_name_candidates("nccl"), b"ncclGetVersion\0", &[])
+        .map_err(|tried| {
+            format!(
+                "install NCCL (the libnccl2 package, or the nvidia-nccl-cu12 wheel with its folder's libnccl.so.2 \
+                 linked as libnccl.so on the loader's path), or set TAPIR_NCCL_LIB; tried {}",
+                tried.join(", ")
+            )
+        })
 }
 
 /// The driver library in use: the emulator's path when it is selected,

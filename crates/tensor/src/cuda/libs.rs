@@ -42,6 +42,12 @@ pub(crate) const NVRTC: Lib = Lib { stem: "nvrtc", package: "cuda_nvrtc", var: "
 /// cuBLAS: `nvidia-cublas` (13) or `nvidia-cublas-cu12`.
 pub(crate) const CUBLAS: Lib = Lib { stem: "cublas", package: "cublas", var: "TAPIR_CUBLAS_LIB" };
 
+/// NCCL: `nvidia-nccl-cu12` (its folder, `nvidia/nccl/lib`), found by
+/// `driver::nccl_library` (NCCL's soname is `libnccl.so.2` whatever the CUDA
+/// version, so only the roots are shared).
+#[cfg(feature = "nccl")]
+pub(crate) const NCCL: Lib = Lib { stem: "nccl", package: "nccl", var: "TAPIR_NCCL_LIB" };
+
 /// Where a machine keeps CUDA libraries, gathered once from the
 /// environment ([`Roots::from_env`]) or given by a test.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -28,6 +28,8 @@ pub(crate) mod index;
 pub(crate) mod launch;
 mod libs;
 pub(crate) mod matmul;
+#[cfg(feature = "nccl")]
+pub mod nccl;
 mod nvrtc;
 pub mod optim;
 pub(crate) mod random;
@@ -39,6 +41,8 @@ mod unary;
 pub(crate) use buffer::to_cuda;
 pub use buffer::CudaBuffer;
 pub use context::CudaDevice;
+
+use crate::Tensor;
 
 pub use driver::{cublas_library, driver_library, driver_version, emulated_selected};
 
@@ -84,6 +88,35 @@ pub fn synchronize(device: crate::Device) -> crate::Result<()> {
         dev.stream.synchronize().map_err(|e| context::driver_error("stream synchronize", e))?;
     }
     Ok(())
+}
+
+/// Copies `src` (any layout) into the flat CUDA tensor `dst` from element
+/// `offset` on, in place, queued on the device's stream: how data
+/// parallelism packs each gradient into its bucket without allocating.
+/// `dst` keeps its buffer when no other tensor shares it (otherwise it
+/// gets a copy of its own first, so nobody else sees the write).
+pub fn copy_into(dst: &mut Tensor, offset: usize, src: &Tensor) -> crate::Result<()> {
+    const OP: &str = "copy_into";
+    if dst.device() != src.device() {
+        return Err(crate::Error::DeviceMismatch { op: OP, lhs: dst.device(), rhs: src.device() });
+    }
+    if dst.dtype() != src.dtype() {
+        return Err(crate::Error::DTypeMismatch { op: OP, lhs: dst.dtype(), rhs: src.dtype() });
+    }
+    if dst.rank() != 1 || offset + src.numel() > dst.numel() {
+        return Err(crate::Error::InvalidShape {
+            op: OP,
+            shape: Box::new(dst.shape().clone()),
+            reason: format!("{} elements at offset {offset} do not fit a flat tensor", src.numel()),
+        });
+    }
+    if src.numel() == 0 {
+        return Ok(());
+    }
+    let (dev, _) = launch::device_of(OP, dst)?;
+    let base = optim::owned(OP, dst)?;
+    let at = base + (offset * dst.dtype().size_in_bytes()) as u64;
+    shape::place(OP, &dev, src, at, &src.shape().contiguous_strides())
 }
 
 /// Lets f32 matrix products on `device` use TF32 tensor cores (10-bit

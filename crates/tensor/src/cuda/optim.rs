@@ -65,7 +65,7 @@ pub struct AdamStep {
 /// The device address of `t`'s elements once `t` owns a whole, contiguous
 /// buffer no other tensor shares (a copy on the device is made first when
 /// it does not), so the kernel's in-place write is seen by nobody else.
-fn owned(op: &'static str, t: &mut Tensor) -> Result<u64> {
+pub(crate) fn owned(op: &'static str, t: &mut Tensor) -> Result<u64> {
     let (dev, ptr) = device_of(op, t)?;
     let whole = t.is_contiguous() && t.layout.offset == 0 && t.numel() == t.storage.len();
     if whole && Arc::strong_count(&t.storage) == 1 {
