@@ -79,8 +79,9 @@ pub fn mark_written(shadow: &[AtomicU64], off: usize, len: usize) {
     if len == 0 {
         return;
     }
-    for w in off / 64..=(off + len - 1) / 64 {
-        let (word, bits) = (&shadow[w], word_bits(w, off, len));
+    let first = off / 64;
+    for (w, word) in (first..).zip(&shadow[first..=(off + len - 1) / 64]) {
+        let bits = word_bits(w, off, len);
         // Most stores land on bytes already written: skip the locked update.
         if word.load(Ordering::Relaxed) & bits != bits {
             word.fetch_or(bits, Ordering::Relaxed);
@@ -94,8 +95,9 @@ pub fn first_unwritten(shadow: &[AtomicU64], off: usize, len: usize) -> Option<u
     if len == 0 {
         return None;
     }
-    for w in off / 64..=(off + len - 1) / 64 {
-        let missing = !shadow[w].load(Ordering::Relaxed) & word_bits(w, off, len);
+    let first = off / 64;
+    for (w, word) in (first..).zip(&shadow[first..=(off + len - 1) / 64]) {
+        let missing = !word.load(Ordering::Relaxed) & word_bits(w, off, len);
         if missing != 0 {
             return Some(w * 64 + missing.trailing_zeros() as usize);
         }
