@@ -80,7 +80,7 @@ pub fn mark_written(shadow: &[AtomicU64], off: usize, len: usize) {
         return;
     }
     let first = off / 64;
-    for (w, word) in shadow.iter().enumerate().take((off + len - 1) / 64 + 1).skip(first) {
+    for (w, word) in (first..).zip(&shadow[first..=(off + len - 1) / 64]) {
         let bits = word_bits(w, off, len);
         // Most stores land on bytes already written: skip the locked update.
         if word.load(Ordering::Relaxed) & bits != bits {
@@ -95,9 +95,9 @@ pub fn first_unwritten(shadow: &[AtomicU64], off: usize, len: usize) -> Option<u
     if len == 0 {
         return None;
     }
-    for (w, word) in shadow.iter().enumerate().take((off + len - 1) / 64 + 1).skip(off / 64) {
-        let bits = word_bits(w, off, len);
-        let missing = !word.load(Ordering::Relaxed) & bits;
+    let first = off / 64;
+    for (w, word) in (first..).zip(&shadow[first..=(off + len - 1) / 64]) {
+        let missing = !word.load(Ordering::Relaxed) & word_bits(w, off, len);
         if missing != 0 {
             return Some(w * 64 + missing.trailing_zeros() as usize);
         }

@@ -137,6 +137,7 @@ pub(super) fn two_sum(a: f64, b: f64) -> (f64, f64) {
     (s, if s.is_finite() { e } else { 0.0 })
 }
 
+#[inline(always)]
 pub(super) fn cmp_f(cmp: Cmp, a: f64, b: f64) -> bool {
     let un = a.is_nan() || b.is_nan();
     match cmp {
@@ -161,6 +162,7 @@ pub(super) fn cmp_f(cmp: Cmp, a: f64, b: f64) -> bool {
     }
 }
 
+#[inline(always)]
 pub(super) fn cmp_i(cmp: Cmp, t: Ty, a: u64, b: u64) -> bool {
     let w = bits(t);
     let (ua, ub) = (a & mask_of(w), b & mask_of(w));
@@ -235,6 +237,7 @@ pub(super) fn fminmax32(a: f32, b: f32, max: bool) -> f32 {
 }
 
 /// Reads an f16/bf16/f32/f64 source as f64.
+#[inline(always)]
 pub(super) fn to_f64(t: Ty, v: u64) -> f64 {
     match t {
         Ty::F16 => f64::from(f16::from_bits(v as u16).to_f32()),

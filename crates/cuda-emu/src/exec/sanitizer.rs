@@ -108,8 +108,9 @@ impl<'a> Block<'a> {
     }
 
     /// The host addresses of a warp's global access when every lane's
-    /// bytes lie in the region of the last access (the common case of a
-    /// coalesced access); None sends the caller to the per-lane checks.
+    /// bytes lie in one live region (the common case of a coalesced
+    /// access), checked once for the span of the lanes' addresses; None
+    /// sends the caller to the per-lane checks, which report what fails.
     #[inline]
     pub(super) fn warp_global(
         &mut self,
@@ -120,29 +121,112 @@ impl<'a> Block<'a> {
         exec: u32,
         write: bool,
     ) -> Option<[*mut u8; 32]> {
-        if sp != Space::Global {
+        if !matches!(sp, Space::Global | Space::Const | Space::Generic) || exec == 0 {
             return None;
         }
-        let (b, l, p, w) = self.last?;
-        let mut out = [std::ptr::null_mut(); 32];
+        let mut addr = [0u64; 32];
+        let (mut lo, mut hi) = (u64::MAX, 0u64);
+        for k in 0..32 {
+            addr[k] = base[k].wrapping_add(off as u64);
+        }
         for k in super::schedule::lanes(exec) {
-            let a = base[k].wrapping_add(off as u64);
-            if a < b || a.saturating_add(len) > b + l {
+            lo = lo.min(addr[k]);
+            hi = hi.max(addr[k]);
+        }
+        // A generic access is a global one when no lane's address falls in
+        // the shared or local window.
+        if sp == Space::Generic {
+            let win = |a: u64| {
+                (SHARED_WIN..SHARED_WIN + WIN_SIZE).contains(&a) || (LOCAL_WIN..LOCAL_WIN + WIN_SIZE).contains(&a)
+            };
+            if super::schedule::lanes(exec).any(|k| win(addr[k])) {
                 return None;
             }
-            if let Some(w) = w {
-                let o = (a - b) as usize;
-                if write {
-                    mark_written(w, o, len as usize);
-                } else if first_unwritten(w, o, len as usize).is_some() {
-                    // The per-lane path reports it.
-                    return None;
+        }
+        let end = hi.checked_add(len)?;
+        let (b, p, w) = match self.last {
+            Some(c) if lo >= c.0 && end <= c.0 + c.1 => (c.0, c.2, c.3),
+            _ => {
+                let r = self.l.mem.find(lo, end - lo)?;
+                let c = (r.base, r.len, r.buf.ptr(), r.buf.written());
+                self.last = Some(c);
+                (c.0, c.2, c.3)
+            }
+        };
+        if let Some(w) = w {
+            if write {
+                for k in super::schedule::lanes(exec) {
+                    mark_written(w, (addr[k] - b) as usize, len as usize);
+                }
+            } else {
+                // The span written means every lane's bytes are; else the
+                // per-lane path finds the first lane that reads a hole.
+                let span = (end - lo) as usize;
+                let whole = span <= 64 * len as usize && first_unwritten(w, (lo - b) as usize, span).is_none();
+                if !whole {
+                    for k in super::schedule::lanes(exec) {
+                        if first_unwritten(w, (addr[k] - b) as usize, len as usize).is_some() {
+                            return None;
+                        }
+                    }
                 }
             }
+        }
+        let mut out = [std::ptr::null_mut(); 32];
+        for k in super::schedule::lanes(exec) {
             // SAFETY: within the region, which the snapshot keeps alive.
-            out[k] = unsafe { p.add((a - b) as usize) };
+            out[k] = unsafe { p.add((addr[k] - b) as usize) };
         }
         Some(out)
+    }
+
+    /// The host addresses of a warp's shared-memory access when every
+    /// lane's address is a shared one inside the block's shared memory,
+    /// after racecheck of each lane in lane order (as the per-lane path
+    /// does); Ok(None) sends the caller to the per-lane path, which
+    /// reports the lane that falls outside.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    pub(super) fn warp_shared(
+        &mut self,
+        sp: Space,
+        base: &[u64; 32],
+        off: i64,
+        len: u64,
+        exec: u32,
+        write: bool,
+        first_tid: usize,
+        wep: u32,
+        line: u32,
+    ) -> Result<Option<[*mut u8; 32]>, Fault> {
+        if !matches!(sp, Space::Shared | Space::Generic) || exec == 0 {
+            return Ok(None);
+        }
+        let mut offs = [0usize; 32];
+        for k in super::schedule::lanes(exec) {
+            let a = base[k].wrapping_add(off as u64);
+            let o = match sp {
+                Space::Generic if (SHARED_WIN..SHARED_WIN + WIN_SIZE).contains(&a) => a - SHARED_WIN,
+                Space::Generic => return Ok(None),
+                _ => a,
+            };
+            if o.saturating_add(len) > self.shared.len() as u64 {
+                return Ok(None);
+            }
+            offs[k] = o as usize;
+        }
+        if self.l.racecheck {
+            for k in super::schedule::lanes(exec) {
+                self.race(first_tid + k, wep, offs[k], len as usize, write, line)?;
+            }
+        }
+        let mut out = [std::ptr::null_mut(); 32];
+        let p = self.shared.as_mut_ptr();
+        for k in super::schedule::lanes(exec) {
+            // SAFETY: bounds checked above.
+            out[k] = unsafe { p.add(offs[k]) };
+        }
+        Ok(Some(out))
     }
 
     /// Checks and records a shared access of `len` bytes at `off`.

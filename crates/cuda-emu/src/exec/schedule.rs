@@ -297,6 +297,11 @@ impl Warp {
 pub(super) struct Worker<'a> {
     pub(super) blk: Block<'a>,
     warps: Vec<Warp>,
+    /// Whether the kernel leaves its parameter area as the launch wrote
+    /// it (no `st.param`, no calls), so blocks after the first reuse it.
+    params_kept: bool,
+    /// Whether a block has run here (and set up what later ones keep).
+    started: bool,
 }
 
 impl<'a> Worker<'a> {
@@ -318,7 +323,8 @@ impl<'a> Worker<'a> {
         let warps = (0..nthreads.div_ceil(WARP))
             .map(|w| Warp::new((w * WARP) as u32, (nthreads - w * WARP).min(WARP), f))
             .collect();
-        Worker { blk, warps }
+        let params_kept = !f.insts.iter().any(|i| matches!(i.ins, Ins::St { sp: Space::Param, .. } | Ins::Call { .. }));
+        Worker { blk, warps, params_kept, started: false }
     }
 
     /// Runs block number `id` (x fastest, as the hardware numbers them).
@@ -332,9 +338,16 @@ impl<'a> Worker<'a> {
         self.blk.gen += 1;
         self.blk.counters.threads += u64::from(l.block[0] * l.block[1] * l.block[2]);
         self.blk.counters.blocks += 1;
+        let (started, params_kept) = (self.started, self.params_kept);
+        self.started = true;
         for w in &mut self.warps {
+            // A block that faulted inside a device function left the
+            // caller's registers in its frames: start from the entry's.
+            if let Some(f0) = w.frames.drain(..).next() {
+                w.regs = f0.regs;
+                w.params = f0.params;
+            }
             w.func = l.func as u32;
-            w.frames.clear();
             w.pcs = [0; WARP];
             w.frame = w.exists;
             w.done = !w.exists;
@@ -342,8 +355,39 @@ impl<'a> Worker<'a> {
             w.coll = 0;
             w.returned = 0;
             w.cc = 0;
-            w.regs.clear();
-            w.regs.resize(f.nregs * WARP, 0);
+            // Only the registers a lane may read before writing need the
+            // zeros they start with (`Func::zeroed`); the rest of the file
+            // keeps the previous block's values, which nothing reads.
+            let first = !started || w.regs.len() != f.nregs * WARP;
+            if first {
+                w.regs.clear();
+                w.regs.resize(f.nregs * WARP, 0);
+            } else {
+                for &r in &f.zeroed {
+                    w.regs[r as usize * WARP..(r as usize + 1) * WARP].fill(0);
+                }
+            }
+            // The special registers are read-only and the parameter area
+            // of a kernel that stores to none and calls nothing too: after
+            // the first block only the block index changes.
+            if !first {
+                for l_ in lanes(w.exists) {
+                    for (k, v) in [bx, by, bz].into_iter().enumerate() {
+                        w.regs[(6 + k) * WARP + l_] = u64::from(v);
+                    }
+                    if !params_kept {
+                        let p = &mut w.params[l_];
+                        p.clear();
+                        p.extend_from_slice(l.params);
+                        p.resize((f.param_size as usize).max(l.params.len()), 0);
+                    }
+                    if f.local_size > 0 {
+                        w.local[l_].clear();
+                        w.local[l_].resize(f.local_size as usize, 0);
+                    }
+                }
+                continue;
+            }
             for l_ in lanes(w.exists) {
                 let t = w.base + l_ as u32;
                 let sp = [

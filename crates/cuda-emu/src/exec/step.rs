@@ -28,16 +28,40 @@ fn guarded(active: u32, exec: u32, pc: u32) -> Option<Flow> {
     }
 }
 
+/// The `sz`-byte (1, 2, 4 or 8) little-endian value at `p`, as a fixed
+/// size read rather than a copy of a variable length.
+///
+/// # Safety
+/// `p` must be valid for reading `sz` bytes.
+#[inline(always)]
+unsafe fn read_le(p: *const u8, sz: usize) -> u64 {
+    match sz {
+        1 => u64::from(*p),
+        2 => u64::from(u16::from_le(p.cast::<u16>().read_unaligned())),
+        4 => u64::from(u32::from_le(p.cast::<u32>().read_unaligned())),
+        _ => u64::from_le(p.cast::<u64>().read_unaligned()),
+    }
+}
+
+/// Writes the low `sz` bytes (1, 2, 4 or 8) of `v` at `p`, little-endian.
+///
+/// # Safety
+/// `p` must be valid for writing `sz` bytes.
+#[inline(always)]
+unsafe fn write_le(p: *mut u8, sz: usize, v: u64) {
+    match sz {
+        1 => *p = v as u8,
+        2 => p.cast::<u16>().write_unaligned((v as u16).to_le()),
+        4 => p.cast::<u32>().write_unaligned((v as u32).to_le()),
+        _ => p.cast::<u64>().write_unaligned(v.to_le()),
+    }
+}
+
 impl Warp {
     /// Register `r` of every lane.
     #[inline(always)]
     fn reg(&self, r: u16) -> &[u64] {
         &self.regs[r as usize * WARP..r as usize * WARP + WARP]
-    }
-
-    #[inline(always)]
-    fn reg_mut(&mut self, r: u16) -> &mut [u64] {
-        &mut self.regs[r as usize * WARP..r as usize * WARP + WARP]
     }
 
     /// Operand `o` of lane `l`.
@@ -46,6 +70,17 @@ impl Warp {
         match o {
             Opnd::R(r) => self.regs[r as usize * WARP + l],
             Opnd::I(v) => v,
+        }
+    }
+
+    /// Where operand `o` is read: register `r`'s lanes one apart, or the
+    /// immediate itself with a stride of 0, so a lane loop reads either
+    /// without copying a warp's worth of values first.
+    #[inline(always)]
+    fn src(&self, o: &Opnd) -> (*const u64, usize) {
+        match o {
+            Opnd::R(r) => (self.regs[*r as usize * WARP..][..WARP].as_ptr(), 1),
+            Opnd::I(v) => (v as *const u64, 0),
         }
     }
 
@@ -58,49 +93,36 @@ impl Warp {
         }
     }
 
+    /// `d = f(a, b, c)` for the lanes `m`, each lane's operands read before
+    /// its result is written (a destination may be an operand).
     #[inline(always)]
-    fn map1(&mut self, m: u32, d: u16, a: Opnd, f: impl Fn(u64) -> u64) {
-        let x = self.vals(a);
-        let out = self.reg_mut(d);
-        if m == FULL {
-            for (o, x) in out.iter_mut().zip(x) {
-                *o = f(x);
-            }
-        } else {
-            for l in lanes(m) {
-                out[l] = f(x[l]);
+    fn map3(&mut self, m: u32, d: u16, a: &Opnd, b: &Opnd, c: &Opnd, f: impl Fn(u64, u64, u64) -> u64) {
+        let ((pa, sa), (pb, sb), (pc, sc)) = (self.src(a), self.src(b), self.src(c));
+        let out = self.regs[d as usize * WARP..][..WARP].as_mut_ptr();
+        // SAFETY: each pointer is a register's 32 lanes (stride 1) or one
+        // immediate (stride 0) living in the caller's `Inst`; `l < 32`.
+        // Reads of lane `l` come before its write, so aliasing is benign.
+        unsafe {
+            if m == FULL {
+                for l in 0..WARP {
+                    *out.add(l) = f(*pa.add(l * sa), *pb.add(l * sb), *pc.add(l * sc));
+                }
+            } else {
+                for l in lanes(m) {
+                    *out.add(l) = f(*pa.add(l * sa), *pb.add(l * sb), *pc.add(l * sc));
+                }
             }
         }
     }
 
     #[inline(always)]
-    fn map2(&mut self, m: u32, d: u16, a: Opnd, b: Opnd, f: impl Fn(u64, u64) -> u64) {
-        let (x, y) = (self.vals(a), self.vals(b));
-        let out = self.reg_mut(d);
-        if m == FULL {
-            for l in 0..WARP {
-                out[l] = f(x[l], y[l]);
-            }
-        } else {
-            for l in lanes(m) {
-                out[l] = f(x[l], y[l]);
-            }
-        }
+    fn map2(&mut self, m: u32, d: u16, a: &Opnd, b: &Opnd, f: impl Fn(u64, u64) -> u64) {
+        self.map3(m, d, a, b, &Opnd::I(0), |x, y, _| f(x, y))
     }
 
     #[inline(always)]
-    fn map3(&mut self, m: u32, d: u16, a: Opnd, b: Opnd, c: Opnd, f: impl Fn(u64, u64, u64) -> u64) {
-        let (x, y, z) = (self.vals(a), self.vals(b), self.vals(c));
-        let out = self.reg_mut(d);
-        if m == FULL {
-            for l in 0..WARP {
-                out[l] = f(x[l], y[l], z[l]);
-            }
-        } else {
-            for l in lanes(m) {
-                out[l] = f(x[l], y[l], z[l]);
-            }
-        }
+    fn map1(&mut self, m: u32, d: u16, a: &Opnd, f: impl Fn(u64) -> u64) {
+        self.map3(m, d, a, &Opnd::I(0), &Opnd::I(0), |x, _, _| f(x))
     }
 
     /// Executes `inst` at `pc` for the group `active`, of which `exec` are
@@ -314,9 +336,9 @@ impl Warp {
                             ));
                         };
                         for (k, &dk) in d.iter().enumerate().take(n as usize) {
-                            let mut buf = [0u8; 8];
-                            buf[..sz].copy_from_slice(&src[k * sz..(k + 1) * sz]);
-                            let mut v = u64::from_le_bytes(buf);
+                            let b = &src[k * sz..(k + 1) * sz];
+                            // SAFETY: `b` holds `sz` bytes.
+                            let mut v = unsafe { read_le(b.as_ptr(), sz) };
                             if extend {
                                 v = (sext(v, bits(t)) as u64) & mask_of(dw);
                             }
@@ -325,13 +347,18 @@ impl Warp {
                     }
                     return Ok(());
                 }
-                if let Some(p) = blk.warp_global(sp, &base, addr.off, (sz * n as usize) as u64, exec, false) {
+                let len = (sz * n as usize) as u64;
+                let fast = match blk.warp_global(sp, &base, addr.off, len, exec, false) {
+                    Some(p) => Some(p),
+                    None => {
+                        blk.warp_shared(sp, &base, addr.off, len, exec, false, self.base as usize, self.wep, inst.line)?
+                    }
+                };
+                if let Some(p) = fast {
                     for l in lanes(exec) {
                         for (k, &dk) in d.iter().enumerate().take(n as usize) {
-                            let mut buf = [0u8; 8];
                             // SAFETY: `warp_global` checked every lane's bytes.
-                            unsafe { std::ptr::copy_nonoverlapping(p[l].add(k * sz), buf.as_mut_ptr(), sz) };
-                            let mut v = u64::from_le_bytes(buf);
+                            let mut v = unsafe { read_le(p[l].add(k * sz), sz) };
                             if extend {
                                 v = (sext(v, bits(t)) as u64) & mask_of(dw);
                             }
@@ -355,10 +382,8 @@ impl Warp {
                         inst.line,
                     )?;
                     for (k, &dk) in d.iter().enumerate().take(n as usize) {
-                        let mut buf = [0u8; 8];
                         // SAFETY: `ptr` checked the whole vector's bytes.
-                        unsafe { std::ptr::copy_nonoverlapping(p.add(k * sz), buf.as_mut_ptr(), sz) };
-                        let mut v = u64::from_le_bytes(buf);
+                        let mut v = unsafe { read_le(p.add(k * sz), sz) };
                         if extend {
                             v = (sext(v, bits(t)) as u64) & mask_of(dw);
                         }
@@ -369,12 +394,18 @@ impl Warp {
             Ins::St { sp, t, n, v, addr } => {
                 let base = self.vals(addr.base);
                 let sz = t.size() as usize;
-                if let Some(p) = blk.warp_global(sp, &base, addr.off, (sz * n as usize) as u64, exec, true) {
+                let len = (sz * n as usize) as u64;
+                let fast = match blk.warp_global(sp, &base, addr.off, len, exec, true) {
+                    Some(p) => Some(p),
+                    None => {
+                        blk.warp_shared(sp, &base, addr.off, len, exec, true, self.base as usize, self.wep, inst.line)?
+                    }
+                };
+                if let Some(p) = fast {
                     for l in lanes(exec) {
                         for (k, o) in v.iter().enumerate().take(n as usize) {
-                            let bytes = self.rd(*o, l).to_le_bytes();
                             // SAFETY: as for loads.
-                            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), p[l].add(k * sz), sz) };
+                            unsafe { write_le(p[l].add(k * sz), sz, self.rd(*o, l)) };
                         }
                     }
                     return Ok(());
@@ -394,9 +425,8 @@ impl Warp {
                         inst.line,
                     )?;
                     for (k, o) in v.iter().enumerate().take(n as usize) {
-                        let bytes = self.rd(*o, l).to_le_bytes();
                         // SAFETY: as for loads.
-                        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), p.add(k * sz), sz) };
+                        unsafe { write_le(p.add(k * sz), sz, self.rd(*o, l)) };
                     }
                 }
             }
@@ -498,9 +528,9 @@ impl Warp {
             Ins::Un { op, t, ftz, d, a } => self.un_op(op, t, ftz, d, a, m),
             Ins::Fma { t, rnd, ftz, d, a, b, c } => {
                 if t == Ty::F32 && !ftz && matches!(rnd, Rnd::Rn | Rnd::None) {
-                    self.map3(m, d, a, b, c, |x, y, z| bf32(f32b(x).mul_add(f32b(y), f32b(z))));
+                    self.fma_f32(m, d, &a, &b, &c);
                 } else {
-                    self.map3(m, d, a, b, c, |x, y, z| fma(t, rnd, ftz, x, y, z));
+                    self.map3(m, d, &a, &b, &c, |x, y, z| fma(t, rnd, ftz, x, y, z));
                 }
             }
             Ins::Mad { t, hi, wide, cc_in, cc_out, d, a, b, c } => {
@@ -511,6 +541,7 @@ impl Warp {
                     self.cc = self.cc & !(1 << l) | u32::from(cc) << l;
                 }
             }
+            Ins::Setp { cmp, t, ftz, d, dn: None, a, b, comb: None } => self.setp_op(cmp, t, ftz, d, a, b, m),
             Ins::Setp { cmp, t, ftz, d, dn, a, b, comb } => {
                 let (x, y) = (self.vals(a), self.vals(b));
                 let cv = comb.map(|(_, c, _)| self.vals(c));
@@ -535,14 +566,14 @@ impl Warp {
             }
             Ins::Selp { t, d, a, b, p } => {
                 let mk = mask_of(bits(t));
-                self.map3(m, d, a, b, p, |x, y, p| if p != 0 { x & mk } else { y & mk });
+                self.map3(m, d, &a, &b, &p, |x, y, p| if p != 0 { x & mk } else { y & mk });
             }
             Ins::PredBin { op, d, a, b } => match op {
-                BoolOp::And => self.map2(m, d, a, b, |x, y| u64::from((x != 0) & (y != 0))),
-                BoolOp::Or => self.map2(m, d, a, b, |x, y| u64::from((x != 0) | (y != 0))),
-                BoolOp::Xor => self.map2(m, d, a, b, |x, y| u64::from((x != 0) ^ (y != 0))),
+                BoolOp::And => self.map2(m, d, &a, &b, |x, y| u64::from((x != 0) & (y != 0))),
+                BoolOp::Or => self.map2(m, d, &a, &b, |x, y| u64::from((x != 0) | (y != 0))),
+                BoolOp::Xor => self.map2(m, d, &a, &b, |x, y| u64::from((x != 0) ^ (y != 0))),
             },
-            Ins::PredNot { d, a } => self.map1(m, d, a, |x| u64::from(x == 0)),
+            Ins::PredNot { d, a } => self.map1(m, d, &a, |x| u64::from(x == 0)),
             Ins::Cvt { dt, st, rnd, sat, ftz, d, a } => self.cvt_op(dt, st, rnd, sat, ftz, d, a, m),
             Ins::Cvta { to, sp, d, a } => {
                 let win = match sp {
@@ -551,19 +582,19 @@ impl Warp {
                     _ => 0,
                 };
                 if to {
-                    self.map1(m, d, a, |x| x.wrapping_sub(win));
+                    self.map1(m, d, &a, |x| x.wrapping_sub(win));
                 } else {
-                    self.map1(m, d, a, |x| x.wrapping_add(win));
+                    self.map1(m, d, &a, |x| x.wrapping_add(win));
                 }
             }
-            Ins::Prmt { d, a, b, c } => self.map3(m, d, a, b, c, prmt),
+            Ins::Prmt { d, a, b, c } => self.map3(m, d, &a, &b, &c, prmt),
             Ins::Bfi { t, d, a, b, pos, len } => {
                 for l in lanes(m) {
                     let v = bfi(t, self.rd(a, l), self.rd(b, l), self.rd(pos, l), self.rd(len, l));
                     self.regs[d as usize * WARP + l] = v;
                 }
             }
-            Ins::Bfe { t, d, a, pos, len } => self.map3(m, d, a, pos, len, |x, p, n| bfe(t, x, p, n)),
+            Ins::Bfe { t, d, a, pos, len } => self.map3(m, d, &a, &pos, &len, |x, p, n| bfe(t, x, p, n)),
             Ins::Pack { d, n, w, v } => {
                 for l in lanes(m) {
                     let mut r = 0u64;
@@ -608,16 +639,13 @@ impl Warp {
             }
             return Ok(());
         }
-        if bin(op, t, ftz, rnd, 0, 0, &mut false).is_none() {
-            return Err(format!("unsupported operation {op:?}.{t:?} at PTX line {line}"));
-        }
         let plain = !ftz && matches!(rnd, Rnd::Rn | Rnd::None);
         // The frequent pairs get loops of their own, where the operation
         // is a constant; signedness does not change add, sub, mul.lo or
         // the logic operations.
         macro_rules! go {
             ($op:expr, $t:expr) => {
-                self.map2(m, d, a, b, |x, y| bin($op, $t, false, Rnd::None, x, y, &mut false).unwrap_or(0))
+                self.map2(m, d, &a, &b, |x, y| bin($op, $t, false, Rnd::None, x, y, &mut false).unwrap_or(0))
             };
         }
         use BinOp as B;
@@ -654,24 +682,84 @@ impl Warp {
             (B::Max, Ty::U32) => go!(B::Max, Ty::U32),
             (B::Min, Ty::S64) => go!(B::Min, Ty::S64),
             (B::Max, Ty::S64) => go!(B::Max, Ty::S64),
-            _ => self.map2(m, d, a, b, |x, y| bin(op, t, ftz, rnd, x, y, &mut false).unwrap_or(0)),
+            _ => {
+                if bin(op, t, ftz, rnd, 0, 0, &mut false).is_none() {
+                    return Err(format!("unsupported operation {op:?}.{t:?} at PTX line {line}"));
+                }
+                self.map2(m, d, &a, &b, |x, y| bin(op, t, ftz, rnd, x, y, &mut false).unwrap_or(0))
+            }
         }
         Ok(())
+    }
+
+    /// `fma.rn.f32` of the lanes `m`, on the host's FMA unit when it has
+    /// one: built without that target feature, `f32::mul_add` is a call
+    /// into libm for each lane. The result is the same either way (one
+    /// rounding of the exact product and sum).
+    fn fma_f32(&mut self, m: u32, d: u16, a: &Opnd, b: &Opnd, c: &Opnd) {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU has the feature.
+            unsafe { self.fma_f32_hw(m, d, a, b, c) };
+            return;
+        }
+        self.map3(m, d, a, b, c, |x, y, z| bf32(f32b(x).mul_add(f32b(y), f32b(z))));
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "fma")]
+    fn fma_f32_hw(&mut self, m: u32, d: u16, a: &Opnd, b: &Opnd, c: &Opnd) {
+        self.map3(m, d, a, b, c, |x, y, z| bf32(f32b(x).mul_add(f32b(y), f32b(z))));
+    }
+
+    /// `setp` without a second destination or a combining predicate: the
+    /// frequent comparisons get loops of their own, the comparison a
+    /// constant in each.
+    #[allow(clippy::too_many_arguments)]
+    fn setp_op(&mut self, cmp: Cmp, t: Ty, ftz: bool, d: u16, a: Opnd, b: Opnd, m: u32) {
+        macro_rules! go {
+            ($c:expr, $t:expr) => {
+                self.map2(m, d, &a, &b, |x, y| u64::from(setp($c, $t, false, x, y)))
+            };
+        }
+        macro_rules! cmps {
+            ($t:expr) => {
+                match cmp {
+                    Cmp::Eq => go!(Cmp::Eq, $t),
+                    Cmp::Ne => go!(Cmp::Ne, $t),
+                    Cmp::Lt => go!(Cmp::Lt, $t),
+                    Cmp::Le => go!(Cmp::Le, $t),
+                    Cmp::Gt => go!(Cmp::Gt, $t),
+                    Cmp::Ge => go!(Cmp::Ge, $t),
+                    _ => self.map2(m, d, &a, &b, |x, y| u64::from(setp(cmp, $t, false, x, y))),
+                }
+            };
+        }
+        match t {
+            _ if ftz => self.map2(m, d, &a, &b, |x, y| u64::from(setp(cmp, t, ftz, x, y))),
+            Ty::S32 => cmps!(Ty::S32),
+            Ty::U32 | Ty::B32 => cmps!(Ty::U32),
+            Ty::S64 => cmps!(Ty::S64),
+            Ty::U64 | Ty::B64 => cmps!(Ty::U64),
+            Ty::F32 => cmps!(Ty::F32),
+            Ty::F64 => cmps!(Ty::F64),
+            _ => self.map2(m, d, &a, &b, |x, y| u64::from(setp(cmp, t, ftz, x, y))),
+        }
     }
 
     #[allow(clippy::too_many_arguments)]
     fn un_op(&mut self, op: UnOp, t: Ty, ftz: bool, d: u16, a: Opnd, m: u32) {
         match (op, t) {
-            (UnOp::Mov, Ty::Pred) => self.map1(m, d, a, |x| u64::from(x != 0)),
+            (UnOp::Mov, Ty::Pred) => self.map1(m, d, &a, |x| u64::from(x != 0)),
             (UnOp::Mov, _) => {
                 let mk = mask_of(bits(t));
-                self.map1(m, d, a, |x| x & mk);
+                self.map1(m, d, &a, |x| x & mk);
             }
-            (UnOp::Neg, Ty::F32) => self.map1(m, d, a, |x| x ^ 0x8000_0000),
-            (UnOp::Abs, Ty::F32) => self.map1(m, d, a, |x| x & 0x7fff_ffff),
-            (UnOp::Ex2, Ty::F32) => self.map1(m, d, a, |x| un(UnOp::Ex2, Ty::F32, ftz, x)),
-            (UnOp::Lg2, Ty::F32) => self.map1(m, d, a, |x| un(UnOp::Lg2, Ty::F32, ftz, x)),
-            _ => self.map1(m, d, a, |x| un(op, t, ftz, x)),
+            (UnOp::Neg, Ty::F32) => self.map1(m, d, &a, |x| x ^ 0x8000_0000),
+            (UnOp::Abs, Ty::F32) => self.map1(m, d, &a, |x| x & 0x7fff_ffff),
+            (UnOp::Ex2, Ty::F32) => self.map1(m, d, &a, |x| un(UnOp::Ex2, Ty::F32, ftz, x)),
+            (UnOp::Lg2, Ty::F32) => self.map1(m, d, &a, |x| un(UnOp::Lg2, Ty::F32, ftz, x)),
+            _ => self.map1(m, d, &a, |x| un(op, t, ftz, x)),
         }
     }
 
@@ -679,11 +767,19 @@ impl Warp {
     fn cvt_op(&mut self, dt: Ty, st: Ty, rnd: Rnd, sat: bool, ftz: bool, d: u16, a: Opnd, m: u32) {
         macro_rules! go {
             ($dt:expr, $st:expr) => {
-                self.map1(m, d, a, |x| cvt($dt, $st, rnd, false, false, x))
+                self.map1(m, d, &a, |x| cvt($dt, $st, rnd, false, false, x))
             };
         }
         match (dt, st) {
-            _ if sat || ftz => self.map1(m, d, a, |x| cvt(dt, st, rnd, sat, ftz, x)),
+            // `cvt.sat.f32.f32` clamps to [0, 1] (NaN to 0), as the
+            // general path does through f64.
+            (Ty::F32, Ty::F32) if sat && !ftz && !matches!(rnd, Rnd::Rni | Rnd::Rzi | Rnd::Rmi | Rnd::Rpi) => self
+                .map1(m, d, &a, |x| {
+                    let v = f32b(x);
+                    bf32(if v.is_nan() { 0.0 } else { v.clamp(0.0, 1.0) })
+                }),
+            _ if sat || ftz => self.map1(m, d, &a, |x| cvt(dt, st, rnd, sat, ftz, x)),
+            (Ty::F32, Ty::F64) if matches!(rnd, Rnd::Rn | Rnd::None) => self.map1(m, d, &a, |x| bf32(f64b(x) as f32)),
             (Ty::U64, Ty::U32) => go!(Ty::U64, Ty::U32),
             (Ty::S64, Ty::S32) => go!(Ty::S64, Ty::S32),
             (Ty::U32, Ty::U64) => go!(Ty::U32, Ty::U64),
@@ -694,7 +790,7 @@ impl Warp {
             (Ty::F32, Ty::Bf16) => go!(Ty::F32, Ty::Bf16),
             (Ty::F16, Ty::F32) => go!(Ty::F16, Ty::F32),
             (Ty::Bf16, Ty::F32) => go!(Ty::Bf16, Ty::F32),
-            _ => self.map1(m, d, a, |x| cvt(dt, st, rnd, sat, ftz, x)),
+            _ => self.map1(m, d, &a, |x| cvt(dt, st, rnd, sat, ftz, x)),
         }
     }
 

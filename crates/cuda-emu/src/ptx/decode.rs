@@ -170,7 +170,9 @@ fn decode_func(raw: &RawFunc, syms: &Syms, unsupported: &mut Vec<String>) -> Res
     }
     // Falling off the end returns.
     insts.push(Inst { guard: None, ins: Ins::Ret, line: 0 });
+    let zeroed = read_before_written(&insts, cx.regs.len() + NSPECIAL as usize);
     Ok(Func {
+        zeroed,
         name: raw.name.clone(),
         entry: raw.entry,
         params: ps,
@@ -184,6 +186,94 @@ fn decode_func(raw: &RawFunc, syms: &Syms, unsupported: &mut Vec<String>) -> Res
         defined: raw.body.is_some(),
         maxntid: raw.maxntid,
     })
+}
+
+/// The registers that some path from the entry may read before any
+/// unguarded instruction on it has written them. A forward must-write
+/// dataflow: at each instruction, the registers written on every path
+/// that reaches it (the special registers from the start); a guarded
+/// write counts on no path, since its guard may be false. Device-function
+/// calls touch no register of the caller.
+fn read_before_written(insts: &[Inst], nregs: usize) -> Vec<u16> {
+    let words = nregs.div_ceil(64);
+    let n = insts.len();
+    // `written[i]`: the registers written on every path into instruction i;
+    // None until a path reaches it.
+    let mut written: Vec<Option<Vec<u64>>> = vec![None; n];
+    let mut start = vec![0u64; words];
+    for r in 0..NSPECIAL as usize {
+        start[r / 64] |= 1 << (r % 64);
+    }
+    written[0] = Some(start);
+    let mut work: Vec<usize> = vec![0];
+    let mut queued = vec![false; n];
+    queued[0] = true;
+    while let Some(i) = work.pop() {
+        queued[i] = false;
+        let mut out = written[i].clone().expect("internal: a reached instruction");
+        if insts[i].guard.is_none() {
+            insts[i].ins.for_each_reg(|r, w| {
+                if w {
+                    out[r as usize / 64] |= 1 << (r % 64);
+                }
+            });
+        }
+        let guarded = insts[i].guard.is_some();
+        let mut succ = [None, None];
+        match insts[i].ins {
+            Ins::Bra { target } => {
+                succ[0] = Some(target as usize);
+                if guarded {
+                    succ[1] = Some(i + 1);
+                }
+            }
+            Ins::Ret | Ins::Exit => {
+                if guarded {
+                    succ[0] = Some(i + 1);
+                }
+            }
+            _ => succ[0] = Some(i + 1),
+        }
+        for s in succ.into_iter().flatten().filter(|&s| s < n) {
+            let changed = match &mut written[s] {
+                None => {
+                    written[s] = Some(out.clone());
+                    true
+                }
+                Some(w) => {
+                    let mut c = false;
+                    for (a, b) in w.iter_mut().zip(&out) {
+                        let m = *a & *b;
+                        c |= m != *a;
+                        *a = m;
+                    }
+                    c
+                }
+            };
+            if changed && !queued[s] {
+                queued[s] = true;
+                work.push(s);
+            }
+        }
+    }
+    let mut need = vec![0u64; words];
+    for (inst, w) in insts.iter().zip(&written) {
+        let Some(w) = w else { continue };
+        let mut mark = |r: u16| {
+            if w[r as usize / 64] >> (r % 64) & 1 == 0 {
+                need[r as usize / 64] |= 1 << (r % 64);
+            }
+        };
+        if let Some((p, _)) = inst.guard {
+            mark(p);
+        }
+        inst.ins.for_each_reg(|r, wr| {
+            if !wr {
+                mark(r);
+            }
+        });
+    }
+    (0..nregs as u16).filter(|&r| need[r as usize / 64] >> (r % 64) & 1 == 1).collect()
 }
 
 fn bits_of(t: Ty) -> u32 {

@@ -412,6 +412,115 @@ pub enum Ins {
     Nop,
 }
 
+impl Ins {
+    /// Calls `f(register, written)` for each register the instruction
+    /// reads (`false`) and writes (`true`), reads first. Exhaustive, so a
+    /// new instruction cannot be left out of the decoder's dataflow.
+    pub fn for_each_reg(&self, mut f: impl FnMut(u16, bool)) {
+        let mut r = |o: &Opnd| {
+            if let Opnd::R(x) = o {
+                f(*x, false);
+            }
+        };
+        match self {
+            Ins::Bin { a, b, .. } | Ins::PredBin { a, b, .. } => {
+                r(a);
+                r(b);
+            }
+            Ins::Un { a, .. } | Ins::PredNot { a, .. } | Ins::Cvt { a, .. } | Ins::Cvta { a, .. } => r(a),
+            Ins::Unpack { a, .. } => r(a),
+            Ins::Fma { a, b, c, .. } | Ins::Mad { a, b, c, .. } | Ins::Prmt { a, b, c, .. } => {
+                r(a);
+                r(b);
+                r(c);
+            }
+            Ins::Setp { a, b, comb, .. } => {
+                r(a);
+                r(b);
+                if let Some((_, c, _)) = comb {
+                    r(c);
+                }
+            }
+            Ins::Selp { a, b, p, .. } => {
+                r(a);
+                r(b);
+                r(p);
+            }
+            Ins::Bfi { a, b, pos, len, .. } => {
+                r(a);
+                r(b);
+                r(pos);
+                r(len);
+            }
+            Ins::Bfe { a, pos, len, .. } => {
+                r(a);
+                r(pos);
+                r(len);
+            }
+            Ins::Ld { addr, .. } => r(&addr.base),
+            Ins::St { v, n, addr, .. } => {
+                r(&addr.base);
+                v.iter().take(*n as usize).for_each(&mut r);
+            }
+            Ins::Atom { addr, b, c, .. } => {
+                r(&addr.base);
+                r(b);
+                r(c);
+            }
+            Ins::WarpSync { mask } => r(mask),
+            Ins::Shfl { a, b, c, mask, .. } => {
+                r(a);
+                r(b);
+                r(c);
+                r(mask);
+            }
+            Ins::Vote { a, mask, .. } => {
+                r(a);
+                r(mask);
+            }
+            Ins::Pack { v, n, .. } => v.iter().take(*n as usize).for_each(&mut r),
+            Ins::Depot { .. } | Ins::Bra { .. } | Ins::Bar | Ins::Call { .. } | Ins::Ret | Ins::Exit | Ins::Nop => {}
+        }
+        match self {
+            Ins::Bin { d, .. }
+            | Ins::Un { d, .. }
+            | Ins::Fma { d, .. }
+            | Ins::Mad { d, .. }
+            | Ins::Selp { d, .. }
+            | Ins::PredBin { d, .. }
+            | Ins::PredNot { d, .. }
+            | Ins::Cvt { d, .. }
+            | Ins::Cvta { d, .. }
+            | Ins::Prmt { d, .. }
+            | Ins::Bfi { d, .. }
+            | Ins::Bfe { d, .. }
+            | Ins::Vote { d, .. }
+            | Ins::Pack { d, .. }
+            | Ins::Depot { d } => f(*d, true),
+            Ins::Setp { d, dn, .. } | Ins::Shfl { d, dp: dn, .. } => {
+                f(*d, true);
+                if let Some(x) = dn {
+                    f(*x, true);
+                }
+            }
+            Ins::Ld { d, n, .. } | Ins::Unpack { d, n, .. } => d.iter().take(*n as usize).for_each(|&x| f(x, true)),
+            Ins::Atom { d, .. } => {
+                if let Some(x) = d {
+                    f(*x, true);
+                }
+            }
+            Ins::St { .. }
+            | Ins::WarpSync { .. }
+            | Ins::Bra { .. }
+            | Ins::Bar
+            | Ins::Call { .. }
+            | Ins::Ret
+            | Ins::Exit
+            | Ins::Nop => {}
+        }
+    }
+}
+
 /// An instruction with its guard predicate (`@%p` / `@!%p`).
 #[derive(Debug, Clone)]
 pub struct Inst {
@@ -451,6 +560,12 @@ pub struct Func {
     pub defined: bool,
     /// `.maxntid` when given.
     pub maxntid: Option<u32>,
+    /// The registers some lane may read before writing them on its path
+    /// from the entry (found at decode, by a must-write dataflow over the
+    /// control flow graph): the only ones a block must zero at its start,
+    /// so a later block never sees an earlier block's values. The others
+    /// keep whatever the worker's previous block left, unread.
+    pub zeroed: Vec<u16>,
 }
 
 /// Module-scope data (`.global`, `.const`): bytes with an initialiser.
