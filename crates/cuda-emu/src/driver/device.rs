@@ -187,6 +187,7 @@ pub extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
 fn reset(d: usize) {
     queue::synchronize_device(d);
     *lock(&emu().devices[d].sticky) = None;
+    emu().devices[d].observed.store(false, std::sync::atomic::Ordering::SeqCst);
 }
 
 #[no_mangle]

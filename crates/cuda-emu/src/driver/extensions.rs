@@ -101,7 +101,7 @@ pub unsafe extern "C" fn tapirEmuSubmit(
     if st.device != d {
         return fail(INVALID_HANDLE, format!("a stream of device {} given for work on device {d}", st.device));
     }
-    let rc = queue::sticky(d);
+    let rc = queue::posted(d);
     if rc != SUCCESS {
         return rc;
     }

@@ -30,7 +30,7 @@ unsafe fn launch(
             format!("launch of a function of device {}'s module on a stream of device {}", lm.device, st.device),
         );
     }
-    let rc = queue::sticky(st.device);
+    let rc = queue::posted(st.device);
     if rc != SUCCESS {
         return rc;
     }

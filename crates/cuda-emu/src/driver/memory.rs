@@ -81,7 +81,7 @@ pub extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize) -> CUresul
 pub extern "C" fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytes: usize, s: Handle) -> CUresult {
     match queue::resolve(s) {
         None => INVALID_HANDLE,
-        Some(st) => match queue::sticky(st.device) {
+        Some(st) => match queue::posted(st.device) {
             SUCCESS => alloc(dptr, bytes),
             rc => rc,
         },
@@ -167,7 +167,7 @@ fn target(stream: Option<Handle>) -> Result<Arc<queue::Stream>, CUresult> {
         Some(s) => queue::resolve(s).ok_or(INVALID_HANDLE)?,
         None => queue::legacy(current_device()),
     };
-    match queue::sticky(st.device) {
+    match queue::posted(st.device) {
         SUCCESS => Ok(st),
         rc => Err(rc),
     }

@@ -107,6 +107,11 @@ pub struct Device {
     /// The first kernel fault, returned by every call on the context from
     /// the next synchronizing one on, until the context is reset.
     sticky: Mutex<Option<(CUresult, String)>>,
+    /// Whether a synchronizing call has returned the fault yet: until one
+    /// has, calls that only queue work (a launch, an event record, an
+    /// asynchronous copy) succeed, as on hardware, where the host learns of
+    /// a fault when it next waits on the device.
+    observed: std::sync::atomic::AtomicBool,
     /// The legacy (NULL) stream.
     legacy: OnceLock<Arc<queue::Stream>>,
 }
@@ -236,6 +241,7 @@ pub fn emu() -> &'static Emu {
                 cache_config: std::sync::atomic::AtomicI32::new(0),
                 peers: Mutex::default(),
                 sticky: Mutex::default(),
+                observed: std::sync::atomic::AtomicBool::new(false),
                 legacy: OnceLock::new(),
             })
             .collect();

@@ -5,8 +5,9 @@
 //! submitted and the call returns; the worker runs it once the operations
 //! it waits for have completed (those of `cuStreamWaitEvent`, and the
 //! legacy stream's implicit ones). A kernel fault becomes the device's
-//! sticky error, reported by the next call on the context and by every
-//! one after it. With `TAPIR_CUDA_EMU_SYNC=1` every operation runs on the
+//! sticky error, reported by the next synchronizing call on the context
+//! (a synchronize, a query, a synchronous copy) and by every call after
+//! that; calls that only queue work succeed until then (`posted`). With `TAPIR_CUDA_EMU_SYNC=1` every operation runs on the
 //! calling thread before its call returns, and a fault comes back from
 //! the call that submitted it (sticky all the same): for debugging.
 
@@ -145,15 +146,31 @@ fn set_sticky(device: usize, f: exec::Fault) {
     }
 }
 
-/// The device's sticky error, if a fault has happened on it: recorded as
-/// the calling thread's last error.
+/// The device's sticky error, if a fault has happened on it, as a
+/// synchronizing call sees it: recorded as the calling thread's last
+/// error, and from now on returned by every call ([`posted`] included).
 pub fn sticky(device: usize) -> CUresult {
     match &*lock(&emu().devices[device].sticky) {
         Some((code, msg)) => {
+            emu().devices[device].observed.store(true, std::sync::atomic::Ordering::SeqCst);
             LAST_ERROR.with(|e| *e.borrow_mut() = msg.clone());
             *code
         }
         None => SUCCESS,
+    }
+}
+
+/// The sticky error as a call that only queues work sees it: once a
+/// synchronizing call has returned the fault, else success (the work is
+/// queued and discarded, the worker runs nothing after a fault). So a
+/// fault surfaces at the next synchronize, stream or event query or
+/// synchronous copy, however fast the worker reached it, as on hardware;
+/// with `TAPIR_CUDA_EMU_SYNC=1` the submitting call returns it at once.
+pub fn posted(device: usize) -> CUresult {
+    if emu().devices[device].observed.load(std::sync::atomic::Ordering::SeqCst) {
+        sticky(device)
+    } else {
+        SUCCESS
     }
 }
 

@@ -66,7 +66,7 @@ pub extern "C" fn cuStreamQuery(s: Handle) -> CUresult {
 pub extern "C" fn cuStreamWaitEvent(s: Handle, e: Handle, _flags: c_uint) -> CUresult {
     let Some(st) = queue::resolve(s) else { return INVALID_HANDLE };
     let Some(ev) = lock(&emu().events).get(&handle_id(e)).cloned() else { return INVALID_HANDLE };
-    let rc = queue::sticky(st.device);
+    let rc = queue::posted(st.device);
     if rc != SUCCESS {
         return rc;
     }
@@ -108,7 +108,7 @@ pub unsafe extern "C" fn cuLaunchHostFunc(
 ) -> CUresult {
     let Some(st) = queue::resolve(s) else { return INVALID_HANDLE };
     let Some(f) = f else { return INVALID_VALUE };
-    let rc = queue::sticky(st.device);
+    let rc = queue::posted(st.device);
     if rc != SUCCESS {
         return rc;
     }
@@ -150,7 +150,7 @@ pub extern "C" fn cuEventRecord(e: Handle, s: Handle) -> CUresult {
             format!("cuEventRecord of an event of device {} on a stream of device {}", ev.device, st.device),
         );
     }
-    let rc = queue::sticky(st.device);
+    let rc = queue::posted(st.device);
     if rc != SUCCESS {
         return rc;
     }
