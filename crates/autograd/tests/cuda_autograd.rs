@@ -39,7 +39,7 @@ fn f<T: Diff>(x: &T, w: &T) -> Result<T> {
 /// (those the op registry is made from), so a function added there is
 /// checked here with no edit.
 fn elementwise_ops() -> (Vec<Unary>, &'static [Binary]) {
-    (Unary::ALL.iter().copied().filter(|u| Op::is_differentiable(u)).collect(), Binary::ALL)
+    (Unary::ALL.iter().copied().filter(Op::is_differentiable).collect(), Binary::ALL)
 }
 
 fn elementwise_count() -> usize {

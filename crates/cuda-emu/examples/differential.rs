@@ -111,7 +111,7 @@ impl Runner {
     /// parameters, where it takes any, are 0.5 and 2).
     fn unary(&mut self, name: &str) {
         let (m, src) = self.module("elementwise.cu");
-        let f = m.load_function(&name).unwrap();
+        let f = m.load_function(name).unwrap();
         let n = 4096usize;
         let x = self.s.clone_htod(&data(n, 1)).unwrap();
         let mut out = self.s.alloc_zeros::<f32>(n).unwrap();
@@ -126,7 +126,7 @@ impl Runner {
 
     fn binary(&mut self, name: &str) {
         let (m, src) = self.module("elementwise.cu");
-        let f = m.load_function(&name).unwrap();
+        let f = m.load_function(name).unwrap();
         let n = 4096usize;
         let a = self.s.clone_htod(&data(n, 2)).unwrap();
         let b = self.s.clone_htod(&data(n, 3)).unwrap();
