@@ -32,6 +32,8 @@ __device__ __forceinline__ double t_erf(double x) { return erf(x); }
 __device__ __forceinline__ float t_pow(float x, float y) { return powf(x, y); }
 __device__ __forceinline__ float t_log1p(float x) { return log1pf(x); }
 __device__ __forceinline__ double t_log1p(double x) { return log1p(x); }
+__device__ __forceinline__ float t_expm1(float x) { return expm1f(x); }
+__device__ __forceinline__ double t_expm1(double x) { return expm1(x); }
 __device__ __forceinline__ double t_pow(double x, double y) { return pow(x, y); }
 
 // d/dx gelu_tanh, as in unary.rs.
@@ -41,40 +43,6 @@ template <typename A> __device__ __forceinline__ A gelu_tanh_grad(A x) {
     A t = t_tanh(k * x * (A(1) + gc * x2));
     return half * (A(1) + t) + half * x * (A(1) - t * t) * (k + k3 * x2);
 }
-
-// One functor per op: `A operator()(A x, A p0, A p1)`.
-#define UNARY_OP(NAME, EXPR)                                                        \
-    struct Op_##NAME {                                                              \
-        template <typename A> __device__ __forceinline__ A operator()(A x, A p0, A p1) const { \
-            (void)p0;                                                               \
-            (void)p1;                                                               \
-            return EXPR;                                                            \
-        }                                                                           \
-    };
-
-UNARY_OP(neg, -x)
-UNARY_OP(abs, x < A(0) ? -x : x)
-UNARY_OP(exp, t_exp(x))
-UNARY_OP(log, t_log(x))
-UNARY_OP(sqrt, t_sqrt(x))
-UNARY_OP(rsqrt, A(1) / t_sqrt(x))
-UNARY_OP(tanh, t_tanh(x))
-UNARY_OP(sigmoid, A(1) / (A(1) + t_exp(-x)))
-// `x < 0`, not `x > 0`, so NaN passes through as in torch and on the CPU.
-UNARY_OP(relu, x < A(0) ? A(0) : x)
-UNARY_OP(gelu_tanh, A(0.5) * x * (A(1) + t_tanh(A(SQRT_2_OVER_PI) * (x + A(GELU_C) * x * x * x))))
-UNARY_OP(gelu, A(0.5) * x * (A(1) + t_erf(x * A(FRAC_1_SQRT_2))))
-UNARY_OP(sin, t_sin(x))
-UNARY_OP(cos, t_cos(x))
-UNARY_OP(square, x * x)
-UNARY_OP(powf, t_pow(x, p0))
-UNARY_OP(recip, A(1) / x)
-UNARY_OP(add_scalar, x + p0)
-UNARY_OP(mul_scalar, x * p0)
-UNARY_OP(clamp, x < p0 ? p0 : (x > p1 ? p1 : x))
-UNARY_OP(erf, t_erf(x))
-UNARY_OP(sign, x > A(0) ? A(1) : (x < A(0) ? A(-1) : x))
-UNARY_OP(softplus, (x > A(0) ? x : A(0)) + t_log1p(t_exp(x < A(0) ? x : -x)))
 
 // The dense calls (info null) of the unary and binary kernels run 16 bytes
 // a thread when their operands are 16-byte aligned (Pack16): for bf16 and
@@ -125,28 +93,45 @@ __device__ __forceinline__ void unary(i64 n, int ndim, const i64* info, const T*
     UNARY_KERNEL(NAME, tapir_f16, f16)    \
     UNARY_KERNEL(NAME, tapir_bf16, bf16)
 
-UNARY_ALL(neg)
-UNARY_ALL(abs)
-UNARY_ALL(exp)
-UNARY_ALL(log)
-UNARY_ALL(sqrt)
-UNARY_ALL(rsqrt)
-UNARY_ALL(tanh)
-UNARY_ALL(sigmoid)
-UNARY_ALL(relu)
-UNARY_ALL(gelu_tanh)
-UNARY_ALL(gelu)
-UNARY_ALL(sin)
-UNARY_ALL(cos)
-UNARY_ALL(square)
-UNARY_ALL(powf)
-UNARY_ALL(recip)
-UNARY_ALL(add_scalar)
-UNARY_ALL(mul_scalar)
-UNARY_ALL(clamp)
-UNARY_ALL(erf)
-UNARY_ALL(sign)
-UNARY_ALL(softplus)
+// One line an op: `UNARY_OP(name, expression of x, p0, p1)` makes the
+// functor `Op_name` (`A operator()(A x, A p0, A p1)`, A the accumulation
+// type) and the kernels `name_f32`, `name_f64`, `name_f16`, `name_bf16`
+// that Unary::cuda_kernel names.
+#define UNARY_OP(NAME, EXPR)                                                        \
+    struct Op_##NAME {                                                              \
+        template <typename A> __device__ __forceinline__ A operator()(A x, A p0, A p1) const { \
+            (void)p0;                                                               \
+            (void)p1;                                                               \
+            return EXPR;                                                            \
+        }                                                                           \
+    };                                                                              \
+    UNARY_ALL(NAME)
+
+UNARY_OP(neg, -x)
+UNARY_OP(abs, x < A(0) ? -x : x)
+UNARY_OP(exp, t_exp(x))
+UNARY_OP(log, t_log(x))
+UNARY_OP(sqrt, t_sqrt(x))
+UNARY_OP(rsqrt, A(1) / t_sqrt(x))
+UNARY_OP(tanh, t_tanh(x))
+UNARY_OP(sigmoid, A(1) / (A(1) + t_exp(-x)))
+// `x < 0`, not `x > 0`, so NaN passes through as in torch and on the CPU.
+UNARY_OP(relu, x < A(0) ? A(0) : x)
+UNARY_OP(gelu_tanh, A(0.5) * x * (A(1) + t_tanh(A(SQRT_2_OVER_PI) * (x + A(GELU_C) * x * x * x))))
+UNARY_OP(gelu, A(0.5) * x * (A(1) + t_erf(x * A(FRAC_1_SQRT_2))))
+UNARY_OP(sin, t_sin(x))
+UNARY_OP(cos, t_cos(x))
+UNARY_OP(square, x * x)
+UNARY_OP(powf, t_pow(x, p0))
+UNARY_OP(recip, A(1) / x)
+UNARY_OP(add_scalar, x + p0)
+UNARY_OP(mul_scalar, x * p0)
+UNARY_OP(clamp, x < p0 ? p0 : (x > p1 ? p1 : x))
+UNARY_OP(erf, t_erf(x))
+UNARY_OP(sign, x > A(0) ? A(1) : (x < A(0) ? A(-1) : x))
+UNARY_OP(softplus, (x > A(0) ? x : A(0)) + t_log1p(t_exp(x < A(0) ? x : -x)))
+UNARY_OP(log1p, t_log1p(x))
+UNARY_OP(expm1, t_expm1(x))
 
 // Integer neg and abs wrap as torch's and the CPU's do (the minimum maps to
 // itself), computed on the unsigned type U. Same arguments as the float

@@ -90,39 +90,23 @@ pub struct Case {
 pub fn apply<T: Diff>(op: &OpStruct, xs: &[&T]) -> Result<T> {
     match op {
         OpStruct::Unary(k, a, b) => {
-            let u = match k % 21 {
-                0 => Unary::Neg,
-                1 => Unary::Abs,
-                2 => Unary::Exp,
-                3 => Unary::Log,
-                4 => Unary::Sqrt,
-                5 => Unary::Rsqrt,
-                6 => Unary::Tanh,
-                7 => Unary::Sigmoid,
-                8 => Unary::Relu,
-                9 => Unary::GeluTanh,
-                10 => Unary::GeluErf,
-                11 => Unary::Sin,
-                12 => Unary::Cos,
-                13 => Unary::Square,
-                14 => Unary::Powf(*a),
-                15 => Unary::Recip,
-                16 => Unary::AddScalar(*a),
-                17 => Unary::MulScalar(*a),
-                18 => Unary::Clamp(*a, *b),
-                19 => Unary::Erf,
-                _ => Unary::Sign,
+            // Every function of the family's list, its parameters drawn.
+            let u = match Unary::ALL[*k as usize % Unary::ALL.len()] {
+                Unary::Powf(_) => Unary::Powf(*a),
+                Unary::AddScalar(_) => Unary::AddScalar(*a),
+                Unary::MulScalar(_) => Unary::MulScalar(*a),
+                Unary::Clamp(..) => Unary::Clamp(*a, *b),
+                u => u,
             };
             T::apply(u, xs)
         }
         OpStruct::TanhBackward => T::apply(TanhBackward, xs),
         OpStruct::Binary(k) => {
-            let b = [Binary::Add, Binary::Sub, Binary::Mul, Binary::Div, Binary::Pow, Binary::Maximum, Binary::Minimum]
-                [*k as usize % 7];
+            let b = Binary::ALL[*k as usize % Binary::ALL.len()];
             T::apply(b, xs)
         }
         OpStruct::Compare(k, scalar) => {
-            let cmp = [Cmp::Eq, Cmp::Ne, Cmp::Lt, Cmp::Le, Cmp::Gt, Cmp::Ge][*k as usize % 6];
+            let cmp = Cmp::ALL[*k as usize % Cmp::ALL.len()];
             T::apply(Compare { cmp, scalar: *scalar }, xs)
         }
         OpStruct::Where(seed, dims) => {
@@ -131,12 +115,7 @@ pub fn apply<T: Diff>(op: &OpStruct, xs: &[&T]) -> Result<T> {
             T::apply(Where { mask }, xs)
         }
         OpStruct::Reduce(k, axes, keepdim) => {
-            let kind = match k % 4 {
-                0 => ReduceKind::Sum,
-                1 => ReduceKind::Max,
-                2 => ReduceKind::Min,
-                _ => ReduceKind::LogSumExp,
-            };
+            let kind = ReduceKind::ALL[*k as usize % ReduceKind::ALL.len()].clone();
             T::apply(Reduce { kind, axes: sizes(axes).into_iter().collect(), keepdim: *keepdim }, xs)
         }
         OpStruct::ArgReduce(axis, keepdim, min) => {

@@ -16,6 +16,8 @@
 
 use arbitrary::{Arbitrary, Unstructured};
 use tapir::prelude::*;
+use tapir::tensor::ops::binary::{Binary, Cmp, Compare};
+use tapir::tensor::ops::unary::Unary;
 
 /// One dimension: small, with zero and one over-represented.
 fn dim(u: &mut Unstructured<'_>) -> arbitrary::Result<usize> {
@@ -183,26 +185,11 @@ pub fn apply<T: Diff>(s: &Step, vals: &[T]) -> Result<T> {
     match *s {
         Step::Unary(k, a) => {
             let x = pick(vals, a);
-            match k % 19 {
-                0 => x.neg(),
-                1 => x.abs(),
-                2 => x.exp(),
-                3 => x.log(),
-                4 => x.sqrt(),
-                5 => x.rsqrt(),
-                6 => x.tanh(),
-                7 => x.sigmoid(),
-                8 => x.relu(),
-                9 => x.gelu(),
-                10 => x.gelu_tanh(),
-                11 => x.sin(),
-                12 => x.cos(),
-                13 => x.square(),
-                14 => x.recip(),
-                15 => x.erf(),
-                16 => x.sign(),
-                17 => x.tanh_backward(x),
-                _ => x.clamp(-1.0, 0.5),
+            // Every function of the unary family's list (the one the op
+            // registry is made from), then tanh's backward.
+            match Unary::ALL.get(k as usize % (Unary::ALL.len() + 1)) {
+                Some(&u) => T::apply(u, &[x]),
+                None => x.tanh_backward(x),
             }
         }
         Step::Scalar(k, a, c) => {
@@ -219,27 +206,15 @@ pub fn apply<T: Diff>(s: &Step, vals: &[T]) -> Result<T> {
         }
         Step::Binary(k, a, b) => {
             let (x, y) = (pick(vals, a), pick(vals, b));
-            match k % 7 {
-                0 => x.add(y),
-                1 => x.sub(y),
-                2 => x.mul(y),
-                3 => x.div(y),
-                4 => x.pow(y),
-                5 => x.maximum(y),
-                _ => x.minimum(y),
-            }
+            T::apply(Binary::ALL[k as usize % Binary::ALL.len()], &[x, y])
         }
         Step::Compare(k, a, b) => {
             let (x, y) = (pick(vals, a), pick(vals, b));
-            match k % 8 {
-                0 => x.eq(y),
-                1 => x.ne(y),
-                2 => x.lt(y),
-                3 => x.le(y),
-                4 => x.gt(y),
-                5 => x.ge(y),
-                6 => x.lt_scalar(0.25),
-                _ => x.ge_scalar(-0.5),
+            // Every comparison of the family's list, then two with scalars.
+            match Cmp::ALL.get(k as usize % (Cmp::ALL.len() + 2)) {
+                Some(&cmp) => T::apply(Compare { cmp, scalar: None }, &[x, y]),
+                None if k % 2 == 0 => x.lt_scalar(0.25),
+                None => x.ge_scalar(-0.5),
             }
         }
         Step::Where(m, a, b) => {

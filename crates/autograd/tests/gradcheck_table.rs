@@ -211,6 +211,8 @@ case!(
 );
 
 case!(softplus, |_g, v| v[0].mul_scalar(3.0)?.softplus(), [rnd(&[3, 4], 75)]);
+case!(log1p, |_g, v| v[0].log1p(), [pos(&[3, 4], 76)]);
+case!(expm1, |_g, v| v[0].expm1(), [rnd(&[3, 4], 77)]);
 
 // ----- losses ------------------------------------------------------------
 case!(
@@ -289,6 +291,8 @@ fn every_op_has_a_gradient_test() {
         || gather::body(Device::Cpu),
         || scatter_add::body(Device::Cpu),
         || softplus::body(Device::Cpu),
+        || log1p::body(Device::Cpu),
+        || expm1::body(Device::Cpu),
         || sparse_cross_entropy::body(Device::Cpu),
         || linear_cross_entropy::body(Device::Cpu),
     ];

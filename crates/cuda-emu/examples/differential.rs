@@ -20,7 +20,9 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaModule, CudaStream, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 use tapir_cuda_emu::ptx::{self, Ins, UnOp};
+use tapir_tensor::backend::{Binary, Unary};
 use tapir_tensor::cuda::{compile_kernel, driver_library, DEFAULT_ARCH};
+use tapir_tensor::DType;
 
 /// Deterministic inputs in [-4, 4), with a few special values mixed in.
 fn data(n: usize, seed: u32) -> Vec<f32> {
@@ -105,11 +107,11 @@ impl Runner {
         writeln!(self.out, "{name} {} {}", if approx { "approx" } else { "exact" }, words.join(",")).unwrap();
     }
 
-    /// Elementwise unary kernels over `n` contiguous f32s.
-    fn unary(&mut self, op: &str) {
-        let name = format!("{op}_f32");
+    /// Elementwise unary kernels over `n` contiguous f32s (a function's
+    /// parameters, where it takes any, are 0.5 and 2).
+    fn unary(&mut self, name: &str) {
         let (m, src) = self.module("elementwise.cu");
-        let f = m.load_function(&name).unwrap();
+        let f = m.load_function(name).unwrap();
         let n = 4096usize;
         let x = self.s.clone_htod(&data(n, 1)).unwrap();
         let mut out = self.s.alloc_zeros::<f32>(n).unwrap();
@@ -119,13 +121,12 @@ impl Runner {
         // SAFETY: unary(n, ndim, info, x, x_off, p0, p1, out).
         unsafe { l.launch(LaunchConfig::for_num_elems(n as u32)) }.unwrap();
         let got = self.s.clone_dtoh(&out).unwrap();
-        self.record(&name, uses_approx(&src, &name), got.iter().map(|v| u64::from(v.to_bits())));
+        self.record(name, uses_approx(&src, name), got.iter().map(|v| u64::from(v.to_bits())));
     }
 
-    fn binary(&mut self, op: &str) {
-        let name = format!("{op}_f32");
+    fn binary(&mut self, name: &str) {
         let (m, src) = self.module("elementwise.cu");
-        let f = m.load_function(&name).unwrap();
+        let f = m.load_function(name).unwrap();
         let n = 4096usize;
         let a = self.s.clone_htod(&data(n, 2)).unwrap();
         let b = self.s.clone_htod(&data(n, 3)).unwrap();
@@ -136,7 +137,7 @@ impl Runner {
         // SAFETY: binary(n, ndim, info, a, a_off, b, b_off, out).
         unsafe { l.launch(LaunchConfig::for_num_elems(n as u32)) }.unwrap();
         let got = self.s.clone_dtoh(&out).unwrap();
-        self.record(&name, uses_approx(&src, &name), got.iter().map(|v| u64::from(v.to_bits())));
+        self.record(name, uses_approx(&src, name), got.iter().map(|v| u64::from(v.to_bits())));
     }
 
     /// A row kernel `(rows, cols, x, out)` with one block of 256 per row.
@@ -214,12 +215,15 @@ fn run(path: &str) {
     let lib = driver_library().unwrap_or_else(|e| panic!("no CUDA driver: {e}"));
     let s = CudaContext::new(0).expect("a device").default_stream();
     let mut r = Runner { s, modules: BTreeMap::new(), out: String::new() };
-    for op in ["neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "gelu", "sin", "powf", "erf"] {
-        r.unary(op);
+    // Every function of the two families, by the names their kernels have
+    // (the families' lists, which the op registry is made from).
+    for u in Unary::ALL {
+        r.unary(&u.cuda_kernel(DType::F32));
     }
-    for op in ["add", "mul", "div", "maximum", "minimum"] {
-        if r.module("elementwise.cu").0.load_function(&format!("{op}_f32")).is_ok() {
-            r.binary(op);
+    for b in Binary::ALL {
+        let name = b.cuda_kernel(DType::F32);
+        if r.module("elementwise.cu").0.load_function(&name).is_ok() {
+            r.binary(&name);
         }
     }
     r.rows("reduce.cu", "sum_last_f32", true);

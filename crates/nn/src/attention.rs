@@ -59,7 +59,7 @@ impl Op for CausalSoftmax {
     }
     fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let (tq, tk) = self.check(xs[0])?;
-        crate::cpu::attention::causal_softmax(self, xs[0], tq, tk)
+        crate::cpu::attention::causal_softmax(self.scale, xs[0], tq, tk)
     }
     /// On CUDA, the kernel of `kernels/softmax.cu`, which computes the mask
     /// from the row and column it is at: no mask tensor exists.
@@ -137,7 +137,7 @@ impl CausalAttention {
         if k.dtype() != q.dtype() || v.dtype() != q.dtype() {
             return Err(Error::DTypeMismatch { op: "causal_attention", lhs: q.dtype(), rhs: k.dtype() });
         }
-        Ok(Heads { t, c, d: c / self.heads })
+        Ok(Heads { heads: self.heads, scale: self.scale, t, c, d: c / self.heads })
     }
 
     /// `[B, T, C]` -> `[B, H, T, D]` (views).
@@ -169,9 +169,7 @@ impl CausalAttention {
         let hs = self.check(xs[0], xs[1], xs[2])?;
         let devices = xs.iter().chain([&y, &g]).map(|t| t.device());
         match xs[0].device() {
-            Device::Cpu if devices.clone().all(|d| d == Device::Cpu) => {
-                crate::cpu::attention::backward(self, &hs, xs, y, g)
-            }
+            Device::Cpu if devices.clone().all(|d| d == Device::Cpu) => crate::cpu::attention::backward(&hs, xs, y, g),
             Device::Cuda(_)
                 if devices.clone().all(|d| d == xs[0].device())
                     && g.dtype() == xs[0].dtype()
@@ -195,7 +193,7 @@ impl Op for CausalAttention {
     }
     fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let hs = self.check(xs[0], xs[1], xs[2])?;
-        crate::cpu::attention::forward(self, &hs, xs)
+        crate::cpu::attention::forward(&hs, xs)
     }
     /// On CUDA, the fused kernel of `kernels/attention.cu` where it applies
     /// (f32, f16, bf16 heads up to 128 wide, f64 up to 64), else the

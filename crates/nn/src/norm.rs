@@ -169,12 +169,17 @@ impl NormOp {
         Ok(d)
     }
 
+    /// What the CPU's row kernels compute.
+    fn rows(&self) -> crate::cpu::norm::Norm {
+        crate::cpu::norm::Norm { op: self.name(), eps: self.eps, rms: self.rms }
+    }
+
     /// The eager backward: one pass over f32 or f64 rows, on the CPU.
     fn vjp_kernel(&self, x: &Tensor, w: Option<&Tensor>, g: &Tensor) -> Result<Option<[Tensor; 3]>> {
         if x.device() != Device::Cpu {
             return Ok(None);
         }
-        crate::cpu::norm::backward(self, x, w, g)
+        crate::cpu::norm::backward(self.rows(), x, w, g)
     }
 }
 
@@ -200,7 +205,8 @@ impl Op for NormOp {
     }
     fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
         let d = self.check(xs)?;
-        crate::cpu::norm::forward(self, xs, d)
+        let (w, b) = (self.has_weight.then(|| xs[1]), self.has_bias.then(|| xs[xs.len() - 1]));
+        crate::cpu::norm::forward(self.rows(), xs[0], w, b, d)
     }
     /// Off the host, the composition (the kernel reads host memory).
     fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {

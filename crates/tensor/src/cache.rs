@@ -87,10 +87,23 @@ pub(crate) fn take<T>(n: usize) -> crate::Result<Vec<T>> {
         }
     }
     // Out of memory with buffers cached: give them back and try once more.
-    crate::storage::try_vec(n).or_else(|_| {
+    try_vec(n).or_else(|_| {
         empty_cache();
-        crate::storage::try_vec(n)
+        try_vec(n)
     })
+}
+
+/// An empty vector with room for exactly `n` elements, fresh from the
+/// system, or [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the
+/// system refuses (never an abort). Every host buffer of a size chosen by
+/// a user is allocated through here (or [`take`], which reuses a cached
+/// one first) or [`crate::CpuBuffer::zeros`].
+pub(crate) fn try_vec<T>(n: usize) -> crate::Result<Vec<T>> {
+    let mut v = Vec::new();
+    let bytes = n.saturating_mul(std::mem::size_of::<T>());
+    v.try_reserve_exact(n).map_err(|_| crate::memory::out_of_memory(Device::Cpu, bytes))?;
+    fresh(v.as_ptr() as usize, bytes);
+    Ok(v)
 }
 
 /// A vector of `n` copies of `value`, in a cached buffer when one of that

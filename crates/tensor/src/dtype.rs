@@ -177,6 +177,8 @@ pub trait Float:
     fn erf(self) -> Self;
     /// ln(1 + x), accurate near zero.
     fn ln_1p(self) -> Self;
+    /// e^x - 1, accurate near zero.
+    fn exp_m1(self) -> Self;
 }
 
 macro_rules! float {
@@ -249,6 +251,10 @@ macro_rules! float {
             #[inline]
             fn ln_1p(self) -> Self {
                 <$t>::ln_1p(self)
+            }
+            #[inline]
+            fn exp_m1(self) -> Self {
+                <$t>::exp_m1(self)
             }
         }
     };

@@ -32,13 +32,12 @@ mod rng;
 mod storage;
 mod tensor;
 
+pub use cuda::reset_peak_memory_stats;
 pub use device::Device;
 pub use dtype::{DType, Element, Float};
 pub use error::{Error, Result};
 pub use layout::{resolve_axis, Layout, Shape};
-pub use memory::{
-    format_bytes, max_memory_allocated, memory_allocated, memory_stats, reset_peak_memory_stats, MemoryStats,
-};
+pub use memory::{format_bytes, max_memory_allocated, memory_allocated, memory_stats, MemoryStats};
 pub use ops::{
     Arity, BinaryOps, CrossEntropyOps, Diff, DynOp, IndexOps, MatmulOps, Op, ReduceOps, Saved, ShapeOps, SoftmaxOps,
     Tape, Traced, UnaryOps,

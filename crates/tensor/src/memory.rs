@@ -217,16 +217,13 @@ pub fn max_memory_allocated(device: Device) -> usize {
     counters(device).peak.load(Ordering::Relaxed)
 }
 
-/// Resets the peak to the current live bytes, and the largest single
-/// allocation to zero (`torch.cuda.reset_peak_memory_stats`).
-pub fn reset_peak_memory_stats(device: Device) {
+/// Resets `device`'s peaks to the current live and reserved bytes, and the
+/// largest single allocation to zero: the counters' part of
+/// [`crate::reset_peak_memory_stats`], which resets a CUDA allocator's own
+/// peaks too.
+pub(crate) fn reset_peaks(device: Device) {
     let c = counters(device);
     c.peak.store(c.allocated.load(Ordering::Relaxed), Ordering::Relaxed);
     c.peak_reserved.store(c.reserved.load(Ordering::Relaxed), Ordering::Relaxed);
     c.largest.store(0, Ordering::Relaxed);
-    if let Device::Cuda(i) = device {
-        if let Some(dev) = crate::cuda::CudaDevice::opened(i) {
-            dev.reset_peaks();
-        }
-    }
 }

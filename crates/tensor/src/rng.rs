@@ -46,9 +46,9 @@
 //! Scalar draws ([`Rng::next_u64`], [`Rng::below`], [`Rng::normal`]) take
 //! the words of one block in order, two per `u64`, high half first.
 
-use crate::storage::{try_vec, CpuElement};
-use crate::{with_dtype, DType, Device, Element, Error, Result, Shape, Tensor};
-use half::{bf16, f16};
+pub(crate) use crate::backend::random::Draw;
+use crate::backend::random::RandomPlan;
+use crate::{DType, Device, Error, Result, Shape, Tensor};
 
 /// Philox's round multipliers and Weyl key increments.
 const M0: u32 = 0xD251_1F53;
@@ -73,144 +73,20 @@ pub struct Rng {
     spare_normal: Option<f64>,
 }
 
-/// What a tensor draw computes from its words.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Draw {
-    /// Uniform in `[lo, lo + scale)`.
-    Uniform { lo: f64, scale: f64 },
-    /// Normal with this mean and standard deviation.
-    Normal { mean: f64, std: f64 },
-    /// Integers uniform in `0..n` (`n > 0`).
-    Int { n: u64 },
-}
-
-impl Draw {
-    /// Words an element takes.
-    pub(crate) fn words(self, dtype: DType) -> usize {
-        match self {
-            Draw::Int { .. } => 2,
-            _ if dtype == DType::F64 => 2,
-            _ => 1,
-        }
-    }
-    /// Elements one block gives.
-    pub(crate) fn per_block(self, dtype: DType) -> usize {
-        4 / self.words(dtype)
-    }
-}
-
-/// Significand bits (with the implicit one) of a single-word dtype.
-fn digits(dtype: DType) -> u32 {
-    match dtype {
-        DType::F16 => 11,
-        DType::BF16 => 8,
-        _ => 24,
-    }
-}
-
-fn join(hi: u32, lo: u32) -> u64 {
+pub(crate) fn join(hi: u32, lo: u32) -> u64 {
     (u64::from(hi) << 32) | u64::from(lo)
 }
 
-/// Words `2j` and `2j + 1` of a block as one `u64`, the first the high
-/// half: the two words of element `j` of a two-word draw.
-fn pair(w: [u32; 4], j: usize) -> u64 {
-    join(w[2 * j], w[2 * j + 1])
-}
-
 /// The top 53 bits of `x` as a fraction in `[0, 1)`.
-fn unit53(x: u64) -> f64 {
+pub(crate) fn unit53(x: u64) -> f64 {
     (x >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
 }
 
 /// One Box-Muller pair from `u1` in `(0, 1]` and `u2` in `[0, 1)`.
-fn box_muller(u1: f64, u2: f64) -> (f64, f64) {
+pub(crate) fn box_muller(u1: f64, u2: f64) -> (f64, f64) {
     let r = (-2.0 * u1.ln()).sqrt();
     let t = TWO_PI * u2;
     (r * t.cos(), r * t.sin())
-}
-
-/// A single-word element, computed as the CUDA kernels do: in f32, then
-/// rounded to the dtype.
-trait Narrow: Element {
-    fn from_f32(v: f32) -> Self;
-}
-impl Narrow for f32 {
-    fn from_f32(v: f32) -> Self {
-        v
-    }
-}
-impl Narrow for f16 {
-    fn from_f32(v: f32) -> Self {
-        f16::from_f32(v)
-    }
-}
-impl Narrow for bf16 {
-    fn from_f32(v: f32) -> Self {
-        bf16::from_f32(v)
-    }
-}
-
-/// The values of one block for a single-word float dtype, into `out`.
-fn block_narrow<T: Narrow>(draw: Draw, dtype: DType, w: [u32; 4], out: &mut [T]) {
-    match draw {
-        Draw::Uniform { lo, scale } => {
-            let d = digits(dtype);
-            let (lo, scale) = (lo as f32, scale as f32);
-            for (o, x) in out.iter_mut().zip(w) {
-                let u = (x >> (32 - d)) as f32 * (1.0 / (1u32 << d) as f32);
-                *o = T::from_f32(lo + scale * u);
-            }
-        }
-        Draw::Normal { mean, std } => {
-            let unit = 1.0 / (1u64 << 32) as f64;
-            for p in 0..2 {
-                let (z0, z1) = box_muller((f64::from(w[2 * p]) + 1.0) * unit, f64::from(w[2 * p + 1]) * unit);
-                for (j, z) in [z0, z1].into_iter().enumerate() {
-                    if let Some(o) = out.get_mut(2 * p + j) {
-                        *o = T::from_f32((mean + std * z) as f32);
-                    }
-                }
-            }
-        }
-        Draw::Int { .. } => unreachable!("internal: randint takes two words an element"),
-    }
-}
-
-/// The value of randint from two words joined as `x`, as i64 (saturating).
-fn int_value(n: u64, x: u64) -> i64 {
-    let v = ((u128::from(x) * u128::from(n)) >> 64) as u64;
-    i64::try_from(v).unwrap_or(i64::MAX)
-}
-
-/// The values of one block for f64, into `out`.
-fn block_f64(draw: Draw, w: [u32; 4], out: &mut [f64]) {
-    match draw {
-        Draw::Uniform { lo, scale } => {
-            for (j, o) in out.iter_mut().enumerate() {
-                *o = lo + scale * unit53(pair(w, j));
-            }
-        }
-        Draw::Normal { mean, std } => {
-            let u1 = ((pair(w, 0) >> 11) + 1) as f64 * (1.0 / (1u64 << 53) as f64);
-            let (z0, z1) = box_muller(u1, unit53(pair(w, 1)));
-            for (o, z) in out.iter_mut().zip([z0, z1]) {
-                *o = mean + std * z;
-            }
-        }
-        Draw::Int { .. } => unreachable!("internal: randint is generated as i64"),
-    }
-}
-
-/// `n` elements, block by block from `rng`'s next unused block, `e` to a
-/// block, each block's elements written by `f` from its words.
-fn fill<T: Copy + Default>(n: usize, e: usize, rng: &Rng, mut f: impl FnMut([u32; 4], &mut [T])) -> Result<Vec<T>> {
-    let mut v: Vec<T> = try_vec(n)?;
-    v.resize(n, T::default());
-    for (b, chunk) in v.chunks_mut(e).enumerate() {
-        f(rng.block(rng.counter.wrapping_add(b as u64)), chunk);
-    }
-    Ok(v)
 }
 
 /// PyTorch's `torch.randn(shape)` and `torch.rand(shape)`, found where a
@@ -316,50 +192,24 @@ impl Rng {
     }
 
     /// A tensor of `shape` on `device` whose element `i` is computed from
-    /// the words the module docs give it. A shape whose size overflows is an
-    /// [`Error::InvalidShape`] naming `op`, one that cannot be allocated an
-    /// [`Error::OutOfMemory`]; no number is drawn then.
+    /// the words the module docs give it, by that device's
+    /// [`RandomKernels`](crate::backend::RandomKernels). A shape whose size
+    /// overflows is an [`Error::InvalidShape`] naming `op`, a float draw
+    /// of an integer dtype an [`Error::UnsupportedDType`], one that cannot
+    /// be allocated an [`Error::OutOfMemory`]; no number is drawn then.
     fn generate(&mut self, op: &'static str, shape: Shape, dtype: DType, draw: Draw, device: Device) -> Result<Tensor> {
         let n = shape.check(op, dtype)?;
+        if !matches!(draw, Draw::Int { .. }) && !dtype.is_float() {
+            return Err(Error::UnsupportedDType { op, dtype, expected: "a float dtype" });
+        }
         let blocks = n.div_ceil(draw.per_block(dtype)) as u64;
         let start = self.counter;
-        let out = match device {
-            Device::Cpu => self.generate_cpu(op, shape, dtype, draw, n)?,
-            Device::Cuda(i) => crate::cuda::random::generate(i, op, shape, dtype, draw, self.key, start)?,
-        };
+        let plan = RandomPlan { op, shape, dtype, draw, key: self.key, offset: start, device };
+        let out = crate::ops::backend_for(device).random(&plan)?;
         // A partly read block is never shared with a tensor draw.
         self.used = 4;
         self.counter = start.wrapping_add(blocks);
-        Ok(out)
-    }
-
-    fn generate_cpu(&self, op: &'static str, shape: Shape, dtype: DType, draw: Draw, n: usize) -> Result<Tensor> {
-        let e = draw.per_block(dtype);
-        if let Draw::Int { n: range } = draw {
-            let v = fill(n, e, self, |w, o: &mut [i64]| {
-                for (j, o) in o.iter_mut().enumerate() {
-                    *o = int_value(range, pair(w, j));
-                }
-            })?;
-            let buf = with_dtype!(dtype, T => {
-                if dtype == DType::I64 {
-                    i64::wrap(v)
-                } else {
-                    let mut out = try_vec(n)?;
-                    out.extend(v.iter().map(|&x| T::from_f64(x as f64)));
-                    T::wrap(out)
-                }
-            });
-            return Tensor::from_buffer(buf, shape);
-        }
-        let buf = match dtype {
-            DType::F32 => f32::wrap(fill(n, e, self, |w, o| block_narrow(draw, dtype, w, o))?),
-            DType::F16 => f16::wrap(fill(n, e, self, |w, o| block_narrow(draw, dtype, w, o))?),
-            DType::BF16 => bf16::wrap(fill(n, e, self, |w, o| block_narrow(draw, dtype, w, o))?),
-            DType::F64 => f64::wrap(fill(n, e, self, |w, o| block_f64(draw, w, o))?),
-            _ => return Err(Error::UnsupportedDType { op, dtype, expected: "a float dtype" }),
-        };
-        Tensor::from_buffer(buf, shape)
+        Ok(Tensor::from_storage(out, plan.shape))
     }
 
     /// A tensor uniform in `[lo, hi)`.

@@ -5,17 +5,7 @@ use half::{bf16, f16};
 use crate::memory::{out_of_memory, track_alloc, track_free};
 use crate::{DType, Device, Element, Result};
 
-/// An empty vector with room for exactly `n` elements, or
-/// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the system refuses
-/// (never an abort). Every host buffer of a size chosen by a user is
-/// allocated through here or [`CpuBuffer::zeros`].
-pub(crate) fn try_vec<T>(n: usize) -> Result<Vec<T>> {
-    let mut v = Vec::new();
-    let bytes = n.saturating_mul(std::mem::size_of::<T>());
-    v.try_reserve_exact(n).map_err(|_| out_of_memory(Device::Cpu, bytes))?;
-    crate::cache::fresh(v.as_ptr() as usize, bytes);
-    Ok(v)
-}
+pub(crate) use crate::cache::try_vec;
 
 /// `n` copies of `value`, or an out-of-memory error.
 pub(crate) fn try_filled<T: Copy>(n: usize, value: T) -> Result<Vec<T>> {

@@ -120,7 +120,7 @@ fn the_kernels_the_backend_will_launch_are_entries() {
     }
 }
 
-/// Every kernel name the op families give (`ops::cuda_kernels`, made from
+/// Every kernel name the op families give (`cuda::kernel_entries`, made from
 /// `Unary::ALL`, `Binary::ALL` and the comparisons) is an entry of its
 /// file: a function added to a family without its `.cu` line fails here.
 #[test]
@@ -128,7 +128,7 @@ fn every_kernel_an_op_family_names_is_an_entry() {
     if !nvrtc_or_skip() {
         return;
     }
-    let names = tapir_tensor::ops::cuda_kernels();
+    let names = tapir_tensor::cuda::kernel_entries();
     assert!(names.len() > 100, "{} names", names.len());
     let mut missing = Vec::new();
     for file in names.iter().map(|(f, _)| *f).collect::<std::collections::BTreeSet<_>>() {

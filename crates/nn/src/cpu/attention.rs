@@ -1,12 +1,10 @@
-//! The CPU kernels of [`CausalSoftmax`] and [`CausalAttention`]: rows
+//! The CPU kernels of the causal softmax and the causal attention: rows
 //! that visit only the keys `j <= i`, and attention run per (batch, head)
 //! over the pool, with the heads addressed in place inside `[B, T, C]`
 //! and the probabilities recomputed in the backward.
 
 use tapir_tensor::cpu::pool::Disjoint;
 use tapir_tensor::{DType, Error, Result, ShapeOps, Tensor};
-
-use crate::attention::{CausalAttention, CausalSoftmax};
 
 fn causal_rows<T: tapir_tensor::Float + tapir_tensor::CpuElement>(
     x: &[T],
@@ -37,24 +35,24 @@ fn causal_rows<T: tapir_tensor::Float + tapir_tensor::CpuElement>(
     }
 }
 
-/// [`CausalSoftmax`] of host scores `x` `[..., tq, tk]` (checked by the
+/// The causal softmax of host scores `x` `[..., tq, tk]` (checked by the
 /// op); f16 and bf16 run through f32.
-pub(crate) fn causal_softmax(op: &CausalSoftmax, x: &Tensor, tq: usize, tk: usize) -> Result<Tensor> {
+pub(crate) fn causal_softmax(scale: f64, x: &Tensor, tq: usize, tk: usize) -> Result<Tensor> {
     let x = x.contiguous()?;
     match x.dtype() {
         DType::F32 => {
             let src = x.as_slice::<f32>().expect("internal: contiguous");
             let mut out = tapir_tensor::cache::filled(src.len(), 0.0f32)?;
-            causal_rows(src, &mut out, tq, tk, op.scale as f32);
+            causal_rows(src, &mut out, tq, tk, scale as f32);
             Tensor::from_vec(out, x.shape().clone())
         }
         DType::F64 => {
             let src = x.as_slice::<f64>().expect("internal: contiguous");
             let mut out = tapir_tensor::cache::filled(src.len(), 0.0f64)?;
-            causal_rows(src, &mut out, tq, tk, op.scale);
+            causal_rows(src, &mut out, tq, tk, scale);
             Tensor::from_vec(out, x.shape().clone())
         }
-        DType::F16 | DType::BF16 => causal_softmax(op, &x.cast(DType::F32)?, tq, tk)?.cast(x.dtype()),
+        DType::F16 | DType::BF16 => causal_softmax(scale, &x.cast(DType::F32)?, tq, tk)?.cast(x.dtype()),
         dtype => Err(Error::UnsupportedDType { op: "causal_softmax", dtype, expected: "a float dtype" }),
     }
 }
@@ -62,6 +60,10 @@ pub(crate) fn causal_softmax(op: &CausalSoftmax, x: &Tensor, tq: usize, tk: usiz
 /// Raw rows of one (batch, head): element `(t, d)` of q/k/v/y is at
 /// `base + t * c + d`.
 pub(crate) struct Heads {
+    /// Heads.
+    pub heads: usize,
+    /// Multiplies `q . k`.
+    pub scale: f64,
     /// Time steps.
     pub t: usize,
     /// Channels (all heads).
@@ -170,9 +172,9 @@ impl Heads {
     }
 }
 
-/// [`CausalAttention`] of host `q`, `k`, `v` (`xs`, checked by the op into
+/// The causal attention of host `q`, `k`, `v` (`xs`, checked by the op into
 /// `hs`); f16 and bf16 run through f32.
-pub(crate) fn forward(op: &CausalAttention, hs: &Heads, xs: &[&Tensor]) -> Result<Tensor> {
+pub(crate) fn forward(hs: &Heads, xs: &[&Tensor]) -> Result<Tensor> {
     let (q, k, v) = (xs[0].contiguous()?, xs[1].contiguous()?, xs[2].contiguous()?);
     let b = q.dims()[0];
     macro_rules! run {
@@ -183,13 +185,13 @@ pub(crate) fn forward(op: &CausalAttention, hs: &Heads, xs: &[&Tensor]) -> Resul
             let (qs, ks, vs) = (sl(&q), sl(&k), sl(&v));
             let mut y = tapir_tensor::cache::filled(q.numel(), 0.0 as $F)?;
             let out = Disjoint::new(&mut y);
-            let heads = op.heads;
+            let heads = hs.heads;
             // One part per (batch, head), spread over the pool.
             tapir_tensor::cpu::pool::split(b * heads, &|part| {
                 let base = (part / heads) * hs.t * hs.c + (part % heads) * hs.d;
                 // SAFETY: `y` is shaped like `q`; each part writes only
                 // its own (batch, head).
-                unsafe { hs.forward(qs, ks, vs, &out, base, op.scale as $F) };
+                unsafe { hs.forward(qs, ks, vs, &out, base, hs.scale as $F) };
             });
             Tensor::from_vec(y, q.shape().clone())
         }};
@@ -200,7 +202,7 @@ pub(crate) fn forward(op: &CausalAttention, hs: &Heads, xs: &[&Tensor]) -> Resul
         DType::F16 | DType::BF16 => {
             let up = [&q, &k, &v].map(|t| t.cast(DType::F32));
             let [a, b2, c] = up;
-            forward(op, hs, &[&a?, &b2?, &c?])?.cast(q.dtype())
+            forward(hs, &[&a?, &b2?, &c?])?.cast(q.dtype())
         }
         dtype => Err(Error::UnsupportedDType { op: "causal_attention", dtype, expected: "a float dtype" }),
     }
@@ -209,13 +211,7 @@ pub(crate) fn forward(op: &CausalAttention, hs: &Heads, xs: &[&Tensor]) -> Resul
 /// The gradients of `q`, `k` and `v` from host inputs, output `y` and
 /// upstream gradient `g`, or `None` where the kernel does not apply (not
 /// f32 or f64, or `g` of another dtype).
-pub(crate) fn backward(
-    op: &CausalAttention,
-    hs: &Heads,
-    xs: [&Tensor; 3],
-    y: &Tensor,
-    g: &Tensor,
-) -> Result<Option<[Tensor; 3]>> {
+pub(crate) fn backward(hs: &Heads, xs: [&Tensor; 3], y: &Tensor, g: &Tensor) -> Result<Option<[Tensor; 3]>> {
     let [q, k, v] = [xs[0].contiguous()?, xs[1].contiguous()?, xs[2].contiguous()?];
     let (y, g) = (y.contiguous()?, g.contiguous()?);
     let b = q.dims()[0];
@@ -229,13 +225,13 @@ pub(crate) fn backward(
             let filled = || tapir_tensor::cache::filled(n, 0.0 as $F);
             let (mut dq, mut dk, mut dv) = (filled()?, filled()?, filled()?);
             let outs = [Disjoint::new(&mut dq), Disjoint::new(&mut dk), Disjoint::new(&mut dv)];
-            let heads = op.heads;
+            let heads = hs.heads;
             // One part per (batch, head), spread over the pool.
             tapir_tensor::cpu::pool::split(b * heads, &|part| {
                 let base = (part / heads) * hs.t * hs.c + (part % heads) * hs.d;
                 // SAFETY: the buffers are shaped like `q`; each part
                 // touches only its own (batch, head).
-                unsafe { hs.backward(ins, [&outs[0], &outs[1], &outs[2]], base, op.scale as $F) };
+                unsafe { hs.backward(ins, [&outs[0], &outs[1], &outs[2]], base, hs.scale as $F) };
             });
             let shape = q.shape().clone();
             Ok(Some([

@@ -1,12 +1,18 @@
-//! The CPU kernels of [`NormOp`]: one pass per row forward, and one
+//! The CPU kernels of LayerNorm and RMSNorm: one pass per row forward, and one
 //! pass per row backward that recomputes the row's mean and reciprocal
 //! deviation and writes the three gradients.
 
 use tapir_tensor::cpu::pool::{self, Disjoint};
-use tapir_tensor::ops::Op;
 use tapir_tensor::{DType, Error, Float, Result, ShapeOps, Tensor};
 
-use crate::norm::NormOp;
+/// What the row kernels compute: the op's name (for errors), the epsilon
+/// added to the variance, and RMSNorm (no centring) or LayerNorm.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Norm {
+    pub op: &'static str,
+    pub eps: f64,
+    pub rms: bool,
+}
 
 /// From this many elements on, the row kernels split their rows over the
 /// pool's threads.
@@ -90,12 +96,10 @@ fn backward_rows<F: Float>(x: &[F], w: Option<&[F]>, g: &[F], d: usize, eps: F, 
     Ok([dx, dw, db])
 }
 
-/// The forward over `xs` (`x`, then the scale and shift the op has),
-/// host tensors whose shapes and dtypes the op checked; `d` is the row
-/// width. f16 and bf16 run through f32.
-pub(crate) fn forward(op: &NormOp, xs: &[&Tensor], d: usize) -> Result<Tensor> {
-    let x = xs[0];
-    let (w, b) = (op.has_weight.then(|| xs[1]), op.has_bias.then(|| xs[xs.len() - 1]));
+/// The forward over `x` with the scale `w` and shift `b` the op has, host
+/// tensors whose shapes and dtypes the op checked; `d` is the row width.
+/// f16 and bf16 run through f32.
+pub(crate) fn forward(op: Norm, x: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>, d: usize) -> Result<Tensor> {
     let (xc, wc, bc) =
         (x.contiguous()?, w.map(|t| t.contiguous()).transpose()?, b.map(|t| t.contiguous()).transpose()?);
     macro_rules! run {
@@ -118,17 +122,17 @@ pub(crate) fn forward(op: &NormOp, xs: &[&Tensor], d: usize) -> Result<Tensor> {
         DType::F32 => run!(f32),
         DType::F64 => run!(f64),
         DType::F16 | DType::BF16 => {
-            let up: Vec<Tensor> = xs.iter().map(|t| t.cast(DType::F32)).collect::<Result<_>>()?;
-            let refs: Vec<&Tensor> = up.iter().collect();
-            forward(op, &refs, d)?.cast(x.dtype())
+            let up = |t: Option<&Tensor>| t.map(|t| t.cast(DType::F32)).transpose();
+            let (x32, w32, b32) = (x.cast(DType::F32)?, up(w)?, up(b)?);
+            forward(op, &x32, w32.as_ref(), b32.as_ref(), d)?.cast(x.dtype())
         }
-        dtype => Err(Error::UnsupportedDType { op: op.name(), dtype, expected: "a float dtype" }),
+        dtype => Err(Error::UnsupportedDType { op: op.op, dtype, expected: "a float dtype" }),
     }
 }
 
 /// The backward's `(dx, dw, db)` from host tensors `x`, `w` and `g`, or
 /// `None` where the kernel does not apply (other dtypes, mixed dtypes).
-pub(crate) fn backward(op: &NormOp, x: &Tensor, w: Option<&Tensor>, g: &Tensor) -> Result<Option<[Tensor; 3]>> {
+pub(crate) fn backward(op: Norm, x: &Tensor, w: Option<&Tensor>, g: &Tensor) -> Result<Option<[Tensor; 3]>> {
     let d = *x.dims().last().expect("internal: rank checked");
     let (x, g, w) = (x.contiguous()?, g.contiguous()?, w.map(|w| w.contiguous()).transpose()?);
     macro_rules! run {

@@ -18,11 +18,19 @@ use crate::storage::Storage;
 use crate::{DType, Device, Layout, Shape};
 
 pub mod binary;
+pub mod index;
+pub mod matmul;
+pub mod random;
+pub mod reduce;
 pub mod shape;
 pub mod softmax;
 pub mod unary;
 
 pub use binary::{Binary, BinaryKernels, Cmp};
+pub use index::IndexKernels;
+pub use matmul::MatmulKernels;
+pub use random::RandomKernels;
+pub use reduce::ReduceKernels;
 pub use shape::ShapeKernels;
 pub use softmax::SoftmaxKernels;
 pub use unary::{Unary, UnaryKernels};
@@ -64,7 +72,17 @@ impl<'a> Src<'a> {
 /// CUDA backends; a family added here is a compile error until both have
 /// its kernels. The families not yet behind a trait still run through
 /// their ops' `forward_cpu` and `forward_cuda` (see [`crate::Op::run`]).
-pub trait Backend: UnaryKernels + BinaryKernels + ShapeKernels + SoftmaxKernels + Sync {
+pub trait Backend:
+    UnaryKernels
+    + BinaryKernels
+    + ShapeKernels
+    + SoftmaxKernels
+    + ReduceKernels
+    + IndexKernels
+    + MatmulKernels
+    + RandomKernels
+    + Sync
+{
     /// True for the CPU backend, whose kernels read host memory; false for
     /// a device's (which finds its ordinal in the operands' buffers).
     fn is_host(&self) -> bool;

@@ -7,53 +7,89 @@ use super::Src;
 use crate::storage::Storage;
 use crate::{DType, Result, Shape};
 
-/// Which elementwise function.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Unary {
+/// Declares the family: one entry a function, `Variant = "name"` (a
+/// function with parameters gives each a type and the value
+/// [`Unary::ALL`] lists it with, `Powf(f64: 1.5)`), which makes the
+/// variant, its place in `ALL` and its name. Everything else an op is (its
+/// derivative, what its rule reads, its CPU closure) is a `match` without
+/// a wildcard, so the compiler asks for each; its CUDA kernel is one line
+/// of `kernels/elementwise.cu`.
+macro_rules! unary_functions {
+    ($( $(#[$doc:meta])* $variant:ident $( ( $($p:ty : $v:expr),+ ) )? = $name:literal, )*) => {
+        /// Which elementwise function.
+        #[derive(Debug, Clone, Copy, PartialEq)]
+        pub enum Unary {
+            $( $(#[$doc])* $variant $( ( $($p),+ ) )?, )*
+        }
+
+        impl Unary {
+            /// Every function, once, in the order declared (with a
+            /// representative parameter where it takes one): the op
+            /// registry, the gradient-check table, the fuzz generators and
+            /// the CUDA kernel-name test are made from or checked against
+            /// this list.
+            pub const ALL: &'static [Unary] = &[ $( Unary::$variant $( ( $($v),+ ) )?, )* ];
+
+            /// The op's name, as errors and graph diagnostics show it, and
+            /// its CUDA kernel's (see [`Unary::cuda_kernel`]).
+            pub fn name(self) -> &'static str {
+                match self {
+                    $( Unary::$variant { .. } => $name, )*
+                }
+            }
+        }
+    };
+}
+
+unary_functions! {
     /// -x
-    Neg,
+    Neg = "neg",
     /// |x|
-    Abs,
+    Abs = "abs",
     /// e^x
-    Exp,
+    Exp = "exp",
     /// ln x
-    Log,
+    Log = "log",
     /// sqrt x
-    Sqrt,
+    Sqrt = "sqrt",
     /// 1 / sqrt x
-    Rsqrt,
+    Rsqrt = "rsqrt",
     /// tanh x
-    Tanh,
+    Tanh = "tanh",
     /// 1 / (1 + e^-x)
-    Sigmoid,
+    Sigmoid = "sigmoid",
     /// max(x, 0)
-    Relu,
+    Relu = "relu",
     /// GELU, tanh approximation (torch's approximate="tanh")
-    GeluTanh,
+    GeluTanh = "gelu_tanh",
     /// GELU, exact erf form
-    GeluErf,
+    GeluErf = "gelu",
     /// sin x
-    Sin,
+    Sin = "sin",
     /// cos x
-    Cos,
+    Cos = "cos",
     /// x^2
-    Square,
+    Square = "square",
     /// x^p
-    Powf(f64),
+    Powf(f64: 1.5) = "powf",
     /// 1 / x
-    Recip,
+    Recip = "recip",
     /// x + c
-    AddScalar(f64),
+    AddScalar(f64: 0.5) = "add_scalar",
     /// x * c
-    MulScalar(f64),
+    MulScalar(f64: -2.0) = "mul_scalar",
     /// min(max(x, lo), hi)
-    Clamp(f64, f64),
+    Clamp(f64: -0.5, f64: 0.5) = "clamp",
     /// erf x
-    Erf,
+    Erf = "erf",
     /// sign x (no derivative)
-    Sign,
+    Sign = "sign",
     /// ln(1 + e^x), torch's softplus with beta 1: a smooth relu
-    Softplus,
+    Softplus = "softplus",
+    /// ln(1 + x), accurate for small x
+    Log1p = "log1p",
+    /// e^x - 1, accurate for small x
+    Expm1 = "expm1",
 }
 
 /// sqrt(2 / pi), GELU's tanh form.
@@ -64,35 +100,6 @@ pub const GELU_C: f64 = 0.044_715;
 pub const FRAC_1_SQRT_2PI: f64 = 0.398_942_280_401_432_7;
 
 impl Unary {
-    /// Every function, once (with a representative parameter where it takes
-    /// one): the gradient-check table and the CUDA kernel-name test are
-    /// checked against this list, so a variant added to the enum and not
-    /// here, or here and not there, fails a test.
-    pub const ALL: &'static [Unary] = &[
-        Unary::Neg,
-        Unary::Abs,
-        Unary::Exp,
-        Unary::Log,
-        Unary::Sqrt,
-        Unary::Rsqrt,
-        Unary::Tanh,
-        Unary::Sigmoid,
-        Unary::Relu,
-        Unary::GeluTanh,
-        Unary::GeluErf,
-        Unary::Sin,
-        Unary::Cos,
-        Unary::Square,
-        Unary::Powf(1.5),
-        Unary::Recip,
-        Unary::AddScalar(0.5),
-        Unary::MulScalar(-2.0),
-        Unary::Clamp(-0.5, 0.5),
-        Unary::Erf,
-        Unary::Sign,
-        Unary::Softplus,
-    ];
-
     /// The CUDA kernel computing this function on `dtype` (an entry of
     /// `kernels/elementwise.cu`): the name, then the dtype.
     pub fn cuda_kernel(self, dtype: DType) -> String {
@@ -102,34 +109,6 @@ impl Unary {
     /// The functions defined on integers too, with integer CUDA kernels
     /// (`neg_i32`...): they wrap, as torch's do.
     pub const INT_KERNELS: &'static [Unary] = &[Unary::Neg, Unary::Abs];
-
-    /// The op's name, as errors and graph diagnostics show it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Unary::Neg => "neg",
-            Unary::Abs => "abs",
-            Unary::Exp => "exp",
-            Unary::Log => "log",
-            Unary::Sqrt => "sqrt",
-            Unary::Rsqrt => "rsqrt",
-            Unary::Tanh => "tanh",
-            Unary::Sigmoid => "sigmoid",
-            Unary::Relu => "relu",
-            Unary::GeluTanh => "gelu_tanh",
-            Unary::GeluErf => "gelu",
-            Unary::Sin => "sin",
-            Unary::Cos => "cos",
-            Unary::Square => "square",
-            Unary::Powf(_) => "powf",
-            Unary::Recip => "recip",
-            Unary::AddScalar(_) => "add_scalar",
-            Unary::MulScalar(_) => "mul_scalar",
-            Unary::Clamp(..) => "clamp",
-            Unary::Erf => "erf",
-            Unary::Sign => "sign",
-            Unary::Softplus => "softplus",
-        }
-    }
 }
 
 /// The unary family's kernels. Every operand is one of the op's checked

@@ -1,24 +1,44 @@
-//! The CPU kernels of matrix products ([`crate::ops::matmul`]): a sum of
+//! The CPU kernels of matrix products ([`crate::backend::matmul`]): a sum of
 //! strided products into one block (`Gemm`, on the gemm crate's
 //! microkernels and the pool), batched products, the one-job linear layer
 //! with its epilogue, and `gemm_into` for kernels that own their buffers.
 
 use smallvec::SmallVec;
 
-use super::float_map;
-use crate::ops::matmul::{Plan, Then};
-use crate::storage::CpuElement;
-use crate::{with_float, Float, Result, Shape, Tensor};
+use super::{float_src, host, CpuBackend};
+use crate::backend::matmul::{Epilogue as Then, MatmulPlan};
+use crate::backend::{MatmulKernels, Src};
+use crate::storage::{CpuElement, Storage};
+use crate::{with_float, DType, Float, Layout, Result, Shape};
 
-/// `a @ b` at the plan's shape (`b` converted to `a`'s dtype; f16/bf16
-/// through f32).
-pub(crate) fn forward(a: &Tensor, b: &Tensor, p: &Plan, shape: Shape) -> Result<Tensor> {
-    let b = b.cast_raw(a.dtype().compute())?;
-    float_map(
-        "matmul",
-        a,
-        |a| with_float!(a.dtype(), T => Tensor::from_vec(kernel::<T>(a, &b, p)?, shape.clone()), _ => unreachable!()),
-    )
+impl MatmulKernels for CpuBackend {
+    /// f16 and bf16 through f32 copies of both operands.
+    fn matmul(&self, plan: &MatmulPlan, a: Src<'_>, b: Src<'_>) -> Result<Storage> {
+        let (wide, layout);
+        let b = if b.dtype() == b.dtype().compute() {
+            b
+        } else {
+            wide = Storage::cpu(super::shape::cast(b, b.dtype().compute())?);
+            layout = Layout::contiguous(b.shape().clone());
+            Src { storage: &wide, layout: &layout }
+        };
+        float_src(
+            "matmul",
+            a,
+            |a| with_float!(a.dtype(), T => Ok(Storage::cpu(T::wrap(kernel::<T>(a, b, plan)?))), _ => unreachable!()),
+        )
+    }
+
+    /// f32 and f64 only, with `h` contiguous.
+    fn linear_sum(
+        &self,
+        terms: &[(Src<'_>, Src<'_>)],
+        bias: Option<Src<'_>>,
+        then: Then<'_>,
+        dims: (usize, usize),
+    ) -> Result<Option<Storage>> {
+        eager_linear_sum(terms, bias, then, dims)
+    }
 }
 
 /// From this many multiply-adds on, one product is split over the spinning
@@ -399,11 +419,10 @@ impl<T: Float> Gemm<T> {
 }
 
 /// Element offsets of each batch entry of `t` broadcast over `batch`.
-fn batch_offsets(t: &Tensor, batch: &Shape) -> Vec<usize> {
-    let r = t.rank();
-    let own = Shape::from(&t.dims()[..r - 2]);
-    let lay =
-        crate::Layout { shape: own, strides: SmallVec::from_slice(&t.strides()[..r - 2]), offset: t.layout.offset };
+fn batch_offsets(t: Src<'_>, batch: &Shape) -> Vec<usize> {
+    let r = t.shape().rank();
+    let own = Shape::from(&t.shape().dims()[..r - 2]);
+    let lay = Layout { shape: own, strides: SmallVec::from_slice(&t.layout.strides[..r - 2]), offset: t.layout.offset };
     let strides = lay.broadcast_strides(batch);
     let mut out = Vec::with_capacity(batch.numel());
     let nd = crate::cpu::iter::Nd::new(batch.dims(), [&strides], [t.layout.offset]);
@@ -411,13 +430,17 @@ fn batch_offsets(t: &Tensor, batch: &Shape) -> Vec<usize> {
     out
 }
 
-fn kernel<T: Float + CpuElement>(a: &Tensor, b: &Tensor, p: &Plan) -> Result<Vec<T>> {
+/// The row and column strides of the matrix `t` (its last two axes).
+fn mat_strides(t: Src<'_>) -> (isize, isize) {
+    let s = &t.layout.strides[t.shape().rank() - 2..];
+    (s[0] as isize, s[1] as isize)
+}
+
+fn kernel<T: Float + CpuElement>(a: Src<'_>, b: Src<'_>, p: &MatmulPlan) -> Result<Vec<T>> {
     let (m, k, n) = (p.m, p.k, p.n);
-    let (ra, rb) = (a.rank(), b.rank());
-    let (a_rs, a_cs) = (a.strides()[ra - 2] as isize, a.strides()[ra - 1] as isize);
-    let (b_rs, b_cs) = (b.strides()[rb - 2] as isize, b.strides()[rb - 1] as isize);
+    let ((a_rs, a_cs), (b_rs, b_cs)) = (mat_strides(a), mat_strides(b));
     let (ao, bo) = (batch_offsets(a, &p.batch), batch_offsets(b, &p.batch));
-    let (ad, bd) = (a.storage_slice::<T>(), b.storage_slice::<T>());
+    let (ad, bd) = (host::<T>(a), host::<T>(b));
     let total = p.batch.numel() * m * n;
     if total == 0 || k == 0 {
         return crate::storage::try_filled(total, T::ZERO);
@@ -472,53 +495,51 @@ fn kernel<T: Float + CpuElement>(a: &Tensor, b: &Tensor, p: &Plan) -> Result<Vec
     Ok(out)
 }
 
-pub(crate) fn eager_linear_sum(
-    terms: &[(Tensor, Tensor)],
-    bias: Option<&Tensor>,
-    then: Then<'_, Tensor>,
-) -> Result<Option<Tensor>> {
-    let (a0, b0) = &terms[0];
-    let dtype = a0.dtype();
-    let (m, n) = (a0.dims().first().copied().unwrap_or(0), b0.dims().get(1).copied().unwrap_or(0));
-    let on_cpu = |t: &Tensor| t.dtype() == dtype && t.device() == crate::Device::Cpu;
-    let fits = terms.iter().all(|(a, b)| {
-        [a, b].iter().all(|t| t.rank() == 2 && on_cpu(t))
-            && a.dims()[0] == m
-            && b.dims()[1] == n
-            && a.dims()[1] == b.dims()[0]
-    }) && bias.is_none_or(|b| on_cpu(b) && b.dims() == [n])
-        && match then {
-            Then::TanhBackward(h) => on_cpu(h) && h.dims() == [m, n] && h.is_contiguous(),
-            _ => true,
-        };
-    if !fits || !matches!(dtype, crate::DType::F32 | crate::DType::F64) {
+/// One fused job for the linear sum the op checked fits, in f32 or f64
+/// with `h` contiguous; `None` otherwise.
+fn eager_linear_sum(
+    terms: &[(Src<'_>, Src<'_>)],
+    bias: Option<Src<'_>>,
+    then: Then<'_>,
+    (m, n): (usize, usize),
+) -> Result<Option<Storage>> {
+    let dtype = terms[0].0.dtype();
+    if !matches!(dtype, DType::F32 | DType::F64) || matches!(then, Then::TanhBackward(h) if !h.is_contiguous()) {
         return Ok(None);
     }
+    let dense;
+    let bias = match bias {
+        Some(b) if !b.is_contiguous() => {
+            dense = (Storage::cpu(super::shape::copy(b)?), Layout::contiguous(b.shape().clone()));
+            Some(Src { storage: &dense.0, layout: &dense.1 })
+        }
+        b => b,
+    };
     with_float!(dtype, F => {
-        let bias = bias.map(|b| b.contiguous()).transpose()?;
         let mut out: Vec<F> = crate::cache::take(m * n)?;
         let dst = out.spare_capacity_mut().as_mut_ptr() as *mut F;
         let terms = terms
             .iter()
-            .map(|(a, b)| {
-                let (ad, bd) = (a.storage_slice::<F>(), b.storage_slice::<F>());
+            .map(|&(a, b)| {
+                let (ad, bd) = (host::<F>(a), host::<F>(b));
+                let ((a_rs, a_cs), (b_rs, b_cs)) = (mat_strides(a), mat_strides(b));
                 Term {
-                    k: a.dims()[1],
+                    k: a.shape().dims()[1],
                     // SAFETY: the offsets come from valid 2-D layouts.
                     a: unsafe { ad.as_ptr().add(a.layout.offset) },
-                    a_rs: a.strides()[0] as isize,
-                    a_cs: a.strides()[1] as isize,
+                    a_rs,
+                    a_cs,
                     b: unsafe { bd.as_ptr().add(b.layout.offset) },
-                    b_rs: b.strides()[0] as isize,
-                    b_cs: b.strides()[1] as isize,
+                    b_rs,
+                    b_cs,
                 }
             })
             .collect();
-        let bias_ptr = bias.as_ref().map(|b| b.storage_slice::<F>()[b.layout.offset..].as_ptr());
+        let bias_ptr = bias.map(|b| host::<F>(b)[b.layout.offset..].as_ptr());
         let then = match then {
             Then::Nothing => Epilogue::Nothing,
             Then::Tanh => Epilogue::Tanh,
-            Then::TanhBackward(h) => Epilogue::TanhBackward { h: h.storage_slice::<F>()[h.layout.offset..].as_ptr(), h_rs: n },
+            Then::TanhBackward(h) => Epilogue::TanhBackward { h: host::<F>(h)[h.layout.offset..].as_ptr(), h_rs: n },
         };
         // SAFETY: strides come from valid 2-D layouts of the operands, the
         // bias is n contiguous elements, `h` m x n contiguous ones, `dst`
@@ -527,7 +548,7 @@ pub(crate) fn eager_linear_sum(
         unsafe { Gemm { m, n, dst, dst_rs: n, terms, bias: bias_ptr, accumulate: false, then }.run() };
         // SAFETY: written above (an empty sum writes zeros).
         unsafe { out.set_len(m * n) };
-        Tensor::from_vec(out, [m, n]).map(Some)
+        Ok(Some(Storage::cpu(F::wrap(out))))
     }, _ => Ok(None))
 }
 

@@ -32,6 +32,7 @@ pub mod math;
 pub(crate) mod matmul;
 pub(crate) mod matmul_tn;
 pub mod pool;
+pub(crate) mod random;
 pub(crate) mod reduce;
 pub(crate) mod rows;
 pub(crate) mod shape;
@@ -41,7 +42,7 @@ pub(crate) mod unary;
 
 use crate::backend::{Backend, Src};
 use crate::storage::{CpuElement, Storage};
-use crate::{DType, Error, Layout, Result, Shape, Tensor};
+use crate::{DType, Error, Layout, Result, Shape};
 
 /// The CPU backend: every family's kernels on host memory.
 #[derive(Debug, Clone, Copy, Default)]
@@ -74,16 +75,6 @@ pub(crate) fn float_src(op: &'static str, x: Src<'_>, f: impl FnOnce(Src<'_>) ->
             let flat = Layout::contiguous(Shape::from([out.len()]));
             Ok(Storage::cpu(shape::cast(Src { storage: &out, layout: &flat }, dtype)?))
         }
-        dtype => Err(Error::UnsupportedDType { op, dtype, expected: "a float dtype" }),
-    }
-}
-
-/// Runs a float kernel on `x`: f32 and f64 directly, f16 and bf16 through
-/// f32 (the result is cast back), integers rejected.
-pub(crate) fn float_map(op: &'static str, x: &Tensor, f: impl FnOnce(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
-    match x.dtype() {
-        DType::F32 | DType::F64 => f(x),
-        DType::F16 | DType::BF16 => f(&x.cast_raw(DType::F32)?)?.cast_raw(x.dtype()),
         dtype => Err(Error::UnsupportedDType { op, dtype, expected: "a float dtype" }),
     }
 }

@@ -1,87 +1,90 @@
-//! The CPU kernels of the reductions ([`crate::ops::reduce`]): rows of the
+//! The CPU kernels of the reductions ([`crate::backend::reduce`]): rows of the
 //! reduced elements handed to the row kernels of [`crate::cpu::rows`], and
 //! a sum that reads its input in place when the reduced axes lead (a bias
 //! gradient) or are scattered.
 
 use smallvec::SmallVec;
 
-use crate::cpu::float_map;
+use super::{float_src, host, CpuBackend};
+use crate::backend::reduce::{ArgReducePlan, ReduceKind, ReducePlan, Rows};
+use crate::backend::{ReduceKernels, Src};
 use crate::cpu::iter::{fill_vec_parts, PAR_MIN, SPLIT_MIN};
 use crate::cpu::pool::Disjoint;
 use crate::cpu::rows::RowKernels;
-use crate::ops::reduce::{reduced_shape, ArgReduce, Reduce, ReduceKind};
-use crate::ops::Op;
-use crate::storage::{try_filled, CpuElement};
-use crate::{with_float, DType, Result, Shape, Tensor};
+use crate::storage::{try_filled, CpuBuffer, CpuElement, Storage};
+use crate::{with_float, DType, Layout, Result};
 
-/// `op` over `x`, into `shape` (already checked): an integer sum in i64,
-/// floats in their own type (f16 and bf16 through f32).
-pub(crate) fn reduce(op: &Reduce, x: &Tensor, shape: Shape) -> Result<Tensor> {
-    if op.kind == ReduceKind::Sum && x.dtype().is_int() {
-        // An integer sum is an int64 sum, wrapping past 2^63.
-        let out = match x.dtype() {
-            DType::I32 => reduce_rows(x, &op.axes, |r: &[i32]| r.iter().fold(0i64, |a, &v| a.wrapping_add(v as i64))),
-            _ => reduce_rows(x, &op.axes, |r: &[i64]| r.iter().fold(0i64, |a, &v| a.wrapping_add(v))),
-        }?;
-        return Tensor::from_vec(out, shape);
-    }
-    float_map(
-        op.name(),
-        x,
-        |x| with_float!(x.dtype(), T => Tensor::from_vec(float_kernel::<T>(op, x)?, shape.clone()), _ => unreachable!()),
-    )
-}
-
-fn float_kernel<T: RowKernels + CpuElement>(op: &Reduce, x: &Tensor) -> Result<Vec<T>> {
-    match op.kind {
-        ReduceKind::Sum => sum_raw::<T>(x, &op.axes),
-        ReduceKind::Max => reduce_rows(x, &op.axes, T::row_max),
-        ReduceKind::Min => reduce_rows(x, &op.axes, T::row_min),
-        ReduceKind::LogSumExp => reduce_rows(x, &op.axes, T::row_lse),
-    }
-}
-
-/// argmax or argmin of `x` along `op.axis` (checked non-empty) into
-/// `shape`, as i64: floats compared in their compute type, integers
-/// through f64.
-pub(crate) fn arg_reduce(op: &ArgReduce, x: &Tensor, shape: Shape) -> Result<Tensor> {
-    let x = if x.dtype().is_float() { x.cast_raw(x.dtype().compute())? } else { x.cast_raw(DType::F64)? };
-    let min = op.min;
-    let out: Vec<i64> = with_float!(x.dtype(), T => reduce_rows(&x, &[op.axis], |r: &[T]| {
-        // First occurrence wins; NaN counts as the extreme, like torch.
-        let mut best = 0;
-        for (i, &v) in r.iter().enumerate() {
-            let b = r[best];
-            if b.is_nan() { break; }
-            if v.is_nan() || (if min { v < b } else { v > b }) { best = i; }
+impl ReduceKernels for CpuBackend {
+    /// f16 and bf16 through an f32 copy.
+    fn reduce(&self, plan: &ReducePlan, x: Src<'_>) -> Result<Storage> {
+        if plan.int_sum {
+            // An integer sum is an int64 sum, wrapping past 2^63.
+            let out = match x.dtype() {
+                DType::I32 => {
+                    reduce_rows(x, &plan.rows, |r: &[i32]| r.iter().fold(0i64, |a, &v| a.wrapping_add(v as i64)))
+                }
+                _ => reduce_rows(x, &plan.rows, |r: &[i64]| r.iter().fold(0i64, |a, &v| a.wrapping_add(v))),
+            }?;
+            return Ok(Storage::cpu(CpuBuffer::I64(out)));
         }
-        best as i64
-    })?, _ => unreachable!());
-    Tensor::from_vec(out, shape)
+        float_src(
+            plan.kind.name(),
+            x,
+            |x| with_float!(x.dtype(), T => Ok(Storage::cpu(T::wrap(float_kernel::<T>(plan, x)?))), _ => unreachable!()),
+        )
+    }
+
+    /// Floats compared in their compute type, integers through f64.
+    fn arg_reduce(&self, plan: &ArgReducePlan, x: Src<'_>) -> Result<Storage> {
+        let to = if x.dtype().is_float() { x.dtype().compute() } else { DType::F64 };
+        let (wide, layout);
+        let x = if to == x.dtype() {
+            x
+        } else {
+            wide = Storage::cpu(super::shape::cast(x, to)?);
+            layout = Layout::contiguous(x.shape().clone());
+            Src { storage: &wide, layout: &layout }
+        };
+        let min = plan.min;
+        let out: Vec<i64> = with_float!(x.dtype(), T => reduce_rows(x, &plan.rows, |r: &[T]| {
+            // First occurrence wins; NaN counts as the extreme, like torch.
+            let mut best = 0;
+            for (i, &v) in r.iter().enumerate() {
+                let b = r[best];
+                if b.is_nan() { break; }
+                if v.is_nan() || (if min { v < b } else { v > b }) { best = i; }
+            }
+            best as i64
+        })?, _ => unreachable!());
+        Ok(Storage::cpu(CpuBuffer::I64(out)))
+    }
 }
 
-/// A view of `x` with kept axes first and reduced axes last, and the number
-/// of output rows and reduced elements per row.
-fn kept_then_reduced(x: &Tensor, axes: &[usize]) -> Result<(Tensor, usize, usize)> {
-    let mut perm: SmallVec<[usize; 6]> = (0..x.rank()).filter(|a| !axes.contains(a)).collect();
-    perm.extend_from_slice(axes);
-    let reduced: usize = axes.iter().map(|&a| x.dims()[a]).product();
-    // Not numel / reduced: that is 0 when a reduced axis is empty, but the
-    // output still has one row per kept index (zeros(3, 0).sum(1) is [0; 3]).
-    let rows: usize = (0..x.rank()).filter(|a| !axes.contains(a)).map(|a| x.dims()[a]).product();
-    Ok((x.permute_raw(&perm)?, rows, reduced))
+fn float_kernel<T: RowKernels + CpuElement>(plan: &ReducePlan, x: Src<'_>) -> Result<Vec<T>> {
+    match plan.kind {
+        ReduceKind::Sum => sum_raw::<T>(x, plan),
+        ReduceKind::Max => reduce_rows(x, &plan.rows, T::row_max),
+        ReduceKind::Min => reduce_rows(x, &plan.rows, T::row_min),
+        ReduceKind::LogSumExp => reduce_rows(x, &plan.rows, T::row_lse),
+    }
 }
 
-/// Reduces each row of `reduced` elements with `row`, over a view whose
-/// reduced axes are last. Rows are contiguous slices after at most one copy.
+/// Reduces each row of `x` (grouped as `rows` says) with `row`. Rows are
+/// contiguous slices after at most one copy.
 fn reduce_rows<T: CpuElement + Copy + Send + Sync, D: Send>(
-    x: &Tensor,
-    axes: &[usize],
+    x: Src<'_>,
+    rows: &Rows,
     row: impl Fn(&[T]) -> D + Sync,
 ) -> Result<Vec<D>> {
-    let (v, rows, reduced) = kept_then_reduced(x, axes)?;
-    let v = v.contiguous()?;
-    let data = &v.storage_slice::<T>()[v.layout.offset..v.layout.offset + v.numel()];
+    let view = rows.view(x.layout);
+    let copied;
+    let data = if view.is_contiguous() {
+        &host::<T>(x)[view.offset..view.offset + view.numel()]
+    } else {
+        copied = Storage::cpu(super::shape::copy(Src { storage: x.storage, layout: &view })?);
+        host::<T>(Src { storage: &copied, layout: &view })
+    };
+    let (rows, reduced) = (rows.rows, rows.cols);
     if reduced == 0 {
         return Ok((0..rows).map(|_| row(&[])).collect());
     }
@@ -142,14 +145,16 @@ pub(crate) fn add_rows<T: CpuElement + Copy + std::ops::Add<Output = T>>(
 /// Columns per register block of [`add_rows`] (four AVX-512 registers of f32).
 const ADD_COLS: usize = 64;
 
-/// Sum over `axes`, with a fast path for a contiguous input reduced over its
-/// leading axes (bias gradients: accumulate whole rows, no transposed copy).
-fn sum_raw<T: RowKernels + CpuElement>(x: &Tensor, axes: &[usize]) -> Result<Vec<T>> {
-    let leading = axes.iter().enumerate().all(|(i, &a)| i == a);
-    if leading && x.is_contiguous() && !axes.is_empty() && axes.len() < x.rank() {
-        let outer: usize = axes.iter().map(|&a| x.dims()[a]).product();
-        let inner: usize = x.dims()[axes.len()..].iter().product();
-        let data = &x.storage_slice::<T>()[x.layout.offset..x.layout.offset + x.numel()];
+/// Sum over the plan's axes, with a fast path for a contiguous input
+/// reduced over its leading axes (bias gradients: accumulate whole rows, no
+/// transposed copy).
+fn sum_raw<T: RowKernels + CpuElement>(x: Src<'_>, plan: &ReducePlan) -> Result<Vec<T>> {
+    let (axes, rank) = (&plan.axes[..], x.shape().rank());
+    if plan.leading && x.is_contiguous() {
+        // The reduced (leading) indices are the rows here, the kept ones
+        // the columns.
+        let (outer, inner) = (plan.rows.cols, plan.rows.rows);
+        let data = &host::<T>(x)[x.layout.offset..x.layout.offset + x.numel()];
         // Rows in fixed blocks, each summed into its own partial row, the
         // blocks spread over the pool and their partials added in block
         // order: the same bits whatever the number of threads, and each
@@ -188,10 +193,10 @@ fn sum_raw<T: RowKernels + CpuElement>(x: &Tensor, axes: &[usize]) -> Result<Vec
         }
         return Ok(out);
     }
-    let (_, rows, reduced) = kept_then_reduced(x, axes)?;
+    let (rows, reduced) = (plan.rows.rows, plan.rows.cols);
     if rows == 1 && reduced >= PAR_MIN && x.is_contiguous() {
         // One big row: split it across threads.
-        let data = &x.storage_slice::<T>()[x.layout.offset..x.layout.offset + x.numel()];
+        let data = &host::<T>(x)[x.layout.offset..x.layout.offset + x.numel()];
         // Fixed chunks, their sums added in order: the same bits whatever
         // the number of threads.
         let chunks = data.len().div_ceil(PAR_MIN / 2);
@@ -206,21 +211,25 @@ fn sum_raw<T: RowKernels + CpuElement>(x: &Tensor, axes: &[usize]) -> Result<Vec
         });
         return Ok(vec![partial.into_iter().fold(T::ZERO, |a, b| a + b)]);
     }
-    let trailing = axes.iter().rev().enumerate().all(|(i, &a)| a == x.rank() - 1 - i);
+    let trailing = axes.iter().rev().enumerate().all(|(i, &a)| a == rank - 1 - i);
     if trailing {
         // Rows are contiguous after the (identity) permutation.
-        return reduce_rows(x, axes, T::row_sum);
+        return reduce_rows(x, &plan.rows, T::row_sum);
     }
     // Any other axis set: walk the input in its own order and accumulate
     // into the output through strides that are zero on reduced axes. No
     // transposed copy, and the inner loop is unit-stride on both sides when
     // an inner axis is kept.
-    let kept = reduced_shape(x.shape(), axes, true);
-    let ks = kept.contiguous_strides();
-    let out_strides: SmallVec<[usize; 6]> = (0..x.rank()).map(|i| if axes.contains(&i) { 0 } else { ks[i] }).collect();
-    let mut out = try_filled(kept.numel(), T::ZERO)?;
-    let data = x.storage_slice::<T>();
-    let nd = crate::cpu::iter::Nd::new(x.dims(), [&x.layout.strides, &out_strides], [x.layout.offset, 0]);
+    let dims = x.shape().dims();
+    let mut out_strides: SmallVec<[usize; 6]> = SmallVec::from_elem(0, rank);
+    let mut step = 1;
+    for i in (0..rank).rev().filter(|i| !axes.contains(i)) {
+        out_strides[i] = step;
+        step *= dims[i];
+    }
+    let mut out = try_filled(rows, T::ZERO)?;
+    let data = host::<T>(x);
+    let nd = crate::cpu::iter::Nd::new(dims, [&x.layout.strides, &out_strides], [x.layout.offset, 0]);
     nd.runs(0, nd.numel(), |_, [ox, oo], len, [sx, so]| match (sx, so) {
         (1, 1) => out[oo..oo + len].iter_mut().zip(&data[ox..ox + len]).for_each(|(o, &v)| *o += v),
         (1, 0) => out[oo] += T::row_sum(&data[ox..ox + len]),

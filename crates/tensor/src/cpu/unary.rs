@@ -107,6 +107,8 @@ fn kernel<T: Float + CpuElement>(op: Unary, x: Src<'_>) -> Result<Vec<T>> {
         Unary::Erf => map1(src, &nd, |v: T| v.erf()),
         // max(x, 0) + ln(1 + e^-|x|): no overflow, and e^x kept for x << 0.
         Unary::Softplus => map1(src, &nd, |v: T| v.max(T::ZERO) + (-v.abs()).exp().ln_1p()),
+        Unary::Log1p => map1(src, &nd, |v: T| v.ln_1p()),
+        Unary::Expm1 => map1(src, &nd, |v: T| v.exp_m1()),
         Unary::Sign => map1(src, &nd, |v: T| {
             if v > T::ZERO {
                 T::ONE

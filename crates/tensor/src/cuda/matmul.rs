@@ -23,17 +23,40 @@ use cudarc::cublas::result::{self, CublasError};
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType_t};
 use smallvec::SmallVec;
 
-use super::buffer::{buffer_of, tensor_of, CudaBuffer};
+use super::buffer::{buffer_of, storage_of, CudaBuffer};
 use super::context::driver_error;
-use crate::ops::matmul::checked;
-use crate::{DType, Error, Result, Shape, Tensor};
+use super::launch::device_of_src;
+use super::shape::{copy, first_element_src};
+use super::CudaBackend;
+use crate::backend::matmul::{Epilogue, MatmulPlan};
+use crate::backend::{MatmulKernels, Src};
+use crate::storage::Storage;
+use crate::{DType, Error, Layout, Result, Shape, Tensor};
+
+impl MatmulKernels for CudaBackend {
+    fn matmul(&self, plan: &MatmulPlan, a: Src<'_>, b: Src<'_>) -> Result<Storage> {
+        forward(plan, a, b)
+    }
+
+    /// None: the composed sum runs as cuBLAS products and elementwise kernels.
+    fn linear_sum(
+        &self,
+        _: &[(Src<'_>, Src<'_>)],
+        _: Option<Src<'_>>,
+        _: Epilogue<'_>,
+        _: (usize, usize),
+    ) -> Result<Option<Storage>> {
+        Ok(None)
+    }
+}
 
 /// One operand as cuBLAS reads it: its first element, whether it is
 /// transposed, its leading dimension, and its strides over the output's
 /// batch dims (0 where it broadcasts).
 struct Operand {
-    /// Kept alive while the calls read it (a contiguous copy, or the input).
-    _t: Tensor,
+    /// Kept alive while the calls read it: a contiguous copy of a view
+    /// cuBLAS cannot read as it lies.
+    _dense: Option<Storage>,
     ptr: u64,
     trans: bool,
     ld: usize,
@@ -61,27 +84,27 @@ fn column_major(r: usize, c: usize, sr: usize, sc: usize) -> Option<(bool, usize
     None
 }
 
-fn operand(t: &Tensor, batch: &Shape) -> Result<Operand> {
-    let r = t.rank();
-    let (rows, cols) = (t.dims()[r - 2], t.dims()[r - 1]);
+fn operand(t: Src<'_>, batch: &Shape) -> Result<Operand> {
+    let (dims, strides) = (t.shape().dims(), &t.layout.strides);
+    let r = dims.len();
+    let (rows, cols) = (dims[r - 2], dims[r - 1]);
     let fits = |v: usize| i32::try_from(v).is_ok();
-    let form = column_major(rows, cols, t.strides()[r - 2], t.strides()[r - 1]).filter(|&(_, ld)| fits(ld));
-    let (t, (trans, ld)) = match form {
-        Some(f) => (t.clone(), f),
+    let form = column_major(rows, cols, strides[r - 2], strides[r - 1]).filter(|&(_, ld)| fits(ld));
+    let (dense, layout, (trans, ld)) = match form {
+        Some(f) => (None, t.layout.clone(), f),
         None => {
-            let c = super::shape::contiguous(t)?;
+            let c = copy("contiguous", t)?;
             let f = column_major(rows, cols, cols, 1).expect("internal: a contiguous matrix has a cuBLAS form");
-            (c, f)
+            (Some(c), Layout::contiguous(t.shape().clone()), f)
         }
     };
-    let own = crate::Layout {
-        shape: Shape::from(&t.dims()[..r - 2]),
-        strides: SmallVec::from_slice(&t.strides()[..r - 2]),
+    let own = Layout {
+        shape: Shape::from(&dims[..r - 2]),
+        strides: SmallVec::from_slice(&layout.strides[..r - 2]),
         offset: 0,
     };
-    let buf = buffer_of(&t).ok_or(Error::Unsupported { op: "matmul", device: t.device() })?;
-    let ptr = buf.ptr() + (t.layout().offset * t.dtype().size_in_bytes()) as u64;
-    Ok(Operand { ptr, trans, ld, batch_strides: own.broadcast_strides(batch), _t: t })
+    let ptr = first_element_src("matmul", Src { storage: dense.as_ref().unwrap_or(t.storage), layout: &layout })?;
+    Ok(Operand { ptr, trans, ld, batch_strides: own.broadcast_strides(batch), _dense: dense })
 }
 
 /// The first batch dim from which on every operand steps through the
@@ -113,18 +136,14 @@ fn fold_point(dims: &[usize], strides: &[&[usize]]) -> usize {
     p
 }
 
-/// `a @ b` on CUDA (the checks, and so the errors, are the CPU's).
-pub(crate) fn forward(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let (p, shape) = checked(a, b)?;
+/// `a @ b` on CUDA, as the op planned it.
+fn forward(p: &MatmulPlan, a: Src<'_>, b: Src<'_>) -> Result<Storage> {
     let dtype = a.dtype();
-    if !dtype.is_float() {
-        return Err(Error::UnsupportedDType { op: "matmul", dtype, expected: "a float dtype" });
-    }
-    let dev = buffer_of(a).ok_or(Error::Unsupported { op: "matmul", device: a.device() })?.dev.clone();
-    let total = shape.numel();
+    let (dev, _) = device_of_src("matmul", a)?;
+    let total = p.shape.numel();
     let (out, _) = CudaBuffer::alloc(&dev, dtype, total)?;
     if total == 0 {
-        return Ok(tensor_of(out, shape));
+        return Ok(storage_of(out));
     }
     dev.bind()?;
     if p.k == 0 {
@@ -134,7 +153,7 @@ pub(crate) fn forward(a: &Tensor, b: &Tensor) -> Result<Tensor> {
             cudarc::driver::result::memset_d8_async(out.ptr(), 0, total * dtype.size_in_bytes(), dev.stream.cu_stream())
         }
         .map_err(|e| driver_error("matmul: zeroing an empty product", e))?;
-        return Ok(tensor_of(out, shape));
+        return Ok(storage_of(out));
     }
     let too_big = |what: &str, v: usize| Error::InvalidArgument {
         op: "matmul",
@@ -193,7 +212,7 @@ pub(crate) fn forward(a: &Tensor, b: &Tensor) -> Result<Tensor> {
             idx[d] = 0;
         }
     }
-    Ok(tensor_of(out, shape))
+    Ok(storage_of(out))
 }
 
 /// `out = a @ b + beta * out` for the matrices `a` (`[m, k]`) and `b`
@@ -251,7 +270,7 @@ pub(crate) fn gemm_into(a: &Tensor, b: &Tensor, out: &Tensor, beta: f64) -> Resu
         return Ok(());
     }
     let none = Shape::from(Vec::new());
-    let (xa, xb) = (operand(a, &none)?, operand(b, &none)?);
+    let (xa, xb) = (operand(a.src(), &none)?, operand(b.src(), &none)?);
     let blas = dev.blas()?;
     // Column-major C^T (n x m) = op(B) (n x k) op(A) (k x m), as in `forward`.
     let call = Gemm {

@@ -38,6 +38,8 @@ pub(crate) mod shape;
 pub(crate) mod softmax;
 mod unary;
 
+use crate::backend::{Binary, Cmp, Unary};
+use crate::DType;
 pub(crate) use buffer::to_cuda;
 pub use buffer::CudaBuffer;
 pub use context::CudaDevice;
@@ -78,6 +80,40 @@ pub const KERNELS: &[(&str, &str)] = &[
     ("optim.cu", include_str!("../../kernels/optim.cu")),
     ("attention.cu", include_str!("../../kernels/attention.cu")),
 ];
+
+/// Every CUDA kernel the op families name, as `(file of kernels/, entry)`
+/// (the unary and binary functions from their families' lists, the other
+/// launches from the names they launch by): the NVRTC test
+/// checks each is an entry of its file's PTX, so a function added to a
+/// family without its `.cu` line fails there.
+pub fn kernel_entries() -> Vec<(&'static str, String)> {
+    let floats = [DType::F32, DType::F64, DType::F16, DType::BF16];
+    let mut out = Vec::new();
+    for dt in floats {
+        out.extend(Unary::ALL.iter().map(|u| ("elementwise.cu", u.cuda_kernel(dt))));
+        out.extend(Binary::ALL.iter().map(|b| ("elementwise.cu", b.cuda_kernel(dt))));
+        out.push(("elementwise.cu", Cmp::cuda_kernel(dt)));
+    }
+    for dt in [DType::I32, DType::I64] {
+        out.extend(Binary::INT_KERNELS.iter().map(|b| ("elementwise.cu", b.cuda_kernel(dt))));
+        out.push(("elementwise.cu", Cmp::cuda_kernel(dt)));
+        out.extend(Unary::INT_KERNELS.iter().map(|u| ("elementwise.cu", u.cuda_kernel(dt))));
+    }
+    out.extend(binary::kernels());
+    out.extend(index::kernels());
+    out.extend(shape::kernels());
+    out.extend(reduce::kernels());
+    out.extend(softmax::kernels());
+    out.extend(cross_entropy::kernels());
+    // The constructors' fills (zeros and ones on a device), one per width.
+    out.extend(fill::KERNELS.iter().map(|k| ("elementwise.cu", k.to_string())));
+    out.extend(random::kernel_names().into_iter().map(|k| ("random.cu", k)));
+    // The optimizers' in-place updates, one launch per parameter.
+    out.extend(optim::kernels());
+    // tapir-nn's causal softmax and fused attention.
+    out.extend(attention::kernels());
+    out
+}
 
 /// Waits until every launch and copy queued on `device`'s stream has
 /// finished (`torch.cuda.synchronize`): a benchmark's clock must not stop
@@ -142,6 +178,20 @@ pub fn allow_tf32(device: crate::Device) -> bool {
     match device {
         crate::Device::Cuda(i) => CudaDevice::opened(i).is_some_and(|d| d.tf32()),
         crate::Device::Cpu => false,
+    }
+}
+
+/// Resets the peak to the current live bytes, and the largest single
+/// allocation to zero (`torch.cuda.reset_peak_memory_stats`), on any
+/// device; on a CUDA device the caching allocator's peaks too. It lives
+/// here, above the counters (`memory.rs`), because the allocator's context
+/// counts on them.
+pub fn reset_peak_memory_stats(device: crate::Device) {
+    crate::memory::reset_peaks(device);
+    if let crate::Device::Cuda(i) = device {
+        if let Some(dev) = CudaDevice::opened(i) {
+            dev.reset_peaks();
+        }
     }
 }
 

@@ -3,12 +3,15 @@
 //! CPU's `Rng` (whose module docs give the layout), so a seed gives the same
 //! numbers on every device.
 
-use super::buffer::{tensor_of, CudaBuffer};
+use super::buffer::{storage_of, CudaBuffer};
 use super::context::CudaDevice;
 use super::launch::{launch, Arg};
-use super::shape::cast;
-use crate::rng::Draw;
-use crate::{DType, Error, Result, Shape, Tensor};
+use super::shape::cast_src;
+use super::CudaBackend;
+use crate::backend::random::{Draw, RandomPlan};
+use crate::backend::{RandomKernels, Src};
+use crate::storage::Storage;
+use crate::{DType, Device, Error, Layout, Result};
 
 /// The kernel-name suffix of a float dtype.
 fn suffix(dtype: DType) -> Option<&'static str> {
@@ -36,43 +39,39 @@ pub(crate) fn kernel_names() -> Vec<String> {
     out
 }
 
-/// The `n = shape.numel()` elements of `draw` on CUDA device `ordinal`,
-/// starting at block `offset` of the stream keyed `key` (the shape has been
-/// checked by the caller).
-pub(crate) fn generate(
-    ordinal: usize,
-    op: &'static str,
-    shape: Shape,
-    dtype: DType,
-    draw: Draw,
-    key: [u32; 2],
-    offset: u64,
-) -> Result<Tensor> {
-    let dev = CudaDevice::get(ordinal)?;
-    let n = shape.numel();
-    let blocks = n.div_ceil(draw.per_block(dtype));
-    let head = [Arg::I64(n as i64), Arg::I32(key[0] as i32), Arg::I32(key[1] as i32), Arg::I64(offset as i64)];
-    let (kernel, p0, p1, out_dtype) = match draw {
-        Draw::Int { n: range } => ("randint_i64".to_string(), Arg::I64(range as i64), None, DType::I64),
-        Draw::Uniform { lo, scale } | Draw::Normal { mean: lo, std: scale } => {
-            let normal = matches!(draw, Draw::Normal { .. });
-            let k =
-                float_kernel(normal, dtype).ok_or(Error::UnsupportedDType { op, dtype, expected: "a float dtype" })?;
-            (k, Arg::F64(lo), Some(Arg::F64(scale)), dtype)
+impl RandomKernels for CudaBackend {
+    fn random(&self, plan: &RandomPlan) -> Result<Storage> {
+        let RandomPlan { op, dtype, draw, key, offset, device, .. } = *plan;
+        let Device::Cuda(ordinal) = device else { return Err(Error::Unsupported { op, device }) };
+        let dev = CudaDevice::get(ordinal)?;
+        let n = plan.shape.numel();
+        let blocks = n.div_ceil(draw.per_block(dtype));
+        let head = [Arg::I64(n as i64), Arg::I32(key[0] as i32), Arg::I32(key[1] as i32), Arg::I64(offset as i64)];
+        let (kernel, p0, p1, out_dtype) = match draw {
+            Draw::Int { n: range } => ("randint_i64".to_string(), Arg::I64(range as i64), None, DType::I64),
+            Draw::Uniform { lo, scale } | Draw::Normal { mean: lo, std: scale } => {
+                let normal = matches!(draw, Draw::Normal { .. });
+                let k = float_kernel(normal, dtype).ok_or(Error::UnsupportedDType {
+                    op,
+                    dtype,
+                    expected: "a float dtype",
+                })?;
+                (k, Arg::F64(lo), Some(Arg::F64(scale)), dtype)
+            }
+        };
+        let (out, _) = CudaBuffer::alloc(&dev, out_dtype, n)?;
+        if n > 0 {
+            let mut args = head.to_vec();
+            args.push(p0);
+            args.extend(p1);
+            args.push(Arg::Ptr(out.ptr()));
+            launch(&dev, "random.cu", &kernel, blocks, &args)?;
         }
-    };
-    let (out, _) = CudaBuffer::alloc(&dev, out_dtype, n)?;
-    if n > 0 {
-        let mut args = head.to_vec();
-        args.push(p0);
-        args.extend(p1);
-        args.push(Arg::Ptr(out.ptr()));
-        launch(&dev, "random.cu", &kernel, blocks, &args)?;
+        let out = storage_of(out);
+        // Integers are drawn as i64 and converted as a cast converts, as the CPU does.
+        if out_dtype != dtype {
+            return cast_src(Src { storage: &out, layout: &Layout::contiguous(plan.shape.clone()) }, dtype);
+        }
+        Ok(out)
     }
-    let t = tensor_of(out, shape);
-    // Integers are drawn as i64 and converted as a cast converts, as the CPU does.
-    if out_dtype != dtype {
-        return cast(&t, dtype);
-    }
-    Ok(t)
 }

@@ -11,15 +11,14 @@
 //! for a few long rows (chunks, then their merge); the results match the
 //! CPU's, checked element by element in the tests.
 
-use smallvec::SmallVec;
-
-use super::buffer::{tensor_of, CudaBuffer};
-use super::launch::{device_of, launch, launch_rows, Arg, BLOCK};
-use super::shape::first_element;
-use super::shape::{cast, contiguous};
-use crate::ops::reduce::{ArgReduce, Reduce, ReduceKind, ReducePlan};
-use crate::ops::Op;
-use crate::{DType, Result, Shape, Tensor};
+use super::buffer::{storage_of, CudaBuffer};
+use super::launch::{device_of_src, launch, launch_rows, Arg, BLOCK};
+use super::shape::{cast_src, copy, first_element_src};
+use super::CudaBackend;
+use crate::backend::reduce::{ArgReducePlan, ReduceKind, ReducePlan, Rows};
+use crate::backend::{ReduceKernels, Src};
+use crate::storage::Storage;
+use crate::{DType, Layout, Result};
 
 const REDUCE: &str = "reduce.cu";
 
@@ -30,13 +29,7 @@ const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
 /// (for an integer sum `dtype` is the one read; the sum is i64), "part" and
 /// "merge" for the two launches of a few long rows.
 fn reduce_kernel(kind: &ReduceKind, stage: &str, dtype: DType) -> String {
-    let op = match kind {
-        ReduceKind::Sum => "sum",
-        ReduceKind::Max => "max",
-        ReduceKind::Min => "min",
-        ReduceKind::LogSumExp => "logsumexp",
-    };
-    format!("{op}_{stage}_{}", dtype.cuda_suffix())
+    format!("{}_{stage}_{}", kind.name(), dtype.cuda_suffix())
 }
 
 /// Elements of a row each block of a split reduction takes.
@@ -75,17 +68,18 @@ pub(crate) fn kernels() -> Vec<(&'static str, String)> {
     out
 }
 
-/// `x` with the kept axes first and `axes` last, contiguous, with the
-/// number of rows (one per kept index) and of elements in each.
-fn rows_last(x: &Tensor, axes: &[usize]) -> Result<(Tensor, usize, usize)> {
-    let kept = || (0..x.rank()).filter(|a| !axes.contains(a));
-    let mut perm: SmallVec<[usize; 6]> = kept().collect();
-    perm.extend_from_slice(axes);
-    // Not numel / cols: that is 0 for an empty reduced axis, which still
-    // leaves one output per kept index.
-    let rows = kept().map(|a| x.dims()[a]).product();
-    let cols = axes.iter().map(|&a| x.dims()[a]).product();
-    Ok((contiguous(&x.permute_raw(&perm)?)?, rows, cols))
+/// The device address of the first row of `x` grouped as `rows` says,
+/// with the contiguous copy holding them when the view is strided (kept
+/// alive by the caller until the launches are queued).
+fn rows_last(op: &'static str, x: Src<'_>, rows: &Rows) -> Result<(u64, Option<Storage>)> {
+    let view = rows.view(x.layout);
+    let v = Src { storage: x.storage, layout: &view };
+    if view.is_contiguous() {
+        return Ok((first_element_src(op, v)?, None));
+    }
+    let dense = copy(op, v)?;
+    let at = first_element_src(op, Src { storage: &dense, layout: &Layout::contiguous(view.shape.clone()) })?;
+    Ok((at, Some(dense)))
 }
 
 /// The first launch of a split reduction: the `(rows, cols, n, x,
@@ -113,12 +107,12 @@ fn launch_part(
 /// cols]`, into `out`: one launch, a block per tile of 32 columns, or, when
 /// that makes few blocks over many rows, partial sums of row ranges (freed
 /// on return) and their merge.
-fn sum_leading(x: &Tensor, dims: (usize, usize), out: &CudaBuffer) -> Result<()> {
+fn sum_leading(x: Src<'_>, dims: (usize, usize), out: &CudaBuffer) -> Result<()> {
     let (rows, cols) = dims;
     if cols == 0 {
         return Ok(());
     }
-    let at = first_element("sum", x)?;
+    let at = first_element_src("sum", x)?;
     let tiles = cols.div_ceil(32);
     let parts = rows.div_ceil(PART_ROWS).min(PART_BLOCKS.div_ceil(tiles));
     if parts < 2 {
@@ -133,51 +127,53 @@ fn sum_leading(x: &Tensor, dims: (usize, usize), out: &CudaBuffer) -> Result<()>
     launch(&out.dev, REDUCE, &sum_cols_kernel("merge_", x.dtype()), tiles * BLOCK as usize, &args)
 }
 
-/// A few long rows of contiguous `v`: each chunk's reduction, a block a
-/// chunk, into partials in the accumulation type (freed on return), then
-/// the partials of each row merged into `out`.
-fn reduce_split(op: &Reduce, v: &Tensor, dims: (usize, usize), out: &CudaBuffer) -> Result<()> {
+/// A few long rows of `dtype` from device address `at`: each chunk's
+/// reduction, a block a chunk, into partials in the accumulation type
+/// (freed on return), then the partials of each row merged into `out`.
+fn reduce_split(kind: &ReduceKind, dtype: DType, at: u64, dims: (usize, usize), out: &CudaBuffer) -> Result<()> {
     let (rows, cols) = dims;
     let parts = cols.div_ceil(CHUNK);
-    let kernel = reduce_kernel(&op.kind, "part", v.dtype());
-    let at = first_element(op.name(), v)?;
-    let partial = launch_part(out, &kernel, v.dtype(), at, [rows, cols, CHUNK], rows * parts, rows * parts)?;
-    launch_rows(REDUCE, &reduce_kernel(&op.kind, "merge", v.dtype()), partial.ptr(), (rows, parts), out)
+    let kernel = reduce_kernel(kind, "part", dtype);
+    let partial = launch_part(out, &kernel, dtype, at, [rows, cols, CHUNK], rows * parts, rows * parts)?;
+    launch_rows(REDUCE, &reduce_kernel(kind, "merge", dtype), partial.ptr(), (rows, parts), out)
 }
 
-/// A reduction over `op.axes` of `x`, which the op's plan checked.
-pub(crate) fn reduce(op: &Reduce, x: &Tensor, plan: &ReducePlan) -> Result<Tensor> {
-    let name = op.name();
-    let (shape, dtype, int_sum) = (plan.shape.clone(), plan.dtype, plan.int_sum);
-    let (dev, _) = device_of(name, x)?;
-    let (out, _) = CudaBuffer::alloc(&dev, dtype, shape.numel())?;
-    let k = op.axes.len();
-    let leading = op.axes.iter().enumerate().all(|(i, &a)| i == a) && k > 0 && k < x.rank();
-    if op.kind == ReduceKind::Sum && !int_sum && leading && x.is_contiguous() {
-        // Rows are the reduced (leading) indices, columns the kept ones.
-        let rows: usize = x.dims()[..k].iter().product();
-        let cols: usize = x.dims()[k..].iter().product();
-        sum_leading(x, (rows, cols), &out)?;
-    } else {
-        let (v, rows, cols) = rows_last(x, &op.axes)?;
-        if !int_sum && rows <= SPLIT_ROWS && cols >= 2 * CHUNK {
-            reduce_split(op, &v, (rows, cols), &out)?;
+impl ReduceKernels for CudaBackend {
+    fn reduce(&self, plan: &ReducePlan, x: Src<'_>) -> Result<Storage> {
+        let name = plan.kind.name();
+        let (dev, _) = device_of_src(name, x)?;
+        let (out, _) = CudaBuffer::alloc(&dev, plan.dtype, plan.shape.numel())?;
+        let (rows, cols) = (plan.rows.rows, plan.rows.cols);
+        if plan.kind == ReduceKind::Sum && !plan.int_sum && plan.leading && x.is_contiguous() {
+            // Rows are the reduced (leading) indices, columns the kept ones.
+            sum_leading(x, (cols, rows), &out)?;
         } else {
-            let kernel = reduce_kernel(&op.kind, "last", x.dtype());
-            launch_rows(REDUCE, &kernel, first_element(name, &v)?, (rows, cols), &out)?;
+            let (at, _dense) = rows_last(name, x, &plan.rows)?;
+            if !plan.int_sum && rows <= SPLIT_ROWS && cols >= 2 * CHUNK {
+                reduce_split(&plan.kind, x.dtype(), at, (rows, cols), &out)?;
+            } else {
+                launch_rows(REDUCE, &reduce_kernel(&plan.kind, "last", x.dtype()), at, (rows, cols), &out)?;
+            }
         }
+        Ok(storage_of(out))
     }
-    Ok(tensor_of(out, shape))
-}
 
-/// argmax or argmin along `op.axis` into `shape` (the op checked both),
-/// as i64 indices; integers are compared as f64, as the CPU does.
-pub(crate) fn arg_reduce(op: &ArgReduce, x: &Tensor, shape: Shape) -> Result<Tensor> {
-    let name = op.name();
-    let x = if x.dtype().is_int() { cast(x, DType::F64)? } else { x.clone() };
-    let (dev, _) = device_of(name, &x)?;
-    let (out, _) = CudaBuffer::alloc(&dev, DType::I64, shape.numel())?;
-    let (v, rows, cols) = rows_last(&x, &[op.axis])?;
-    launch_rows(REDUCE, &arg_kernel(op.min, x.dtype()), first_element(name, &v)?, (rows, cols), &out)?;
-    Ok(tensor_of(out, shape))
+    /// Integers are compared as f64, as the CPU does.
+    fn arg_reduce(&self, plan: &ArgReducePlan, x: Src<'_>) -> Result<Storage> {
+        let name = if plan.min { "argmin" } else { "argmax" };
+        let (wide, layout);
+        let x = if x.dtype().is_int() {
+            wide = cast_src(x, DType::F64)?;
+            layout = Layout::contiguous(x.shape().clone());
+            Src { storage: &wide, layout: &layout }
+        } else {
+            x
+        };
+        let (dev, _) = device_of_src(name, x)?;
+        let (out, _) = CudaBuffer::alloc(&dev, DType::I64, plan.shape.numel())?;
+        let (at, _dense) = rows_last(name, x, &plan.rows)?;
+        let dims = (plan.rows.rows, plan.rows.cols);
+        launch_rows(REDUCE, &arg_kernel(plan.min, x.dtype()), at, dims, &out)?;
+        Ok(storage_of(out))
+    }
 }

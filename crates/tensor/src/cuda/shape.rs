@@ -57,7 +57,7 @@ pub(crate) fn first_element(op: &'static str, t: &Tensor) -> Result<u64> {
 }
 
 /// The device address of the view `x`'s first element.
-fn first_element_src(op: &'static str, x: Src<'_>) -> Result<u64> {
+pub(crate) fn first_element_src(op: &'static str, x: Src<'_>) -> Result<u64> {
     let (_, p) = device_of_src(op, x)?;
     Ok(p + (x.layout.offset * x.dtype().size_in_bytes()) as u64)
 }
@@ -69,7 +69,7 @@ pub(crate) fn place(op: &'static str, dev: &Arc<CudaDevice>, x: &Tensor, at: u64
 }
 
 /// [`place`] of a view.
-fn place_src(op: &'static str, dev: &Arc<CudaDevice>, x: Src<'_>, at: u64, strides: &[usize]) -> Result<()> {
+pub(crate) fn place_src(op: &'static str, dev: &Arc<CudaDevice>, x: Src<'_>, at: u64, strides: &[usize]) -> Result<()> {
     let n = x.numel();
     if n == 0 {
         return Ok(());
@@ -129,7 +129,7 @@ pub(crate) fn contiguous(x: &Tensor) -> Result<Tensor> {
 }
 
 /// The elements of the view `x` in row-major order, by one strided copy.
-fn copy(op: &'static str, x: Src<'_>) -> Result<Storage> {
+pub(crate) fn copy(op: &'static str, x: Src<'_>) -> Result<Storage> {
     let suffix = match x.dtype() {
         DType::F32 => "f32",
         DType::F64 => "f64",
@@ -179,7 +179,7 @@ pub(crate) fn cast(x: &Tensor, dtype: DType) -> Result<Tensor> {
 
 /// The view `x` converted to `dtype` (strided views are made contiguous
 /// first, as the cast kernels read dense input).
-fn cast_src(x: Src<'_>, dtype: DType) -> Result<Storage> {
+pub(crate) fn cast_src(x: Src<'_>, dtype: DType) -> Result<Storage> {
     let dense;
     let layout;
     let x = if x.is_contiguous() {

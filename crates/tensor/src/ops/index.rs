@@ -2,27 +2,18 @@
 //! transposes. Index tensors are constants of the op (i32 or i64), checked
 //! once: a bad index is an error naming it, never an out-of-bounds read.
 
+pub use crate::backend::index::{AxisPlan, SplitPlan};
+use crate::backend::Backend;
 use crate::layout::check_axis;
 use crate::ops::{one, Arity, Diff, InputGrads, Op, Saved};
-use crate::{cpu, resolve_axis, DType, Error, Result, Shape, Tensor};
+use crate::{resolve_axis, DType, Error, Result, Shape, Tensor};
 
-/// The indices of `idx` as usize, each checked against `size`.
-pub(crate) fn checked_indices(op: &'static str, idx: &Tensor, size: usize) -> Result<Vec<usize>> {
-    let raw: Vec<i64> = match idx.dtype() {
-        DType::I64 => idx.to_vec::<i64>()?,
-        DType::I32 => idx.to_vec::<i32>()?.into_iter().map(i64::from).collect(),
-        dtype => return Err(Error::UnsupportedDType { op, dtype, expected: "int32 or int64 indices" }),
-    };
-    raw.iter()
-        .enumerate()
-        .map(|(position, &i)| {
-            if i >= 0 && (i as usize) < size {
-                Ok(i as usize)
-            } else {
-                Err(Error::IndexOutOfRange { op, index: i, position, size })
-            }
-        })
-        .collect()
+/// The indices' dtype checked: i32 or i64.
+fn index_dtype(op: &'static str, idx: &Tensor) -> Result<()> {
+    match idx.dtype() {
+        DType::I32 | DType::I64 => Ok(()),
+        dtype => Err(Error::UnsupportedDType { op, dtype, expected: "int32 or int64 indices" }),
+    }
 }
 
 /// Splits `shape` around `axis` into (outer, size, inner) element counts,
@@ -38,6 +29,28 @@ pub(crate) fn split(op: &'static str, shape: &Shape, axis: usize, idx: &Tensor) 
         });
     }
     Ok((d[..axis].iter().product(), d[axis], d[axis + 1..].iter().product()))
+}
+
+/// The plan's output size checked last, as it would be once the indices
+/// were read: a bad index (checked by `backend` where the indices live)
+/// is the error before an output too large to allocate.
+fn check_size_after_indices(backend: &dyn Backend, x: &Tensor, idx: &Tensor, plan: &SplitPlan) -> Result<()> {
+    plan.shape
+        .check(plan.op, x.dtype())
+        .map(drop)
+        .or_else(|e| backend.check_indices(plan.op, idx.src(), plan.size).and(Err(e)))
+}
+
+/// For gather and scatter_add: `idx` has `target`'s rank and is no larger
+/// on any axis but `axis`, and holds i32 or i64.
+fn check_fits(op: &'static str, target: &Shape, axis: usize, idx: &Tensor) -> Result<()> {
+    check_axis(op, axis, target.rank())?;
+    let fits = idx.rank() == target.rank()
+        && idx.dims().iter().zip(target.dims()).enumerate().all(|(a, (&i, &t))| a == axis || i <= t);
+    if !fits {
+        return Err(Error::ShapeMismatch { op, lhs: Box::new(target.clone()), rhs: Box::new(idx.shape().clone()) });
+    }
+    index_dtype(op, idx)
 }
 
 /// Picks entries `idx` (1-D) along `axis`: out has `idx.len()` there.
@@ -64,17 +77,19 @@ impl Op for IndexSelect {
     fn saves(&self) -> Saved {
         Saved::NOTHING
     }
-    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
+    fn run(&self, backend: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
+        let op = "index_select";
         let x = xs[0].contiguous()?;
-        let (outer, size, inner) = split("index_select", x.shape(), self.axis, &self.idx)?;
-        let ids = checked_indices("index_select", &self.idx, size)?;
+        let (outer, size, inner) = split(op, x.shape(), self.axis, &self.idx)?;
+        index_dtype(op, &self.idx)?;
+        let idx = self.idx.contiguous()?;
+        let n = idx.numel();
         let mut shape = x.shape().clone();
-        shape.0[self.axis] = ids.len();
-        shape.check("index_select", x.dtype())?;
-        cpu::index::select(&x, &ids, [outer, size, inner], shape)
-    }
-    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        crate::cuda::index::index_select(self.axis, xs[0], &self.idx)
+        shape.0[self.axis] = n;
+        let plan = SplitPlan { op, axis: self.axis, outer, size, inner, n, shape };
+        check_size_after_indices(backend, &x, &idx, &plan)?;
+        let out = backend.index_select(&plan, x.src(), idx.src())?;
+        Ok(Tensor::from_storage(out, plan.shape))
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         let size = xs[0].shape().dims()[self.axis];
@@ -112,24 +127,26 @@ impl Op for IndexAdd {
     fn saves(&self) -> Saved {
         Saved::NOTHING
     }
-    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
+    fn run(&self, backend: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
+        let op = "index_add";
         let g = xs[0].contiguous()?;
-        let (outer, n, inner) = split("index_add", g.shape(), self.axis, &self.idx)?;
-        let ids = checked_indices("index_add", &self.idx, self.size)?;
-        if n != ids.len() {
+        let (outer, n, inner) = split(op, g.shape(), self.axis, &self.idx)?;
+        index_dtype(op, &self.idx)?;
+        let idx = self.idx.contiguous()?;
+        if n != idx.numel() {
+            backend.check_indices(op, idx.src(), self.size)?;
             return Err(Error::ShapeMismatch {
-                op: "index_add",
+                op,
                 lhs: Box::new(g.shape().clone()),
-                rhs: Box::new(self.idx.shape().clone()),
+                rhs: Box::new(idx.shape().clone()),
             });
         }
         let mut shape = g.shape().clone();
         shape.0[self.axis] = self.size;
-        shape.check("index_add", g.dtype())?;
-        cpu::index::add(&g, &ids, [outer, n, inner], shape)
-    }
-    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        crate::cuda::index::index_add(self.axis, self.size, xs[0], &self.idx)
+        let plan = SplitPlan { op, axis: self.axis, outer, size: self.size, inner, n, shape };
+        check_size_after_indices(backend, &g, &idx, &plan)?;
+        let out = backend.index_add(&plan, g.src(), idx.src())?;
+        Ok(Tensor::from_storage(out, plan.shape))
     }
     fn vjp<T: Diff>(&self, _: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         Ok(one(T::apply(IndexSelect { axis: self.axis, idx: self.idx.clone() }, &[g])?))
@@ -149,38 +166,6 @@ pub struct Gather {
     pub idx: Tensor,
 }
 
-/// For gather/scatter: checks ranks and shapes and returns, for each
-/// element of `idx` in row-major order, its flat offset in a contiguous
-/// tensor of `target` shape.
-fn scatter_offsets(op: &'static str, target: &Shape, axis: usize, idx: &Tensor) -> Result<Vec<usize>> {
-    check_axis(op, axis, target.rank())?;
-    let fits = idx.rank() == target.rank()
-        && idx.dims().iter().zip(target.dims()).enumerate().all(|(a, (&i, &t))| a == axis || i <= t);
-    if !fits {
-        return Err(Error::ShapeMismatch { op, lhs: Box::new(target.clone()), rhs: Box::new(idx.shape().clone()) });
-    }
-    let ids = checked_indices(op, idx, target.dims()[axis])?;
-    let ts = target.contiguous_strides();
-    let id = idx.dims();
-    let mut out = Vec::with_capacity(ids.len());
-    let mut pos: Vec<usize> = vec![0; id.len()];
-    for &i in &ids {
-        let mut off = 0;
-        for a in 0..id.len() {
-            off += if a == axis { i } else { pos[a] } * ts[a];
-        }
-        out.push(off);
-        for a in (0..id.len()).rev() {
-            pos[a] += 1;
-            if pos[a] < id[a] {
-                break;
-            }
-            pos[a] = 0;
-        }
-    }
-    Ok(out)
-}
-
 impl Op for Gather {
     fn name(&self) -> &'static str {
         "gather"
@@ -196,13 +181,13 @@ impl Op for Gather {
     fn saves(&self) -> Saved {
         Saved::NOTHING
     }
-    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        let x = xs[0].contiguous()?;
-        let offs = scatter_offsets("gather", x.shape(), self.axis, &self.idx)?;
-        cpu::index::gather(&x, &offs, self.idx.shape().clone())
-    }
-    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        crate::cuda::index::gather(self.axis, xs[0], &self.idx)
+    /// `x` is read through its strides, so a view needs no copy.
+    fn run(&self, backend: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
+        let plan = AxisPlan { op: "gather", axis: self.axis };
+        check_fits(plan.op, xs[0].shape(), self.axis, &self.idx)?;
+        let idx = self.idx.contiguous()?;
+        let out = backend.gather(&plan, xs[0].src(), idx.src())?;
+        Ok(Tensor::from_storage(out, idx.shape().clone()))
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         // On the gradient's device (a host zeros would be a device mismatch on CUDA).
@@ -239,23 +224,23 @@ impl Op for ScatterAdd {
     fn saves(&self) -> Saved {
         Saved::NOTHING
     }
-    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        let (base, src) = (xs[0], xs[1].contiguous()?);
+    fn run(&self, backend: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
+        let plan = AxisPlan { op: "scatter_add", axis: self.axis };
+        let (base, src) = (xs[0], xs[1]);
         if base.dtype() != src.dtype() {
-            return Err(Error::DTypeMismatch { op: "scatter_add", lhs: base.dtype(), rhs: src.dtype() });
+            return Err(Error::DTypeMismatch { op: plan.op, lhs: base.dtype(), rhs: src.dtype() });
         }
         if src.shape() != self.idx.shape() {
             return Err(Error::ShapeMismatch {
-                op: "scatter_add",
+                op: plan.op,
                 lhs: Box::new(src.shape().clone()),
                 rhs: Box::new(self.idx.shape().clone()),
             });
         }
-        let offs = scatter_offsets("scatter_add", base.shape(), self.axis, &self.idx)?;
-        cpu::index::scatter_add(base, &src, &offs)
-    }
-    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        crate::cuda::index::scatter_add(self.axis, xs[0], xs[1], &self.idx)
+        check_fits(plan.op, base.shape(), self.axis, &self.idx)?;
+        let (src, idx) = (src.contiguous()?, self.idx.contiguous()?);
+        let out = backend.scatter_add(&plan, base.src(), src.src(), idx.src())?;
+        Ok(Tensor::from_storage(out, base.shape().clone()))
     }
     fn vjp<T: Diff>(&self, _: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         let gsrc = T::apply(Gather { axis: self.axis, idx: self.idx.clone() }, &[g])?;

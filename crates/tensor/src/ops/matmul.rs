@@ -1,29 +1,30 @@
 //! Matrix products: `matmul` (2-D and batched, broadcasting batch dims),
 //! and the product sums the rules of linear layers and product rules are
-//! written with. The kernels are in `cpu/matmul.rs`.
+//! written with. Each device runs them through its
+//! [`MatmulKernels`](crate::backend::MatmulKernels).
 
 use smallvec::SmallVec;
 
+pub use crate::backend::matmul::{Epilogue, MatmulPlan};
+use crate::backend::{Backend, Src};
 use crate::ops::binary::BinaryOps;
 use crate::ops::reduce::ReduceOps;
 use crate::ops::shape::ShapeOps;
 use crate::ops::unary::UnaryOps;
 use crate::ops::{add_opt, Arity, Diff, InputGrads, Op, Saved};
-use crate::{cpu, Error, Result, Shape, Tensor};
+use crate::{Error, Result, Shape, Tensor};
 
 /// `a @ b` for rank >= 2 operands: `[..., m, k] @ [..., k, n]`.
 #[derive(Debug, Clone, Copy)]
 pub struct Matmul;
 
-/// The shapes of a product: the broadcast batch and `m x k @ k x n`.
-pub(crate) struct Plan {
-    pub(crate) batch: Shape,
-    pub(crate) m: usize,
-    pub(crate) k: usize,
-    pub(crate) n: usize,
-}
-
-fn plan(a: &Tensor, b: &Tensor) -> Result<Plan> {
+/// The checks every device makes, in one order, so a bad product is the
+/// same error everywhere (the dtypes, the shapes, the output's size, a
+/// float dtype), and the product's plan.
+pub(crate) fn checked(a: &Tensor, b: &Tensor) -> Result<MatmulPlan> {
+    if a.dtype() != b.dtype() {
+        return Err(Error::DTypeMismatch { op: "matmul", lhs: a.dtype(), rhs: b.dtype() });
+    }
     let mismatch =
         || Error::ShapeMismatch { op: "matmul", lhs: Box::new(a.shape().clone()), rhs: Box::new(b.shape().clone()) };
     if a.rank() < 2 || b.rank() < 2 {
@@ -37,24 +38,14 @@ fn plan(a: &Tensor, b: &Tensor) -> Result<Plan> {
     }
     let batch = Shape::broadcast("matmul", &Shape::from(&a.dims()[..ra - 2]), &Shape::from(&b.dims()[..rb - 2]))
         .map_err(|_| mismatch())?;
-    Ok(Plan { batch, m, k, n })
-}
-
-/// The checks every device makes, in one order, so a bad product is the
-/// same error everywhere: the plan and the output's shape.
-pub(crate) fn checked(a: &Tensor, b: &Tensor) -> Result<(Plan, Shape)> {
-    if a.dtype() != b.dtype() {
-        return Err(Error::DTypeMismatch { op: "matmul", lhs: a.dtype(), rhs: b.dtype() });
-    }
-    if a.device() != b.device() {
-        return Err(Error::DeviceMismatch { op: "matmul", lhs: a.device(), rhs: b.device() });
-    }
-    let p = plan(a, b)?;
-    let mut shape = p.batch.clone();
-    shape.0.push(p.m);
-    shape.0.push(p.n);
+    let mut shape = batch.clone();
+    shape.0.push(m);
+    shape.0.push(n);
     shape.check("matmul", a.dtype())?;
-    Ok((p, shape))
+    if !a.dtype().is_float() {
+        return Err(Error::UnsupportedDType { op: "matmul", dtype: a.dtype(), expected: "a float dtype" });
+    }
+    Ok(MatmulPlan { batch, m, k, n, shape })
 }
 
 impl Op for Matmul {
@@ -68,12 +59,10 @@ impl Op for Matmul {
     fn saves(&self) -> Saved {
         Saved::INPUTS
     }
-    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        let (p, shape) = checked(xs[0], xs[1])?;
-        cpu::matmul::forward(xs[0], xs[1], &p, shape)
-    }
-    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        crate::cuda::matmul::forward(xs[0], xs[1])
+    fn run(&self, backend: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
+        let plan = checked(xs[0], xs[1])?;
+        let out = backend.matmul(&plan, xs[0].src(), xs[1].src())?;
+        Ok(Tensor::from_storage(out, plan.shape))
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         let (a, b) = (xs[0], xs[1]);
@@ -175,12 +164,42 @@ pub fn fused_linear_sum_then(
         return Ok(None);
     }
     if terms.len() > 1 || bias.is_some() || !matches!(then, Then::Nothing) {
-        let vals: Vec<(Tensor, Tensor)> = terms.iter().map(|&(a, b)| (a.clone(), b.clone())).collect();
-        if let Some(out) = cpu::matmul::eager_linear_sum(&vals, bias, then)? {
-            return Ok(Some(out));
+        if let Some((m, n)) = linear_fits(terms, bias, then) {
+            let srcs: SmallVec<[(Src<'_>, Src<'_>); 2]> = terms.iter().map(|(a, b)| (a.src(), b.src())).collect();
+            let epilogue = match then {
+                Then::Nothing => Epilogue::Nothing,
+                Then::Tanh => Epilogue::Tanh,
+                Then::TanhBackward(h) => Epilogue::TanhBackward(h.src()),
+            };
+            let backend = super::backend_for(terms[0].0.device());
+            if let Some(out) = backend.linear_sum(&srcs, bias.map(Tensor::src), epilogue, (m, n))? {
+                return Ok(Some(Tensor::from_storage(out, Shape::from([m, n]))));
+            }
         }
     }
     linear_sum_then(terms, bias, then)
+}
+
+/// The output's `(m, n)` when every operand of a fused linear sum is a
+/// matrix of one dtype and device that fits (`[m, k_i] @ [k_i, n]`, the
+/// bias `[n]`, `h` `[m, n]`), else `None` (the sum is then composed, and
+/// its ops report what does not fit).
+fn linear_fits(terms: &[(&Tensor, &Tensor)], bias: Option<&Tensor>, then: Then<'_, Tensor>) -> Option<(usize, usize)> {
+    let (a0, b0) = terms[0];
+    let (dtype, device) = (a0.dtype(), a0.device());
+    let (m, n) = (a0.dims().first().copied()?, b0.dims().get(1).copied()?);
+    let alike = |t: &Tensor| t.dtype() == dtype && t.device() == device;
+    let fits = terms.iter().all(|(a, b)| {
+        [a, b].iter().all(|t| t.rank() == 2 && alike(t))
+            && a.dims()[0] == m
+            && b.dims()[1] == n
+            && a.dims()[1] == b.dims()[0]
+    }) && bias.is_none_or(|b| alike(b) && b.dims() == [n])
+        && match then {
+            Then::TanhBackward(h) => alike(h) && h.dims() == [m, n],
+            _ => true,
+        };
+    fits.then_some((m, n))
 }
 
 /// Matrix products, on tensors and graph handles alike.

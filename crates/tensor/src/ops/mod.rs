@@ -45,39 +45,6 @@ pub fn registry() -> Vec<Box<dyn DynOp>> {
     .collect()
 }
 
-/// Every CUDA kernel the op families name, as `(file of kernels/, entry)`,
-/// with those the indexing and joining launches name: the NVRTC test
-/// checks each is an entry of its file's PTX, so a function added to a
-/// family without its `.cu` line fails there.
-pub fn cuda_kernels() -> Vec<(&'static str, String)> {
-    let floats = [DType::F32, DType::F64, DType::F16, DType::BF16];
-    let mut out = Vec::new();
-    for dt in floats {
-        out.extend(unary::Unary::ALL.iter().map(|u| ("elementwise.cu", u.cuda_kernel(dt))));
-        out.extend(binary::Binary::ALL.iter().map(|b| ("elementwise.cu", b.cuda_kernel(dt))));
-        out.push(("elementwise.cu", binary::Cmp::cuda_kernel(dt)));
-    }
-    for dt in [DType::I32, DType::I64] {
-        out.extend(binary::Binary::INT_KERNELS.iter().map(|b| ("elementwise.cu", b.cuda_kernel(dt))));
-        out.push(("elementwise.cu", binary::Cmp::cuda_kernel(dt)));
-        out.extend(unary::Unary::INT_KERNELS.iter().map(|u| ("elementwise.cu", u.cuda_kernel(dt))));
-    }
-    out.extend(crate::cuda::binary::kernels());
-    out.extend(crate::cuda::index::kernels());
-    out.extend(crate::cuda::shape::kernels());
-    out.extend(crate::cuda::reduce::kernels());
-    out.extend(crate::cuda::softmax::kernels());
-    out.extend(crate::cuda::cross_entropy::kernels());
-    // The constructors' fills (zeros and ones on a device), one per width.
-    out.extend(crate::cuda::fill::KERNELS.iter().map(|k| ("elementwise.cu", k.to_string())));
-    out.extend(crate::cuda::random::kernel_names().into_iter().map(|k| ("random.cu", k)));
-    // The optimizers' in-place updates, one launch per parameter.
-    out.extend(crate::cuda::optim::kernels());
-    // tapir-nn's causal softmax and fused attention.
-    out.extend(crate::cuda::attention::kernels());
-    out
-}
-
 /// The names of the differentiable ops of [`registry`].
 pub fn differentiable_ops() -> Vec<&'static str> {
     registry().iter().filter(|op| op.is_differentiable()).map(|op| op.name()).collect()

@@ -1,20 +1,20 @@
 //! Reductions over any set of axes: sum, mean, max, min, argmax, argmin,
 //! logsumexp, and `sum_to`, the reduction broadcasting's backward needs.
 //!
-//! This file holds what the reductions mean: their shape rules, their
-//! derivative rules and the traits users call. The CPU loops are in
-//! `crate::cpu::reduce`.
+//! This file holds what the reductions mean: their checks and plans (once,
+//! for every device), their derivative rules and the traits users call.
+//! Each device runs a plan through its
+//! [`ReduceKernels`](crate::backend::ReduceKernels).
 
 use smallvec::SmallVec;
 
+pub use crate::backend::reduce::{ArgReducePlan, Axes, ReduceKind, ReducePlan, Rows};
+use crate::backend::Backend;
 use crate::ops::binary::BinaryOps;
 use crate::ops::shape::ShapeOps;
 use crate::ops::unary::UnaryOps;
 use crate::ops::{one, Arity, Diff, InputGrads, Op, Saved};
 use crate::{resolve_axis, DType, Error, Result, Shape, Tensor};
-
-/// Axes to reduce: sorted, unique, non-negative.
-pub type Axes = SmallVec<[usize; 6]>;
 
 /// Resolves user axes (negative from the end; empty means all) for `rank`.
 pub fn normalize_axes(op: &'static str, axes: &[isize], rank: usize) -> Result<Axes> {
@@ -59,19 +59,6 @@ pub fn reduced_shape(shape: &Shape, axes: &[usize], keepdim: bool) -> Shape {
     Shape(out)
 }
 
-/// Which reduction.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ReduceKind {
-    /// Sum.
-    Sum,
-    /// Maximum (gradient split evenly among ties).
-    Max,
-    /// Minimum (gradient split evenly among ties).
-    Min,
-    /// log(sum(exp(x))), stable for large and -inf inputs.
-    LogSumExp,
-}
-
 /// A reduction over `axes`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Reduce {
@@ -103,17 +90,6 @@ impl Reduce {
     }
 }
 
-/// What a reduction of one input makes: checked once, for every device.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ReducePlan {
-    /// The output's shape.
-    pub shape: Shape,
-    /// The output's dtype: the input's, or i64 for an integer sum.
-    pub dtype: DType,
-    /// An integer sum (in i64, wrapping); every other reduction is of floats.
-    pub int_sum: bool,
-}
-
 impl Reduce {
     /// The checks of a reduction of `x`, in one order for every device
     /// (the axes, an empty axis for max and min, the output's size, a
@@ -141,18 +117,16 @@ impl Reduce {
         if !int_sum && !x.dtype().is_float() {
             return Err(Error::UnsupportedDType { op: name, dtype: x.dtype(), expected: "a float dtype" });
         }
-        Ok(ReducePlan { shape, dtype, int_sum })
+        let k = self.axes.len();
+        let leading = k > 0 && k < x.rank() && self.axes.iter().enumerate().all(|(i, &a)| i == a);
+        let rows = Rows::of(x.shape(), &self.axes);
+        Ok(ReducePlan { kind: self.kind.clone(), axes: self.axes.clone(), shape, dtype, int_sum, rows, leading })
     }
 }
 
 impl Op for Reduce {
     fn name(&self) -> &'static str {
-        match self.kind {
-            ReduceKind::Sum => "sum",
-            ReduceKind::Max => "max",
-            ReduceKind::Min => "min",
-            ReduceKind::LogSumExp => "logsumexp",
-        }
+        self.kind.name()
     }
     fn arity(&self) -> Arity {
         Arity::exactly(1)
@@ -165,13 +139,10 @@ impl Op for Reduce {
         }
     }
 
-    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
+    fn run(&self, backend: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
         let plan = self.plan(xs[0])?;
-        crate::cpu::reduce::reduce(self, xs[0], plan.shape)
-    }
-    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        let plan = self.plan(xs[0])?;
-        crate::cuda::reduce::reduce(self, xs[0], &plan)
+        let out = backend.reduce(&plan, xs[0].src())?;
+        Ok(Tensor::from_storage(out, plan.shape))
     }
 
     fn vjp<T: Diff>(&self, xs: &[&T], y: &T, g: &T) -> Result<InputGrads<T>> {
@@ -217,8 +188,8 @@ pub struct ArgReduce {
 
 impl ArgReduce {
     /// The checks of an arg-reduction of `x`, in one order for every
-    /// device (the axis, not empty, the output's size), and its shape.
-    pub fn out_shape(&self, x: &Tensor) -> Result<Shape> {
+    /// device (the axis, not empty, the output's size), and what it makes.
+    pub fn plan(&self, x: &Tensor) -> Result<ArgReducePlan> {
         let name = self.name();
         if x.dims()[crate::layout::check_axis(name, self.axis, x.rank())?] == 0 {
             return Err(Error::InvalidShape {
@@ -229,7 +200,7 @@ impl ArgReduce {
         }
         let shape = reduced_shape(x.shape(), &[self.axis], self.keepdim);
         shape.check(name, DType::I64)?;
-        Ok(shape)
+        Ok(ArgReducePlan { min: self.min, shape, rows: Rows::of(x.shape(), &[self.axis]) })
     }
 }
 
@@ -248,13 +219,10 @@ impl Op for ArgReduce {
     fn saves(&self) -> Saved {
         Saved::NOTHING
     }
-    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        let shape = self.out_shape(xs[0])?;
-        crate::cpu::reduce::arg_reduce(self, xs[0], shape)
-    }
-    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        let shape = self.out_shape(xs[0])?;
-        crate::cuda::reduce::arg_reduce(self, xs[0], shape)
+    fn run(&self, backend: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
+        let plan = self.plan(xs[0])?;
+        let out = backend.arg_reduce(&plan, xs[0].src())?;
+        Ok(Tensor::from_storage(out, plan.shape))
     }
     fn vjp<T: Diff>(&self, _: &[&T], _: &T, _: &T) -> Result<InputGrads<T>> {
         Ok(smallvec::smallvec![None])
@@ -285,7 +253,9 @@ impl Op for SumTo {
     fn saves(&self) -> Saved {
         Saved::NOTHING
     }
-    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
+    /// The shape rule, then the sum on the input's device (none when no
+    /// axis is summed) and a reshape, a view.
+    fn run(&self, backend: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
         let x = xs[0];
         let (r, tr) = (x.rank(), self.shape.rank());
         let fits = tr <= r && self.shape.dims().iter().enumerate().all(|(i, &d)| d == 1 || d == x.dims()[r - tr + i]);
@@ -301,13 +271,8 @@ impl Op for SumTo {
         if axes.is_empty() {
             return x.reshape_raw(self.shape.clone());
         }
-        let s = super::forward(&Reduce { kind: ReduceKind::Sum, axes, keepdim: true }, &[x])?;
+        let s = Reduce { kind: ReduceKind::Sum, axes, keepdim: true }.run(backend, &[x])?;
         s.reshape_raw(self.shape.clone())
-    }
-    /// The shape rule is the CPU's; the sum runs on the input's device and
-    /// the reshape is a view.
-    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        self.forward_cpu(xs)
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         Ok(one(g.broadcast_to(xs[0].shape())?))
@@ -315,11 +280,6 @@ impl Op for SumTo {
     fn jvp<T: Diff>(&self, _: &[&T], _: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
         ts[0].map(|t| t.sum_to(self.shape.clone())).transpose()
     }
-}
-
-impl ReduceKind {
-    /// Every reduction, once.
-    pub const ALL: &'static [ReduceKind] = &[ReduceKind::Sum, ReduceKind::Max, ReduceKind::Min, ReduceKind::LogSumExp];
 }
 
 /// This family's ops, each once (see [`crate::ops::registry`]).
