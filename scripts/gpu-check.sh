@@ -202,7 +202,7 @@ suite() {
 # line "in use: driver=... nvrtc=... cublas=..." says what tapir opened.
 for t in "${TESTS[@]}"; do
     [[ $t == */test-tensor-cuda-libraries ]] &&
-        step libraries 30 -- "$t" cuda_libraries --nocapture --test-threads=1
+        step libraries 60 -- "$t" cuda_libraries --nocapture --test-threads=1
 done
 step suite 150 -- bash -c "$(declare -p TESTS FILTER); $(declare -f suite); suite"
 # The libraries tapir chose, from the selection test's output.
