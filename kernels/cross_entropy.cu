@@ -59,6 +59,19 @@ template <typename T> __device__ __forceinline__ bool rows_vectorizable(i64 v, c
     return ((v * (i64)sizeof(T)) & 15) == 0 && aligned16(x) && (!bias || aligned16(bias));
 }
 
+// Pack k of a row of logits plus the bias (when not null), in the
+// accumulation type: what both kernels' 16-byte paths read.
+template <typename T>
+__device__ __forceinline__ void logits_pack(const T* row, const T* bias, i64 k, typename Acc<T>::type* e) {
+    Pack16<T>::unpack(((const uint4*)row)[k], e);
+    if (bias) {
+        typename Acc<T>::type b[Pack16<T>::N];
+        Pack16<T>::unpack(((const uint4*)bias)[k], b);
+#pragma unroll
+        for (int i = 0; i < Pack16<T>::N; ++i) e[i] += b[i];
+    }
+}
+
 template <typename T, typename L>
 __device__ __forceinline__ void ce_fwd(i64 rows, i64 v, const T* x, const T* bias, const L* labels, i64 ignore_index,
                                        double smoothing, typename Acc<T>::type* lse_out, typename Acc<T>::type* loss_out,
@@ -74,17 +87,9 @@ __device__ __forceinline__ void ce_fwd(i64 rows, i64 v, const T* x, const T* bia
         st.s = A(0);
         A sx = A(0);
         if (vec) {
-            const uint4* row16 = (const uint4*)row;
-            const uint4* bias16 = (const uint4*)bias;
             for (i64 k = threadIdx.x; k < v / N; k += blockDim.x) {
                 A e[N];
-                Pack16<T>::unpack(row16[k], e);
-                if (bias) {
-                    A b[N];
-                    Pack16<T>::unpack(bias16[k], b);
-#pragma unroll
-                    for (int i = 0; i < N; ++i) e[i] += b[i];
-                }
+                logits_pack(row, bias, k, e);
                 st = lse_push_n<A, N>(st, e);
                 if (smooth) {
 #pragma unroll
@@ -147,16 +152,9 @@ __device__ __forceinline__ void ce_bwd(i64 rows, i64 v, T* x, const T* bias, con
         A w = to_acc(g[r * g_stride]) * (A)scale;
         A l = lse[r];
         if (vec) {
-            const uint4* bias16 = (const uint4*)bias;
             for (i64 k = threadIdx.x; k < v / N; k += blockDim.x) {
                 A e[N];
-                Pack16<T>::unpack(row16[k], e);
-                if (bias) {
-                    A b[N];
-                    Pack16<T>::unpack(bias16[k], b);
-#pragma unroll
-                    for (int i = 0; i < N; ++i) e[i] += b[i];
-                }
+                logits_pack(row, bias, k, e);
 #pragma unroll
                 for (int i = 0; i < N; ++i) e[i] = w * (term_exp(e[i] - l) - eps_v);
                 const i64 at = y - k * N;  // the label's place in this pack, if it is here
