@@ -230,3 +230,145 @@ fn a_rank_that_never_comes_fails_the_others_after_the_timeout() {
     }
     reset_both();
 }
+
+/// The id's 128 bytes as hex, to hand to another process.
+fn id_hex(id: &nccl::ncclUniqueId) -> String {
+    id.internal.iter().map(|&c| format!("{:02x}", c as u8)).collect()
+}
+
+fn id_from_hex(hex: &str) -> nccl::ncclUniqueId {
+    let mut internal = [0 as std::ffi::c_char; 128];
+    for (i, c) in internal.iter_mut().enumerate() {
+        *c = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap() as std::ffi::c_char;
+    }
+    nccl::ncclUniqueId { internal }
+}
+
+/// This test binary again, as rank 1 of the id, running `role`.
+fn spawn_rank1(test: &str, id: &nccl::ncclUniqueId, role: &str) -> std::process::Child {
+    std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--nocapture", "--test-threads", "1"])
+        .env("TAPIR_NCCL_TEST_CHILD", format!("{role}:{}", id_hex(id)))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Rank `rank` of 2 on device 0 of its own process.
+fn join(id: nccl::ncclUniqueId, rank: i32) -> nccl::ncclComm_t {
+    let _ctx = CudaContext::new(0).unwrap();
+    let mut comm = std::mem::MaybeUninit::uninit();
+    // SAFETY: an out-pointer; the id is the job's.
+    unsafe {
+        result::comm_init_rank(comm.as_mut_ptr(), 2, id, rank).unwrap();
+        comm.assume_init()
+    }
+}
+
+/// An all-reduce (sum, f64), an all-gather (i32) and a broadcast from rank
+/// 1 (f16), each rank's inputs made from its rank: what this rank gets.
+fn three_collectives(comm: nccl::ncclComm_t, rank: usize) -> (Vec<f64>, Vec<i32>, Vec<half::f16>) {
+    let stream = CudaContext::new(0).unwrap().default_stream();
+    let cu = stream.cu_stream() as nccl::cudaStream_t;
+    let sum = stream.clone_htod(&[0.25 + rank as f64, -(rank as f64), 1e-3]).unwrap();
+    let mine = stream.clone_htod(&[rank as i32 * 10, rank as i32 * 10 + 1]).unwrap();
+    let gathered = stream.alloc_zeros::<i32>(4).unwrap();
+    let bcast = stream.clone_htod(&[half::f16::from_f32(rank as f32 + 0.5); 5]).unwrap();
+    let (s, _) = sum.device_ptr(&stream);
+    let (m, _) = mine.device_ptr(&stream);
+    let (g, _) = gathered.device_ptr(&stream);
+    let (b, _) = bcast.device_ptr(&stream);
+    // SAFETY: the lengths above, on this rank's device and stream.
+    unsafe {
+        let sum_op = nccl::ncclRedOp_t::ncclSum;
+        result::all_reduce(
+            s as *const c_void,
+            s as *mut c_void,
+            3,
+            nccl::ncclDataType_t::ncclFloat64,
+            sum_op,
+            comm,
+            cu,
+        )
+        .unwrap();
+        result::all_gather(m as *const c_void, g as *mut c_void, 2, nccl::ncclDataType_t::ncclInt32, comm, cu).unwrap();
+        result::broadcast(b as *const c_void, b as *mut c_void, 5, nccl::ncclDataType_t::ncclFloat16, 1, comm, cu)
+            .unwrap();
+    }
+    (stream.clone_dtoh(&sum).unwrap(), stream.clone_dtoh(&gathered).unwrap(), stream.clone_dtoh(&bcast).unwrap())
+}
+
+/// Two processes, one rank each, joined by an id made in the first and
+/// handed to the second (as rank 0 of an `mpirun` job sends it over MPI):
+/// each gets every collective's result, computed from both processes'
+/// device memory.
+#[test]
+fn ranks_in_two_processes_join_by_a_unique_id() {
+    const TEST: &str = "ranks_in_two_processes_join_by_a_unique_id";
+    if let Ok(child) = std::env::var("TAPIR_NCCL_TEST_CHILD") {
+        if let Some(hex) = child.strip_prefix("collectives:") {
+            if !nccl_or_skip(TEST) {
+                std::process::exit(3);
+            }
+            let comm = join(id_from_hex(hex), 1);
+            let got = three_collectives(comm, 1);
+            // SAFETY: made above, its work done.
+            unsafe { result::comm_destroy(comm) }.unwrap();
+            println!("RANK1 {got:?}");
+        }
+        return;
+    }
+    let _s = serial();
+    if !nccl_or_skip(TEST) {
+        return;
+    }
+    let id = result::get_uniqueid().unwrap();
+    let child = spawn_rank1(TEST, &id, "collectives");
+    let comm = join(id, 0);
+    let got = three_collectives(comm, 0);
+    // SAFETY: made above, its work done.
+    unsafe { result::comm_destroy(comm) }.unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "rank 1: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let want = (vec![1.5, -1.0, 2e-3], vec![0, 1, 10, 11], vec![half::f16::from_f32(1.5); 5]);
+    assert_eq!(got, want);
+    assert!(stdout.contains(&format!("RANK1 {want:?}")), "rank 1 got another result: {stdout}");
+}
+
+/// A rank whose process exits after joining, before a collective the other
+/// waits at: the other fails within seconds (not the timeout), naming it.
+#[test]
+fn a_rank_whose_process_exits_fails_the_other_at_once() {
+    const TEST: &str = "a_rank_whose_process_exits_fails_the_other_at_once";
+    if let Ok(child) = std::env::var("TAPIR_NCCL_TEST_CHILD") {
+        if let Some(hex) = child.strip_prefix("exit:") {
+            if !nccl_or_skip(TEST) {
+                std::process::exit(3);
+            }
+            let _comm = join(id_from_hex(hex), 1);
+            // Gone without a word, as a killed rank is.
+            std::process::exit(9);
+        }
+        return;
+    }
+    let _s = serial();
+    if !nccl_or_skip(TEST) {
+        return;
+    }
+    let id = result::get_uniqueid().unwrap();
+    let mut child = spawn_rank1(TEST, &id, "exit");
+    let comm = join(id, 0);
+    assert_eq!(child.wait().unwrap().code(), Some(9));
+    let t0 = std::time::Instant::now();
+    let r = collective(comm, 0, "all_reduce");
+    let msg = common::last_error();
+    assert_eq!(r, Err(CUresult::CUDA_ERROR_LAUNCH_FAILED), "{msg}");
+    assert!(msg.contains("rank 1 (process") && msg.contains("exited before collective 1"), "{msg}");
+    // The test binary's timeout is 3 s: this came from the exit, not from it.
+    assert!(t0.elapsed().as_secs_f64() < 2.0, "took {:?}", t0.elapsed());
+    // SAFETY: made above.
+    unsafe { result::comm_abort(comm) }.unwrap();
+    reset_both();
+}

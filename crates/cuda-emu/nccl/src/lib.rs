@@ -1,12 +1,17 @@
 //! The NCCL half of tapir's emulated CUDA device: a stand-in for `libnccl`
-//! whose collectives run among the emulated devices of one process, for
-//! tests only. It is no NCCL: no rings, trees or kernels, no network, and
-//! nothing of its speed means anything.
+//! whose collectives run among emulated devices, those of one process or
+//! of several processes on one machine, for tests only. It is no NCCL: no
+//! rings, trees or kernels, no network, and nothing of its speed means
+//! anything.
 //!
 //! A communicator is one rank of a clique, made by `ncclCommInitAll` (every
 //! rank at once, on the devices listed) or by `ncclCommInitRank` with the
-//! id of `ncclGetUniqueId` (each rank on its own thread, on the current
-//! context's device; the call returns once every rank has joined). A
+//! id of `ncclGetUniqueId` (each rank on its own thread or in its own
+//! process, on the current context's device; the call returns once every
+//! rank has joined). The ranks of an id meet in a shared folder named by
+//! the id (see `shared.rs`): the way processes of one machine share
+//! memory, and how a job started by `mpirun` whose rank 0 made the id and
+//! sent it to the others over MPI forms its clique. A
 //! collective is submitted to the rank's stream through the driver
 //! emulator's `tapirEmuSubmit` (found by the emulator's soname,
 //! `libcuda.so`, which the selection switch has loaded): it runs in stream
@@ -20,7 +25,8 @@
 //! dtype, reduction or root fail it on every rank, naming both; a rank
 //! that never comes fails the others after `TAPIR_CUDA_EMU_NCCL_TIMEOUT`
 //! seconds (default 300), as does `ncclCommAbort` of a rank with work
-//! still queued. A failure is the device's sticky error, as a kernel
+//! still queued, and a rank whose process has exited fails the others of
+//! its id within a tenth of a second. A failure is the device's sticky error, as a kernel
 //! fault is.
 //!
 //! `ncclGroupStart`/`ncclGroupEnd` defer the calls of the calling thread
@@ -40,6 +46,9 @@ use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
+
+mod shared;
+use shared::Shared;
 
 type NcclResult = c_int;
 const SUCCESS: NcclResult = 0;
@@ -286,9 +295,36 @@ unsafe impl Send for Clique {}
 // SAFETY: as above.
 unsafe impl Sync for Clique {}
 
+/// How a rank reaches the others of its clique.
+#[derive(Clone)]
+enum Link {
+    /// Ranks of this process (`ncclCommInitAll`), meeting in memory.
+    Local(Arc<Clique>),
+    /// Ranks of an id (`ncclCommInitRank`), in this process or others,
+    /// meeting in a shared folder.
+    Shared(Arc<Shared>),
+}
+
+impl Link {
+    fn nranks(&self) -> usize {
+        match self {
+            Link::Local(c) => c.nranks,
+            Link::Shared(s) => s.nranks,
+        }
+    }
+
+    /// Why the clique can run nothing more, if it cannot.
+    fn broken(&self) -> Option<String> {
+        match self {
+            Link::Local(c) => lock(&c.state).broken.clone(),
+            Link::Shared(s) => s.broken(),
+        }
+    }
+}
+
 /// A communicator: one rank of a clique (`ncclComm_t` points to one).
 struct Comm {
-    clique: Arc<Clique>,
+    link: Link,
     rank: usize,
     device: c_int,
     /// Collectives issued by the host, and run by the worker.
@@ -297,27 +333,13 @@ struct Comm {
     destroyed: AtomicBool,
 }
 
-/// Cliques of `ncclCommInitRank` being formed, by unique id.
-struct Forming {
-    clique: Arc<Clique>,
-    joined: Vec<bool>,
-}
-
-/// The cliques being formed, by id, and the condition their ranks wait on.
-type FormingTable = (Mutex<HashMap<Vec<u8>, Forming>>, Condvar);
-
-fn forming() -> &'static FormingTable {
-    static F: OnceLock<FormingTable> = OnceLock::new();
-    F.get_or_init(|| (Mutex::new(HashMap::new()), Condvar::new()))
-}
-
 fn new_clique(nranks: usize) -> Arc<Clique> {
     Arc::new(Clique { nranks, state: Mutex::new(CliqueState::default()), cv: Condvar::new() })
 }
 
-fn new_comm(clique: Arc<Clique>, rank: usize, device: c_int) -> *mut c_void {
+fn new_comm(link: Link, rank: usize, device: c_int) -> *mut c_void {
     let comm = Comm {
-        clique,
+        link,
         rank,
         device,
         issued: AtomicU64::new(0),
@@ -379,8 +401,8 @@ pub extern "C" fn ncclGetLastError(_comm: *mut c_void) -> *const c_char {
     })
 }
 
-/// An id: a tag, this process and a counter, so ids never repeat within a
-/// process.
+/// An id: a tag, this process, a counter and the clock, so ids never
+/// repeat within a process, nor across the processes of a machine.
 #[no_mangle]
 pub unsafe extern "C" fn ncclGetUniqueId(id: *mut UniqueId) -> NcclResult {
     static NEXT: AtomicU64 = AtomicU64::new(1);
@@ -391,6 +413,8 @@ pub unsafe extern "C" fn ncclGetUniqueId(id: *mut UniqueId) -> NcclResult {
     bytes[..8].copy_from_slice(b"tapiremu");
     bytes[8..16].copy_from_slice(&u64::from(std::process::id()).to_le_bytes());
     bytes[16..24].copy_from_slice(&NEXT.fetch_add(1, Ordering::Relaxed).to_le_bytes());
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    bytes[24..32].copy_from_slice(&now.to_le_bytes());
     // SAFETY: checked non-null; 128 bytes, ncclUniqueId's size.
     unsafe { *id = UniqueId { internal: bytes } };
     SUCCESS
@@ -414,7 +438,7 @@ pub unsafe extern "C" fn ncclCommInitAll(comms: *mut *mut c_void, ndev: c_int, d
     let clique = new_clique(n);
     for (rank, &d) in devices.iter().enumerate() {
         // SAFETY: the caller's array of `ndev` handles.
-        unsafe { *comms.add(rank) = new_comm(clique.clone(), rank, d) };
+        unsafe { *comms.add(rank) = new_comm(Link::Local(clique.clone()), rank, d) };
     }
     SUCCESS
 }
@@ -436,43 +460,12 @@ pub unsafe extern "C" fn ncclCommInitRank(
         return fail(UNHANDLED_CUDA_ERROR, "ncclCommInitRank: no current CUDA context on this thread");
     };
     let (n, r) = (nranks as usize, rank as usize);
-    let (table, cv) = forming();
-    let mut t = lock(table);
-    let key = id.internal.to_vec();
-    let entry = t.entry(key.clone()).or_insert_with(|| Forming { clique: new_clique(n), joined: vec![false; n] });
-    if entry.clique.nranks != n {
-        return fail(
-            INVALID_ARGUMENT,
-            format!("ncclCommInitRank: rank {r} says {n} ranks, another rank of this id said {}", entry.clique.nranks),
-        );
-    }
-    if entry.joined[r] {
-        return fail(INVALID_ARGUMENT, format!("ncclCommInitRank: rank {r} joined this id twice"));
-    }
-    entry.joined[r] = true;
-    let clique = entry.clique.clone();
-    if entry.joined.iter().all(|&j| j) {
-        t.remove(&key);
-        cv.notify_all();
-    } else {
-        let start = Instant::now();
-        while t.get(&key).is_some_and(|f| Arc::ptr_eq(&f.clique, &clique)) {
-            let left = timeout().saturating_sub(start.elapsed());
-            if left.is_zero() {
-                let missing: Vec<usize> =
-                    t[&key].joined.iter().enumerate().filter(|(_, j)| !**j).map(|(k, _)| k).collect();
-                t.remove(&key);
-                cv.notify_all();
-                return fail(
-                    REMOTE_ERROR,
-                    format!("ncclCommInitRank: ranks {missing:?} of {n} never joined within {:?}", timeout()),
-                );
-            }
-            t = cv.wait_timeout(t, left).unwrap_or_else(|p| p.into_inner()).0;
-        }
-    }
+    let link = match Shared::join(&id.internal, n, r, timeout()) {
+        Ok(shared) => Link::Shared(Arc::new(shared)),
+        Err(m) => return fail(if m.contains("never joined") { REMOTE_ERROR } else { INVALID_ARGUMENT }, m),
+    };
     // SAFETY: checked non-null; the caller's out-pointer.
-    unsafe { *comm = new_comm(clique, r, device) };
+    unsafe { *comm = new_comm(link, r, device) };
     SUCCESS
 }
 
@@ -524,10 +517,14 @@ pub unsafe extern "C" fn ncclCommAbort(comm: *mut c_void) -> NcclResult {
         return fail(INVALID_ARGUMENT, "ncclCommAbort: null communicator");
     };
     if c.issued.load(Ordering::Acquire) > c.finished.load(Ordering::Acquire) {
-        let mut s = lock(&c.clique.state);
-        s.broken.get_or_insert_with(|| format!("rank {} aborted the communicator", c.rank));
-        drop(s);
-        c.clique.cv.notify_all();
+        let why = format!("rank {} aborted the communicator", c.rank);
+        match &c.link {
+            Link::Local(clique) => {
+                lock(&clique.state).broken.get_or_insert(why);
+                clique.cv.notify_all();
+            }
+            Link::Shared(shared) => shared.break_with(&why),
+        }
     }
     // SAFETY: the caller's handle, aborted once.
     unsafe { release(comm) };
@@ -543,7 +540,7 @@ pub unsafe extern "C" fn ncclCommGetAsyncError(comm: *mut c_void, err: *mut Nccl
     if err.is_null() {
         return fail(INVALID_ARGUMENT, "ncclCommGetAsyncError: null output");
     }
-    let broken = lock(&c.clique.state).broken.is_some();
+    let broken = c.link.broken().is_some();
     // SAFETY: checked non-null.
     unsafe { *err = if broken { REMOTE_ERROR } else { SUCCESS } };
     SUCCESS
@@ -566,7 +563,7 @@ unsafe fn comm_query(comm: *mut c_void, out: *mut c_int, what: &str, f: impl Fn(
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommCount(comm: *mut c_void, count: *mut c_int) -> NcclResult {
     // SAFETY: forwarded contract.
-    unsafe { comm_query(comm, count, "ncclCommCount", |c| c.clique.nranks as c_int) }
+    unsafe { comm_query(comm, count, "ncclCommCount", |c| c.link.nranks() as c_int) }
 }
 
 #[no_mangle]
@@ -738,7 +735,7 @@ pub unsafe extern "C" fn ncclReduceScatter(
 
 /// One rank's collective, checked, waiting to be submitted.
 struct Pending {
-    clique: Arc<Clique>,
+    link: Link,
     finished: Arc<AtomicU64>,
     rank: usize,
     device: c_int,
@@ -777,7 +774,7 @@ unsafe fn collective(
             return fail(INVALID_ARGUMENT, format!("{name}: reduction {o} (only sum, prod, max, min, avg)"))
         }
     };
-    let n = c.clique.nranks;
+    let n = c.link.nranks();
     let root = match root {
         None => None,
         Some(r) if r >= 0 && (r as usize) < n => Some(r as usize),
@@ -797,7 +794,7 @@ unsafe fn collective(
     }
     let seq = c.issued.fetch_add(1, Ordering::AcqRel);
     let p = Pending {
-        clique: c.clique.clone(),
+        link: c.link.clone(),
         finished: c.finished.clone(),
         rank: c.rank,
         device: c.device,
@@ -892,10 +889,74 @@ unsafe extern "C" fn run(data: *mut c_void, ptrs: *const *mut u8, msg: *mut c_ch
     }
 }
 
+/// Runs the collective with the other ranks of the clique.
+fn rendezvous(p: &Pending, part: Part) -> Result<(), String> {
+    match &p.link {
+        Link::Local(c) => rendezvous_local(c, p, part),
+        Link::Shared(s) => rendezvous_shared(s, p, part),
+    }
+}
+
+/// Publishes this rank's input in the clique's folder, reads every rank's,
+/// and computes this rank's output (every rank the same arithmetic in the
+/// same order, so every rank gets the same result).
+fn rendezvous_shared(s: &Shared, p: &Pending, part: Part) -> Result<(), String> {
+    let input: &[u8] = if part.send.is_null() {
+        &[]
+    } else {
+        // SAFETY: the host address of the checked send range, live while
+        // this work runs.
+        unsafe { std::slice::from_raw_parts(part.send, p.send.1 as usize) }
+    };
+    let what = p.desc.to_string();
+    let all = s.exchange(p.seq, &what, input, timeout())?;
+    if let Some((r, (other, _))) = all.iter().enumerate().find(|(_, (d, _))| *d != all[0].0) {
+        return Err(format!(
+            "collective {} of the communicator differs between ranks: rank {r} called {other}, rank 0 {}",
+            p.seq + 1,
+            all[0].0
+        ));
+    }
+    for (r, (_, bytes)) in all.iter().enumerate() {
+        let want = input_len(&p.desc, r, s.nranks);
+        if bytes.len() != want {
+            return Err(format!("rank {r} gave {} bytes to {what}, which needs {want}", bytes.len()));
+        }
+    }
+    let parts: Vec<Part> = all
+        .iter()
+        .enumerate()
+        .map(|(r, (_, bytes))| Part {
+            send: if bytes.is_empty() { std::ptr::null() } else { bytes.as_ptr() },
+            recv: if r == s.rank { part.recv } else { std::ptr::null_mut() },
+        })
+        .collect();
+    // SAFETY: every input is as long as the collective reads (checked
+    // above); this rank's output is its checked receive range, the others
+    // are null and skipped.
+    unsafe { compute(&p.desc, &parts) };
+    Ok(())
+}
+
+/// The bytes rank `rank` sends to a collective of `nranks`.
+fn input_len(desc: &Desc, rank: usize, nranks: usize) -> usize {
+    let bytes = desc.count * desc.dtype.size();
+    match desc.kind {
+        Kind::AllReduce | Kind::Reduce | Kind::AllGather => bytes,
+        Kind::Broadcast => {
+            if desc.root == Some(rank) {
+                bytes
+            } else {
+                0
+            }
+        }
+        Kind::ReduceScatter => bytes * nranks,
+    }
+}
+
 /// Waits at the collective's slot until every rank has arrived; the last
 /// one computes it.
-fn rendezvous(p: &Pending, part: Part) -> Result<(), String> {
-    let c = &p.clique;
+fn rendezvous_local(c: &Clique, p: &Pending, part: Part) -> Result<(), String> {
     let n = c.nranks;
     let mut s = lock(&c.state);
     if let Some(why) = &s.broken {
@@ -1088,7 +1149,8 @@ unsafe fn reduce_element(dt: DType, op: RedOp, inputs: &[*const u8], i: usize, o
 }
 
 /// Computes the collective from every rank's buffers into every rank's
-/// outputs. Inputs are read whole before any output is written, so a
+/// output (a null output is a rank whose result another process computes
+/// for itself). Inputs are read whole before any output is written, so a
 /// buffer may be both (in place).
 ///
 /// # Safety
@@ -1108,7 +1170,7 @@ unsafe fn compute(desc: &Desc, parts: &[Part]) {
                     reduce_element(desc.dtype, op, &inputs, i, result.as_mut_ptr(), i);
                 }
                 for (r, q) in parts.iter().enumerate() {
-                    if desc.kind == Kind::AllReduce || desc.root == Some(r) {
+                    if !q.recv.is_null() && (desc.kind == Kind::AllReduce || desc.root == Some(r)) {
                         std::ptr::copy_nonoverlapping(result.as_ptr(), q.recv, result.len());
                     }
                 }
@@ -1116,7 +1178,7 @@ unsafe fn compute(desc: &Desc, parts: &[Part]) {
             Kind::Broadcast => {
                 let root = desc.root.expect("internal: a broadcast has a root");
                 let data = std::slice::from_raw_parts(parts[root].send, count * es).to_vec();
-                for q in parts {
+                for q in parts.iter().filter(|q| !q.recv.is_null()) {
                     std::ptr::copy_nonoverlapping(data.as_ptr(), q.recv, data.len());
                 }
             }
@@ -1125,7 +1187,7 @@ unsafe fn compute(desc: &Desc, parts: &[Part]) {
                 for q in parts {
                     all.extend_from_slice(std::slice::from_raw_parts(q.send, count * es));
                 }
-                for q in parts {
+                for q in parts.iter().filter(|q| !q.recv.is_null()) {
                     std::ptr::copy_nonoverlapping(all.as_ptr(), q.recv, all.len());
                 }
             }
@@ -1135,7 +1197,7 @@ unsafe fn compute(desc: &Desc, parts: &[Part]) {
                 for i in 0..n * count {
                     reduce_element(desc.dtype, op, &inputs, i, result.as_mut_ptr(), i);
                 }
-                for (r, q) in parts.iter().enumerate() {
+                for (r, q) in parts.iter().enumerate().filter(|(_, q)| !q.recv.is_null()) {
                     std::ptr::copy_nonoverlapping(result.as_ptr().add(r * count * es), q.recv, count * es);
                 }
             }
