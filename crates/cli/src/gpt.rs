@@ -130,7 +130,9 @@ pub struct Args {
     /// --batch sequences of every global batch of N x --batch, so N ranks
     /// follow the one-rank run with N times the batch; gradients are
     /// averaged in buckets during the backward, rank 0 prints, evaluates
-    /// and saves.
+    /// and saves. With `--device cuda:N` each rank drives GPU N + its rank
+    /// on the node (mod the GPUs there) and reduces with NCCL, whose id
+    /// rank 0 sends over MPI.
     #[arg(long, value_enum, default_value_t = Dist::None)]
     pub dist: Dist,
     /// Data parallelism over several CUDA devices of this process, e.g.
@@ -168,14 +170,26 @@ pub(crate) fn rank_report(rank: usize, world: usize, what: &str, allreduce_s: f6
     let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
 }
 
-/// The communicator of `--dist`.
-pub(crate) fn communicator(dist: Dist) -> anyhow::Result<Communicator> {
-    match dist {
-        Dist::None => Ok(Communicator::single()),
+/// The communicator of `--dist` and the device this rank trains on, with
+/// the name of the transport. Under `--dist mpi` a CUDA `--device cuda:N`
+/// is the first GPU of each node: a rank drives `cuda:(N + its local rank)
+/// mod count` and reduces on it with NCCL (the id sent over MPI), when
+/// tapir has NCCL; the CPU's ranks reduce over MPI.
+pub(crate) fn communicator(dist: Dist, device: DeviceArg) -> anyhow::Result<(Communicator, Device, &'static str)> {
+    match (dist, device) {
+        (Dist::None, _) => Ok((Communicator::single(), device.pick()?, "")),
+        #[cfg(all(feature = "mpi", feature = "nccl"))]
+        (Dist::Mpi, DeviceArg::Cuda(first)) => {
+            // The driver's reason, when CUDA cannot be used at all.
+            device.pick()?;
+            let (comm, device) =
+                Communicator::mpi_nccl(first).context("--dist mpi on CUDA: joining the ranks over NCCL")?;
+            Ok((comm, device, "NCCL, its id over MPI"))
+        }
         #[cfg(feature = "mpi")]
-        Dist::Mpi => Ok(Communicator::mpi()?),
+        (Dist::Mpi, _) => Ok((Communicator::mpi()?, device.pick()?, "MPI")),
         #[cfg(not(feature = "mpi"))]
-        Dist::Mpi => bail!(
+        (Dist::Mpi, _) => bail!(
             "--dist mpi: this tapir was built without MPI; build it with `cargo build --release -p tapir-cli \
              --features mpi` (Open MPI and libclang from the system packages: apt-get install openmpi-bin \
              libopenmpi-dev libclang-dev) and start it with `mpirun -np N target/release/tapir gpt --dist mpi` \
@@ -525,9 +539,8 @@ fn device_list(list: &[DeviceArg]) -> anyhow::Result<Vec<Device>> {
 /// every rank's figures).
 pub fn train(a: &Args) -> anyhow::Result<Summary> {
     if a.devices.is_empty() {
-        let comm = communicator(a.dist)?;
-        let transport = if comm.world_size() > 1 { "MPI" } else { "" };
-        return train_on(a, &comm, a.device.pick()?, transport);
+        let (comm, device, transport) = communicator(a.dist, a.device)?;
+        return train_on(a, &comm, device, transport);
     }
     if a.dist != Dist::None {
         bail!("--devices and --dist are two ways to spread the training; give one");

@@ -464,8 +464,7 @@ pub struct Outcome {
 pub fn train(a: &Args) -> anyhow::Result<Outcome> {
     let dtype = if a.f64 { DType::F64 } else { DType::F32 };
     let prob = a.problem;
-    let device = a.device.pick()?;
-    let comm = communicator(a.dist)?;
+    let (comm, device, _) = communicator(a.dist, a.device)?;
     let (rank, world) = (comm.rank(), comm.world_size());
     // Rank 0 speaks for the job.
     let speak = rank == 0;

@@ -171,6 +171,134 @@ fn mpi_pinn_two_ranks_with_half_the_points_each_follow_one_process() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A text file every position of which counts, so the mean of the ranks'
+/// mean losses is the global batch's and two ranks follow one process to
+/// rounding (with the sums task a rank's answers may differ in length).
+fn text_args(dir: &Path) -> Vec<String> {
+    let text = dir.join("text.txt");
+    std::fs::write(&text, "the tapir runs on two ranks, the tapir runs on one. ".repeat(8)).unwrap();
+    let run = [
+        "gpt",
+        "--steps",
+        "4",
+        "--d-model",
+        "16",
+        "--layers",
+        "1",
+        "--heads",
+        "2",
+        "--block",
+        "8",
+        "--warmup",
+        "2",
+        "--eval-every",
+        "0",
+        "--no-chart",
+        "--quiet",
+        "--data",
+    ];
+    let mut v: Vec<String> = run.map(String::from).to_vec();
+    v.push(text.display().to_string());
+    v
+}
+
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+fn assert_close(a: &[f64], b: &[f64], tol: f64, what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: {a:?} vs {b:?}");
+    for (step, (x, y)) in a.iter().zip(b).enumerate() {
+        assert!((x - y).abs() <= tol * x.abs(), "{what}, step {step}: {x} vs {y}\n{a:?}\n{b:?}");
+    }
+}
+
+/// A run saved by two ranks resumes in one process (and one saved by one
+/// process resumes on two ranks): rank 0's checkpoint holds the parameters
+/// and AdamW's moments every rank shares, and each step's global batch is
+/// drawn from the seed and the step, so the resumed half follows the
+/// uninterrupted run whatever the number of ranks on either side.
+#[test]
+fn mpi_a_run_saved_on_two_ranks_resumes_on_one_and_back() {
+    if !mpi_or_skip() {
+        return;
+    }
+    let dir = scratch("gpt-resume");
+    let base = text_args(&dir);
+    let path = |name: &str| dir.join(name).display().to_string();
+    let one = |extra: &[&str]| {
+        let out = Command::new(TAPIR).args(strs(&base)).args(extra).output().unwrap();
+        assert!(out.status.success(), "one process {extra:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    let two = |extra: &[&str]| {
+        let out = two_ranks(&[strs(&base), extra.to_vec()].concat());
+        assert!(out.status.success(), "two ranks {extra:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    let (whole, ck2, ck1) = (path("whole.json"), path("two.safetensors"), path("one.safetensors"));
+    one(&["--batch", "8", "--json", &whole]);
+    let whole = losses(Path::new(&whole));
+    assert_eq!(whole.len(), 4);
+
+    // Two ranks of batch 4 for two steps, then one process of batch 8.
+    let (first, rest) = (path("first2.json"), path("rest1.json"));
+    two(&["--dist", "mpi", "--batch", "4", "--save", &ck2, "--stop-after", "2", "--json", &first]);
+    one(&["--batch", "8", "--resume", &ck2, "--json", &rest]);
+    let got: Vec<f64> = [losses(Path::new(&first)), losses(Path::new(&rest))].concat();
+    // Seen: within 1e-7 of the one-process run.
+    assert_close(&whole, &got, 1e-5, "saved on 2 ranks, resumed on 1");
+
+    // One process for two steps, then two ranks.
+    let (first, rest) = (path("first1.json"), path("rest2.json"));
+    one(&["--batch", "8", "--save", &ck1, "--stop-after", "2", "--json", &first]);
+    two(&["--dist", "mpi", "--batch", "4", "--resume", &ck1, "--json", &rest]);
+    let got: Vec<f64> = [losses(Path::new(&first)), losses(Path::new(&rest))].concat();
+    assert_close(&whole, &got, 1e-5, "saved on 1, resumed on 2 ranks");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `mpirun -np 2 tapir gpt --dist mpi --device cuda:0`: each rank a process
+/// with a device of its own (here each process's emulated device), the
+/// gradients reduced on the devices by NCCL (the emulator's stand-in, its
+/// ranks in two processes), whose id rank 0 made and sent over MPI; the
+/// two follow one process with the whole batch. (No "cuda" in the name:
+/// the GPU check's bundle has no mpirun.)
+#[test]
+fn mpi_ranks_on_devices_reduce_over_nccl_and_follow_one_process() {
+    const TEST: &str = "mpi_ranks_on_devices_reduce_over_nccl_and_follow_one_process";
+    if !mpi_or_skip() {
+        return;
+    }
+    let dir = scratch("gpt-mpi-nccl");
+    let base = text_args(&dir);
+    let (one, two) = (dir.join("one.json"), dir.join("two.json"));
+    let out = Command::new(TAPIR)
+        .args(strs(&base))
+        .args(["--device", "cuda:0", "--batch", "8", "--json"])
+        .arg(&one)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    if tapir_testing::cuda_or_skip(TEST, if out.status.success() { Ok(()) } else { Err(stderr) }).is_none() {
+        return;
+    }
+    let out = two_ranks(
+        &[strs(&base), vec!["--dist", "mpi", "--device", "cuda:0", "--batch", "4", "--json", two.to_str().unwrap()]]
+            .concat(),
+    );
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "two ranks: {stdout}\n{stderr}");
+    assert!(stdout.contains("2 over NCCL, its id over MPI"), "{stdout}");
+    assert_eq!(stderr.matches(" of 2: ").count(), 2, "{stderr}");
+    let (v1, v2) = (json(&one), json(&two));
+    assert_eq!(v2["world"], 2, "{v2}");
+    assert_eq!(v2["memory_flat"], true, "{v2}");
+    let (a, b) = (losses(&one), losses(&two));
+    println!("one process, batch 8: {a:?}\ntwo ranks over NCCL, batch 4 each: {b:?}");
+    assert_eq!(v1["world"], 1);
+    assert_close(&a, &b, 1e-5, "two ranks over NCCL against one process");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn dist_mpi_without_the_feature_says_how_to_get_it() {
     if cfg!(feature = "mpi") {

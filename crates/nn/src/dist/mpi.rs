@@ -1,5 +1,6 @@
 //! The MPI backend (Open MPI or any MPI through the `mpi` crate): CPU ranks
-//! started by `mpirun`, and the way an NCCL job across nodes shares its id.
+//! started by `mpirun`, and the way an NCCL job across nodes shares its id
+//! (with the `nccl` feature: [`Communicator::mpi_nccl`]).
 
 use super::{Backend, Communicator, HostBuf};
 use mpi::collective::{CommunicatorCollectives, Root, SystemOperation};
@@ -110,5 +111,110 @@ impl Backend for Mpi {
     fn abort(&self, message: &str) -> ! {
         eprintln!("tapir: rank {} of {} aborting the job: {message}", self.rank(), self.world_size());
         self.world.abort(1)
+    }
+}
+
+/// The ranks of an MPI job reducing their CUDA tensors with NCCL: NCCL for
+/// the device collectives, MPI for the host buffers (shape agreement,
+/// ZeRO's flat buffers, L-BFGS's scalars) and to end the whole job.
+#[cfg(feature = "nccl")]
+struct MpiNccl {
+    nccl: super::nccl::Nccl,
+    mpi: Mpi,
+}
+
+#[cfg(feature = "nccl")]
+impl Communicator {
+    /// Joins the MPI job this process belongs to and forms an NCCL
+    /// communicator over its ranks, one GPU each: rank 0 makes the NCCL
+    /// id and sends it to every rank over MPI (the bootstrap NCCL leaves
+    /// to its launcher). Each rank drives `cuda:(first + local rank) mod
+    /// count`, its local rank being its place among the ranks of its
+    /// node, so `mpirun -np 2` on a machine of two GPUs puts one rank on
+    /// each. Returns the communicator and that device.
+    pub fn mpi_nccl(first: usize) -> Result<(Self, tapir_tensor::Device)> {
+        let universe = mpi::initialize().ok_or_else(|| {
+            Error::invalid_arg("Communicator::mpi_nccl", "MPI is already initialized in this process")
+        })?;
+        let world = universe.world();
+        let mpi = Mpi { world, _universe: universe };
+        let node = mpi.world.split_shared(mpi.world.rank());
+        let count = tapir_tensor::cuda::device_count();
+        if count == 0 {
+            return Err(Error::invalid_arg(
+                "Communicator::mpi_nccl",
+                format!("rank {} sees no CUDA device", mpi.world.rank()),
+            ));
+        }
+        let device = tapir_tensor::Device::Cuda((first + node.rank() as usize) % count);
+        // Rank 0's id, or the reason it could not make one (every rank must
+        // take part in the broadcast either way, or the others would hang).
+        let mut id = [0u8; 129];
+        if mpi.world.rank() == 0 {
+            match tapir_tensor::cuda::nccl::NcclId::new() {
+                Ok(made) => {
+                    id[0] = 1;
+                    id[1..].copy_from_slice(&made.0);
+                }
+                Err(e) => {
+                    eprintln!("tapir: rank 0 could not make the NCCL id: {e}");
+                }
+            }
+        }
+        mpi.world.process_at_rank(0).broadcast_into(&mut id[..]);
+        if id[0] != 1 {
+            return Err(Error::invalid_arg(
+                "Communicator::mpi_nccl",
+                "rank 0 could not make the NCCL id (see its error)",
+            ));
+        }
+        let mut raw = [0u8; 128];
+        raw.copy_from_slice(&id[1..]);
+        let (rank, size) = (mpi.world.rank() as usize, mpi.world.size() as usize);
+        let comm =
+            tapir_tensor::cuda::nccl::NcclComm::from_rank(device, rank, size, tapir_tensor::cuda::nccl::NcclId(raw))?;
+        let backend = MpiNccl { nccl: super::nccl::Nccl { comm }, mpi };
+        Ok((Communicator::from_backend(Box::new(backend)), device))
+    }
+}
+
+#[cfg(feature = "nccl")]
+impl Backend for MpiNccl {
+    fn rank(&self) -> usize {
+        self.mpi.rank()
+    }
+
+    fn world_size(&self) -> usize {
+        self.mpi.world_size()
+    }
+
+    fn all_reduce_sum(&self, buf: HostBuf<'_>) -> Result<()> {
+        self.mpi.all_reduce_sum(buf)
+    }
+
+    fn broadcast(&self, buf: HostBuf<'_>, root: usize) -> Result<()> {
+        self.mpi.broadcast(buf, root)
+    }
+
+    fn all_gather(&self, send: HostBuf<'_>, recv: HostBuf<'_>) -> Result<()> {
+        self.mpi.all_gather(send, recv)
+    }
+
+    fn reduce_scatter_sum(&self, send: HostBuf<'_>, recv: HostBuf<'_>) -> Result<()> {
+        self.mpi.reduce_scatter_sum(send, recv)
+    }
+
+    fn barrier(&self) -> Result<()> {
+        // NCCL's queued work first, so a barrier also orders the devices.
+        self.nccl.comm.synchronize()?;
+        self.mpi.barrier()
+    }
+
+    fn abort(&self, message: &str) -> ! {
+        self.mpi.abort(message)
+    }
+
+    fn device(&self) -> Option<&dyn super::DeviceCollectives> {
+        Some(&self.nccl)
     }
 }

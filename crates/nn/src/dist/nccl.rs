@@ -10,8 +10,8 @@ use tapir_tensor::cuda::nccl::{NcclComm, NcclId, NcclOp};
 use tapir_tensor::{Device, Error, Result, ShapeOps, Tensor};
 
 /// One rank of an NCCL communicator.
-struct Nccl {
-    comm: NcclComm,
+pub(super) struct Nccl {
+    pub(super) comm: NcclComm,
 }
 
 impl Communicator {

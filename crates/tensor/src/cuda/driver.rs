@@ -36,6 +36,15 @@ const EMU_CUBLAS: &str = "libtapir_cuda_emu_cublas.so";
 #[cfg(feature = "nccl")]
 const EMU_NCCL: &str = "libtapir_cuda_emu_nccl.so";
 
+/// How many CUDA devices the driver reports (0 when there is no driver,
+/// or it does not initialise).
+pub fn device_count() -> usize {
+    match probe() {
+        DriverProbe::Devices(n) => *n,
+        _ => 0,
+    }
+}
+
 /// Whether the emulated device is selected (`TAPIR_CUDA=emulated`).
 pub fn emulated_selected() -> bool {
     std::env::var("TAPIR_CUDA").is_ok_and(|v| v == "emulated")

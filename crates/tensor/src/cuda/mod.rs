@@ -46,7 +46,7 @@ pub use context::CudaDevice;
 
 use crate::Tensor;
 
-pub use driver::{cublas_library, driver_library, driver_version, emulated_selected};
+pub use driver::{cublas_library, device_count, driver_library, driver_version, emulated_selected};
 
 pub use nvrtc::{
     cached_ptx, compile_kernel, compile_source, kernel_cache_dir, nvrtc_library, NvrtcError, DEFAULT_ARCH,
