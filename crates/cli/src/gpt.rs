@@ -825,7 +825,7 @@ fn train_on(a: &Args, comm: &Communicator, device: Device, transport: &'static s
     summary.wall_s = t0.elapsed().as_secs_f64();
     summary.tokens_per_s = tokens as f64 / summary.train_s.max(1e-9);
     summary.accuracy = summary.evals.last().map(|e| e.1);
-    summary.allreduce_s = ddp.as_ref().map_or(0.0, DataParallel::comm_seconds);
+    summary.allreduce_s = ddp.as_ref().map_or(Ok(0.0), DataParallel::comm_seconds)?;
     summary.rank_tokens_per_s = if world > 1 {
         comm.all_gather(&Tensor::from_vec(vec![summary.tokens_per_s], [1])?.to_device(device)?)?.to_vec::<f64>()?
     } else {

@@ -595,7 +595,7 @@ pub fn train(a: &Args) -> anyhow::Result<Outcome> {
     let u = grid.predict(&net, &store, mirror)?;
     let rel_l2 = grid.rel_l2(&u);
     let seconds = started.elapsed().as_secs_f64();
-    let allreduce_s = ddp.as_ref().map_or(0.0, DataParallel::comm_seconds);
+    let allreduce_s = ddp.as_ref().map_or(Ok(0.0), DataParallel::comm_seconds)?;
     if !speak {
         return Ok(Outcome { rel_l2, initial_rel_l2, live, losses, errors, seconds, rank, world, allreduce_s });
     }

@@ -210,6 +210,7 @@ fn train(comm: Option<&Communicator>, device: Device, rows: usize, steps: usize)
     let (x, y) = data(device);
     let (mut losses, mut params) = (Vec::new(), Vec::new());
     let mut boundary = None;
+    let t0 = std::time::Instant::now();
     for step in 0..steps {
         let start = (step * world * rows) % 64 + rank * rows;
         let (xb, yb) = (x.narrow(0, start, rows).unwrap(), y.narrow(0, start, rows).unwrap());
@@ -238,6 +239,12 @@ fn train(comm: Option<&Communicator>, device: Device, rows: usize, steps: usize)
             let now = memory_allocated(device);
             assert_eq!(*boundary.get_or_insert(now), now, "rank {rank}: live bytes changed at step {step}");
         }
+    }
+    if let Some(d) = &ddp {
+        // The all-reduces' time as the device measured it (marks on its
+        // stream around each): some, and within the run's.
+        let (comm, wall) = (d.comm_seconds().unwrap(), t0.elapsed().as_secs_f64());
+        assert!(comm > 0.0 && comm < wall, "rank {rank}: all-reduces {comm} s of a {wall} s run");
     }
     (losses, params)
 }

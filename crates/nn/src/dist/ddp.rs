@@ -2,9 +2,12 @@
 //! holds the whole model, runs its own batch, and the ranks average their
 //! gradients in buckets while the backward is still running.
 
+use std::cell::{Cell, RefCell};
+
 use super::{Communicator, HostBuf, Staged};
 use crate::{Bound, Grads, ParamId, ParamStore};
 use tapir_autograd::Var;
+use tapir_tensor::cuda::timing::{mark, StreamMark};
 use tapir_tensor::{BinaryOps, DType, Error, Result, ShapeOps, Tensor};
 
 /// How [`DataParallel`] groups and shares gradients.
@@ -100,8 +103,13 @@ pub struct DataParallel<'c> {
     /// The next bucket to reduce.
     next: usize,
     events: Vec<DdpEvent>,
-    /// Seconds spent inside the all-reduces since construction.
+    /// Seconds spent inside the all-reduces since construction (through
+    /// the host), or queueing them (a device backend).
     comm_s: f64,
+    /// A device backend's all-reduces: marks on the device's stream before
+    /// and after each, not yet read, and the device seconds of those read.
+    spans: RefCell<Vec<(StreamMark, StreamMark)>>,
+    device_s: Cell<f64>,
 }
 
 impl<'c> DataParallel<'c> {
@@ -186,6 +194,8 @@ impl<'c> DataParallel<'c> {
             next: 0,
             events: Vec::new(),
             comm_s: 0.0,
+            spans: RefCell::new(Vec::new()),
+            device_s: Cell::new(0.0),
         })
     }
 
@@ -207,11 +217,26 @@ impl<'c> DataParallel<'c> {
     /// Seconds this rank spent inside the gradients' all-reduces since
     /// construction (waiting for slower ranks included): with the steps'
     /// time, how much of a step communication takes. On a device backend
-    /// (NCCL) it is the time to put each bucket together and queue its
-    /// all-reduce: the reduction itself runs on the device's stream, behind
-    /// the backward's kernels, and its time shows in the step's.
-    pub fn comm_seconds(&self) -> f64 {
-        self.comm_s
+    /// (NCCL), where a call only queues the reduction on the device's
+    /// stream behind the backward's kernels, it is the device's own time
+    /// between marks (CUDA events) recorded before and after each
+    /// all-reduce: this call waits for the last of them.
+    pub fn comm_seconds(&self) -> Result<f64> {
+        if self.device.is_none() {
+            return Ok(self.comm_s);
+        }
+        self.read_spans()?;
+        Ok(self.device_s.get())
+    }
+
+    /// Adds the device time of the all-reduces marked so far.
+    fn read_spans(&self) -> Result<()> {
+        let mut total = self.device_s.get();
+        for (before, after) in self.spans.borrow_mut().drain(..) {
+            total += before.seconds_until(&after)?;
+        }
+        self.device_s.set(total);
+        Ok(())
     }
 
     /// What the last [`grads`](Self::grads) did, in order.
@@ -256,6 +281,9 @@ impl<'c> DataParallel<'c> {
                 format!("the bound store has {} parameters, the model had {}", bound.vars().len(), self.params.len()),
             ));
         }
+        // The last step's reductions are done by now (its gradients were
+        // read): their marks are read here, so they do not pile up.
+        self.read_spans()?;
         self.events.clear();
         self.packed.iter_mut().for_each(|p| *p = false);
         self.buckets.iter_mut().for_each(|b| b.filled = 0);
@@ -315,8 +343,11 @@ impl<'c> DataParallel<'c> {
         if let Some(collectives) = self.comm.backend().device() {
             // The bucket reduced in place on the device's stream: the call
             // returns once it is queued, and the backward's next kernels
-            // queue behind it.
+            // queue behind it. The marks around it time it on the device.
+            let device = collectives.device();
+            let before = mark(device)?;
             collectives.all_reduce(&mut self.buckets[b].buffer, super::ReduceOp::Average)?;
+            self.spans.borrow_mut().push((before, mark(device)?));
             self.comm_s += t0.elapsed().as_secs_f64();
             return Ok(());
         }

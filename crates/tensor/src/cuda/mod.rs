@@ -36,6 +36,7 @@ pub(crate) mod random;
 pub(crate) mod reduce;
 pub(crate) mod shape;
 pub(crate) mod softmax;
+pub mod timing;
 mod unary;
 
 use crate::backend::{Binary, Cmp, Unary};
