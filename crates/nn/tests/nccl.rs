@@ -12,7 +12,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use tapir_autograd::Graph;
 use tapir_nn::dist::{Communicator, DataParallel, DdpOptions, ReduceOp};
-use tapir_nn::{Activation, Adam, Grads, Mlp, Optimizer, ParamStore};
+use tapir_nn::{Activation, Adam, Gpt, GptConfig, Grads, Mlp, Optimizer, ParamStore};
 use tapir_tensor::prelude::*;
 use tapir_testing::{assert_close, cuda_or_skip, cuda_test};
 
@@ -189,9 +189,9 @@ fn misuse_is_an_error_naming_the_devices_and_shapes() {
 }
 
 /// A regression task: 64 samples of 3 features.
-fn data(device: Device) -> (Tensor, Tensor) {
+fn data(device: Device, dtype: DType) -> (Tensor, Tensor) {
     let mut rng = Rng::new(7);
-    let x = rng.randn([64, 3], DType::F32).unwrap();
+    let x = rng.randn([64, 3], dtype).unwrap();
     let y = x.sum(&[1], true).unwrap().sin().unwrap();
     (x.to_device(device).unwrap(), y.to_device(device).unwrap())
 }
@@ -200,14 +200,20 @@ fn data(device: Device) -> (Tensor, Tensor) {
 /// `rank * rows..` of every step's batch of `world * rows`, its gradients
 /// shared by `comm` (none: the plain gradients). Returns the losses
 /// averaged over ranks and the flat parameters after each step.
-fn train(comm: Option<&Communicator>, device: Device, rows: usize, steps: usize) -> (Vec<f64>, Vec<Vec<f64>>) {
+fn train(
+    comm: Option<&Communicator>,
+    device: Device,
+    dtype: DType,
+    rows: usize,
+    steps: usize,
+) -> (Vec<f64>, Vec<Vec<f64>>) {
     let (rank, world) = comm.map_or((0, 1), |c| (c.rank(), c.world_size()));
     let mut store = ParamStore::new();
-    let net = Mlp::new(&mut store, "net", &[3, 16, 16, 1], Activation::Tanh, &mut Rng::new(1), DType::F32).unwrap();
+    let net = Mlp::new(&mut store, "net", &[3, 16, 16, 1], Activation::Tanh, &mut Rng::new(1), dtype).unwrap();
     store.to_device(device).unwrap();
     let mut ddp = comm.map(|c| DataParallel::new(c, &mut store, DdpOptions { bucket_bytes: 512, root: 0 }).unwrap());
     let mut adam = Adam::new(1e-2);
-    let (x, y) = data(device);
+    let (x, y) = data(device, dtype);
     let (mut losses, mut params) = (Vec::new(), Vec::new());
     let mut boundary = None;
     let t0 = std::time::Instant::now();
@@ -252,23 +258,96 @@ fn train(comm: Option<&Communicator>, device: Device, rows: usize, steps: usize)
 #[cuda_test]
 fn data_parallel_over_nccl_follows_one_device() {
     let _s = serial();
-    for world in [2, 4] {
-        let Some(all) = devices("data_parallel_over_nccl_follows_one_device", world) else { return };
-        let steps = 6;
-        // One device with the whole batch of world * 4 rows...
-        let (one_losses, one_params) = train(None, all[0], world * 4, steps);
-        // ...and `world` devices with 4 rows each.
-        let comms = Communicator::nccl_devices(&all[..world]).unwrap();
-        let runs = on_ranks(comms, |r, comm| train(Some(comm), all[r], 4, steps));
-        for (r, (losses, params)) in runs.iter().enumerate() {
-            assert_close(&format!("losses of rank {r} of {world}"), losses, &one_losses, 1e-5);
-            for (step, p) in params.iter().enumerate() {
-                // Every rank holds the same parameters after every step.
-                assert_eq!(p, &runs[0].1[step], "rank {r} of {world} differs from rank 0 after step {step}");
-                assert_close(&format!("parameters of rank {r} of {world} at step {step}"), p, &one_params[step], 1e-5);
+    // 20 steps, to 1e-5 in f32 and 1e-12 in f64 (the MPI tests' bounds).
+    for (dtype, tol) in [(DType::F32, 1e-5), (DType::F64, 1e-12)] {
+        for world in [2, 4] {
+            let Some(all) = devices("data_parallel_over_nccl_follows_one_device", world) else { return };
+            let steps = 20;
+            // One device with the whole batch of world * 4 rows...
+            let (one_losses, one_params) = train(None, all[0], dtype, world * 4, steps);
+            // ...and `world` devices with 4 rows each.
+            let comms = Communicator::nccl_devices(&all[..world]).unwrap();
+            let runs = on_ranks(comms, |r, comm| train(Some(comm), all[r], dtype, 4, steps));
+            for (r, (losses, params)) in runs.iter().enumerate() {
+                assert_close(&format!("{dtype} losses of rank {r} of {world}"), losses, &one_losses, tol);
+                for (step, p) in params.iter().enumerate() {
+                    // Every rank holds the same parameters after every step.
+                    assert_eq!(
+                        p, &runs[0].1[step],
+                        "{dtype}: rank {r} of {world} differs from rank 0 after step {step}"
+                    );
+                    let what = format!("{dtype} parameters of rank {r} of {world} at step {step}");
+                    assert_close(&what, p, &one_params[step], tol);
+                }
             }
+            println!("{dtype}, {world} devices: losses {:?}; one device: {one_losses:?}", runs[0].0);
         }
-        println!("{world} devices: losses {:?}; one device: {one_losses:?}", runs[0].0);
+    }
+}
+
+/// 20 steps of `tapir gpt`'s model (no dropout) on `device`: batches of
+/// `rows` sequences, this rank's share of every global batch, the
+/// gradients shared by `comm` (none: the plain gradients). The losses,
+/// averaged over ranks.
+fn train_gpt(comm: Option<&Communicator>, device: Device, rows: usize) -> Vec<f64> {
+    let (rank, world) = comm.map_or((0, 1), |c| (c.rank(), c.world_size()));
+    let cfg = GptConfig {
+        vocab: 11,
+        block_size: 8,
+        d_model: 16,
+        n_layer: 1,
+        n_head: 2,
+        mlp_ratio: 4,
+        dropout: 0.0,
+        tie_weights: true,
+    };
+    let mut rng = Rng::new(3);
+    let ids = rng.randint([64, 8], 11, DType::I64).unwrap().to_device(device).unwrap();
+    let targets = rng.randint([64, 8], 11, DType::I64).unwrap().to_device(device).unwrap();
+    let mut store = ParamStore::new();
+    let gpt = Gpt::new(&mut store, cfg, &mut Rng::new(9), DType::F32).unwrap();
+    store.to_device(device).unwrap();
+    let mut ddp = comm.map(|c| DataParallel::new(c, &mut store, DdpOptions { bucket_bytes: 4096, root: 0 }).unwrap());
+    let mut opt = Adam::new(3e-3);
+    let mut losses = Vec::new();
+    for step in 0..20 {
+        let start = (step * world * rows) % 64 + rank * rows;
+        let (x, y) = (ids.narrow(0, start, rows).unwrap(), targets.narrow(0, start, rows).unwrap());
+        let (loss, grads) = Graph::scope(|g| {
+            let p = store.bind(g);
+            let loss = gpt.loss(&p, &x, &y, None)?;
+            let value = loss.value()?.clone();
+            let grads = match ddp.as_mut() {
+                Some(d) => d.grads(&p, loss)?,
+                None => p.grads(loss)?,
+            };
+            Ok::<_, Error>((value, grads))
+        })
+        .unwrap();
+        opt.step(&mut store, &grads).unwrap();
+        let mut l = loss;
+        if let Some(c) = comm {
+            c.all_reduce(&mut l, ReduceOp::Average).unwrap();
+        }
+        losses.push(l.to_vec_f64()[0]);
+    }
+    losses
+}
+
+/// The mini-GPT over NCCL: 2 and 4 devices with 4 sequences each follow
+/// one device with the whole batch for 20 steps, to 1e-5.
+#[cuda_test]
+fn gpt_data_parallel_over_nccl_follows_one_device() {
+    let _s = serial();
+    for world in [2, 4] {
+        let Some(all) = devices("gpt_data_parallel_over_nccl_follows_one_device", world) else { return };
+        let one = train_gpt(None, all[0], world * 4);
+        let comms = Communicator::nccl_devices(&all[..world]).unwrap();
+        let runs = on_ranks(comms, |r, comm| train_gpt(Some(comm), all[r], 4));
+        for (r, losses) in runs.iter().enumerate() {
+            assert_close(&format!("gpt losses of rank {r} of {world}"), losses, &one, 1e-5);
+        }
+        println!("gpt, {world} devices: losses {:?}; one device: {one:?}", runs[0]);
     }
 }
 
