@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # CI: data parallelism over real MPI ranks (crates/nn/tests/dist.rs launches
 # its own test binary under `mpirun`, 2 and 4 ranks on this machine;
-# crates/cli/tests/dist_commands.rs runs `tapir gpt` and `tapir pinn` with --dist mpi on 2 ranks).
+# crates/cli/tests/dist_commands.rs runs `tapir gpt`, `tapir pinn` and `tapir allreduce` with --dist mpi
+# on 2 ranks, on the CPU and, over NCCL's stand-in, on the emulated devices of .ci/run's environment).
 # Installs Open MPI and what the `mpi` crate's build needs (libclang for its
 # bindings) from the system packages when they are missing; TAPIR_REQUIRE_MPI=1
 # turns a missing mpirun into a failure instead of a skip.

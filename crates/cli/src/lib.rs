@@ -1,6 +1,7 @@
 //! The `tapir` command's subcommands, as a library so tests can run them
 //! at tiny sizes.
 
+pub mod allreduce;
 pub mod bench;
 pub mod chart;
 pub mod device;

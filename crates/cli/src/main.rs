@@ -2,7 +2,7 @@
 
 use clap::{Parser, Subcommand};
 
-use tapir_cli::{bench, gpt, memcheck, pinn, profile};
+use tapir_cli::{allreduce, bench, gpt, memcheck, pinn, profile};
 
 /// tapir: a pure-Rust autograd engine whose graphs cannot leak.
 ///
@@ -29,6 +29,9 @@ enum Command {
     /// Runs a case on the emulated CUDA device and prints each kernel's
     /// counters and modeled H200 time, like a profiler's kernel summary.
     Profile(profile::Args),
+    /// Times the all-reduce over the ranks of a job (`mpirun ... --dist
+    /// mpi`), tapir's beside MPI's or NCCL's own call.
+    Allreduce(allreduce::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -38,5 +41,6 @@ fn main() -> anyhow::Result<()> {
         Command::Gpt(a) => gpt::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Profile(a) => profile::run(a),
+        Command::Allreduce(a) => allreduce::run(a),
     }
 }

@@ -299,6 +299,50 @@ fn mpi_ranks_on_devices_reduce_over_nccl_and_follow_one_process() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `tapir allreduce` on two ranks: tapir's all-reduce beside MPI's own
+/// call (each checked to give the sum first), one row a size; on the
+/// emulated devices, beside NCCL's.
+#[test]
+fn mpi_allreduce_times_tapir_beside_the_engine() {
+    if !mpi_or_skip() {
+        return;
+    }
+    let dir = scratch("allreduce");
+    let check = |extra: &[&str], engine: &str| {
+        let jpath = dir.join("a.json");
+        let mut args = vec!["allreduce", "--dist", "mpi", "--sizes", "4K,64K", "--iters", "3", "--json"];
+        let path = jpath.display().to_string();
+        args.push(&path);
+        args.extend(extra);
+        let out = two_ranks(&args);
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "{extra:?}: {stdout}\n{stderr}");
+        assert!(stdout.contains(engine) && stdout.contains("64 KiB"), "{stdout}");
+        let v = json(&jpath);
+        assert_eq!(v["world"], 2, "{v}");
+        let rows = v["rows"].as_array().unwrap();
+        assert_eq!(rows.len(), 2, "{v}");
+        for (r, bytes) in rows.iter().zip([4096, 65536]) {
+            assert_eq!(r["bytes"], bytes, "{v}");
+            assert!(r["tapir_s"].as_f64().unwrap() > 0.0 && r["engine_s"].as_f64().unwrap() > 0.0, "{v}");
+        }
+    };
+    check(&[], "beside MPI_Allreduce");
+    // Only where CUDA runs (the emulated device in CI).
+    if tapir::tensor::cuda::emulated_selected() {
+        check(&["--device", "cuda:0"], "beside NCCL's all-reduce");
+    } else {
+        println!("the CUDA half skipped: the emulated device is not selected");
+    }
+    let out = Command::new(TAPIR).args(["allreduce", "--sizes", "3"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("multiple of 4 bytes") && !stderr.contains("panicked"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn dist_mpi_without_the_feature_says_how_to_get_it() {
     if cfg!(feature = "mpi") {

@@ -281,13 +281,35 @@ impl Communicator {
             *t = out.into_tensor(t.dims().to_vec(), t.dtype(), t.device())?;
             return Ok(());
         }
-        *t = through_host(t, t.shape().dims().to_vec(), |buf| {
-            self.backend.all_reduce_sum(buf.as_buf())?;
-            if op == ReduceOp::Average {
-                buf.scale(1.0 / world as f64);
+        let scale = (op == ReduceOp::Average).then(|| 1.0 / world as f64);
+        // A host tensor of a type the engines reduce is reduced where it
+        // lies (copied first only if shared or strided): no staging copy
+        // there and back.
+        match (t.device(), t.dtype()) {
+            (Device::Cpu, DType::F32) => {
+                let s = t.make_mut::<f32>()?;
+                self.backend.all_reduce_sum(HostBuf::F32(&mut *s))?;
+                if let Some(k) = scale {
+                    s.iter_mut().for_each(|x| *x = (*x as f64 * k) as f32);
+                }
             }
-            Ok(())
-        })?;
+            (Device::Cpu, DType::F64) => {
+                let s = t.make_mut::<f64>()?;
+                self.backend.all_reduce_sum(HostBuf::F64(&mut *s))?;
+                if let Some(k) = scale {
+                    s.iter_mut().for_each(|x| *x *= k);
+                }
+            }
+            _ => {
+                *t = through_host(t, t.shape().dims().to_vec(), |buf| {
+                    self.backend.all_reduce_sum(buf.as_buf())?;
+                    if let Some(k) = scale {
+                        buf.scale(k);
+                    }
+                    Ok(())
+                })?;
+            }
+        }
         Ok(())
     }
 
