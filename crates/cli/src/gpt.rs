@@ -540,7 +540,7 @@ fn device_list(list: &[DeviceArg]) -> anyhow::Result<Vec<Device>> {
 pub fn train(a: &Args) -> anyhow::Result<Summary> {
     if a.devices.is_empty() {
         let (comm, device, transport) = communicator(a.dist, a.device)?;
-        return train_on(a, &comm, device, transport);
+        return or_abort(&comm, train_on(a, &comm, device, transport));
     }
     if a.dist != Dist::None {
         bail!("--devices and --dist are two ways to spread the training; give one");
@@ -554,7 +554,7 @@ pub fn train(a: &Args) -> anyhow::Result<Summary> {
         let handles: Vec<_> = comms
             .into_iter()
             .zip(&devices)
-            .map(|(comm, &device)| s.spawn(move || train_on(a, &comm, device, "NCCL")))
+            .map(|(comm, &device)| s.spawn(move || or_abort(&comm, train_on(a, &comm, device, "NCCL"))))
             .collect();
         handles
             .into_iter()
@@ -566,6 +566,16 @@ pub fn train(a: &Args) -> anyhow::Result<Summary> {
     let mut first = summaries.swap_remove(0);
     first.threads = threads;
     Ok(first)
+}
+
+/// A rank's result, except that a rank that failed ends the whole job
+/// (every rank, with its message) instead of returning: the other ranks
+/// would otherwise wait for it forever in their next all-reduce.
+pub(crate) fn or_abort<T>(comm: &Communicator, r: anyhow::Result<T>) -> anyhow::Result<T> {
+    match r {
+        Err(e) if comm.world_size() > 1 => comm.abort(&format!("{e:#}")),
+        r => r,
+    }
 }
 
 /// One NCCL communicator per device.

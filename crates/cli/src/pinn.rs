@@ -18,7 +18,7 @@ use tapir::prelude::*;
 
 use crate::chart::{bytes, heatmaps, line_chart, num, Field, Marker, Panel, Series};
 use crate::device::DeviceArg;
-use crate::gpt::{communicator, rank_report, Dist};
+use crate::gpt::{communicator, or_abort, rank_report, Dist};
 
 /// Which PDE.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -462,9 +462,14 @@ pub struct Outcome {
 
 /// Trains and evaluates; the CLI and the tests share this.
 pub fn train(a: &Args) -> anyhow::Result<Outcome> {
+    let (comm, device, _) = communicator(a.dist, a.device)?;
+    or_abort(&comm, train_on(a, &comm, device))
+}
+
+/// The training of one rank of `comm` on `device`.
+fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Outcome> {
     let dtype = if a.f64 { DType::F64 } else { DType::F32 };
     let prob = a.problem;
-    let (comm, device, _) = communicator(a.dist, a.device)?;
     let (rank, world) = (comm.rank(), comm.world_size());
     // Rank 0 speaks for the job.
     let speak = rank == 0;

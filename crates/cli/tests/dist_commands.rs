@@ -343,6 +343,23 @@ fn mpi_allreduce_times_tapir_beside_the_engine() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A rank that fails mid-run (rank 0 cannot write its checkpoint after
+/// step 2, while rank 1 goes on to step 3's all-reduce) ends the whole job
+/// with its message, at once, instead of leaving rank 1 waiting forever.
+#[test]
+fn mpi_a_rank_that_fails_mid_run_ends_the_job() {
+    if !mpi_or_skip() {
+        return;
+    }
+    let t0 = std::time::Instant::now();
+    let bad = "/nonexistent-tapir-dir/x.safetensors";
+    let out = two_ranks(&[RUN, &["--dist", "mpi", "--batch", "8", "--save", bad, "--save-every", "2"], TAIL].concat());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("rank 0 of 2 aborting the job") && stderr.contains("nonexistent-tapir-dir"), "{stderr}");
+    assert!(t0.elapsed().as_secs_f64() < 30.0, "took {:?}", t0.elapsed());
+}
+
 #[test]
 fn dist_mpi_without_the_feature_says_how_to_get_it() {
     if cfg!(feature = "mpi") {

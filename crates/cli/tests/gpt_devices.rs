@@ -102,6 +102,29 @@ fn gpt_on_two_devices_over_nccl_follows_one_device_with_twice_the_batch() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A device's rank that fails mid-run (rank 0 cannot write its checkpoint
+/// after step 2, while rank 1 goes on to the next all-reduce) ends the
+/// process with its message instead of leaving rank 1 waiting for it.
+#[tapir_testing::cuda_test]
+fn a_device_rank_that_fails_mid_run_ends_the_process() {
+    const TEST: &str = "a_device_rank_that_fails_mid_run_ends_the_process";
+    let t0 = std::time::Instant::now();
+    let bad = "/nonexistent-tapir-dir/x.safetensors";
+    let out = tapir(
+        &[RUN, &["--digits", "1", "--devices", "cuda:0,cuda:1", "--batch", "4", "--save", bad, "--save-every", "2"]]
+            .concat(),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // No abort at all: no devices or no NCCL here (a failure under
+    // TAPIR_REQUIRE_CUDA=1, with what the command said).
+    if !stderr.contains("aborting") && tapir_testing::cuda_or_skip(TEST, Err::<(), _>(stderr.to_string())).is_none() {
+        return;
+    }
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("NCCL rank 0 of 2 aborting") && stderr.contains("nonexistent-tapir-dir"), "{stderr}");
+    assert!(t0.elapsed().as_secs_f64() < 30.0, "took {:?}", t0.elapsed());
+}
+
 #[test]
 fn devices_takes_cuda_devices_only() {
     let out = Command::new(TAPIR).args(["gpt", "--devices", "cpu,cuda:1", "--steps", "1"]).output().unwrap();
