@@ -524,7 +524,7 @@ fn mib(b: usize) -> f64 {
 }
 
 /// The CUDA devices of `--devices`, each checked.
-fn device_list(list: &[DeviceArg]) -> anyhow::Result<Vec<Device>> {
+pub(crate) fn device_list(list: &[DeviceArg]) -> anyhow::Result<Vec<Device>> {
     list.iter()
         .map(|d| match d {
             DeviceArg::Cuda(_) => d.pick(),
@@ -580,12 +580,12 @@ pub(crate) fn or_abort<T>(comm: &Communicator, r: anyhow::Result<T>) -> anyhow::
 
 /// One NCCL communicator per device.
 #[cfg(feature = "nccl")]
-fn nccl_communicators(devices: &[Device]) -> anyhow::Result<Vec<Communicator>> {
+pub(crate) fn nccl_communicators(devices: &[Device]) -> anyhow::Result<Vec<Communicator>> {
     Communicator::nccl_devices(devices).context("--devices: making the NCCL communicators")
 }
 
 #[cfg(not(feature = "nccl"))]
-fn nccl_communicators(_devices: &[Device]) -> anyhow::Result<Vec<Communicator>> {
+pub(crate) fn nccl_communicators(_devices: &[Device]) -> anyhow::Result<Vec<Communicator>> {
     bail!("--devices: this tapir was built without NCCL; build it with `cargo build --release -p tapir-cli --features nccl`")
 }
 

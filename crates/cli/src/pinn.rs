@@ -10,7 +10,7 @@ use std::f64::consts::PI;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::Context;
+use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressStyle};
 use tapir::nn::dist::{Communicator, DataParallel, DdpOptions, ReduceOp};
 use tapir::nn::{Activation, Adam, Bound, Grads, Lbfgs, Mlp, Optimizer, ParamStore, Schedule};
@@ -18,7 +18,7 @@ use tapir::prelude::*;
 
 use crate::chart::{bytes, heatmaps, line_chart, num, Field, Marker, Panel, Series};
 use crate::device::DeviceArg;
-use crate::gpt::{communicator, or_abort, rank_report, Dist};
+use crate::gpt::{communicator, device_list, nccl_communicators, or_abort, rank_report, Dist};
 
 /// Which PDE.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,6 +95,12 @@ pub struct Args {
     /// ranks, so N ranks follow one process; rank 0 prints and plots.
     #[arg(long, value_enum, default_value_t = Dist::None)]
     pub dist: Dist,
+    /// Data parallelism over several CUDA devices of this process, e.g.
+    /// `cuda:0,cuda:1`: one thread and one NCCL communicator per device,
+    /// each with its 1/N of the points, as the ranks of `--dist mpi`
+    /// (a build with the `nccl` feature, on by default). Replaces --device.
+    #[arg(long, value_delimiter = ',')]
+    pub devices: Vec<DeviceArg>,
     /// Write the run's figures (losses, errors, time, ranks) as JSON here
     /// (rank 0's file).
     #[arg(long)]
@@ -396,7 +402,8 @@ fn loss_and_grads(
     if comm.world_size() == 1 {
         return Ok((l, grads));
     }
-    let mut t = Tensor::from_vec(vec![l], [1])?;
+    // On the points' device: a device backend (NCCL) reduces only there.
+    let mut t = Tensor::from_vec(vec![l], [1])?.to_device(pts.source.device())?;
     comm.all_reduce(&mut t, ReduceOp::Average)?;
     Ok((t.to_vec::<f64>()?[0], grads))
 }
@@ -462,8 +469,35 @@ pub struct Outcome {
 
 /// Trains and evaluates; the CLI and the tests share this.
 pub fn train(a: &Args) -> anyhow::Result<Outcome> {
-    let (comm, device, _) = communicator(a.dist, a.device)?;
-    or_abort(&comm, train_on(a, &comm, device))
+    if a.devices.is_empty() {
+        let (comm, device, _) = communicator(a.dist, a.device)?;
+        return or_abort(&comm, train_on(a, &comm, device));
+    }
+    if a.dist != Dist::None {
+        bail!("--devices and --dist are two ways to spread the training; give one");
+    }
+    let devices = device_list(&a.devices)?;
+    if devices.len() == 1 {
+        return train_on(a, &Communicator::single(), devices[0]);
+    }
+    let comms = nccl_communicators(&devices)?;
+    let outcomes: Vec<anyhow::Result<Outcome>> = std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .zip(&devices)
+            .map(|(comm, &device)| s.spawn(move || or_abort(&comm, train_on(a, &comm, device))))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a rank's thread panicked"))))
+            .collect()
+    });
+    let mut outcomes = outcomes.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
+    // Rank 0's outcome goes back; the others report here.
+    for o in &outcomes[1..] {
+        rank_report(o.rank, o.world, "", o.allreduce_s, o.seconds);
+    }
+    Ok(outcomes.swap_remove(0))
 }
 
 /// The training of one rank of `comm` on `device`.

@@ -125,6 +125,58 @@ fn a_device_rank_that_fails_mid_run_ends_the_process() {
     assert!(t0.elapsed().as_secs_f64() < 30.0, "took {:?}", t0.elapsed());
 }
 
+/// `tapir pinn --devices cuda:0,cuda:1`: each device's thread takes half
+/// the collocation points; the mean over each half, averaged, is the mean
+/// over all, so the two follow one device with every point, to rounding.
+#[tapir_testing::cuda_test]
+fn pinn_on_two_devices_over_nccl_follows_one_device_with_every_point() {
+    const TEST: &str = "pinn_on_two_devices_over_nccl_follows_one_device_with_every_point";
+    let dir = std::env::temp_dir().join(format!("tapir-pinn-devices-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (one, two) = (dir.join("one.json"), dir.join("two.json"));
+    let run = |json: &Path, devices: &[&str]| {
+        let args = [
+            "pinn",
+            "poisson",
+            "--steps",
+            "5",
+            "--lbfgs",
+            "0",
+            "--interior",
+            "48",
+            "--boundary",
+            "24",
+            "--hidden",
+            "8,8",
+            "--eval-every",
+            "1000",
+            "--quiet",
+        ];
+        let (plot, curves) = (dir.join("p.png"), dir.join("c.png"));
+        let files = ["--plot", plot.to_str().unwrap(), "--curves", curves.to_str().unwrap()];
+        tapir(&[&args[..], &files, devices, &["--json", json.to_str().unwrap()]].concat())
+    };
+    let out = run(&one, &["--device", "cuda:0"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if tapir_testing::cuda_or_skip(TEST, if out.status.success() { Ok(()) } else { Err(stderr.to_string()) }).is_none()
+    {
+        return;
+    }
+    let out = run(&two, &["--devices", "cuda:0,cuda:1"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("rank 0 of 2: all-reduce") && stderr.contains("rank 1 of 2: all-reduce"), "{stderr}");
+    let (v1, v2) = (json(&one), json(&two));
+    assert_eq!(v2["world"], 2, "{v2}");
+    let (a, b) = (losses(&v1), losses(&v2));
+    assert_eq!((a.len(), b.len()), (5, 5));
+    for (step, (x, y)) in a.iter().zip(&b).enumerate() {
+        assert!((x - y).abs() <= 1e-5 * x.abs(), "step {step}: one device {x}, two devices {y}\n{a:?}\n{b:?}");
+    }
+    assert!(a[4] < a[0], "the run learns: {a:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn devices_takes_cuda_devices_only() {
     let out = Command::new(TAPIR).args(["gpt", "--devices", "cpu,cuda:1", "--steps", "1"]).output().unwrap();

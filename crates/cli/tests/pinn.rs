@@ -113,6 +113,7 @@ fn a_short_poisson_run_lowers_the_error_with_flat_memory() {
         plain: false,
         device: Default::default(),
         dist: Default::default(),
+        devices: vec![],
         json: None,
     };
     let o = train(&a).unwrap();

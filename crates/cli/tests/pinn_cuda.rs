@@ -40,6 +40,7 @@ fn tiny(device: DeviceArg) -> Args {
         plain: false,
         device,
         dist: Default::default(),
+        devices: vec![],
         json: None,
     }
 }
