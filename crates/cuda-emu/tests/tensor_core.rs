@@ -219,7 +219,10 @@ fn uniform(seed: &mut u64) -> f32 {
     ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
 }
 
-fn inputs<H: Half>(seed: u64, integers: bool) -> ([[H; 16]; 16], [[H; 8]; 16], [[f32; 8]; 16]) {
+/// A [16][16], B [16][8] and C [16][8].
+type Operands<H> = ([[H; 16]; 16], [[H; 8]; 16], [[f32; 8]; 16]);
+
+fn inputs<H: Half>(seed: u64, integers: bool) -> Operands<H> {
     let mut s = seed;
     let mut draw = |scale: f32| {
         let u = uniform(&mut s);

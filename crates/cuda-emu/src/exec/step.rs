@@ -426,7 +426,7 @@ impl Warp {
         for (l, row) in rows.iter_mut().enumerate().take(givers) {
             let a = self.rd(addr.base, l).wrapping_add(addr.off as u64);
             let tid = self.base as usize + l;
-            if a % 16 != 0 {
+            if !a.is_multiple_of(16) {
                 return Err(blk.fault(
                     MISALIGNED_ADDRESS,
                     tid,

@@ -398,9 +398,9 @@ pub enum Ins {
     },
     /// `mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32`:
     /// the warp's fragments of A (16 x 16, four b32 registers a lane, two
-    /// halves each), B (16 x 8, two) and C (16 x 8 f32, four) give D = A B
-    /// + C (four f32 a lane), in the PTX ISA's fragment layouts. A warp
-    /// collective: every lane of the warp must execute it together.
+    /// halves each), B (16 x 8, two) and C (16 x 8 f32, four) give
+    /// D = A B + C (four f32 a lane), in the PTX ISA's fragment layouts. A
+    /// warp collective: every lane of the warp must execute it together.
     Mma {
         bf16: bool,
         d: [u16; 4],
