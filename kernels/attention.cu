@@ -117,6 +117,200 @@ __device__ __forceinline__ void flash_fwd(i64 t, i64 heads, i64 c, i64 d, double
     }
 }
 
+// The tensor-core forward of f16 and bf16 (sm_80 and newer): the same
+// algorithm, each warp taking 16 query rows of a TQ-row block, both products
+// (S = Q K^T and O += P V) as mma.sync m16n8k16 with f32 accumulators, the
+// fragments of Q, K and V loaded from shared memory with ldmatrix (V's
+// transposed). Tiles hold raw 16-bit values, rows padded by 16 bytes so the
+// eight rows of one ldmatrix matrix fall in eight different bank groups;
+// columns past d and rows past t are zeros, which add nothing to a product.
+// Fragment layouts (PTX ISA, lane = 4 g + q): an accumulator holds rows g
+// and g + 8 at columns 2q, 2q + 1 of an 8-column block, so the four lanes
+// of a group hold one row and reduce it with two shuffles; P's accumulators
+// are rounded to T and repacked as the A operand of P V in registers.
+//   flash_fwd_tc_SUFFIX_DR: as flash_fwd_SUFFIX_DR, grid (ceil(T / TQ), B * H).
+#define TQ 64  // query rows a tensor-core forward block (16 a warp)
+
+__device__ __forceinline__ unsigned tc_smem(const void* p) {
+    unsigned long long a;
+    asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
+    return (unsigned)a;
+}
+
+__device__ __forceinline__ void tc_ldsm_x4(unsigned (&r)[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(tc_smem(p)));
+}
+
+__device__ __forceinline__ void tc_ldsm_x4_trans(unsigned (&r)[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(tc_smem(p)));
+}
+
+// d += a b for one 16 x 8 x 16 block (a: A's fragment, b0 b1: B's).
+__device__ __forceinline__ void tc_mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1, tapir_f16) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void tc_mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1, tapir_bf16) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <typename T> __device__ __forceinline__ unsigned tc_pack(float lo, float hi) {
+    return (unsigned)from_acc<T>(lo).x | ((unsigned)from_acc<T>(hi).x << 16);
+}
+
+// Rows [r0, r0 + N) of one head as raw 16-bit values into s[N][S], zeros
+// past row t and column d. When rows start 16-byte aligned (vec: c and d
+// multiples of 8, the tensor aligned) a thread moves 8 values at once.
+template <typename T, int N, int W, int S>
+__device__ __forceinline__ void tc_load(u16 (*s)[S], const T* x, i64 base, i64 r0, i64 t, i64 c, i64 d, bool vec) {
+    if (vec) {
+        for (int e = threadIdx.x; e < N * (W / 8); e += blockDim.x) {
+            const int r = e / (W / 8), col = (e % (W / 8)) * 8;
+            const i64 row = r0 + r;
+            uint4 val = make_uint4(0, 0, 0, 0);
+            if (row < t && col < d) val = *reinterpret_cast<const uint4*>(x + base + row * c + col);
+            *reinterpret_cast<uint4*>(&s[r][col]) = val;
+        }
+    } else {
+        for (int e = threadIdx.x; e < N * W; e += blockDim.x) {
+            const int r = e / W, col = e % W;
+            const i64 row = r0 + r;
+            s[r][col] = row < t && col < d ? x[base + row * c + col].x : (u16)0;
+        }
+    }
+}
+
+template <typename T, int DR>
+__device__ __forceinline__ void flash_fwd_tc(i64 t, i64 heads, i64 c, i64 d, double scale_, const T* q, const T* k,
+                                             const T* v, T* y, float* lse) {
+#if __CUDA_ARCH__ >= 800
+    const int W = 32 * DR;  // the head's width padded (zeros past d)
+    const int S = W + 8;    // a tile row, in 16-bit values
+    __shared__ __align__(16) u16 Qs[TQ][S];
+    __shared__ __align__(16) u16 Ks[KT][S];
+    __shared__ __align__(16) u16 Vs[KT][S];
+    const float scale = (float)scale_;
+    const i64 bh = blockIdx.y, b = bh / heads, h = bh % heads;
+    const i64 base = b * t * c + h * d;
+    const i64 q0 = (i64)blockIdx.x * TQ;
+    const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP, g = lane / 4, tq = lane % 4;
+    const bool vec = d % 8 == 0 && c % 8 == 0 && ((u64)q & 15) == 0 && ((u64)k & 15) == 0 && ((u64)v & 15) == 0;
+    const i64 r0 = q0 + w * 16;  // the warp's first row
+    tc_load<T, TQ, W, S>(Qs, q, base, q0, t, c, d, vec);
+    __syncthreads();
+    // Q's fragments, kept in registers for every tile: matrix m of an x4
+    // is rows 8 (m % 2).., columns 8 (m / 2).. of a 16 x 16 block.
+    unsigned qf[W / 16][4];
+#pragma unroll
+    for (int ks = 0; ks < W / 16; ks++) tc_ldsm_x4(qf[ks], &Qs[w * 16 + lane % 16][ks * 16 + 8 * (lane / 16)]);
+    float m[2] = {neg_inf<float>(), neg_inf<float>()}, l[2] = {0.f, 0.f};  // rows g, g + 8; l this lane's part
+    float o[W / 8][4];
+#pragma unroll
+    for (int nd = 0; nd < W / 8; nd++) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.f;
+    const i64 kend = q0 + TQ < t ? q0 + TQ : t;
+    for (i64 k0 = 0; k0 < kend; k0 += KT) {
+        __syncthreads();  // the previous tile is no longer read
+        tc_load<T, KT, W, S>(Ks, k, base, k0, t, c, d, vec);
+        tc_load<T, KT, W, S>(Vs, v, base, k0, t, c, d, vec);
+        __syncthreads();
+        if (r0 >= t || k0 > r0 + 15) continue;  // uniform over the warp: no row of it sees a key of the tile
+        float s[KT / 8][4];
+#pragma unroll
+        for (int nb = 0; nb < KT / 8; nb++) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < W / 16; ks++) {
+#pragma unroll
+            for (int nb = 0; nb < KT / 8; nb += 2) {
+                // Keys 8 nb.. and 8 (nb + 1).., channels 16 ks.. and 16 ks + 8..
+                unsigned kf[4];
+                tc_ldsm_x4(kf, &Ks[nb * 8 + lane % 8 + 8 * (lane / 16)][ks * 16 + 8 * ((lane / 8) % 2)]);
+                tc_mma(s[nb], qf[ks], kf[0], kf[1], T());
+                tc_mma(s[nb + 1], qf[ks], kf[2], kf[3], T());
+            }
+        }
+        float mt[2] = {m[0], m[1]};
+#pragma unroll
+        for (int nb = 0; nb < KT / 8; nb++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const i64 j = k0 + nb * 8 + 2 * tq + (e & 1), i = r0 + g + 8 * (e >> 1);
+                const float x = j <= i ? s[nb][e] * scale : neg_inf<float>();
+                s[nb][e] = x;
+                mt[e >> 1] = fmaxf(mt[e >> 1], x);
+            }
+        }
+        float ref[2], corr[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mt[r] = fmaxf(mt[r], __shfl_xor_sync(FULL_MASK, mt[r], 1));
+            mt[r] = fmaxf(mt[r], __shfl_xor_sync(FULL_MASK, mt[r], 2));
+            ref[r] = mt[r] == neg_inf<float>() ? 0.f : mt[r];  // a row that sees no key yet stays at zero
+            corr[r] = t_exp(m[r] - ref[r]);                       // 0 while m is -inf
+            m[r] = mt[r];
+            l[r] *= corr[r];
+        }
+#pragma unroll
+        for (int nb = 0; nb < KT / 8; nb++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float p = t_exp(s[nb][e] - ref[e >> 1]);
+                s[nb][e] = p;
+                l[e >> 1] += p;
+            }
+        }
+#pragma unroll
+        for (int nd = 0; nd < W / 8; nd++) {
+            o[nd][0] *= corr[0];
+            o[nd][1] *= corr[0];
+            o[nd][2] *= corr[1];
+            o[nd][3] *= corr[1];
+        }
+#pragma unroll
+        for (int kk = 0; kk < KT / 16; kk++) {
+            // P's accumulators for keys 16 kk.. as an A fragment.
+            const unsigned pa[4] = {tc_pack<T>(s[2 * kk][0], s[2 * kk][1]), tc_pack<T>(s[2 * kk][2], s[2 * kk][3]),
+                                    tc_pack<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                    tc_pack<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+            for (int nd = 0; nd < W / 8; nd += 2) {
+                // Keys 16 kk.. and 16 kk + 8.., channels 8 nd.. and 8 (nd + 1).., transposed.
+                unsigned vf[4];
+                tc_ldsm_x4_trans(vf, &Vs[kk * 16 + lane % 8 + 8 * ((lane / 8) % 2)][nd * 8 + 8 * (lane / 16)]);
+                tc_mma(o[nd], pa, vf[0], vf[1], T());
+                tc_mma(o[nd + 1], pa, vf[2], vf[3], T());
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(FULL_MASK, l[r], 1);
+        l[r] += __shfl_xor_sync(FULL_MASK, l[r], 2);
+        const i64 i = r0 + g + 8 * r;
+        if (i >= t) continue;
+        if (y) {
+            const float inv = 1.f / l[r];
+#pragma unroll
+            for (int nd = 0; nd < W / 8; nd++) {
+                const i64 col = nd * 8 + 2 * tq;
+                if (col < d) y[base + i * c + col] = from_acc<T>(o[nd][2 * r] * inv);
+                if (col + 1 < d) y[base + i * c + col + 1] = from_acc<T>(o[nd][2 * r + 1] * inv);
+            }
+        }
+        if (tq == 0) lse[bh * t + i] = m[r] + t_log(l[r]);
+    }
+#endif
+}
+
 template <typename T>
 __device__ __forceinline__ void flash_prep(i64 rows, i64 t, i64 heads, i64 c, i64 d, const T* g, const T* y,
                                            typename Acc<T>::type* dsum) {
@@ -301,9 +495,24 @@ __device__ __forceinline__ void flash_dkv(i64 t, i64 heads, i64 c, i64 d, double
 #define FLASH_ALL(T, SUFFIX) \
     FLASH_KERNELS(T, SUFFIX, 1) FLASH_KERNELS(T, SUFFIX, 2) FLASH_KERNELS(T, SUFFIX, 4) FLASH_PREP(T, SUFFIX)
 
+// Compiled for every architecture (empty below sm_80, where the host does
+// not launch them: it picks them by the device's compute capability).
+#define FLASH_TC(T, SUFFIX, DR)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(ATT_THREADS)                                                    \
+        flash_fwd_tc_##SUFFIX##_##DR(i64 t, i64 heads, i64 c, i64 d, double scale, const T* q, const T* k,        \
+                                     const T* v, T* y, float* lse) {                                             \
+        flash_fwd_tc<T, DR>(t, heads, c, d, scale, q, k, v, y, lse);                                             \
+    }
+
 FLASH_ALL(float, f32)
 FLASH_ALL(tapir_f16, f16)
 FLASH_ALL(tapir_bf16, bf16)
+FLASH_TC(tapir_f16, f16, 1)
+FLASH_TC(tapir_f16, f16, 2)
+FLASH_TC(tapir_f16, f16, 4)
+FLASH_TC(tapir_bf16, bf16, 1)
+FLASH_TC(tapir_bf16, bf16, 2)
+FLASH_TC(tapir_bf16, bf16, 4)
 FLASH_KERNELS(double, f64, 1)
 FLASH_KERNELS(double, f64, 2)
 FLASH_PREP(double, f64)

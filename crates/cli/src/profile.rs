@@ -30,6 +30,11 @@ pub const CASES: &[(&str, &str)] = &[
     ("cast", "cast of [rows, cols] f32 to the case's dtype"),
     ("adam", "one Adam step of a [rows, cols] parameter (its gradient included)"),
     (
+        "attention",
+        "fused causal attention forward of q, k, v [1, rows, cols] in heads of 64 (the tensor-core kernel for bf16 \
+         and f16)",
+    ),
+    (
         "gpt-step",
         "one training step (loss, gradients, Adam) of the default mini-GPT (2 layers, d_model 64, 16 positions) with \
          a vocabulary of cols, on rows sequences",
@@ -39,7 +44,7 @@ pub const CASES: &[(&str, &str)] = &[
 /// Profiles a case on the emulated device, modeled as an H200.
 #[derive(Parser, Debug, Clone)]
 pub struct Args {
-    /// The case: sparse-ce, softmax, sum, add, cast, adam or gpt-step.
+    /// The case: sparse-ce, softmax, sum, add, cast, adam, attention or gpt-step.
     #[arg(long, default_value = "sparse-ce")]
     pub case: String,
     /// Rows of the case's input.
@@ -107,6 +112,16 @@ pub fn run_case(a: &Args, device: Device) -> anyhow::Result<()> {
             })?;
             let mut opt = Adam::new(1e-3);
             opt.step(&mut store, &grads)?;
+        }
+        "attention" => {
+            if v == 0 || v % 64 != 0 {
+                bail!("--case attention takes --cols a multiple of 64 (heads 64 wide), not {v}");
+            }
+            let mut qkv = Vec::new();
+            for _ in 0..3 {
+                qkv.push(rng.normal_tensor([1, n, v], 0.0, 1.0, DType::F32)?.cast(dt)?.to_device(device)?);
+            }
+            drop(std::hint::black_box(tapir::nn::causal_attention(&qkv[0], &qkv[1], &qkv[2], v / 64)?));
         }
         "gpt-step" => {
             let cfg = GptConfig { vocab: v, ..GptConfig::default() };

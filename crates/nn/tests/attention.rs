@@ -128,6 +128,34 @@ test_device! {
         Ok(())
     }
 
+    /// The f16/bf16 forward's tensor-core path (on CUDA devices of compute
+    /// capability 8.0 and newer, the emulated one included) at its
+    /// boundaries: several 64-row blocks with T not a multiple of the
+    /// 64-row block or the 32-key tile (warps whose rows see only part of
+    /// a tile, and warps past T), heads padded to the fragment width (48 in
+    /// 64, 30 in 32, the latter with rows not 16-byte aligned: the
+    /// element-wise tile loads) and 128 wide, against the f32 composition
+    /// of the same rounded inputs within the output's rounding.
+    fn fused_attention_half_at_the_tensor_core_boundaries(device: Device) -> Result<()> {
+        for (b, t, c, heads) in [(1, 150, 96, 2), (2, 45, 60, 2), (1, 70, 128, 1)] {
+            let d = c / heads;
+            let op = CausalAttention { heads, scale: 1.0 / (d as f64).sqrt() };
+            for (dtype, tol) in [(DType::BF16, 2e-2), (DType::F16, 4e-3)] {
+                let [q, k, v, g] = [1, 2, 3, 4].map(|s| rnd(&[b, t, c], s, dtype, device));
+                let up = |x: &Tensor| x.cast(DType::F32).expect("cast");
+                // The gradients come from the backward, which reads the forward's output.
+                let [fused, reference] = [
+                    fused_and_composed(op, &q, &k, &v, &g)[0].clone(),
+                    fused_and_composed(op, &up(&q), &up(&k), &up(&v), &up(&g))[1].clone(),
+                ];
+                for (i, name) in PARTS.iter().enumerate() {
+                    assert_close(&format!("[{b}, {t}, {c}] / {heads} {dtype} {name}"), &fused[i], &reference[i], tol);
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Recording through the fused op uses the composed rules: forward mode
     /// (a JVP) and second order (the gradient of a gradient's norm) match
     /// the composition's on the same device, and the gradient checker

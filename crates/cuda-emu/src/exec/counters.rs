@@ -72,10 +72,16 @@ pub enum Class {
     Barrier,
     /// Branches, calls, returns, exits, fences.
     Control,
+    /// Tensor-core matrix multiply-accumulates (`mma.sync`), each
+    /// [`MMA_FLOPS`] floating-point operations on the tensor pipe.
+    Tensor,
 }
 
 /// Classes in the mix.
-pub const NCLASS: usize = 19;
+pub const NCLASS: usize = 20;
+
+/// FLOPs of one `mma.sync` m16n8k16: 16 x 8 outputs, 16 multiply-adds each.
+pub const MMA_FLOPS: u64 = 2 * 16 * 8 * 16;
 
 impl Class {
     /// Every class, in the mix's order.
@@ -99,6 +105,7 @@ impl Class {
         Class::Atomic,
         Class::Barrier,
         Class::Control,
+        Class::Tensor,
     ];
 
     /// Its name in the profile's JSON.
@@ -123,6 +130,7 @@ impl Class {
             Class::Atomic => "atomic",
             Class::Barrier => "barrier",
             Class::Control => "control",
+            Class::Tensor => "tensor",
         }
     }
 }
@@ -148,7 +156,9 @@ pub(super) fn class(ins: &Ins) -> Option<Class> {
             _ => by_type(t),
         },
         Ins::Cvt { .. } => Class::Cvt,
-        Ins::Ld { .. } | Ins::St { .. } | Ins::Atom { .. } => return None,
+        // ldmatrix is counted with the shared loads, by the path that runs it.
+        Ins::Ld { .. } | Ins::St { .. } | Ins::Atom { .. } | Ins::Ldmatrix { .. } => return None,
+        Ins::Mma { .. } => Class::Tensor,
         Ins::Shfl { .. } => Class::Shfl,
         Ins::Vote { .. } => Class::Vote,
         Ins::Bar => Class::Barrier,
@@ -255,6 +265,11 @@ impl Counters {
     /// Warp-instructions of class `c`.
     pub fn of(&self, c: Class) -> u64 {
         self.mix[c as usize]
+    }
+
+    /// FLOPs on the tensor pipe: [`MMA_FLOPS`] a `mma.sync`.
+    pub fn tensor_flops(&self) -> u64 {
+        self.of(Class::Tensor) * MMA_FLOPS
     }
 
     /// Shared-memory bank conflicts: wavefronts beyond one a phase.

@@ -25,7 +25,7 @@ use std::sync::Mutex;
 use crate::memory::Snapshot;
 use crate::ptx::Module;
 use counters::Footprint;
-pub use counters::{profiling, set_profiling, Class, Counters, BANKS, NCLASS, SECTOR};
+pub use counters::{profiling, set_profiling, Class, Counters, BANKS, MMA_FLOPS, NCLASS, SECTOR};
 use sanitizer::Shadow;
 use schedule::Worker;
 

@@ -154,6 +154,9 @@ impl Warp {
                 self.park_at(active, pc);
                 return Ok(Flow::Repick);
             }
+            Ins::Mma { .. } | Ins::Ldmatrix { .. } => {
+                self.tensor(blk, inst, exec)?;
+            }
             Ins::WarpSync { .. } | Ins::Shfl { .. } | Ins::Vote { .. } => {
                 if let Some(f) = guarded(active, exec, pc) {
                     return Ok(f);
@@ -309,6 +312,148 @@ impl Warp {
         }
         self.wep += 1;
         Ok(Flow::Next(group))
+    }
+
+    /// `mma.sync.aligned` or `ldmatrix.sync.aligned`, which the whole warp
+    /// executes together (`.aligned`): a warp of fewer than 32 lanes, some
+    /// lanes elsewhere (diverged, exited, waiting at a barrier) or a guard
+    /// false for some lanes is undefined on the hardware, and a fault here,
+    /// as synccheck reports a barrier some threads miss.
+    fn tensor(&mut self, blk: &mut Block, inst: &Inst, exec: u32) -> Result<(), Fault> {
+        let name = if matches!(inst.ins, Ins::Mma { .. }) { "mma.sync.aligned" } else { "ldmatrix.sync.aligned" };
+        if exec != FULL {
+            let l = (!exec & self.exists).trailing_zeros().min(exec.trailing_zeros()) as usize;
+            return Err(blk.fault(
+                LAUNCH_FAILED,
+                self.base as usize + l.min(WARP - 1),
+                format!(
+                    "warp-synchronous error (synccheck): {name} at PTX line {} needs every lane of the warp                      converged, but only lanes {exec:#010x} execute it (the warp's lanes {:#010x} exist)",
+                    inst.line, self.exists
+                ),
+            ));
+        }
+        match inst.ins {
+            Ins::Mma { bf16, d, a, b, c } => {
+                self.mma(bf16, d, a, b, c);
+                Ok(())
+            }
+            Ins::Ldmatrix { n, trans, d, addr } => self.ldmatrix(blk, inst.line, n, trans, d, addr),
+            _ => unreachable!("internal: not a tensor-core instruction"),
+        }
+    }
+
+    /// D = A B + C of one m16n8k16 product, gathered from and scattered to
+    /// the PTX ISA's fragments (lane l: group g = l / 4, t = l % 4; A's
+    /// registers hold rows g, g + 8, g, g + 8 at columns 2t, 2t, 2t + 8,
+    /// 2t + 8 (two halves each, the lower column in the low 16 bits); B's
+    /// rows 2t and 2t + 8 (two rows each) of column g; C and D rows g, g,
+    /// g + 8, g + 8 at columns 2t, 2t + 1, 2t, 2t + 1).
+    ///
+    /// Accumulation: the ISA leaves the order and the intermediate
+    /// precision open. Each product of two f16 or bf16 values is exact in
+    /// f64 (at most 22 significant bits, exponents far inside f64's), the
+    /// sum runs in f64 from C then k = 0..15, and is rounded once to f32
+    /// (to nearest, ties to even). So the result is the exact
+    /// `c + sum a_k b_k` rounded to f32, up to the f64 sum's error: at most
+    /// `16 * 2^-53 * (|c| + sum |a_k b_k|)` before that rounding. Where every
+    /// partial sum is exact in f64 (small integers, say) it is the exact
+    /// value rounded once, the most accurate result an f32 D can hold, which
+    /// every conforming order reaches too.
+    fn mma(&mut self, bf16: bool, d: [u16; 4], a: [u16; 4], b: [u16; 2], c: [u16; 4]) {
+        let ty = if bf16 { Ty::Bf16 } else { Ty::F16 };
+        let half = |v: u64, k: u32| to_f64(ty, (v >> (16 * k)) & 0xffff);
+        let mut am = [[0f64; 16]; 16];
+        let mut bm = [[0f64; 8]; 16];
+        let mut cm = [[0f64; 8]; 16];
+        for l in 0..WARP {
+            let (g, t) = (l / 4, l % 4);
+            let r = |x: u16| self.regs[x as usize * WARP + l];
+            for (k, (row, col)) in
+                [(g, 2 * t), (g + 8, 2 * t), (g, 2 * t + 8), (g + 8, 2 * t + 8)].into_iter().enumerate()
+            {
+                am[row][col] = half(r(a[k]), 0);
+                am[row][col + 1] = half(r(a[k]), 1);
+            }
+            for (k, row) in [2 * t, 2 * t + 8].into_iter().enumerate() {
+                bm[row][g] = half(r(b[k]), 0);
+                bm[row + 1][g] = half(r(b[k]), 1);
+            }
+            for (k, (row, col)) in
+                [(g, 2 * t), (g, 2 * t + 1), (g + 8, 2 * t), (g + 8, 2 * t + 1)].into_iter().enumerate()
+            {
+                cm[row][col] = f64::from(f32b(r(c[k])));
+            }
+        }
+        let mut dm = [[0f32; 8]; 16];
+        for (i, row) in dm.iter_mut().enumerate() {
+            for (j, out) in row.iter_mut().enumerate() {
+                let mut s = cm[i][j];
+                for (k, bk) in bm.iter().enumerate() {
+                    s += am[i][k] * bk[j];
+                }
+                *out = s as f32;
+            }
+        }
+        for l in 0..WARP {
+            let (g, t) = (l / 4, l % 4);
+            for (k, (row, col)) in
+                [(g, 2 * t), (g, 2 * t + 1), (g + 8, 2 * t), (g + 8, 2 * t + 1)].into_iter().enumerate()
+            {
+                self.regs[d[k] as usize * WARP + l] = bf32(dm[row][col]);
+            }
+        }
+    }
+
+    /// `ldmatrix`: lane 8i + r gives the address of row r of matrix i; every
+    /// row is 16 bytes of shared memory at a 16-byte aligned address,
+    /// checked (bounds, races, alignment) as the read of the lane that
+    /// gave it. Lane l receives, for each matrix, elements 2 (l % 4) and
+    /// 2 (l % 4) + 1 of row l / 4 (`.trans`: rows 2 (l % 4) and 2 (l % 4) + 1
+    /// of column l / 4), the first in the low 16 bits.
+    #[allow(clippy::too_many_arguments)]
+    fn ldmatrix(
+        &mut self,
+        blk: &mut Block,
+        line: u32,
+        n: u8,
+        trans: bool,
+        d: [u16; 4],
+        addr: Addr,
+    ) -> Result<(), Fault> {
+        let givers = 8 * usize::from(n);
+        let mut rows = [[0u16; 8]; 32];
+        let mut offs: Vec<(usize, u64)> = Vec::with_capacity(givers);
+        for (l, row) in rows.iter_mut().enumerate().take(givers) {
+            let a = self.rd(addr.base, l).wrapping_add(addr.off as u64);
+            let tid = self.base as usize + l;
+            if !a.is_multiple_of(16) {
+                return Err(blk.fault(
+                    MISALIGNED_ADDRESS,
+                    tid,
+                    format!("misaligned ldmatrix row address {a:#x} at PTX line {line} (rows are 16-byte aligned)"),
+                ));
+            }
+            let p =
+                blk.ptr(&mut self.local[l], &mut self.params[l], self.wep, tid, Space::Shared, a, 16, false, line)?;
+            for (k, e) in row.iter_mut().enumerate() {
+                // SAFETY: `ptr` checked the row's 16 bytes.
+                *e = unsafe { read_le(p.add(2 * k), 2) } as u16;
+            }
+            offs.push((l, a));
+        }
+        if blk.prof {
+            blk.counters.mix[Class::LdShared as usize] += 1;
+            counters::shared(&mut blk.counters, &offs, 16);
+        }
+        for (i, &di) in d.iter().enumerate().take(usize::from(n)) {
+            let m = &rows[8 * i..8 * i + 8];
+            for l in 0..WARP {
+                let (r, c) = (l / 4, 2 * (l % 4));
+                let (lo, hi) = if trans { (m[c][r], m[c + 1][r]) } else { (m[r][c], m[r][c + 1]) };
+                self.regs[di as usize * WARP + l] = u64::from(lo) | u64::from(hi) << 16;
+            }
+        }
+        Ok(())
     }
 
     /// A load, store or atomic of the lanes `exec`.

@@ -179,8 +179,8 @@ pub fn json(gpu: &Gpu, attrs: &HashMap<String, cubin::KernelAttrs>) -> String {
              \"bank_conflicts\": {}, \"atomic_lanes\": {}, \"atomic_same_address\": {}, \"regs\": {}, \
              \"frame\": {}, \"occupancy\": {{\"blocks_sm\": {}, \"warps_sm\": {}, \"occupancy\": {}, \"limiter\": {}, \
              \"waves\": {}}}, \"modeled\": {{\"dram_bytes\": {}, \"dram_us\": {}, \"achievable_bw\": {}, \
-             \"issue_us\": {}, \"shared_us\": {}, \"launch_us\": {}, \"total_us\": {}, \"bound\": {}, \
-             \"roofline\": {}}}}}",
+             \"issue_us\": {}, \"shared_us\": {}, \"tensor_flops\": {}, \"tensor_us\": {}, \"launch_us\": {}, \
+             \"total_us\": {}, \"bound\": {}, \"roofline\": {}}}}}",
             if i == 0 { "" } else { "," },
             esc(name),
             c.launches,
@@ -227,6 +227,8 @@ pub fn json(gpu: &Gpu, attrs: &HashMap<String, cubin::KernelAttrs>) -> String {
             num(m.achievable_bw),
             num(m.issue_s * 1e6),
             num(m.shared_s * 1e6),
+            num(m.tensor_flops),
+            num(m.tensor_s * 1e6),
             num(m.launch_s * 1e6),
             num(m.total_s * 1e6),
             esc(m.bound),

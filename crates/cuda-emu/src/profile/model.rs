@@ -141,12 +141,20 @@ pub struct Modeled {
     pub achievable_bw: f64,
     pub issue_s: f64,
     pub shared_s: f64,
+    /// FLOPs on the tensor pipe (`mma.sync`), and their time at the dense
+    /// bf16/f16 tensor peak over the active SMs.
+    pub tensor_flops: f64,
+    pub tensor_s: f64,
     pub launch_s: f64,
-    /// max(dram, issue, shared) + launch.
+    /// max(dram, issue, shared, tensor) + launch.
     pub total_s: f64,
-    /// Which term is the largest: "dram", "issue", "shared".
+    /// Which term is the largest: "dram", "issue", "shared", "tensor".
     pub bound: &'static str,
-    /// The DRAM bytes at peak bandwidth over the modeled time.
+    /// The larger of the two ceilings' times over the modeled time: the
+    /// DRAM bytes at peak bandwidth, and the tensor FLOPs at the tensor
+    /// peak. A kernel doing no `mma` is judged on its bytes only; one
+    /// doing them on the tensor roofline when that is the higher ceiling
+    /// (never on the f32 FMA peak: its FMAs are issue time).
     pub roofline: f64,
 }
 
@@ -154,9 +162,10 @@ pub struct Modeled {
 /// L2, each block's unique sectors otherwise, at the peak bandwidth or the
 /// Little's-law bound of the bytes resident warps keep in flight), issue
 /// time (warp-instructions over the SMs the grid occupies, each class at
-/// its pipe's rate, derated below `warps_to_hide` warps a scheduler), and
-/// shared-memory time (wavefronts); the largest of the three, plus the
-/// launches' overhead.
+/// its pipe's rate, derated below `warps_to_hide` warps a scheduler),
+/// shared-memory time (wavefronts) and tensor time (`mma` FLOPs at the
+/// dense tensor peak); the largest of the four, plus the launches'
+/// overhead.
 pub fn model(gpu: &Gpu, c: &Counters, occ: &Occupancy) -> Modeled {
     let launches = c.launches.max(1) as f64;
     let fits = c.max_footprint_sectors * SECTOR <= gpu.l2_bytes;
@@ -193,8 +202,10 @@ pub fn model(gpu: &Gpu, c: &Counters, occ: &Occupancy) -> Modeled {
     let hide = (warps_scheduler / gpu.warps_to_hide).clamp(1e-3, 1.0);
     let issue_s = cycles_all / active_sms / gpu.clock_hz / hide;
     let shared_s = c.shared_wavefronts as f64 / gpu.shared_sm_wavefronts / active_sms / gpu.clock_hz;
+    let tensor_flops = c.tensor_flops() as f64;
+    let tensor_s = tensor_flops / (gpu.bf16_flops / f64::from(gpu.sms)) / active_sms;
     let launch_s = launches * gpu.launch_s;
-    let (busy, bound) = [(dram_s, "dram"), (issue_s, "issue"), (shared_s, "shared")]
+    let (busy, bound) = [(dram_s, "dram"), (issue_s, "issue"), (shared_s, "shared"), (tensor_s, "tensor")]
         .into_iter()
         .fold((0.0, "dram"), |a, b| if b.0 > a.0 { b } else { a });
     let total_s = busy + launch_s;
@@ -204,10 +215,16 @@ pub fn model(gpu: &Gpu, c: &Counters, occ: &Occupancy) -> Modeled {
         achievable_bw,
         issue_s,
         shared_s,
+        tensor_flops,
+        tensor_s,
         launch_s,
         total_s,
         bound,
-        roofline: if total_s > 0.0 { dram_bytes / gpu.dram_bw / total_s } else { 0.0 },
+        roofline: if total_s > 0.0 {
+            (dram_bytes / gpu.dram_bw).max(tensor_flops / gpu.bf16_flops) / total_s
+        } else {
+            0.0
+        },
     }
 }
 
@@ -325,6 +342,35 @@ mod tests {
         // max(1000 / 4, 100 / 0.5) = 250 cycles on 1 SM.
         assert!(close(m.issue_s, 250.0 / 1.98e9 * 16.0));
         assert!(close(m.total_s, m.issue_s + 2e-6));
+    }
+
+    /// A grid of mma.sync on every SM, little else: tensor-bound, and its
+    /// roofline is the tensor peak's, not the DRAM's.
+    #[test]
+    fn an_mma_kernel_is_judged_on_the_tensor_roofline() {
+        let mmas = 1u64 << 30;
+        let c = Counters {
+            launches: 1,
+            blocks: 1 << 14,
+            block_threads: 128,
+            warp_instructions: mmas + mmas / 8,
+            mix: {
+                let mut m = [0; crate::exec::NCLASS];
+                m[Class::Tensor as usize] = mmas;
+                m
+            },
+            unique_read_sectors: 1 << 20,
+            max_footprint_sectors: 1 << 20,
+            ..Counters::default()
+        };
+        let o = occupancy(&H200, 128, Some(64), 0, c.blocks as f64);
+        let m = model(&H200, &c, &o);
+        assert_eq!(m.bound, "tensor");
+        let flops = 4096.0 * mmas as f64;
+        assert!(close(m.tensor_flops, flops));
+        assert!(close(m.tensor_s, flops / 989e12));
+        assert!(close(m.roofline, (flops / 989e12) / m.total_s));
+        assert!(m.roofline > 0.99 && m.roofline < 1.0);
     }
 
     #[test]

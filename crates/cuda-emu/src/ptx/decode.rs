@@ -297,7 +297,7 @@ fn rnd_of(m: &str) -> Option<Rnd> {
 fn space_of(m: &str) -> Option<Space> {
     Some(match m {
         "global" => Space::Global,
-        "shared" => Space::Shared,
+        "shared" | "shared::cta" => Space::Shared,
         "local" => Space::Local,
         "param" => Space::Param,
         "const" => Space::Const,
@@ -371,6 +371,12 @@ fn decode(ri: &RawInst, cx: &mut FnCtx, labels: &HashMap<String, u32>) -> Result
         ftz: mods.contains(&"ftz"),
         args: &ri.args,
     };
+    // The tensor-core instructions name packed shapes (`.x4`) of their own.
+    match o.base {
+        "mma" => return mma(&o, cx),
+        "ldmatrix" => return ldmatrix(&o, cx),
+        _ => {}
+    }
     // Packed types (f16x2, bf16x2, u16x2) and special registers the
     // interpreter does not provide are unsupported, not silently wrong.
     if mods.iter().any(|m| m.ends_with("x2") || m.ends_with("x4")) || uses_unknown_special(&ri.args) {
@@ -762,6 +768,78 @@ fn control(o: &Op, cx: &mut FnCtx, labels: &HashMap<String, u32>) -> Result<Opti
         _ => return Ok(None),
     };
     Ok(Some(ins))
+}
+
+/// The registers of a vector operand `{%r1, %r2, ...}` of exactly `n`.
+fn reg_vec<const N: usize>(o: &Op, cx: &mut FnCtx, k: usize) -> Result<[u16; N], String> {
+    let regs: Vec<&Raw> = match o.arg(k)? {
+        Raw::Vec(v) => v.iter().collect(),
+        r @ Raw::Reg(_) => vec![r],
+        x => return Err(format!("operand {k} is not a vector of registers: {x:?}")),
+    };
+    if regs.len() != N {
+        return Err(format!("operand {k} has {} registers, expected {N}", regs.len()));
+    }
+    let mut out = [0u16; N];
+    for (slot, r) in out.iter_mut().zip(regs) {
+        *slot = match r {
+            Raw::Reg(r) => cx.reg(r),
+            x => return Err(format!("operand {k} holds {x:?}, not a register")),
+        };
+    }
+    Ok(out)
+}
+
+/// `mma.sync.aligned.m16n8k16.row.col.f32.X.X.f32` with X f16 or bf16:
+/// the one shape and layout the interpreter has (others are unsupported).
+fn mma(o: &Op, cx: &mut FnCtx) -> Result<Option<Ins>, String> {
+    let tys: Vec<Ty> = o.mods.iter().filter_map(|m| Ty::parse(m)).collect();
+    let shape_ok = ["sync", "aligned", "m16n8k16", "row", "col"].iter().all(|m| o.has(m));
+    let bf16 = match tys.as_slice() {
+        [Ty::F32, Ty::F16, Ty::F16, Ty::F32] => false,
+        [Ty::F32, Ty::Bf16, Ty::Bf16, Ty::F32] => true,
+        _ => return Ok(None),
+    };
+    if !shape_ok || o.mods.len() != 9 {
+        return Ok(None);
+    }
+    Ok(Some(Ins::Mma {
+        bf16,
+        d: reg_vec::<4>(o, cx, 0)?,
+        a: reg_vec::<4>(o, cx, 1)?,
+        b: reg_vec::<2>(o, cx, 2)?,
+        c: reg_vec::<4>(o, cx, 3)?,
+    }))
+}
+
+/// `ldmatrix.sync.aligned.m8n8.{x1,x2,x4}{.trans}.shared{::cta}.b16`.
+fn ldmatrix(o: &Op, cx: &mut FnCtx) -> Result<Option<Ins>, String> {
+    let n: u8 = match o.mods.iter().find_map(|m| match *m {
+        "x1" => Some(1),
+        "x2" => Some(2),
+        "x4" => Some(4),
+        _ => None,
+    }) {
+        Some(n) => n,
+        None => return Ok(None),
+    };
+    let trans = o.has("trans");
+    let known = |m: &&str| matches!(*m, "sync" | "aligned" | "m8n8" | "x1" | "x2" | "x4" | "trans" | "b16");
+    let shared = o.mods.iter().any(|m| matches!(*m, "shared" | "shared::cta"));
+    if !["sync", "aligned", "m8n8", "b16"].iter().all(|m| o.has(m))
+        || !shared
+        || o.mods.iter().filter(|m| !known(m)).count() != 1
+    {
+        return Ok(None);
+    }
+    let mut d = [0u16; 4];
+    match n {
+        1 => d[..1].copy_from_slice(&reg_vec::<1>(o, cx, 0)?),
+        2 => d[..2].copy_from_slice(&reg_vec::<2>(o, cx, 0)?),
+        _ => d = reg_vec::<4>(o, cx, 0)?,
+    }
+    let addr = addr_of(o.arg(1)?, Space::Shared, cx)?;
+    Ok(Some(Ins::Ldmatrix { n, trans, d, addr }))
 }
 
 /// Special registers of PTX that the interpreter does not model (clocks,

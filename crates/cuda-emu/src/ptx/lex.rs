@@ -57,8 +57,16 @@ pub(super) fn lex(src: &str) -> Result<Lexed, String> {
         } else if c.is_ascii_alphabetic() || matches!(c, b'_' | b'%' | b'$' | b'.') {
             let s = i;
             i += 1;
-            while i < b.len() && (b[i].is_ascii_alphanumeric() || matches!(b[i], b'_' | b'$' | b'.')) {
-                i += 1;
+            // `::` inside an opcode is part of it (`.shared::cta`); a label's
+            // single colon is not.
+            while i < b.len()
+                && (b[i].is_ascii_alphanumeric()
+                    || matches!(b[i], b'_' | b'$' | b'.')
+                    || (b[i] == b':'
+                        && b.get(i + 1) == Some(&b':')
+                        && b.get(i + 2).is_some_and(|c| c.is_ascii_alphabetic())))
+            {
+                i += if b[i] == b':' { 2 } else { 1 };
             }
             toks.push(Tok::Id(src[s..i].to_string()));
             lines.push(line);

@@ -396,6 +396,30 @@ pub enum Ins {
         w: u8,
         a: Opnd,
     },
+    /// `mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32`:
+    /// the warp's fragments of A (16 x 16, four b32 registers a lane, two
+    /// halves each), B (16 x 8, two) and C (16 x 8 f32, four) give
+    /// D = A B + C (four f32 a lane), in the PTX ISA's fragment layouts. A
+    /// warp collective: every lane of the warp must execute it together.
+    Mma {
+        bf16: bool,
+        d: [u16; 4],
+        a: [u16; 4],
+        b: [u16; 2],
+        c: [u16; 4],
+    },
+    /// `ldmatrix.sync.aligned.m8n8.{x1,x2,x4}{.trans}.shared.b16`: `n`
+    /// 8 x 8 matrices of 16-bit elements, each row 16 bytes at the address
+    /// one lane gives (lanes 8i..8i+7 the rows of matrix i), spread over
+    /// the warp as mma fragments (lane l gets row l / 4, elements 2 (l % 4)
+    /// and 2 (l % 4) + 1, of each matrix, or of its transpose). A warp
+    /// collective, like `Mma`.
+    Ldmatrix {
+        n: u8,
+        trans: bool,
+        d: [u16; 4],
+        addr: Addr,
+    },
     /// Writes the address of the frame's `.local` depot.
     Depot {
         d: u16,
@@ -479,6 +503,12 @@ impl Ins {
                 r(mask);
             }
             Ins::Pack { v, n, .. } => v.iter().take(*n as usize).for_each(&mut r),
+            Ins::Mma { a, b, c, .. } => {
+                for x in a.iter().chain(b).chain(c) {
+                    f(*x, false);
+                }
+            }
+            Ins::Ldmatrix { addr, .. } => r(&addr.base),
             Ins::Depot { .. } | Ins::Bra { .. } | Ins::Bar | Ins::Call { .. } | Ins::Ret | Ins::Exit | Ins::Nop => {}
         }
         match self {
@@ -503,7 +533,10 @@ impl Ins {
                     f(*x, true);
                 }
             }
-            Ins::Ld { d, n, .. } | Ins::Unpack { d, n, .. } => d.iter().take(*n as usize).for_each(|&x| f(x, true)),
+            Ins::Ld { d, n, .. } | Ins::Unpack { d, n, .. } | Ins::Ldmatrix { d, n, .. } => {
+                d.iter().take(*n as usize).for_each(|&x| f(x, true))
+            }
+            Ins::Mma { d, .. } => d.iter().for_each(|&x| f(x, true)),
             Ins::Atom { d, .. } => {
                 if let Some(x) = d {
                     f(*x, true);

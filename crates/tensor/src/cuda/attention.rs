@@ -2,7 +2,8 @@
 //! of `kernels/softmax.cu` (the mask is computed in the kernel, never a
 //! tensor) and the fused attention of `kernels/attention.cu` (queries in
 //! tiles, keys and values streamed through shared memory, an online
-//! softmax, and a backward that recomputes the probabilities tile by tile
+//! softmax (for f16 and bf16 on compute capability 8.0 and newer, both
+//! products on the tensor cores), and a backward that recomputes the probabilities tile by tile
 //! from the per-row log-sum-exp; no `[T, T]` tensor exists).
 //!
 //! tapir-nn's `CausalSoftmax` and `CausalAttention` hold the meaning, the
@@ -26,6 +27,8 @@ const ATTENTION: &str = "attention.cu";
 const THREADS: u32 = 128;
 /// Query rows a forward block takes (`FQ` of `kernels/attention.cu`).
 const FQ: usize = 16;
+/// Query rows a block of the tensor-core forward takes (`TQ`).
+const TQ: usize = 64;
 /// Query rows a block of the query-gradient kernel takes (`BQ`).
 const BQ: usize = 8;
 /// Keys a tile, and a block of the key/value-gradient kernel (`KT`).
@@ -60,6 +63,9 @@ pub(crate) fn kernels() -> Vec<(&'static str, String)> {
         for dr in widths {
             for k in ["fwd", "dq", "dkv"] {
                 out.push((ATTENTION, format!("flash_{k}_{s}_{dr}")));
+            }
+            if matches!(dt, DType::F16 | DType::BF16) {
+                out.push((ATTENTION, format!("flash_fwd_tc_{s}_{dr}")));
             }
         }
     }
@@ -99,6 +105,14 @@ fn launch(
     // below check the shapes the sizes are computed from.
     unsafe { b.launch(cfg) }.map_err(|e| driver_error(&format!("launching {name}"), e))?;
     Ok(())
+}
+
+/// Whether `dev` runs the tensor-core forward for `dtype`: f16 and bf16 on
+/// compute capability 8.0 and newer, which have `mma.sync` m16n8k16 (the
+/// kernels are compiled for the device's own architecture).
+fn tensor_cores(dev: &CudaDevice, dtype: DType) -> bool {
+    matches!(dtype, DType::F16 | DType::BF16)
+        && dev.arch.strip_prefix("compute_").and_then(|cc| cc.parse::<u32>().ok()).is_some_and(|cc| cc >= 80)
 }
 
 /// A grid dimension, or an error naming the op when it does not fit.
@@ -245,8 +259,9 @@ fn lse_of(geo: &Geometry, q: &Tensor, k: &Tensor, v: &Tensor, y: Option<u64>, sc
             Arg::Ptr(y.unwrap_or(0)),
             Arg::Ptr(lse.ptr()),
         ]);
-        let grid = (grid_dim(OP, geo.t.div_ceil(FQ))?, grid_dim(OP, geo.b * geo.heads)?);
-        launch(&dev, ATTENTION, &geo.kernel("fwd", q.dtype()), grid, THREADS, &args)?;
+        let (kind, rows_block) = if tensor_cores(&dev, q.dtype()) { ("fwd_tc", TQ) } else { ("fwd", FQ) };
+        let grid = (grid_dim(OP, geo.t.div_ceil(rows_block))?, grid_dim(OP, geo.b * geo.heads)?);
+        launch(&dev, ATTENTION, &geo.kernel(kind, q.dtype()), grid, THREADS, &args)?;
     }
     Ok(tensor_of(lse, rows))
 }
