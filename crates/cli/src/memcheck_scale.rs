@@ -209,6 +209,9 @@ fn context_peak(dev: Device, s: GptShape, t: usize, composed: bool) -> Result<Op
     }
 }
 
+/// Contexts measured and their peaks (`None`: out of memory).
+type Points = Vec<(usize, Option<usize>)>;
+
 /// The longest context (a multiple of `unit`) whose one-step peak fits
 /// `budget`: predicted from peaks at small contexts (a line for the fused
 /// path, a parabola through three for the composed one), then checked by
@@ -221,9 +224,9 @@ fn longest_context(
     budget: usize,
     unit: usize,
     log: &mut dyn FnMut(String),
-) -> Result<(Vec<(usize, Option<usize>)>, usize, usize)> {
+) -> Result<(Points, usize, usize)> {
     let probes: &[usize] = if composed { &[2 * unit, 4 * unit, 6 * unit] } else { &[4 * unit, 8 * unit] };
-    let mut points: Vec<(usize, Option<usize>)> = Vec::new();
+    let mut points: Points = Vec::new();
     let probe =
         |t: usize, points: &mut Vec<(usize, Option<usize>)>, log: &mut dyn FnMut(String)| -> Result<Option<usize>> {
             let t0 = Instant::now();
