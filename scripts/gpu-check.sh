@@ -48,6 +48,12 @@
 #                   included; bench-cuda.json.
 #   memcheck_cuda   `tapir memcheck --device cuda` beside
 #                   benches/torch/memcheck.py; memcheck-cuda.json.
+#   attention_cuda  `tapir memcheck --device cuda --scenario attention`:
+#                   the fused causal attention's forward + backward at
+#                   T = 1,024 to 8,192 beside PyTorch's eager attention and
+#                   F.scaled_dot_product_attention (peak bytes, time);
+#                   attention-cuda.json. In the rehearsal, tapir's side
+#                   alone at a small T (the emulator is no GPU for time).
 #   cuda_ops        benches/torch/cuda_ops.py over bin/libtapir_bench_ffi.so:
 #                   matmul, elementwise and reduction against PyTorch in one
 #                   process; cuda-ops.jsonl.
@@ -59,8 +65,9 @@
 # emulated device stands in for the GPU, and a step whose tool this
 # machine lacks (nvidia-smi, compute-sanitizer, ncu, torch) is reported
 # "absent" instead of failing; on the GPU machine a missing tool fails.
-# GPU_CHECK_TEST_FILTER narrows the suite; GPU_CHECK_BENCH_ARGS and
-# GPU_CHECK_MEMCHECK_ARGS replace the two commands' sizes.
+# GPU_CHECK_TEST_FILTER narrows the suite; GPU_CHECK_BENCH_ARGS,
+# GPU_CHECK_MEMCHECK_ARGS and GPU_CHECK_ATTENTION_ARGS replace the three
+# commands' sizes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
@@ -272,6 +279,17 @@ step bench_cuda 90 need "$TORCH" -- "$BIN/tapir" bench --device cuda "${BENCH_AR
     --json "$WORK/bench-cuda.json" --plot "$WORK/bench-cuda.png"
 step memcheck_cuda 45 need "$TORCH" -- "$BIN/tapir" memcheck --device cuda "${MEMCHECK_ARGS[@]}" \
     --json "$WORK/memcheck-cuda.json" --plot "$WORK/memcheck-cuda.png"
+# Attention at long context beside PyTorch's eager attention and SDPA. A
+# bundle built before the scenario existed says so and the step is
+# recorded as skipped, with why, rather than failed.
+read -r -a ATTENTION_ARGS <<<"${GPU_CHECK_ATTENTION_ARGS:---t 1024,2048,4096,8192 --reps 5}"
+if "$BIN/tapir" memcheck --help 2>/dev/null | grep -q -- '--scenario'; then
+    step attention_cuda 60 need "$TORCH" -- "$BIN/tapir" memcheck --device cuda --scenario attention \
+        "${ATTENTION_ARGS[@]}" --json "$WORK/attention-cuda.json"
+else
+    echo "== attention_cuda: skipped: this bundle's tapir has no memcheck --scenario" | tee "$WORK/attention_cuda.log"
+    record attention_cuda skipped 0 0
+fi
 
 # 7. The CUDA kernels beside PyTorch's in one process (matmul 4096 f32 and
 # bf16, elementwise and reduction bandwidth against torch's copy, driver
@@ -308,10 +326,11 @@ summary = {
     "steps": {s.split()[0]: {"status": s.split()[1], "rc": int(s.split()[2]), "seconds": int(s.split()[3]),
                              "log": s.split()[0] + ".log"} for s in steps},
     "bench_cuda": load("bench-cuda.json"), "memcheck_cuda": load("memcheck-cuda.json"),
+    "attention_cuda": load("attention-cuda.json"),
     "cuda_ops": load("cuda-ops.jsonl"),
     "archive": "gpu-check.tar.gz (every log and result file)",
 }
-summary["steps_ok"] = all(v["status"] in ("ok", "absent") for v in summary["steps"].values())
+summary["steps_ok"] = all(v["status"] in ("ok", "absent", "skipped") for v in summary["steps"].values())
 json.dump(summary, open(out, "w"), indent=1)
 PY
 cp "$OUT/summary.json" "$WORK/summary.json" 2>/dev/null

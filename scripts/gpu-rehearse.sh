@@ -115,6 +115,7 @@ rc=0
         GPU_CHECK_TEST_FILTER="${GPU_REHEARSE_FILTER:-cuda_add cuda_matmul_f32}" \
         GPU_CHECK_BENCH_ARGS="--only scalar_chain --reps 1 --no-torch" \
         GPU_CHECK_MEMCHECK_ARGS="--only create_graph_cycle --iters 2 --size 0.05 --no-torch" \
+        GPU_CHECK_ATTENTION_ARGS="--t 64 --reps 1 --no-torch" \
         bash scripts/gpu-check.sh
 ) || rc=$?
 T2=$(date +%s)
@@ -143,7 +144,7 @@ steps = s["steps"]
 for name, v in steps.items():
     print(f"  {name:22} {v['status']:8} {v['seconds']:4} s")
 # The steps that need no GPU tool must have run, and passed.
-for must in ("machine", "suite", "differential_emu", "differential_gpu", "differential"):
+for must in ("machine", "suite", "differential_emu", "differential_gpu", "differential", "attention_cuda"):
     assert steps[must]["status"] == "ok", f"{must}: {steps[must]}"
 assert "libnvrtc" in s["libraries"].get("nvrtc", ""), s["libraries"]
 print("  libraries in use:", s["libraries"])

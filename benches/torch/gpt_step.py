@@ -14,6 +14,7 @@ import sys
 
 import torch
 import torch.nn as nn
+import torch.utils.checkpoint
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -23,23 +24,31 @@ VOCAB, BLOCK, D, LAYERS, HEADS, RATIO = 13, 16, 64, 2, 4, 4
 BATCH, T = 64, 9
 
 
+class Config:
+    """The model's shape (the `tapir gpt` defaults unless given)."""
+
+    def __init__(self, vocab=VOCAB, block=BLOCK, d=D, layers=LAYERS, heads=HEADS, ratio=RATIO):
+        self.vocab, self.block, self.d, self.layers, self.heads, self.ratio = vocab, block, d, layers, heads, ratio
+
+
 class Attention(nn.Module):
-    def __init__(self):
+    def __init__(self, cfg):
         super().__init__()
-        self.q, self.k, self.v, self.proj = (nn.Linear(D, D) for _ in range(4))
+        self.heads = cfg.heads
+        self.q, self.k, self.v, self.proj = (nn.Linear(cfg.d, cfg.d) for _ in range(4))
 
     def forward(self, x):
         b, t, c = x.shape
-        split = lambda l: l(x).view(b, t, HEADS, c // HEADS).transpose(1, 2)  # noqa: E731
+        split = lambda l: l(x).view(b, t, self.heads, c // self.heads).transpose(1, 2)  # noqa: E731
         y = F.scaled_dot_product_attention(split(self.q), split(self.k), split(self.v), is_causal=True)
         return self.proj(y.transpose(1, 2).reshape(b, t, c))
 
 
 class Block(nn.Module):
-    def __init__(self):
+    def __init__(self, cfg):
         super().__init__()
-        self.ln1, self.attn, self.ln2 = nn.LayerNorm(D), Attention(), nn.LayerNorm(D)
-        self.fc, self.proj = nn.Linear(D, RATIO * D), nn.Linear(RATIO * D, D)
+        self.ln1, self.attn, self.ln2 = nn.LayerNorm(cfg.d), Attention(cfg), nn.LayerNorm(cfg.d)
+        self.fc, self.proj = nn.Linear(cfg.d, cfg.ratio * cfg.d), nn.Linear(cfg.ratio * cfg.d, cfg.d)
 
     def forward(self, x):
         x = x + self.attn(self.ln1(x))
@@ -47,24 +56,41 @@ class Block(nn.Module):
 
 
 class Gpt(nn.Module):
-    def __init__(self):
+    """`checkpoint`: each block under torch.utils.checkpoint (its
+    activations recomputed in the backward), as `tapir gpt --checkpoint`."""
+
+    def __init__(self, cfg=None, checkpoint=False):
         super().__init__()
-        self.wte, self.wpe = nn.Embedding(VOCAB, D), nn.Embedding(BLOCK, D)
-        self.blocks = nn.ModuleList(Block() for _ in range(LAYERS))
-        self.ln_f = nn.LayerNorm(D)
+        cfg = cfg or Config()
+        self.vocab, self.checkpoint = cfg.vocab, checkpoint
+        self.wte, self.wpe = nn.Embedding(cfg.vocab, cfg.d), nn.Embedding(cfg.block, cfg.d)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
+        self.ln_f = nn.LayerNorm(cfg.d)
         for name, p in self.named_parameters():
             if name.endswith("bias"):
                 nn.init.zeros_(p)
             elif "ln" not in name:
-                std = 0.02 / math.sqrt(2 * LAYERS) if name.endswith("proj.weight") else 0.02
+                std = 0.02 / math.sqrt(2 * cfg.layers) if name.endswith("proj.weight") else 0.02
                 nn.init.normal_(p, std=std)
 
     def forward(self, idx, targets):
         x = self.wte(idx) + self.wpe.weight[: idx.shape[1]]
         for b in self.blocks:
-            x = b(x)
+            x = torch.utils.checkpoint.checkpoint(b, x, use_reentrant=False) if self.checkpoint else b(x)
         logits = self.ln_f(x) @ self.wte.weight.t()  # tied head
-        return F.cross_entropy(logits.view(-1, VOCAB), targets.view(-1))
+        return F.cross_entropy(logits.view(-1, self.vocab).float(), targets.view(-1))
+
+
+def adamw(model):
+    """AdamW as `tapir gpt` sets it: lr 3e-3, betas 0.9/0.99, weight decay
+    0.1 except on norms and biases."""
+    decay = [p for n, p in model.named_parameters() if not (n.endswith("bias") or "ln" in n)]
+    no_decay = [p for n, p in model.named_parameters() if n.endswith("bias") or "ln" in n]
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=3e-3,
+        betas=(0.9, 0.99),
+    )
 
 
 def main():
@@ -79,13 +105,7 @@ def main():
     torch.manual_seed(0)
     base = baseline(dev)
     model = Gpt().to(dev)
-    decay = [p for n, p in model.named_parameters() if not (n.endswith("bias") or "ln" in n)]
-    no_decay = [p for n, p in model.named_parameters() if n.endswith("bias") or "ln" in n]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=3e-3,
-        betas=(0.9, 0.99),
-    )
+    opt = adamw(model)
     x = torch.randint(0, VOCAB, (BATCH, T)).to(dev)
     y = torch.randint(0, VOCAB, (BATCH, T)).to(dev)
 

@@ -7,6 +7,7 @@ each iteration), which differs in kind from tapir's exact allocator count.
 """
 import argparse
 import json
+import math
 import os
 import sys
 
@@ -201,6 +202,160 @@ def hessian_optimizer_loop(m, size, iters, dev):
     return m.result()
 
 
+# Memory at training scale (`tapir memcheck --scenario attention|checkpoint|amp`):
+# one step's peak above the bytes live before it, the bytes it leaves live,
+# and its median time, per variant.
+
+def _counters(dev):
+    """(now, reset_peak, peak, how) for this device: torch.cuda's counters,
+    or the preloaded allocator shim's on the CPU (None without it)."""
+    if dev.type == "cuda":
+        def now():
+            torch.cuda.synchronize(dev)
+            return torch.cuda.memory_allocated(dev)
+        return (now, lambda: torch.cuda.reset_peak_memory_stats(dev),
+                lambda: torch.cuda.max_memory_allocated(dev), "torch.cuda.max_memory_allocated (exact)")
+    from nn_common import shim
+    s = shim()
+    if s is None:
+        return None
+    live, peak, reset = s
+    return live, reset, peak, "allocator shim (exact bytes of PyTorch's CPU allocator)"
+
+
+def _figure(dev, step, reps, before=None):
+    """Peak above the live bytes before one step, live bytes it leaves, and
+    the median seconds of `reps` more after a warm-up step (reps 0: the one
+    step measured for bytes, timed too)."""
+    import time
+
+    def timed():
+        t0 = time.perf_counter()
+        step()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        took = time.perf_counter() - t0
+        if before:
+            before()
+        return took
+
+    if reps > 0:
+        timed()
+    c = _counters(dev)
+    peak = live = None
+    if c:
+        now, reset, peak_fn, _ = c
+        base = now()
+        reset()
+        first = timed()
+        peak, live = peak_fn() - base, now() - base
+    else:
+        first = timed()
+    times = sorted(timed() for _ in range(reps)) or [first]
+    return {"peak_bytes": peak, "live_bytes": live, "seconds": times[len(times) // 2], "times": times}
+
+
+def scale_attention(dev, a):
+    """Causal attention forward and backward on q, k, v [B, T, C]: eager
+    (scores, mask, softmax, matmul) and F.scaled_dot_product_attention."""
+    b, h, d = a.batch, a.heads, a.head_dim
+    out = {}
+    for t in a.t:
+        torch.manual_seed(0)
+        q, k, v, g = (torch.randn(b, t, h * d, device=dev) for _ in range(4))
+        for x in (q, k, v):
+            x.requires_grad_()
+        mask = None
+
+        def run(kind):
+            def split(x):
+                return x.view(b, t, h, d).transpose(1, 2)
+            qh, kh, vh = split(q), split(k), split(v)
+            if kind == "eager":
+                s = (qh @ kh.transpose(-2, -1)) / math.sqrt(d)
+                s = s.masked_fill(torch.ones(t, t, dtype=torch.bool, device=dev).triu(1), float("-inf"))
+                y = torch.softmax(s, -1) @ vh
+            else:
+                y = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True)
+            y = y.transpose(1, 2).reshape(b, t, h * d)
+            (y * g).sum().backward()
+
+        def clear():
+            for x in (q, k, v):
+                x.grad = None
+
+        row = {}
+        for kind in ("eager", "sdpa"):
+            if kind == "eager" and t > a.eager_max_t:
+                row[kind] = {"skipped": f"T > --eager-max-t {a.eager_max_t}"}
+                continue
+            print(f"torch: attention {kind} T={t} ...", file=sys.stderr)
+            row[kind] = _figure(dev, lambda: run(kind), a.reps, clear)
+        del mask
+        out[str(t)] = row
+    return out
+
+
+def scale_gpt(dev, a, variants):
+    """One training step (forward, backward, AdamW) of the `tapir gpt`
+    model (benches/torch/gpt_step.py's, at the shape given) per variant:
+    "plain", "checkpoint" (torch.utils.checkpoint per block), "bf16"
+    (torch.autocast(dtype=torch.bfloat16))."""
+    from gpt_step import Config, Gpt, adamw
+    cfg = Config(vocab=a.vocab, block=a.gpt_t, d=a.d_model, layers=a.layers, heads=a.heads, ratio=4)
+    out = {}
+    for name in variants:
+        torch.manual_seed(0)
+        model = Gpt(cfg, checkpoint=(name == "checkpoint")).to(dev)
+        opt = adamw(model)
+        x = torch.randint(0, a.vocab, (a.gpt_batch, a.gpt_t), device=dev)
+        y = torch.randint(0, a.vocab, (a.gpt_batch, a.gpt_t), device=dev)
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            if name == "bf16":
+                with torch.autocast(device_type=dev.type, dtype=torch.bfloat16):
+                    loss = model(x, y)
+            else:
+                loss = model(x, y)
+            loss.backward()
+            opt.step()
+            return loss.item()
+
+        print(f"torch: gpt step {name} ...", file=sys.stderr)
+        out[name] = _figure(dev, step, a.reps, lambda: opt.zero_grad(set_to_none=True))
+        del model, opt
+    return out
+
+
+SCALE = {
+    "attention": scale_attention,
+    "checkpoint": lambda dev, a: scale_gpt(dev, a, ["plain", "checkpoint"]),
+    "amp": lambda dev, a: scale_gpt(dev, a, ["plain", "bf16"]),
+}
+
+
+def scale_main(a):
+    dev = torch.device(a.device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        print(f"torch {torch.__version__} has no CUDA device", file=sys.stderr)
+        sys.exit(3)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    c = _counters(dev)
+    out = {
+        "torch_version": torch.__version__,
+        "device": a.device,
+        "threads": torch.get_num_threads(),
+        "measure": c[3] if c else "none (run with benches/torch/cpu_alloc_shim.so preloaded for exact CPU bytes)",
+        "scenarios": {},
+    }
+    for name in a.scenario.split(","):
+        out["scenarios"][name] = SCALE[name](dev, a)
+    json.dump(out, sys.stdout)
+
+
 SCENARIOS = {f.__name__: f for f in [
     create_graph_cycle, pinn_create_graph, returned_second_derivative, accumulated_loss,
     eager_graph_growth, onehot_cross_entropy, hessian_optimizer_loop,
@@ -213,7 +368,25 @@ def main():
     ap.add_argument("--size", type=float, default=1.0)
     ap.add_argument("--only", default="")
     ap.add_argument("--device", default="cpu")
+    # The scale scenarios (attention, checkpoint, amp) and their shapes.
+    ap.add_argument("--scenario", default="")
+    ap.add_argument("--t", default="1024", help="attention's sequence lengths, comma-separated")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--head-dim", type=int, default=64)
+    ap.add_argument("--eager-max-t", type=int, default=8192)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--vocab", type=int, default=65)
+    ap.add_argument("--gpt-t", type=int, default=256)
+    ap.add_argument("--gpt-batch", type=int, default=8)
+    ap.add_argument("--d-model", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=4)
     a = ap.parse_args()
+    if a.scenario:
+        a.t = [int(x) for x in a.t.split(",") if x]
+        scale_main(a)
+        return
     on_cuda = a.device.startswith("cuda")
     if on_cuda and not torch.cuda.is_available():
         print(f"torch {torch.__version__} has no CUDA device", file=sys.stderr)

@@ -121,6 +121,17 @@ pub struct Args {
     /// low dtype, norms, softmax, residuals and the loss in f32.
     #[arg(long, default_value = "f32")]
     pub precision: String,
+    /// The f16 loss scaler's starting scale (PyTorch's init_scale,
+    /// 65,536 by default); a step whose scaled gradients overflow is
+    /// skipped and the scale halved.
+    #[arg(long)]
+    pub loss_scale: Option<f64>,
+    /// Attention as its composition (a matmul for the scores, the causal
+    /// softmax, a matmul with the values: [B, heads, T, T] scores and
+    /// probabilities kept for the backward) instead of the fused op that
+    /// holds nothing quadratic in T; a baseline for memory comparisons.
+    #[arg(long)]
+    pub composed_attention: bool,
     /// Where to train: cpu, cuda, cuda:N, or auto (CUDA when present, else
     /// the CPU). Memory figures are that device's.
     #[arg(long, default_value = "cpu")]
@@ -222,13 +233,25 @@ pub struct Summary {
     pub live: Vec<usize>,
     /// Peak bytes during each step.
     pub peak: Vec<usize>,
-    /// True when live bytes were identical at every step boundary after the
-    /// first step.
+    /// True when live bytes were identical at every step boundary from the
+    /// first step the optimizer took (which allocates its moments; an f16
+    /// step skipped before it allocates nothing).
     pub memory_flat: bool,
+    /// The index in [`Summary::live`] of that first step.
+    pub flat_from: usize,
     /// Held-out exact-match accuracy at the end (sums only).
     pub accuracy: Option<f64>,
     /// (step, accuracy) of each evaluation.
     pub evals: Vec<(usize, f64)>,
+    /// Mean cross-entropy of the answer characters of the held-out sums
+    /// (teacher-forced, in f32) at the end (sums only).
+    pub held_out_loss: Option<f64>,
+    /// (step, held-out loss) of each evaluation.
+    pub held_out_losses: Vec<(usize, f64)>,
+    /// The f16 loss scaler's scale after each step (empty without one).
+    pub scales: Vec<f64>,
+    /// Steps skipped because their scaled gradients overflowed (f16).
+    pub skipped: Vec<usize>,
     /// Seconds of the whole run (evaluations and checkpoints included).
     pub wall_s: f64,
     /// Seconds of the training steps alone: batches, forward, backward and
@@ -326,10 +349,14 @@ impl Sums {
     /// Inputs and targets `[n, line_len - 1]`: targets are the answer and
     /// the end mark; the prompt and the padding after the end are ignored.
     fn batch(&self, rng: &mut Rng, n: usize) -> anyhow::Result<(Tensor, Tensor)> {
-        let t = self.line_len() - 1;
+        let pairs: Vec<(u32, u32)> = (0..n).map(|_| self.train[rng.below(self.train.len() as u64) as usize]).collect();
+        self.rows(&pairs)
+    }
+    /// Inputs and targets of these sums, as [`Sums::batch`] makes them.
+    fn rows(&self, pairs: &[(u32, u32)]) -> anyhow::Result<(Tensor, Tensor)> {
+        let (n, t) = (pairs.len(), self.line_len() - 1);
         let (mut xs, mut ys) = (Vec::with_capacity(n * t), Vec::with_capacity(n * t));
-        for _ in 0..n {
-            let (a, b) = self.train[rng.below(self.train.len() as u64) as usize];
+        for &(a, b) in pairs {
             let mut ids = self.vocab.encode(&self.line(a, b))?;
             let answer_end = ids.len() - 1; // index of the end mark
             ids.resize(t + 1, self.vocab.id(END).expect("internal: end mark") as i64);
@@ -442,6 +469,28 @@ fn accuracy(model: &Gpt, store: &ParamStore, sums: &Sums) -> anyhow::Result<f64>
     let got = answers(model, store, sums, &sums.test)?;
     let right = sums.test.iter().zip(&got).filter(|(&(a, b), g)| (a + b).to_string() == **g).count();
     Ok(right as f64 / sums.test.len() as f64)
+}
+
+/// Mean cross-entropy of the answers (and end marks) of the held-out sums,
+/// teacher-forced, in f32: the training loss's measure on data never
+/// trained on.
+fn held_out_loss(model: &Gpt, store: &ParamStore, sums: &Sums) -> anyhow::Result<f64> {
+    if sums.test.is_empty() {
+        return Ok(f64::NAN);
+    }
+    let device = store.device()?;
+    let (mut total, mut count) = (0.0, 0usize);
+    for chunk in sums.test.chunks(1024) {
+        let (x, y) = sums.rows(chunk)?;
+        let (x, y) = (x.to_device(device)?, y.to_device(device)?);
+        let loss = Graph::scope(|g| model.loss(&store.bind(g), &x, &y, None)?.item())?;
+        // Every sum of a chunk has the same number of counted targets
+        // only when the answers have the same length: weight by them.
+        let counted = y.to_vec::<i64>()?.iter().filter(|&&v| v != -100).count();
+        total += loss * counted as f64;
+        count += counted;
+    }
+    Ok(total / count.max(1) as f64)
 }
 
 /// `prompt` followed by `n` generated characters.
@@ -645,6 +694,7 @@ fn train_on(a: &Args, comm: &Communicator, device: Device, transport: &'static s
     let mut store = ParamStore::new();
     let mut model = Gpt::new(&mut store, cfg.clone(), &mut rng, DType::F32)?;
     model.checkpoint = a.checkpoint;
+    model.set_composed_attention(a.composed_attention);
     let mut opt = Adam::adamw(a.lr, a.weight_decay);
     opt.beta2 = 0.99;
     let mut start = 0;
@@ -703,8 +753,13 @@ fn train_on(a: &Args, comm: &Communicator, device: Device, transport: &'static s
         live: vec![],
         peak: vec![],
         memory_flat: true,
+        flat_from: 0,
         accuracy: None,
         evals: vec![],
+        held_out_loss: None,
+        held_out_losses: vec![],
+        scales: vec![],
+        skipped: vec![],
         wall_s: 0.0,
         train_s: 0.0,
         eval_s: 0.0,
@@ -719,8 +774,14 @@ fn train_on(a: &Args, comm: &Communicator, device: Device, transport: &'static s
         threads: vec![],
     };
     let precision = Precision::parse(&a.precision)?;
-    let mut scaler = (precision == Precision::F16).then(GradScaler::default);
+    let mut scaler = match (precision, a.loss_scale) {
+        (Precision::F16, Some(scale)) => Some(GradScaler::new(scale)?),
+        (Precision::F16, None) => Some(GradScaler::default()),
+        (_, Some(_)) => bail!("--loss-scale applies to --precision f16 only"),
+        (_, None) => None,
+    };
     let mut tokens = 0usize;
+    let mut took_step = false;
     let meta = |step: usize| config_metadata(&cfg, &task_name, &vocab, seed, step);
     for step in start..end {
         let step_t0 = Instant::now();
@@ -770,10 +831,15 @@ fn train_on(a: &Args, comm: &Communicator, device: Device, transport: &'static s
             Some(s) => {
                 let unscaled = s.unscale(&grads)?;
                 s.update(unscaled.is_some());
+                summary.scales.push(s.scale);
+                if unscaled.is_none() {
+                    summary.skipped.push(step);
+                }
                 unscaled
             }
             None => Some(grads),
         };
+        let stepped = grads.is_some();
         if let Some(mut grads) = grads {
             if a.clip > 0.0 {
                 grads.clip_global_norm(a.clip)?;
@@ -782,7 +848,12 @@ fn train_on(a: &Args, comm: &Communicator, device: Device, transport: &'static s
         }
         drop((x, y));
         let stats = memory_stats(device);
-        if let Some(&first) = summary.live.first() {
+        if !stepped && !took_step {
+            // Nothing is compared before the optimizer's first step.
+            summary.flat_from = summary.live.len() + 1;
+        }
+        took_step |= stepped;
+        if let Some(&first) = summary.live.get(summary.flat_from) {
             if stats.allocated != first {
                 summary.memory_flat = false;
             }
@@ -806,13 +877,15 @@ fn train_on(a: &Args, comm: &Communicator, device: Device, transport: &'static s
             if rank == 0 && ((a.eval_every > 0 && done % a.eval_every == 0) || done == end) {
                 let eval_t0 = Instant::now();
                 let acc = accuracy(&model, &store, s)?;
+                let held = held_out_loss(&model, &store, s)?;
                 summary.eval_s += eval_t0.elapsed().as_secs_f64();
                 summary.evals.push((done, acc));
+                summary.held_out_losses.push((done, held));
                 if acc >= 0.95 && summary.time_to_95.is_none() {
                     summary.time_to_95 = Some(t0.elapsed().as_secs_f64());
                 }
                 let line = format!(
-                    "step {done:>5}  loss {loss:.4}  held-out exact match {:5.1}%  ({:.0} s)",
+                    "step {done:>5}  loss {loss:.4}  held-out exact match {:5.1}%, loss {held:.4}  ({:.0} s)",
                     100.0 * acc,
                     t0.elapsed().as_secs_f64()
                 );
@@ -835,6 +908,7 @@ fn train_on(a: &Args, comm: &Communicator, device: Device, transport: &'static s
     summary.wall_s = t0.elapsed().as_secs_f64();
     summary.tokens_per_s = tokens as f64 / summary.train_s.max(1e-9);
     summary.accuracy = summary.evals.last().map(|e| e.1);
+    summary.held_out_loss = summary.held_out_losses.last().map(|e| e.1);
     summary.allreduce_s = ddp.as_ref().map_or(Ok(0.0), DataParallel::comm_seconds)?;
     summary.rank_tokens_per_s = if world > 1 {
         comm.all_gather(&Tensor::from_vec(vec![summary.tokens_per_s], [1])?.to_device(device)?)?.to_vec::<f64>()?
@@ -879,6 +953,8 @@ fn write_json(path: &Path, s: &Summary) -> anyhow::Result<()> {
         "peak": s.peak,
         "memory_flat": s.memory_flat,
         "accuracy": s.accuracy,
+        "held_out_loss": s.held_out_loss,
+        "skipped_steps": s.skipped,
         "train_s": s.train_s,
         "tokens_per_s": s.tokens_per_s,
         "world": s.world,
@@ -972,8 +1048,15 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         println!("evaluation   {:.1} s  ({} held-out evaluations)", s.eval_s, s.evals.len());
     }
     println!("wall time    {:.1} s  (the whole loop)", s.wall_s);
+    if !s.skipped.is_empty() {
+        println!(
+            "loss scaler  {} steps skipped (gradients overflowed), scale now {}",
+            s.skipped.len(),
+            s.scales.last().copied().unwrap_or(f64::NAN)
+        );
+    }
     if let Some(acc) = s.accuracy {
-        println!("held-out     {:.2}% exact match", 100.0 * acc);
+        println!("held-out     {:.2}% exact match, loss {:.4}", 100.0 * acc, s.held_out_loss.unwrap_or(f64::NAN));
         match s.time_to_95 {
             Some(t) => println!("reached 95%  after {t:.1} s"),
             None => println!("reached 95%  no"),
@@ -990,11 +1073,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         );
     }
     let peak = s.peak.iter().copied().max().unwrap_or(0);
-    match (s.live.first(), s.memory_flat) {
+    match (s.live.get(s.flat_from), s.memory_flat) {
         (Some(&b), true) => println!(
-            "memory       live {} at every step boundary after the first ({} boundaries, flat); peak {}",
+            "memory       live {} at every step boundary from the optimizer's first step ({} boundaries, flat); peak {}",
             chart::bytes(b as f64),
-            s.live.len(),
+            s.live.len() - s.flat_from,
             chart::bytes(peak as f64)
         ),
         (Some(_), false) => {

@@ -7,5 +7,6 @@ pub mod chart;
 pub mod device;
 pub mod gpt;
 pub mod memcheck;
+pub mod memcheck_scale;
 pub mod pinn;
 pub mod profile;

@@ -48,6 +48,80 @@ pub struct Args {
     /// (tapir's counters, torch.cuda.max_memory_allocated).
     #[arg(long, default_value = "cpu")]
     pub device: DeviceArg,
+    /// What to run (comma-separated): `leaks` (the PyTorch leak patterns
+    /// above, the default), `attention` (fused causal attention against
+    /// PyTorch's eager attention and SDPA), `checkpoint` (a `tapir gpt`
+    /// training step with and without activation checkpointing, against
+    /// torch.utils.checkpoint), `amp` (that step in f32 and bf16, against
+    /// torch.autocast), `context` (the longest context whose step fits
+    /// --budget-mib, fused attention against the composed path; tapir
+    /// only), or `scale` (attention, checkpoint and amp).
+    #[arg(long, value_delimiter = ',', default_value = "leaks")]
+    pub scenario: Vec<String>,
+    /// attention: sequence lengths (default 1024,2048,4096,8192 on the
+    /// CPU, 256 on CUDA, where the emulated device takes minutes past 1024).
+    #[arg(long, value_delimiter = ',')]
+    pub t: Vec<usize>,
+    /// attention: batch.
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
+    /// attention, checkpoint, amp, context: heads.
+    #[arg(long, default_value_t = 4)]
+    pub heads: usize,
+    /// attention: width of each head.
+    #[arg(long, default_value_t = 64)]
+    pub head_dim: usize,
+    /// attention: PyTorch's eager attention runs up to this T (its
+    /// [B, H, T, T] tensors take 1 GiB each at T = 8192, H = 4).
+    #[arg(long, default_value_t = 8192)]
+    pub eager_max_t: usize,
+    /// Timed steps per variant (the median is reported), after one warm-up
+    /// step and one measured for bytes; 0: the step measured for bytes
+    /// alone (the emulated device, where a long step takes minutes).
+    #[arg(long, default_value_t = 3)]
+    pub reps: usize,
+    /// checkpoint, amp, context: vocabulary of the model.
+    #[arg(long, default_value_t = 65)]
+    pub vocab: usize,
+    /// checkpoint, amp: context length.
+    #[arg(long, default_value_t = 256)]
+    pub gpt_t: usize,
+    /// checkpoint, amp: sequences a step.
+    #[arg(long, default_value_t = 8)]
+    pub gpt_batch: usize,
+    /// checkpoint, amp: width of the model.
+    #[arg(long, default_value_t = 128)]
+    pub d_model: usize,
+    /// checkpoint, amp: blocks.
+    #[arg(long, default_value_t = 4)]
+    pub layers: usize,
+    /// context: the memory the step must fit in, in MiB, judged by the
+    /// step's measured peak (on the emulated device, TAPIR_CUDA_EMU_MEMORY
+    /// sets the device's memory; give it room for the caching allocator's
+    /// segments, e.g. 4 times the budget).
+    #[arg(long, default_value_t = 16.0)]
+    pub budget_mib: f64,
+    /// context: width of the model.
+    #[arg(long, default_value_t = 64)]
+    pub context_d_model: usize,
+    /// context: blocks.
+    #[arg(long, default_value_t = 2)]
+    pub context_layers: usize,
+    /// context: contexts are multiples of this.
+    #[arg(long, default_value_t = 64)]
+    pub context_unit: usize,
+}
+
+impl Default for Args {
+    fn default() -> Self {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Wrap {
+            #[command(flatten)]
+            args: Args,
+        }
+        Wrap::parse_from(["memcheck"]).args
+    }
 }
 
 /// What one scenario measured in tapir.
@@ -329,7 +403,7 @@ struct Row {
     torch: Option<Value>,
 }
 
-fn torch_script() -> Option<PathBuf> {
+pub(crate) fn torch_script() -> Option<PathBuf> {
     let candidates = [
         PathBuf::from("benches/torch/memcheck.py"),
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../benches/torch/memcheck.py"),
@@ -469,6 +543,40 @@ fn panel(r: &Row, torch_label: &str) -> Panel {
 
 /// Runs the command.
 pub fn run(a: Args) -> anyhow::Result<()> {
+    let mut scale: Vec<&str> = Vec::new();
+    let mut leaks = false;
+    for s in &a.scenario {
+        match s.as_str() {
+            "leaks" => leaks = true,
+            "scale" => scale.extend(["attention", "checkpoint", "amp"]),
+            other => match crate::memcheck_scale::SCALE_SCENARIOS.iter().find(|n| **n == other) {
+                Some(n) => scale.push(n),
+                None => anyhow::bail!(
+                    "no scenario {other:?}: leaks, scale, {}",
+                    crate::memcheck_scale::SCALE_SCENARIOS.join(", ")
+                ),
+            },
+        }
+    }
+    scale.dedup();
+    if leaks {
+        run_leaks(&a)?;
+    }
+    if !scale.is_empty() {
+        let started = Instant::now();
+        let doc = crate::memcheck_scale::run(&a, &scale, a.device.pick()?)?;
+        // Beside the leak report when both ran, else in its place.
+        let path = if leaks { a.json.with_extension("scale.json") } else { a.json.clone() };
+        std::fs::write(&path, serde_json::to_string_pretty(&doc)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        println!();
+        println!("report: {}   ({:.1} s)", path.display(), started.elapsed().as_secs_f64());
+    }
+    Ok(())
+}
+
+/// The leak patterns (`--scenario leaks`).
+fn run_leaks(a: &Args) -> anyhow::Result<()> {
     let all = scenarios();
     let known = || all.iter().map(|s| s.name).collect::<Vec<_>>().join(", ");
     if let Some(bad) = a.only.iter().find(|o| !all.iter().any(|s| &s.name == o)) {
@@ -485,7 +593,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         Err("disabled with --no-torch".to_string())
     } else {
         eprintln!("running the PyTorch mirror (benches/torch/memcheck.py)...");
-        run_torch(&a, &chosen.iter().map(|s| s.name).collect::<Vec<_>>(), device)
+        run_torch(a, &chosen.iter().map(|s| s.name).collect::<Vec<_>>(), device)
     };
     match &torch {
         Ok(v) => println!(

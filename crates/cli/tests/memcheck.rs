@@ -35,7 +35,7 @@ fn report_schema_without_python() {
         only: vec!["create_graph_cycle".into(), "accumulated_loss".into()],
         no_torch: false,
         python: "python3-that-does-not-exist".into(),
-        device: Default::default(),
+        ..Args::default()
     };
     run(args).unwrap();
     let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("r.json")).unwrap()).unwrap();
@@ -71,6 +71,91 @@ fn args_clone(dir: &std::path::Path) -> Args {
         only: vec![],
         no_torch: false,
         python: "python3".into(),
-        device: Default::default(),
+        ..Args::default()
     }
+}
+
+#[test]
+fn scale_scenarios_at_tiny_sizes() {
+    // attention, checkpoint and amp without PyTorch: each step leaves
+    // nothing live, and checkpointing lowers the step's peak; the JSON
+    // report carries every row.
+    let _s = LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = std::env::temp_dir().join(format!("tapir-memcheck-scale-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let args = Args {
+        scenario: vec!["scale".into()],
+        t: vec![40],
+        head_dim: 8,
+        reps: 1,
+        gpt_t: 16,
+        gpt_batch: 2,
+        d_model: 32,
+        layers: 2,
+        vocab: 13,
+        json: dir.join("s.json"),
+        no_torch: true,
+        ..Args::default()
+    };
+    run(args).unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("s.json")).unwrap()).unwrap();
+    assert_eq!(doc["schema"], "tapir-memcheck-scale/1");
+    assert!(doc["torch_skipped"].as_str().unwrap().contains("--no-torch"));
+    let sc = &doc["scenarios"];
+    let att = &sc["attention"]["rows"][0];
+    assert_eq!(att["t"], 40);
+    assert_eq!(att["tapir"]["live_bytes"], 0);
+    assert!(att["tapir"]["peak_bytes"].as_u64().unwrap() > 0);
+    for name in ["checkpoint", "amp"] {
+        let rows = sc[name]["rows"].as_array().unwrap();
+        assert_eq!(rows.len(), 2, "{name}");
+        for r in rows {
+            assert_eq!(r["tapir"]["live_bytes"], 0, "{name} {}: the step leaves nothing live", r["variant"]);
+        }
+    }
+    let peak = |v: &str| {
+        sc["checkpoint"]["rows"].as_array().unwrap().iter().find(|r| r["variant"] == v).unwrap()["tapir"]["peak_bytes"]
+            .as_u64()
+            .unwrap()
+    };
+    assert!(peak("checkpoint") < peak("plain"), "checkpoint {} vs plain {}", peak("checkpoint"), peak("plain"));
+    assert!(run(Args { scenario: vec!["nope".into()], ..Args::default() }).is_err());
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn context_scenario_finds_a_longer_context_for_fused_attention() {
+    // The longest context whose training step fits a budget: the fused
+    // attention holds nothing quadratic in T, the composed path its
+    // [B, H, T, T] probabilities, so the fused path fits a longer one.
+    let _s = LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = std::env::temp_dir().join(format!("tapir-memcheck-context-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let args = Args {
+        scenario: vec!["context".into()],
+        budget_mib: 1.0,
+        context_d_model: 16,
+        context_layers: 1,
+        heads: 2,
+        vocab: 13,
+        context_unit: 16,
+        json: dir.join("c.json"),
+        ..Args::default()
+    };
+    run(args).unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("c.json")).unwrap()).unwrap();
+    let paths = &doc["scenarios"]["context"]["paths"];
+    let (fused, composed) =
+        (paths["fused"]["longest_t"].as_u64().unwrap(), paths["composed"]["longest_t"].as_u64().unwrap());
+    println!("1 MiB: fused {fused}, composed {composed}");
+    assert!(composed > 0 && fused > composed, "fused {fused}, composed {composed}");
+    for p in ["fused", "composed"] {
+        let peak = paths[p]["peak_bytes"].as_u64().unwrap();
+        assert!(peak > 0 && peak <= 1 << 20, "{p}: {peak}");
+        // The next context up was measured and did not fit.
+        let t = paths[p]["longest_t"].as_u64().unwrap();
+        let next = paths[p]["points"].as_array().unwrap().iter().find(|x| x["t"] == t + 16).expect("next point");
+        assert!(next["peak_bytes"].as_u64().is_none_or(|b| b > 1 << 20), "{p}: {next}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
 }

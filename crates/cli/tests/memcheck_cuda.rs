@@ -10,10 +10,11 @@ fn cuda_or_skip(test: &str) -> Option<Device> {
     tapir_testing::cuda_or_skip(test, Device::cuda(0))
 }
 
+/// One test at a time: the device's counters are shared by the process.
+static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// The scenarios on `dev`, each growing by exactly zero bytes.
 fn flat_on(dev: Device, names: &[&str]) {
-    // One test at a time: the device's counters are shared by the process.
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let before = memory_allocated(dev);
     for s in scenarios().iter().filter(|s| names.contains(&s.name)) {
@@ -45,4 +46,19 @@ fn memcheck_scenarios_on_cuda_are_flat() {
 fn memcheck_onehot_scenario_on_cuda_is_flat() {
     let Some(dev) = cuda_or_skip("memcheck_onehot_scenario_on_cuda_is_flat") else { return };
     flat_on(dev, &["onehot_cross_entropy"]);
+}
+
+#[tapir_testing::cuda_test]
+fn memcheck_attention_scenario_on_cuda_matches_the_formula() {
+    // The attention scenario's step (leaves, the fused op, a backward with
+    // the output's gradient given) peaks at exactly 16 B T C + 8 B H T
+    // bytes above its inputs on the device, T a multiple of no tile.
+    let Some(dev) = cuda_or_skip("memcheck_attention_scenario_on_cuda_matches_the_formula") else { return };
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    use tapir_cli::memcheck_scale::{attention_figure, fused_attention_formula};
+    for (t, h, d) in [(40, 2, 32), (97, 4, 16)] {
+        let f = attention_figure(dev, 1, t, h, d, 1).unwrap();
+        assert_eq!(f.peak, fused_attention_formula(1, t, h * d, h), "T={t} H={h} D={d}");
+        assert_eq!(f.live, 0);
+    }
 }

@@ -6,9 +6,9 @@
 
 use tapir_autograd::Var;
 use tapir_tensor::ops::CrossEntropyOptions;
-use tapir_tensor::{BinaryOps, CrossEntropyOps, DType, Error, Result, Rng, ShapeOps, Tensor};
+use tapir_tensor::{BinaryOps, CrossEntropyOps, DType, Diff, Error, Result, Rng, ShapeOps, Tensor};
 
-use crate::attention::CausalSelfAttention;
+use crate::attention::{CausalAttention, CausalSelfAttention};
 use crate::layers::{Activation, Dropout, Embedding, Linear, Mlp};
 use crate::norm::LayerNorm;
 use crate::params::{Bound, ParamStore};
@@ -62,6 +62,11 @@ pub struct Block {
     pub mlp: Mlp,
     /// Dropout on each residual branch.
     pub drop: Dropout,
+    /// Run attention as its composition (scores by a matmul, the causal
+    /// softmax, a matmul with the values), which holds `[B, H, T, T]`
+    /// scores and probabilities, instead of the fused op: the baseline a
+    /// memory comparison needs (false from [`Block::new`]).
+    pub composed_attention: bool,
 }
 
 impl Block {
@@ -83,7 +88,7 @@ impl Block {
             ],
             activation: Activation::GeluTanh,
         };
-        Ok(Block { ln1, attn, ln2, mlp, drop: Dropout::new(cfg.dropout)? })
+        Ok(Block { ln1, attn, ln2, mlp, drop: Dropout::new(cfg.dropout)?, composed_attention: false })
     }
 
     /// `x + attn(ln1(x))`, then `+ mlp(ln2(.))`, on `[B, T, C]`. Without
@@ -92,7 +97,18 @@ impl Block {
     pub fn forward<'g>(&self, p: &Bound<'g>, x: Var<'g>, mut rng: Option<&mut Rng>) -> Result<Var<'g>> {
         let dropping = rng.is_some() && self.drop.p > 0.0;
         let h = self.ln1.forward(p, x)?;
-        let x = if dropping {
+        let x = if self.composed_attention && !(rng.is_some() && self.attn.attn_drop.p > 0.0) {
+            let att = &self.attn;
+            let (q, k, v) = (att.q.forward(p, h)?, att.k.forward(p, h)?, att.v.forward(p, h)?);
+            let c = q.shape().dims()[2];
+            let op = CausalAttention { heads: att.heads, scale: 1.0 / ((c / att.heads) as f64).sqrt() };
+            let y = op.composed(&q, &k, &v)?;
+            if dropping {
+                x.add(&self.drop.forward(att.proj.forward(p, y)?, rng.as_deref_mut())?)?
+            } else {
+                att.proj.forward_residual(p, y, x)?
+            }
+        } else if dropping {
             let a = self.attn.forward(p, h, rng.as_deref_mut())?;
             x.add(&self.drop.forward(a, rng.as_deref_mut())?)?
         } else {
@@ -151,6 +167,14 @@ impl Gpt {
         };
         let drop = Dropout::new(cfg.dropout)?;
         Ok(Gpt { cfg, wte, wpe, blocks, ln_f, head, drop, checkpoint: false })
+    }
+
+    /// Every block's attention as its composition (`true`) or the fused
+    /// op (`false`, the default); see [`Block::composed_attention`].
+    pub fn set_composed_attention(&mut self, composed: bool) {
+        for b in &mut self.blocks {
+            b.composed_attention = composed;
+        }
     }
 
     /// The final hidden states `[B, T, d_model]` for token ids `[B, T]`
