@@ -18,6 +18,7 @@ use crate::storage::Storage;
 use crate::{DType, Device, Layout, Shape};
 
 pub mod binary;
+pub mod cross_entropy;
 pub mod index;
 pub mod matmul;
 pub mod random;
@@ -27,6 +28,7 @@ pub mod softmax;
 pub mod unary;
 
 pub use binary::{Binary, BinaryKernels, Cmp};
+pub use cross_entropy::CrossEntropyKernels;
 pub use index::IndexKernels;
 pub use matmul::MatmulKernels;
 pub use random::RandomKernels;
@@ -81,6 +83,7 @@ pub trait Backend:
     + IndexKernels
     + MatmulKernels
     + RandomKernels
+    + CrossEntropyKernels
     + Sync
 {
     /// True for the CPU backend, whose kernels read host memory; false for
