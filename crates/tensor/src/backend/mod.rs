@@ -21,6 +21,7 @@ pub mod binary;
 pub mod cross_entropy;
 pub mod index;
 pub mod matmul;
+pub mod optim;
 pub mod random;
 pub mod reduce;
 pub mod shape;
@@ -31,6 +32,7 @@ pub use binary::{Binary, BinaryKernels, Cmp};
 pub use cross_entropy::CrossEntropyKernels;
 pub use index::IndexKernels;
 pub use matmul::MatmulKernels;
+pub use optim::OptimKernels;
 pub use random::RandomKernels;
 pub use reduce::ReduceKernels;
 pub use shape::ShapeKernels;
@@ -84,6 +86,7 @@ pub trait Backend:
     + MatmulKernels
     + RandomKernels
     + CrossEntropyKernels
+    + OptimKernels
     + Sync
 {
     /// True for the CPU backend, whose kernels read host memory; false for
