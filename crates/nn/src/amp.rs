@@ -21,40 +21,7 @@ use tapir_tensor::{DType, Diff, Error, ReduceOps, Result, UnaryOps};
 
 use crate::optim::Optimizer;
 use crate::params::{Grads, ParamStore};
-
-/// Which dtype the matrix products of a forward run in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Precision {
-    /// Everything in the parameters' dtype.
-    #[default]
-    Full,
-    /// Products in bf16 (f32's range, 8 bits of mantissa): no loss scaling.
-    Bf16,
-    /// Products in f16 (10 bits of mantissa, a range to 65,504): use a
-    /// [`GradScaler`].
-    F16,
-}
-
-impl Precision {
-    /// The dtype products run in, or `None` for the parameters' own.
-    pub fn compute_dtype(self) -> Option<DType> {
-        match self {
-            Precision::Full => None,
-            Precision::Bf16 => Some(DType::BF16),
-            Precision::F16 => Some(DType::F16),
-        }
-    }
-
-    /// From `f32`, `bf16` or `f16` (the CLI's words).
-    pub fn parse(s: &str) -> Result<Precision> {
-        match s {
-            "f32" | "full" => Ok(Precision::Full),
-            "bf16" => Ok(Precision::Bf16),
-            "f16" => Ok(Precision::F16),
-            other => Err(Error::invalid_arg("Precision::parse", format!("{other:?}: expected f32, bf16 or f16"))),
-        }
-    }
-}
+pub use crate::precision::Precision;
 
 /// `v` in `dtype` (a differentiable cast; no op when it is already).
 pub(crate) fn cast_to<'g>(v: Var<'g>, dtype: DType) -> Result<Var<'g>> {

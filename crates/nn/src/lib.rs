@@ -65,6 +65,7 @@ pub mod loss;
 mod norm;
 mod optim;
 mod params;
+mod precision;
 
 pub use affine::{affine, affine_with, Affine};
 pub use amp::{GradScaler, Precision};

@@ -1,11 +1,17 @@
 //! Optimizers. Updates happen in place on the parameters, and optimizer
 //! state is allocated once, on the first step: a steady training loop makes
 //! no allocation in `step`.
+//!
+//! This file says what each optimizer does (its settings, its state, which
+//! parameters decay); one step of one parameter runs on the parameter's
+//! device through tapir-tensor's device-free steps
+//! ([`tapir_tensor::ops::optim`]), whose kernels each device implements.
+//! Parameters may be f32, f64, f16 or bf16; the state of a half-precision
+//! parameter is kept in f32 and its update computed in f32.
 
-use tapir_tensor::cuda::optim as cuda_optim;
-use tapir_tensor::{DType, Device, Error, Result, ShapeOps, Tensor};
+use tapir_tensor::ops::optim::{adam_step, sgd_step, AdamStep, SgdStep};
+use tapir_tensor::{Error, Result, ShapeOps, Tensor};
 
-use crate::cpu::optim::{AdamStep, SgdStep};
 use crate::params::{Grads, ParamStore};
 
 /// Something that updates parameters from gradients.
@@ -54,72 +60,6 @@ fn load_checked(
         ));
     }
     Ok((state.step, state.slots))
-}
-
-/// Runs `f(param, grad, state...)` over f32 or f64 slices of one parameter.
-/// The body is written once and expanded for each float type. Parameters
-/// stored in f16 or bf16 are updated in f32, the dtype their state is kept
-/// in: the parameter and its gradient are widened, the body runs, and the
-/// result is rounded back once. Keeping the moments in the storage dtype
-/// instead would lose Adam's second moment to underflow (a squared gradient
-/// of 1e-4 is below f16's smallest normal number).
-macro_rules! for_each_param {
-    ($store:expr, $grads:expr, $states:expr, |$id:ident, $p:ident, $g:ident, $s:ident| $body:block) => {{
-        for (id, gt) in $grads.iter() {
-            // Parameters off the host are updated by their device's kernel.
-            if $store.get(id).device() != Device::Cpu {
-                continue;
-            }
-            let $id = id;
-            let states: &mut Vec<Tensor> = &mut $states[id.index()];
-            macro_rules! typed {
-                ($F:ty) => {{
-                    type F = $F;
-                    let gv = match gt.as_slice::<F>() {
-                        Some(s) => std::borrow::Cow::Borrowed(s),
-                        None => std::borrow::Cow::Owned(gt.to_vec::<F>()?),
-                    };
-                    let $g: &[F] = &gv;
-                    let mut sl: Vec<&mut [F]> = Vec::new();
-                    for st in states.iter_mut() {
-                        sl.push(st.make_mut::<F>()?);
-                    }
-                    let $s = sl;
-                    let $p = $store.get_mut(id).make_mut::<F>()?;
-                    $body
-                }};
-            }
-            macro_rules! widened {
-                ($H:ty) => {{
-                    type F = f32;
-                    let gv: Vec<f32> = gt.to_vec::<$H>()?.into_iter().map(|x| x.to_f32()).collect();
-                    let $g: &[F] = &gv;
-                    let mut wide: Vec<f32> = $store.get(id).to_vec::<$H>()?.into_iter().map(|x| x.to_f32()).collect();
-                    {
-                        let mut sl: Vec<&mut [F]> = Vec::new();
-                        for st in states.iter_mut() {
-                            sl.push(st.make_mut::<F>()?);
-                        }
-                        let $s = sl;
-                        let $p: &mut [F] = &mut wide;
-                        $body
-                    }
-                    for (dst, &w) in $store.get_mut(id).make_mut::<$H>()?.iter_mut().zip(&wide) {
-                        *dst = <$H>::from_f32(w);
-                    }
-                }};
-            }
-            match gt.dtype() {
-                DType::F32 => typed!(f32),
-                DType::F64 => typed!(f64),
-                DType::F16 => widened!(half::f16),
-                DType::BF16 => widened!(half::bf16),
-                dtype => {
-                    return Err(Error::UnsupportedDType { op: "optimizer step", dtype, expected: "float parameters" })
-                }
-            }
-        }
-    }};
 }
 
 /// Zeros for one parameter's optimizer state: the parameter's shape, in the
@@ -205,19 +145,10 @@ impl Optimizer for Sgd {
         follow_params(store, &mut self.state)?;
         let (lr, mu, wd, nesterov) = (self.lr, self.momentum, self.weight_decay, self.nesterov);
         for (id, g) in grads.iter() {
-            if store.get(id).device() == Device::Cpu {
-                continue;
-            }
-            let k = cuda_optim::SgdStep { lr, momentum: mu, weight_decay: wd, nesterov, first };
+            let k = SgdStep { lr, momentum: mu, weight_decay: wd, nesterov, first };
             let buf = self.state[id.index()].first_mut();
-            cuda_optim::sgd_step(store.get_mut(id), g, buf, k)?;
+            sgd_step(store.get_mut(id), g, buf, k)?;
         }
-        for_each_param!(store, grads, self.state, |_id, p, g, s| {
-            let mut s = s;
-            let buf = s.first_mut().map(|b| &mut **b);
-            let k = SgdStep { lr: lr as F, momentum: mu as F, weight_decay: wd as F, nesterov, first };
-            crate::cpu::optim::sgd(p, g, buf, k);
-        });
         Ok(())
     }
     fn lr(&self) -> f64 {
@@ -335,10 +266,7 @@ impl Optimizer for Adam {
         let (lr, eps, decoupled) = (self.lr, self.eps, self.decoupled);
         follow_params(store, &mut self.state)?;
         for (id, g) in grads.iter() {
-            if store.get(id).device() == Device::Cpu {
-                continue;
-            }
-            let k = cuda_optim::AdamStep {
+            let k = AdamStep {
                 lr,
                 weight_decay: decay[id.index()],
                 beta1: b1,
@@ -349,24 +277,8 @@ impl Optimizer for Adam {
                 decoupled,
             };
             let (m, v) = self.state[id.index()].split_at_mut(1);
-            cuda_optim::adam_step(store.get_mut(id), &mut m[0], &mut v[0], g, k)?;
+            adam_step(store.get_mut(id), &mut m[0], &mut v[0], g, k)?;
         }
-        for_each_param!(store, grads, self.state, |id, p, g, s| {
-            let wd = decay[id.index()] as F;
-            let mut s = s;
-            let (m, v) = s.split_at_mut(1);
-            let k = AdamStep {
-                lr: lr as F,
-                weight_decay: wd,
-                beta1: b1 as F,
-                beta2: b2 as F,
-                step: (lr / bc1) as F,
-                inv_bc2_sqrt: (1.0 / bc2.sqrt()) as F,
-                eps: eps as F,
-                decoupled,
-            };
-            crate::cpu::optim::adam(p, &mut *m[0], &mut *v[0], g, k);
-        });
         Ok(())
     }
     fn lr(&self) -> f64 {

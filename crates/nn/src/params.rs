@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use tapir_autograd::{Graph, Var};
 
-use crate::amp::Precision;
+use crate::precision::Precision;
 use tapir_tensor::{Device, Error, Result, Tensor, UnaryOps};
 
 /// Identifies a parameter in its [`ParamStore`].

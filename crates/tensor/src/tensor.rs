@@ -405,6 +405,21 @@ impl Tensor {
         Src { storage: &self.storage, layout: &self.layout }
     }
 
+    /// The whole storage, when this handle is contiguous over all of it and
+    /// the only one on it (a kernel may then write over it, as
+    /// [`Tensor::make_mut`] would without copying); else the handle back.
+    // The `Err` is the handle given back, not an error: boxing it would
+    // allocate on the common shared-logits path for nothing.
+    #[allow(clippy::result_large_err)]
+    pub(crate) fn into_sole_storage(self) -> std::result::Result<Storage, Tensor> {
+        let whole = self.is_contiguous() && self.layout.offset == 0 && self.numel() == self.storage.len();
+        if !whole {
+            return Err(self);
+        }
+        let Tensor { storage, layout } = self;
+        Arc::try_unwrap(storage).map_err(|storage| Tensor { storage, layout })
+    }
+
     /// A contiguous tensor of `shape` over a kernel's output `storage`.
     pub(crate) fn from_storage(storage: Storage, shape: Shape) -> Tensor {
         Tensor { storage: Arc::new(storage), layout: Layout::contiguous(shape) }

@@ -1,4 +1,4 @@
-//! The CPU kernels of this crate's fused ops and optimizers.
+//! The CPU kernels of this crate's fused ops.
 //!
 //! An op's file (`affine.rs`, `attention.rs`, `norm.rs`) says what the op
 //! means: its shape rule, docs and derivative rules, and its
@@ -10,8 +10,9 @@
 //! - `affine`: the residual added into the product's own buffer;
 //! - `attention`: the causal softmax rows, and causal attention per
 //!   (batch, head) with probabilities recomputed in the backward;
-//! - `norm`: LayerNorm and RMSNorm rows, forward and backward;
-//! - `optim`: the SGD and Adam element updates.
+//! - `norm`: LayerNorm and RMSNorm rows, forward and backward.
+//!
+//! (The optimizers' element updates are the tensor crate's `OptimKernels`.)
 //!
 //! An op calls these only with host tensors: the tensor crate's dispatch
 //! calls `forward_cpu` for CPU inputs alone, and each eager backward checks
@@ -20,4 +21,3 @@
 pub(crate) mod affine;
 pub(crate) mod attention;
 pub(crate) mod norm;
-pub(crate) mod optim;

@@ -18,8 +18,10 @@ use crate::storage::Storage;
 use crate::{DType, Device, Layout, Shape};
 
 pub mod binary;
+pub mod cross_entropy;
 pub mod index;
 pub mod matmul;
+pub mod optim;
 pub mod random;
 pub mod reduce;
 pub mod shape;
@@ -27,8 +29,10 @@ pub mod softmax;
 pub mod unary;
 
 pub use binary::{Binary, BinaryKernels, Cmp};
+pub use cross_entropy::CrossEntropyKernels;
 pub use index::IndexKernels;
 pub use matmul::MatmulKernels;
+pub use optim::OptimKernels;
 pub use random::RandomKernels;
 pub use reduce::ReduceKernels;
 pub use shape::ShapeKernels;
@@ -81,6 +85,8 @@ pub trait Backend:
     + IndexKernels
     + MatmulKernels
     + RandomKernels
+    + CrossEntropyKernels
+    + OptimKernels
     + Sync
 {
     /// True for the CPU backend, whose kernels read host memory; false for

@@ -1,4 +1,5 @@
-//! The CPU kernels of the cross-entropy losses ([`crate::ops::cross_entropy`]).
+//! The CPU kernels of the cross-entropy losses
+//! ([`crate::backend::cross_entropy`]'s `CrossEntropyKernels`).
 //!
 //! A row's log-sum-exp comes from the row kernels of `cpu::rows` (one pass
 //! over memory: block by block, its maximum and the rescaled sum of the
@@ -12,6 +13,13 @@
 //! on the instruction set. The fused linear head runs the same rows over
 //! one chunk of logits at a time, made and consumed by matrix products.
 
+use super::iter::{map1, nd1};
+use super::shape::{cast, copy};
+use super::{host, CpuBackend};
+use crate::backend::cross_entropy::{
+    label_row, CeForward, CrossEntropyKernels, HeadPlan, Logits, Reduction, SparsePlan,
+};
+use crate::backend::Src;
 use crate::cpu::iter::{fill_vec, SPLIT_MIN};
 use crate::cpu::math::exp_f32;
 use crate::cpu::matmul::{gemm_into, MatRef};
@@ -19,9 +27,8 @@ use crate::cpu::pool::{self, Disjoint};
 use crate::cpu::reduce::add_rows;
 use crate::cpu::rows::RowKernels;
 use crate::cpu::simd::{self, Isa};
-use crate::ops::cross_entropy::Reduction;
-use crate::storage::CpuElement;
-use crate::{DType, Result, Shape, Tensor};
+use crate::storage::{CpuElement, Storage};
+use crate::{with_dtype, DType, Element, Result, Shape, Tensor};
 
 /// The float types the kernels run in (f16 and bf16 run through f32).
 pub(crate) trait CeFloat: RowKernels + CpuElement {
@@ -202,47 +209,155 @@ fn reduce_losses<T: CeFloat>(loss: Vec<T>, labels: &[Option<usize>], red: Reduct
     }
 }
 
-/// The sparse loss's forward over logits `x` (`[..., v]`, any float dtype)
-/// computed in `cd`: the per-row log-sum-exp (shaped `lead`, in `cd`) and
-/// the loss (in `x`'s dtype).
-pub(crate) fn sparse_forward(
-    x: &Tensor,
-    cd: DType,
-    lead: &Shape,
-    v: usize,
-    labels: &[Option<usize>],
-    smoothing: f64,
-    reduction: Reduction,
-) -> Result<(Tensor, Tensor)> {
-    fn run<T: CeFloat>(
-        x: &Tensor,
-        lead: &Shape,
-        v: usize,
-        labels: &[Option<usize>],
-        smoothing: f64,
-        reduction: Reduction,
-    ) -> Result<(Tensor, Tensor)> {
-        let data = x.as_slice::<T>().expect("internal: contiguous");
-        let (lse, loss) = if v == 0 { (vec![], vec![]) } else { forward_rows::<T>(data, v, labels, smoothing) };
-        let lse = Tensor::from_vec(lse, lead.clone())?;
-        Ok((lse, reduce_losses::<T>(loss, labels, reduction, lead.clone())?))
-    }
-    let xc = x.cast_raw(cd)?.contiguous()?;
-    let (lse, out) = if cd == DType::F64 {
-        run::<f64>(&xc, lead, v, labels, smoothing, reduction)?
-    } else {
-        run::<f32>(&xc, lead, v, labels, smoothing, reduction)?
-    };
-    Ok((lse, out.cast_raw(x.dtype())?))
+/// A fresh tensor's storage (nothing else holds a tensor a kernel made).
+fn storage(t: Tensor) -> Storage {
+    t.into_sole_storage().unwrap_or_else(|_| panic!("internal: a kernel's own tensor is shared"))
 }
 
-/// Whether `t` is the only handle on all of its storage, so a kernel may
-/// write over it (what [`Tensor::make_mut`] would do without copying).
-fn sole_owner(t: &Tensor) -> bool {
-    t.is_contiguous()
-        && t.layout.offset == 0
-        && t.numel() == t.storage.len()
-        && std::sync::Arc::strong_count(&t.storage) == 1
+/// A fresh tensor converted to `dtype`, as a storage (itself when it has
+/// the dtype already).
+fn cast_into(t: Tensor, dtype: DType) -> Result<Storage> {
+    let out = t.cast_raw(dtype)?;
+    drop(t);
+    Ok(storage(out))
+}
+
+/// An operand as a dense slice of `T`: the operand's own elements when it
+/// is contiguous in `T`, else a counted copy converted to `T`.
+enum Dense<'a> {
+    Borrowed(Src<'a>),
+    Owned(Storage),
+}
+
+impl<'a> Dense<'a> {
+    fn of(x: Src<'a>, dtype: DType) -> Result<Self> {
+        if x.dtype() == dtype && x.is_contiguous() {
+            return Ok(Dense::Borrowed(x));
+        }
+        Ok(Dense::Owned(Storage::cpu(cast(x, dtype)?)))
+    }
+
+    fn slice<T: CpuElement>(&self) -> &[T] {
+        match self {
+            Dense::Borrowed(x) => &host::<T>(*x)[x.layout.offset..x.layout.offset + x.numel()],
+            Dense::Owned(s) => T::slice(s.host().expect("internal: host storage")).expect("internal: dtype"),
+        }
+    }
+}
+
+/// The elements of a host operand as f64, in row-major order.
+fn values_f64(x: Src<'_>) -> Result<Vec<f64>> {
+    with_dtype!(x.dtype(), T => map1(host::<T>(x), &nd1(x.layout), |v: T| v.to_f64()))
+}
+
+/// The labels (i32 or i64, the op checked) as rows' classes, by the label
+/// rule of [`label_row`]: the lowest bad row is the error.
+pub(crate) fn host_labels(
+    op: &'static str,
+    labels: Src<'_>,
+    ignore: i64,
+    classes: usize,
+) -> Result<Vec<Option<usize>>> {
+    let raw: Vec<i64> =
+        with_dtype!(labels.dtype(), T => map1(host::<T>(labels), &nd1(labels.layout), |v: T| v.to_f64() as i64))?;
+    raw.iter().enumerate().map(|(row, &l)| label_row(op, row, l, ignore, classes)).collect()
+}
+
+/// Per-row gradient weights from the incoming gradient `g` (per row for
+/// [`Reduction::None`], else a scalar), a mean's divided by `valid`.
+fn row_weights(g: Src<'_>, rows: usize, valid: usize, reduction: Reduction) -> Result<Vec<f64>> {
+    let g = values_f64(g)?;
+    let item = || g.first().copied().ok_or_else(|| crate::Error::invalid_arg("cross_entropy", "no upstream gradient"));
+    Ok(match reduction {
+        Reduction::None => g,
+        Reduction::Sum => vec![item()?; rows],
+        Reduction::Mean => {
+            let w = if valid == 0 { 0.0 } else { item()? / valid as f64 };
+            vec![w; rows]
+        }
+    })
+}
+
+impl CrossEntropyKernels for CpuBackend {
+    fn sparse_ce(&self, plan: &SparsePlan, x: Src<'_>, labels: Src<'_>) -> Result<CeForward> {
+        let o = &plan.options;
+        let labels = host_labels(plan.op, labels, o.ignore_index, plan.v)?;
+        let (lse, loss) = sparse_forward(plan, x, &labels)?;
+        let valid = labels.iter().filter(|l| l.is_some()).count();
+        Ok(CeForward { loss: storage(loss), lse: storage(lse), valid, grads: None })
+    }
+
+    fn sparse_ce_grad(
+        &self,
+        plan: &SparsePlan,
+        logits: Logits<'_>,
+        (lse, valid): (Src<'_>, usize),
+        labels: Src<'_>,
+        g: Src<'_>,
+    ) -> Result<Storage> {
+        let o = &plan.options;
+        let labels = host_labels(plan.op, labels, o.ignore_index, plan.v)?;
+        let w = row_weights(g, labels.len(), valid, o.reduction)?;
+        sparse_grad(plan, logits, lse, &labels, &w).map(storage)
+    }
+
+    fn linear_ce(&self, plan: &HeadPlan, ins: &[Src<'_>], labels: Src<'_>, precompute: bool) -> Result<CeForward> {
+        let o = &plan.options;
+        let labels = host_labels(plan.op, labels, o.ignore_index, plan.v)?;
+        let (loss, lse, grads) = linear_forward(&head(plan, &labels), ins, plan.compute, precompute)?;
+        let valid = labels.iter().filter(|l| l.is_some()).count();
+        Ok(CeForward {
+            loss: cast_into(loss, plan.dtype)?,
+            lse: storage(lse),
+            valid,
+            grads: grads.map(|g| g.into_iter().map(storage).collect()),
+        })
+    }
+
+    fn linear_ce_grad(
+        &self,
+        plan: &HeadPlan,
+        ins: &[Src<'_>],
+        (lse, valid): (Src<'_>, usize),
+        labels: Src<'_>,
+        g: Src<'_>,
+    ) -> Result<Vec<Storage>> {
+        let o = &plan.options;
+        let labels = host_labels(plan.op, labels, o.ignore_index, plan.v)?;
+        let weights = row_weights(g, labels.len(), valid, o.reduction)?;
+        let ins = ins.iter().map(|&x| Dense::of(x, plan.compute)).collect::<Result<Vec<_>>>()?;
+        let grads = linear_backward(&head(plan, &labels), &ins, lse, &weights)?;
+        grads.into_iter().map(|t| cast_into(t, plan.dtype)).collect()
+    }
+
+    fn scale_ce_grads(&self, grads: Vec<Storage>, s: f64, dtype: DType) -> Result<Vec<Storage>> {
+        grads
+            .into_iter()
+            .map(|g| {
+                let n = g.len();
+                let t = scale_in_place(Tensor::from_storage(g, Shape::from([n])), s)?;
+                cast_into(t, dtype)
+            })
+            .collect()
+    }
+}
+
+/// The sparse loss's forward over logits `x` (`[..., v]`, any float dtype)
+/// computed in the plan's compute dtype: the per-row log-sum-exp (shaped
+/// like the labels, in that dtype) and the loss (in `x`'s dtype).
+fn sparse_forward(plan: &SparsePlan, x: Src<'_>, labels: &[Option<usize>]) -> Result<(Tensor, Tensor)> {
+    fn run<T: CeFloat>(x: &Dense<'_>, plan: &SparsePlan, labels: &[Option<usize>]) -> Result<(Tensor, Tensor)> {
+        let (v, o) = (plan.v, &plan.options);
+        let data = x.slice::<T>();
+        let (lse, loss) = if v == 0 { (vec![], vec![]) } else { forward_rows::<T>(data, v, labels, o.label_smoothing) };
+        let lse = Tensor::from_vec(lse, plan.lead.clone())?;
+        Ok((lse, reduce_losses::<T>(loss, labels, o.reduction, plan.lead.clone())?))
+    }
+    let xc = Dense::of(x, plan.compute)?;
+    let (lse, out) =
+        if plan.compute == DType::F64 { run::<f64>(&xc, plan, labels)? } else { run::<f32>(&xc, plan, labels)? };
+    drop(xc);
+    Ok((lse, out.cast_raw(plan.dtype)?))
 }
 
 /// Writes the gradient of elements `j0..j0 + src.len()` of one row into
@@ -281,39 +396,56 @@ fn grad_segment<T: CeFloat>(
     }
 }
 
+/// The logits in the compute dtype: a tensor the gradient may be written
+/// over, or elements others hold, read once.
+enum GradIn<'a> {
+    Sole(Tensor),
+    Read(Src<'a>),
+}
+
 /// The sparse loss's gradient `w_r * (softmax - target)` from the logits
-/// and their saved log-sum-exp (in `cd`), returned in the logits' dtype.
-/// Written over the logits' buffer when `logits` is the only handle on it;
+/// and their saved log-sum-exp (in the compute dtype), returned in the
+/// logits' dtype. Written over the logits' buffer when the caller gave it
+/// up ([`Logits::Own`]) or over their private copy in the compute dtype;
 /// else read from the logits and written into a fresh buffer in the same
 /// pass (one read and one write of the `N x V` block either way, where a
 /// private copy first would cost a second read and write).
-pub(crate) fn sparse_grad(
-    logits: Tensor,
-    cd: DType,
-    lse: &Tensor,
+fn sparse_grad(
+    plan: &SparsePlan,
+    logits: Logits<'_>,
+    lse: Src<'_>,
     labels: &[Option<usize>],
     weights: &[f64],
-    smoothing: f64,
 ) -> Result<Tensor> {
     fn run<T: CeFloat>(
-        x: Tensor,
-        lse: &Tensor,
+        x: GradIn<'_>,
+        lse: Src<'_>,
         labels: &[Option<usize>],
         weights: &[f64],
         smoothing: f64,
     ) -> Result<Tensor> {
-        let v = x.dims().last().copied().unwrap_or(0);
-        if v == 0 || x.numel() == 0 {
-            return Ok(x);
+        let shape = match &x {
+            GradIn::Sole(t) => t.shape().clone(),
+            GradIn::Read(s) => s.shape().clone(),
+        };
+        let v = shape.dims().last().copied().unwrap_or(0);
+        if v == 0 || shape.numel() == 0 {
+            return match x {
+                GradIn::Sole(t) => Ok(t),
+                GradIn::Read(s) => Ok(Tensor::from_storage(Storage::cpu(copy(s)?), shape)),
+            };
         }
-        let l = lse.as_slice::<T>().expect("internal: lse contiguous");
+        let lse = Dense::of(lse, T::DTYPE)?;
+        let l = lse.slice::<T>();
         let w: Vec<T> = weights.iter().map(|&x| T::from_f64(x)).collect();
-        if sole_owner(&x) {
-            let mut x = x;
-            grad_rows_in_place::<T>(x.make_mut::<T>()?, v, l, labels, &w, smoothing);
-            return Ok(x);
-        }
-        let src = x.as_slice::<T>().expect("internal: contiguous");
+        let src = match x {
+            GradIn::Sole(mut x) => {
+                grad_rows_in_place::<T>(x.make_mut::<T>()?, v, l, labels, &w, smoothing);
+                return Ok(x);
+            }
+            GradIn::Read(s) => s,
+        };
+        let src = &host::<T>(src)[src.layout.offset..src.layout.offset + src.numel()];
         let s = Smoothing::<T>::new(smoothing, v);
         // The gradient is elementwise given its row's statistics, so the
         // output splits anywhere: each part walks the row segments it covers.
@@ -328,20 +460,30 @@ pub(crate) fn sparse_grad(
                 part = tail;
             }
         })?;
-        Tensor::from_vec(out, x.shape().clone())
+        Tensor::from_vec(out, shape)
     }
-    let dtype = logits.dtype();
-    let x = logits.cast_raw(cd)?.contiguous()?;
-    drop(logits);
+    let (cd, smoothing) = (plan.compute, plan.options.label_smoothing);
+    let x = match logits {
+        Logits::Own(s) => {
+            let mut shape = plan.lead.clone();
+            shape.0.push(plan.v);
+            let t = Tensor::from_storage(s, shape);
+            let x = t.cast_raw(cd)?;
+            drop(t);
+            GradIn::Sole(x)
+        }
+        Logits::Shared(s) if s.dtype() == cd && s.is_contiguous() => GradIn::Read(s),
+        Logits::Shared(s) => GradIn::Sole(Tensor::from_storage(Storage::cpu(cast(s, cd)?), s.shape().clone())),
+    };
     let grad = if cd == DType::F64 {
         run::<f64>(x, lse, labels, weights, smoothing)?
     } else {
         run::<f32>(x, lse, labels, weights, smoothing)?
     };
-    grad.cast_raw(dtype)
+    grad.cast_raw(plan.dtype)
 }
 
-/// What the fused head's kernels need to know of the op and its inputs.
+/// What the fused head's kernels need to know of the plan and the labels.
 pub(crate) struct Head<'a> {
     /// Rows of `hidden`.
     pub n: usize,
@@ -357,6 +499,18 @@ pub(crate) struct Head<'a> {
     pub smoothing: f64,
     /// How rows are combined.
     pub reduction: Reduction,
+}
+
+fn head<'a>(plan: &HeadPlan, labels: &'a [Option<usize>]) -> Head<'a> {
+    Head {
+        n: plan.n,
+        d: plan.d,
+        v: plan.v,
+        labels,
+        chunk: plan.chunk,
+        smoothing: plan.options.label_smoothing,
+        reduction: plan.options.reduction,
+    }
 }
 
 /// `d_hidden`, `d_weight` and `d_bias`, filled chunk by chunk.
@@ -498,13 +652,13 @@ fn backprop_chunk<T: CeFloat>(
 /// float dtype) computed in `cd`, chunk by chunk: the loss (in `cd`), the
 /// per-row log-sum-exp, and with `precompute` the gradients
 /// `[d_hidden, d_weight, d_bias?]` for a unit upstream gradient.
-pub(crate) fn linear_forward(
+fn linear_forward(
     head: &Head<'_>,
-    xs: &[&Tensor],
+    xs: &[Src<'_>],
     cd: DType,
     precompute: bool,
 ) -> Result<(Tensor, Tensor, Option<Vec<Tensor>>)> {
-    let ins: Vec<Tensor> = xs.iter().map(|t| t.cast_raw(cd)?.contiguous()).collect::<Result<_>>()?;
+    let ins = xs.iter().map(|&x| Dense::of(x, cd)).collect::<Result<Vec<_>>>()?;
     if cd == DType::F64 {
         linear_forward_in::<f64>(head, &ins, precompute)
     } else {
@@ -514,12 +668,12 @@ pub(crate) fn linear_forward(
 
 fn linear_forward_in<T: CeFloat>(
     head: &Head<'_>,
-    xs: &[Tensor],
+    xs: &[Dense<'_>],
     precompute: bool,
 ) -> Result<(Tensor, Tensor, Option<Vec<Tensor>>)> {
     let Head { n, d, v, labels, chunk, smoothing, reduction } = *head;
-    let (h, w) = (xs[0].as_slice::<T>().expect("contiguous"), xs[1].as_slice::<T>().expect("contiguous"));
-    let b = xs.get(2).map(|b| b.as_slice::<T>().expect("contiguous"));
+    let (h, w) = (xs[0].slice::<T>(), xs[1].slice::<T>());
+    let b = xs.get(2).map(|b| b.slice::<T>());
     let mut lse = Vec::with_capacity(n);
     let mut loss = Vec::with_capacity(n);
     let mut grads = precompute.then(|| HeadGrads::zeros(n, d, v, b.is_some(), T::DTYPE)).transpose()?;
@@ -562,8 +716,8 @@ fn linear_forward_in<T: CeFloat>(
 /// turned into the gradient in place from the saved log-sum-exp `lse` and
 /// the per-row weights, then accumulated into `[d_hidden, d_weight,
 /// d_bias?]` (in the compute dtype).
-pub(crate) fn linear_backward(head: &Head<'_>, xs: &[Tensor], lse: &Tensor, weights: &[f64]) -> Result<Vec<Tensor>> {
-    if xs[0].dtype() == DType::F64 {
+fn linear_backward(head: &Head<'_>, xs: &[Dense<'_>], lse: Src<'_>, weights: &[f64]) -> Result<Vec<Tensor>> {
+    if lse.dtype() == DType::F64 {
         linear_backward_in::<f64>(head, xs, lse, weights)
     } else {
         linear_backward_in::<f32>(head, xs, lse, weights)
@@ -572,14 +726,15 @@ pub(crate) fn linear_backward(head: &Head<'_>, xs: &[Tensor], lse: &Tensor, weig
 
 fn linear_backward_in<T: CeFloat>(
     head: &Head<'_>,
-    xs: &[Tensor],
-    lse: &Tensor,
+    xs: &[Dense<'_>],
+    lse: Src<'_>,
     weights: &[f64],
 ) -> Result<Vec<Tensor>> {
     let Head { n, d, v, labels, chunk, smoothing, .. } = *head;
-    let (h, w) = (xs[0].as_slice::<T>().expect("contiguous"), xs[1].as_slice::<T>().expect("contiguous"));
-    let b = xs.get(2).map(|b| b.as_slice::<T>().expect("contiguous"));
-    let lse = lse.as_slice::<T>().expect("contiguous");
+    let (h, w) = (xs[0].slice::<T>(), xs[1].slice::<T>());
+    let b = xs.get(2).map(|b| b.slice::<T>());
+    let lse = Dense::of(lse, T::DTYPE)?;
+    let lse = lse.slice::<T>();
     let wts: Vec<T> = weights.iter().map(|&x| T::from_f64(x)).collect();
     let mut grads = HeadGrads::zeros(n, d, v, b.is_some(), T::DTYPE)?;
     let mut buf_t = Tensor::zeros([chunk, v], T::DTYPE)?;
@@ -649,11 +804,23 @@ mod tests {
                 let w: Vec<f64> = (0..n).map(|r| 0.25 + r as f64 / 8.0).collect();
                 let t = Tensor::from_vec(x, [n, v]).unwrap();
                 let at = t.as_slice::<f32>().unwrap().as_ptr();
-                let copied = sparse_grad(t.clone(), DType::F32, &lse, &labels, &w, smoothing).unwrap();
+                let plan = SparsePlan {
+                    op: "sparse_cross_entropy",
+                    lead: Shape::from([n]),
+                    v,
+                    compute: DType::F32,
+                    dtype: DType::F32,
+                    options: crate::backend::cross_entropy::CrossEntropyOptions {
+                        label_smoothing: smoothing,
+                        ..Default::default()
+                    },
+                };
+                let copied = sparse_grad(&plan, Logits::Shared(t.src()), lse.src(), &labels, &w).unwrap();
                 let copied = copied.as_slice::<f32>().unwrap().to_vec();
                 // (One class: softmax is 1, so the gradient is all zero.)
                 assert!(v == 1 || copied.iter().any(|&g| g != 0.0));
-                let own = sparse_grad(t, DType::F32, &lse, &labels, &w, smoothing).unwrap();
+                let own = t.into_sole_storage().unwrap_or_else(|_| panic!("sole owner"));
+                let own = sparse_grad(&plan, Logits::Own(own), lse.src(), &labels, &w).unwrap();
                 assert_eq!(own.as_slice::<f32>().unwrap().as_ptr(), at, "sole owner: written in place");
                 let bits = |g: &[f32]| g.iter().map(|e| e.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&copied), bits(own.as_slice::<f32>().unwrap()), "n {n} v {v} smoothing {smoothing}");

@@ -16,7 +16,8 @@
 //! - `cross_entropy`: the losses' row loops (log-sum-exp, loss, and the
 //!   row overwritten by its gradient) and the fused head's chunk loop;
 //! - `reduce`: the reductions over any axes, on the row kernels;
-//! - `matmul_tn`: the weight-gradient product kernel.
+//! - `matmul_tn`: the weight-gradient product kernel;
+//! - `optim`: the SGD and Adam element updates.
 //!
 //! [`CpuBackend`] is this device's face to the ops: it implements the
 //! kernel traits of [`crate::backend`], one per family, each in the file
@@ -31,6 +32,7 @@ pub mod iter;
 pub mod math;
 pub(crate) mod matmul;
 pub(crate) mod matmul_tn;
+pub(crate) mod optim;
 pub mod pool;
 pub(crate) mod random;
 pub(crate) mod reduce;

@@ -94,11 +94,6 @@ pub(crate) fn storage_of(buf: CudaBuffer) -> Storage {
     Storage::on_device(Box::new(buf), false)
 }
 
-/// The CUDA buffer behind a tensor, when it has one.
-pub(crate) fn buffer_of(t: &Tensor) -> Option<&CudaBuffer> {
-    buffer_of_storage(&t.storage)
-}
-
 /// The CUDA buffer behind a storage, when it has one.
 pub(crate) fn buffer_of_storage(s: &Storage) -> Option<&CudaBuffer> {
     s.device_buffer()?.as_any().downcast_ref::<CudaBuffer>()

@@ -1,6 +1,6 @@
-//! The CUDA launches of the cross-entropy losses
-//! ([`crate::ops::cross_entropy`]) over the kernels of
-//! `kernels/cross_entropy.cu`.
+//! The CUDA launches of the cross-entropy losses (this device's
+//! `CrossEntropyKernels`, [`crate::backend::cross_entropy`]) over the
+//! kernels of `kernels/cross_entropy.cu`.
 //!
 //! The sparse loss is one forward launch, a block per row, that keeps each
 //! row's log-sum-exp (N floats) and finds bad labels on the device: the
@@ -8,8 +8,10 @@
 //! zeroed by one memset, that the host reads once per call, the only wait
 //! the loss makes; a sum or mean is then one single-block launch over the
 //! per-row losses. A set flag
-//! becomes the CPU's `Error::LabelOutOfRange` with the same row and value,
-//! and what the call allocated is freed. The backward is one launch that
+//! becomes the CPU's `Error::LabelOutOfRange` with the same row and value
+//! (read back as the index kernels' bad values are), and what the call
+//! allocated is freed. The op has checked shapes, dtypes and options, once
+//! for every device. The backward is one launch that
 //! writes `w * (softmax - target)` over the logits' own buffer when the
 //! caller holds the only handle on it, else over a private copy.
 //!
@@ -30,18 +32,20 @@ use std::sync::Arc;
 
 use cudarc::driver::result;
 
-use super::buffer::{tensor_of, CudaBuffer};
+use super::buffer::{storage_of, CudaBuffer};
 use super::context::{driver_error, CudaDevice};
-use super::launch::{device_of, launch, Arg, BLOCK};
+use super::fill::fill_buffer;
+use super::index::int_at;
+use super::launch::{device_of_src, launch, Arg, BLOCK};
 use super::matmul::gemm_into;
-use super::shape::{cast, contiguous};
-use super::shape::{fill_bytes, first_element};
-use crate::ops::cross_entropy::{
-    check_options, compute_dtype, CrossEntropyOptions, LinearCrossEntropy, Reduction, SparseCrossEntropy,
+use super::shape::{cast_src, copy, fill_bytes, first_element_src};
+use super::CudaBackend;
+use crate::backend::cross_entropy::{
+    CeForward, CrossEntropyKernels, CrossEntropyOptions, HeadPlan, Logits, Reduction, SparsePlan,
 };
-use crate::ops::shape::ShapeOps;
-use crate::ops::Op;
-use crate::{DType, Error, Result, Shape, Tensor};
+use crate::backend::Src;
+use crate::storage::Storage;
+use crate::{DType, Error, Layout, Result, Shape};
 
 const FILE: &str = "cross_entropy.cu";
 
@@ -75,60 +79,94 @@ pub(crate) fn kernels() -> Vec<(&'static str, String)> {
     out
 }
 
-/// The label dtype, or the CPU's error for any other.
-fn label_dtype(op: &'static str, labels: &Tensor) -> Result<DType> {
-    match labels.dtype() {
-        d @ (DType::I32 | DType::I64) => Ok(d),
-        dtype => Err(Error::UnsupportedDType { op, dtype, expected: "int32 or int64 labels" }),
+/// A contiguous buffer this module made (counted by the memory statistics
+/// from its allocation on) and its layout.
+struct Owned {
+    storage: Storage,
+    layout: Layout,
+}
+
+impl Owned {
+    fn src(&self) -> Src<'_> {
+        Src { storage: &self.storage, layout: &self.layout }
     }
 }
 
-/// The label at flat position `row` of the contiguous device tensor `labels`.
-fn label_at(labels: &Tensor, row: usize) -> Result<i64> {
-    let at = first_element("label", labels)? + (row * labels.dtype().size_in_bytes()) as u64;
-    // SAFETY: `row` is a row a kernel read a label of, so the element lies
-    // in the buffer; the context is bound by the caller.
-    unsafe {
-        if labels.dtype() == DType::I32 {
-            let mut v = [0i32];
-            result::memcpy_dtoh_sync(&mut v, at).map(|_| i64::from(v[0]))
-        } else {
-            let mut v = [0i64];
-            result::memcpy_dtoh_sync(&mut v, at).map(|_| v[0])
+/// An operand read densely: its own elements when it is contiguous in the
+/// dtype wanted, else a contiguous copy made here.
+enum Dense<'a> {
+    Borrowed(Src<'a>),
+    Owned(Owned),
+}
+
+impl<'a> Dense<'a> {
+    /// `x` in `dtype` and contiguous: itself when it is already.
+    fn of(x: Src<'a>, dtype: DType) -> Result<Self> {
+        let layout = Layout::contiguous(x.shape().clone());
+        if x.dtype() != dtype {
+            return Ok(Dense::Owned(Owned { storage: cast_src(x, dtype)?, layout }));
+        }
+        if !x.is_contiguous() {
+            return Ok(Dense::Owned(Owned { storage: copy("contiguous", x)?, layout }));
+        }
+        Ok(Dense::Borrowed(x))
+    }
+
+    fn src(&self) -> Src<'_> {
+        match self {
+            Dense::Borrowed(x) => *x,
+            Dense::Owned(o) => o.src(),
         }
     }
-    .map_err(|e| driver_error("reading a label", e))
 }
 
-/// A fresh, uninitialised contiguous tensor of `shape` on `dev`, counted
-/// by the memory statistics from now on (a bare buffer is counted only
-/// once a tensor holds it).
-fn scratch(dev: &Arc<CudaDevice>, dtype: DType, shape: Shape) -> Result<Tensor> {
+/// A fresh, uninitialised contiguous buffer of `shape` on `dev`.
+fn scratch(dev: &Arc<CudaDevice>, dtype: DType, shape: Shape) -> Result<Owned> {
     let (buf, _) = CudaBuffer::alloc(dev, dtype, shape.numel())?;
-    Ok(tensor_of(buf, shape))
+    Ok(Owned { storage: storage_of(buf), layout: Layout::contiguous(shape) })
 }
 
-/// The device address of `t`'s first element, for a tensor made here.
-fn ptr(t: &Tensor) -> Result<u64> {
-    first_element("cross_entropy", t)
+/// A contiguous buffer of `shape` on `dev`, every element `value`.
+fn filled(dev: &Arc<CudaDevice>, dtype: DType, shape: Shape, value: f64) -> Result<Owned> {
+    let n = shape.numel();
+    let (buf, _) = CudaBuffer::alloc(dev, dtype, n)?;
+    fill_buffer(dev, &buf, n, value, dtype)?;
+    Ok(Owned { storage: storage_of(buf), layout: Layout::contiguous(shape) })
+}
+
+/// The device address of `x`'s first element.
+fn ptr(x: Src<'_>) -> Result<u64> {
+    first_element_src("cross_entropy", x)
+}
+
+/// Rows `r0..r0 + c` of the contiguous matrix `x`, as a layout.
+fn rows_of(x: Src<'_>, r0: usize, c: usize) -> Layout {
+    let d = x.shape().dims()[1];
+    Layout { shape: Shape::from([c, d]), strides: [d, 1].into_iter().collect(), offset: x.layout.offset + r0 * d }
+}
+
+/// The transpose of the matrix `x`, as a layout.
+fn transposed(x: Src<'_>) -> Layout {
+    let (d, s) = (x.shape().dims(), &x.layout.strides);
+    Layout { shape: Shape::from([d[1], d[0]]), strides: [s[1], s[0]].into_iter().collect(), offset: x.layout.offset }
 }
 
 /// The flag words of one call, zeroed by one memset: `parts` bad-row
 /// words (the complement of the lowest bad row, 0 for none: the kernels
 /// take the maximum) and the count of kept rows last.
-fn flags(dev: &Arc<CudaDevice>, parts: usize) -> Result<Tensor> {
+fn flags(dev: &Arc<CudaDevice>, parts: usize) -> Result<Owned> {
     let t = scratch(dev, DType::I64, Shape::from([parts + 1]))?;
-    fill_bytes(dev, ptr(&t)?, 0, (parts + 1) * 8)?;
+    fill_bytes(dev, ptr(t.src())?, 0, (parts + 1) * 8)?;
     Ok(t)
 }
 
 /// Reads the flag words once (waiting for the kernels queued before).
-fn read_flags(dev: &Arc<CudaDevice>, flag: &Tensor, parts: usize) -> Result<Vec<u64>> {
+fn read_flags(dev: &Arc<CudaDevice>, flag: &Owned, parts: usize) -> Result<Vec<u64>> {
     dev.bind()?;
     let mut v = vec![0u64; parts + 1];
     // SAFETY: the block holds `parts + 1` u64s; the synchronous copy waits
     // for the kernels queued before it on the device's stream.
-    unsafe { result::memcpy_dtoh_sync(&mut v[..], ptr(flag)?) }
+    unsafe { result::memcpy_dtoh_sync(&mut v[..], ptr(flag.src())?) }
         .map_err(|e| driver_error("reading the label flag", e))?;
     Ok(v)
 }
@@ -198,72 +236,76 @@ fn launch_bwd(
     launch(dev, FILE, kernel, rows.saturating_mul(BLOCK as usize), &args)
 }
 
-/// `x *= s` in place over the whole buffer of the unique tensor `x`.
-fn scale_in_place(x: &Tensor, s: f64) -> Result<()> {
+/// `x *= s` in place over the whole contiguous buffer `x`, which nothing
+/// else reads.
+fn scale_in_place(x: Src<'_>, s: f64) -> Result<()> {
     let n = x.numel();
     if n == 0 || s == 1.0 {
         return Ok(());
     }
-    let (dev, p) = device_of("scale", x)?;
-    launch(&dev, FILE, &inplace_kernel("scale", x.dtype()), n, &[Arg::I64(n as i64), Arg::Ptr(p), Arg::F64(s)])
+    let (dev, _) = device_of_src("scale", x)?;
+    launch(&dev, FILE, &inplace_kernel("scale", x.dtype()), n, &[Arg::I64(n as i64), Arg::Ptr(ptr(x)?), Arg::F64(s)])
 }
 
 /// `db += column sums of g` in place (`g` a contiguous `[rows, v]` view,
 /// `db` the unique `[v]` bias gradient, same dtype).
-fn add_column_sums(db: &Tensor, g: &Tensor) -> Result<()> {
-    let (rows, v) = (g.dims()[0], g.dims()[1]);
+fn add_column_sums(db: Src<'_>, g: Src<'_>) -> Result<()> {
+    let (rows, v) = (g.shape().dims()[0], g.shape().dims()[1]);
     if rows == 0 || v == 0 {
         return Ok(());
     }
-    let (dev, _) = device_of("bias_grad", db)?;
+    let (dev, _) = device_of_src("bias_grad", db)?;
     let args = [Arg::I64(rows as i64), Arg::I64(v as i64), Arg::Ptr(ptr(g)?), Arg::Ptr(ptr(db)?)];
     launch(&dev, FILE, &inplace_kernel("bias_grad", db.dtype()), v, &args)
 }
 
-/// `t` itself when the caller holds the only handle on its whole,
-/// contiguous buffer (so a kernel may write over it), else a fresh
-/// contiguous copy.
-fn private(t: Tensor) -> Result<Tensor> {
-    let whole = t.is_contiguous() && t.layout.offset == 0 && t.numel() == t.storage.len();
-    if whole && Arc::strong_count(&t.storage) == 1 {
-        return Ok(t);
+/// Logits a kernel may write over: the caller's own buffer when it gave
+/// it up, else a fresh contiguous copy.
+fn private(logits: Logits<'_>, shape: Shape) -> Result<Owned> {
+    let x = match logits {
+        Logits::Own(storage) => return Ok(Owned { storage, layout: Layout::contiguous(shape) }),
+        Logits::Shared(x) => x,
+    };
+    let layout = Layout::contiguous(shape);
+    if !x.is_contiguous() {
+        return Ok(Owned { storage: copy("contiguous", x)?, layout });
     }
-    if !t.is_contiguous() {
-        return contiguous(&t);
-    }
-    let (dev, _) = device_of("copy", &t)?;
-    let (out, _) = CudaBuffer::alloc(&dev, t.dtype(), t.numel())?;
-    let bytes = t.numel() * t.dtype().size_in_bytes();
+    let (dev, _) = device_of_src("copy", x)?;
+    let (out, _) = CudaBuffer::alloc(&dev, x.dtype(), x.numel())?;
+    let bytes = x.numel() * x.dtype().size_in_bytes();
     if bytes > 0 {
-        let from = first_element("copy", &t)?;
+        let from = first_element_src("copy", x)?;
         // SAFETY: both blocks hold `bytes` bytes; the stream is the device's.
         unsafe { result::memcpy_dtod_async(out.ptr(), from, bytes, dev.stream.cu_stream()) }
             .map_err(|e| driver_error("device copy", e))?;
     }
-    Ok(tensor_of(out, t.shape().clone()))
+    Ok(Owned { storage: storage_of(out), layout })
 }
 
 /// The loss of the per-row losses `loss` (accumulation type) combined as
 /// the CPU combines them, in `dtype`: a sum accumulated in f64 from +0.0,
 /// a mean over the `valid` kept rows (NaN when none is), one launch either
 /// way.
-fn combine(loss: Tensor, valid: usize, red: Reduction, dtype: DType) -> Result<Tensor> {
+fn combine(loss: Owned, valid: usize, red: Reduction, dtype: DType) -> Result<Storage> {
     if red == Reduction::None {
-        return cast(&loss, dtype);
+        if loss.storage.dtype() == dtype {
+            return Ok(loss.storage);
+        }
+        return cast_src(loss.src(), dtype);
     }
-    let (dev, lp) = device_of("cross_entropy", &loss)?;
+    let (dev, lp) = device_of_src("cross_entropy", loss.src())?;
     let out = scratch(&dev, dtype, Shape::from(()))?;
     let kept = if red == Reduction::Mean { valid as i64 } else { -1 };
-    let args = [Arg::I64(loss.numel() as i64), Arg::Ptr(lp), Arg::I64(kept), Arg::Ptr(ptr(&out)?)];
+    let args = [Arg::I64(loss.layout.numel() as i64), Arg::Ptr(lp), Arg::I64(kept), Arg::Ptr(ptr(out.src())?)];
     launch(&dev, FILE, &inplace_kernel("finish", dtype), BLOCK as usize, &args)?;
-    Ok(out)
+    Ok(out.storage)
 }
 
 /// The per-row weights of an upstream gradient `g` as the backward kernel
 /// takes them: `g` in `dtype`, contiguous, its stride over rows (0 for a
 /// scalar) and the scale of a mean.
-fn weights(g: &Tensor, dtype: DType, red: Reduction, valid: usize) -> Result<(Tensor, usize, f64)> {
-    let g = contiguous(&cast(g, dtype)?)?;
+fn weights(g: Src<'_>, dtype: DType, red: Reduction, valid: usize) -> Result<(Dense<'_>, usize, f64)> {
+    let g = Dense::of(g, dtype)?;
     Ok(match red {
         Reduction::None => (g, 1, 1.0),
         Reduction::Sum => (g, 0, 1.0),
@@ -272,115 +314,217 @@ fn weights(g: &Tensor, dtype: DType, red: Reduction, valid: usize) -> Result<(Te
 }
 
 /// The first bad row of a call whose chunk `k` starts at `k * chunk`, from
-/// the flag words, as the CPU's error.
-fn bad_label(op: &'static str, labels: &Tensor, words: &[u64], chunk: usize, classes: usize) -> Result<()> {
+/// the flag words, as the CPU's error (the kernels apply the label rule of
+/// [`crate::backend::cross_entropy::label_row`]; the value is read back as
+/// the index kernels' bad values are).
+fn bad_label(op: &'static str, labels: Src<'_>, words: &[u64], chunk: usize, classes: usize) -> Result<()> {
     let bad = words.iter().enumerate().filter(|(_, &w)| w != 0).map(|(k, &w)| k * chunk + !w as usize).min();
     match bad {
         None => Ok(()),
-        Some(row) => Err(Error::LabelOutOfRange { op, label: label_at(labels, row)?, row, classes }),
+        Some(row) => Err(Error::LabelOutOfRange { op, label: int_at("reading a label", labels, row)?, row, classes }),
     }
 }
 
-/// The sparse loss's forward on CUDA, with the CPU's checks in the CPU's
-/// order; saves the lse and the count of kept rows in the op.
-pub(crate) fn sparse_forward(op: &SparseCrossEntropy, x: &Tensor) -> Result<Tensor> {
-    let name = op.name();
-    let (lead, v) = op.split(x.shape())?;
-    check_options(name, &op.options)?;
-    let ld = label_dtype(name, &op.labels)?;
-    let cd = compute_dtype(name, x)?;
-    let (lse, loss, valid) = sparse_rows(op, x, &lead, v, cd, ld)?;
-    let out = combine(loss, valid, op.options.reduction, x.dtype())?;
-    op.save_cuda(lse, valid);
-    Ok(out)
+impl CrossEntropyKernels for CudaBackend {
+    fn sparse_ce(&self, plan: &SparsePlan, x: Src<'_>, labels: Src<'_>) -> Result<CeForward> {
+        let (lse, loss, valid) = sparse_rows(plan, x, labels)?;
+        let loss = combine(loss, valid, plan.options.reduction, plan.dtype)?;
+        Ok(CeForward { loss, lse: lse.storage, valid, grads: None })
+    }
+
+    /// Written over the logits' buffer when the caller gave it up, else
+    /// over a private copy.
+    fn sparse_ce_grad(
+        &self,
+        plan: &SparsePlan,
+        logits: Logits<'_>,
+        (lse, valid): (Src<'_>, usize),
+        labels: Src<'_>,
+        g: Src<'_>,
+    ) -> Result<Storage> {
+        let name = plan.op;
+        let labels = Dense::of(labels, labels.dtype())?;
+        let ld = labels.src().dtype();
+        let mut shape = plan.lead.clone();
+        shape.0.push(plan.v);
+        let grad = private(logits, shape)?;
+        let dtype = grad.storage.dtype();
+        let (g, stride, scale) = weights(g, dtype, plan.options.reduction, valid)?;
+        let (dev, _) = device_of_src(name, grad.src())?;
+        launch_bwd(
+            &dev,
+            &bwd_kernel(dtype, ld),
+            (plan.lead.numel(), plan.v),
+            (ptr(grad.src())?, 0),
+            first_element_src(name, lse)?,
+            first_element_src(name, labels.src())?,
+            &plan.options,
+            (first_element_src(name, g.src())?, stride, scale),
+        )?;
+        Ok(grad.storage)
+    }
+
+    fn linear_ce(&self, plan: &HeadPlan, ins: &[Src<'_>], labels: Src<'_>, precompute: bool) -> Result<CeForward> {
+        let run = HeadRun::new(plan, ins, labels)?;
+        let (loss, lse, valid, grads) = head_forward(&run, precompute)?;
+        let loss = combine(loss, valid, plan.options.reduction, plan.dtype)?;
+        Ok(CeForward {
+            loss,
+            lse: lse.storage,
+            valid,
+            grads: grads.map(|g| g.into_iter().map(|o| o.storage).collect()),
+        })
+    }
+
+    /// Each chunk's logits recomputed and turned into the gradient in
+    /// place, in the inputs' dtype.
+    fn linear_ce_grad(
+        &self,
+        plan: &HeadPlan,
+        ins: &[Src<'_>],
+        (lse, valid): (Src<'_>, usize),
+        labels: Src<'_>,
+        g: Src<'_>,
+    ) -> Result<Vec<Storage>> {
+        let name = plan.op;
+        let cd = plan.compute;
+        let run = HeadRun::new(plan, ins, labels)?;
+        let (g, stride, scale) = weights(g, cd, plan.options.reduction, valid)?;
+        let (dev, _) = device_of_src(name, run.ins[0].src())?;
+        let grads = zero_grads(&dev, &run)?;
+        let buf = run.chunk_buffer(&dev)?;
+        let (asz, lsz) = (cd.size_in_bytes() as u64, run.ld.size_in_bytes() as u64);
+        let (lp, lsep, gp) = (
+            first_element_src(name, run.labels.src())?,
+            first_element_src(name, lse)?,
+            first_element_src(name, g.src())?,
+        );
+        let bp = run.bias()?;
+        for (_, r0, c) in run.chunks() {
+            let (ll, hl) = chunk_logits(&run, &buf, r0, c)?;
+            let logits = Src { storage: &buf.storage, layout: &ll };
+            let hc = Src { storage: run.ins[0].src().storage, layout: &hl };
+            let at = r0 as u64;
+            let w = (gp + (stride * r0) as u64 * asz, stride, scale);
+            let xp = ptr(logits)?;
+            let o = &plan.options;
+            launch_bwd(&dev, &bwd_kernel(cd, run.ld), (c, plan.v), (xp, bp), lsep + at * asz, lp + at * lsz, o, w)?;
+            backprop_chunk(logits, hc, &run, r0, &grads)?;
+        }
+        drop(buf);
+        if plan.dtype == cd {
+            return Ok(grads.into_iter().map(|t| t.storage).collect());
+        }
+        let out = grads.iter().map(|t| cast_src(t.src(), plan.dtype)).collect::<Result<Vec<_>>>()?;
+        drop(grads);
+        Ok(out)
+    }
+
+    fn scale_ce_grads(&self, grads: Vec<Storage>, s: f64, dtype: DType) -> Result<Vec<Storage>> {
+        grads
+            .into_iter()
+            .map(|storage| {
+                let layout = Layout::contiguous(Shape::from([storage.len()]));
+                let t = Owned { storage, layout };
+                scale_in_place(t.src(), s)?;
+                if t.storage.dtype() == dtype {
+                    return Ok(t.storage);
+                }
+                cast_src(t.src(), dtype)
+            })
+            .collect()
+    }
 }
 
 /// The forward kernel over all rows of `x`: the lse and per-row losses
-/// (shaped `lead`, in `cd`) and the count of kept rows, or the CPU's error
-/// for a bad label.
-fn sparse_rows(
-    op: &SparseCrossEntropy,
-    x: &Tensor,
-    lead: &Shape,
-    v: usize,
-    cd: DType,
-    ld: DType,
-) -> Result<(Tensor, Tensor, usize)> {
-    let x = contiguous(x)?;
-    let labels = contiguous(&op.labels)?;
-    let (dev, _) = device_of(op.name(), &x)?;
-    let rows = lead.numel();
-    let lse = scratch(&dev, cd, lead.clone())?;
-    let loss = scratch(&dev, cd, lead.clone())?;
+/// (shaped like the labels, in the compute dtype) and the count of kept
+/// rows, or the CPU's error for a bad label.
+fn sparse_rows(plan: &SparsePlan, x: Src<'_>, labels: Src<'_>) -> Result<(Owned, Owned, usize)> {
+    let name = plan.op;
+    let x = Dense::of(x, x.dtype())?;
+    let labels = Dense::of(labels, labels.dtype())?;
+    let (x, labels) = (x.src(), labels.src());
+    let (dev, _) = device_of_src(name, x)?;
+    let rows = plan.lead.numel();
+    let lse = scratch(&dev, plan.compute, plan.lead.clone())?;
+    let loss = scratch(&dev, plan.compute, plan.lead.clone())?;
     let flag = flags(&dev, 1)?;
     if rows > 0 {
-        let fp = ptr(&flag)?;
+        let fp = ptr(flag.src())?;
         launch_fwd(
             &dev,
-            &fwd_kernel(x.dtype(), ld),
-            (rows, v),
-            (first_element(op.name(), &x)?, 0),
-            first_element(op.name(), &labels)?,
-            &op.options,
-            (ptr(&lse)?, ptr(&loss)?),
+            &fwd_kernel(x.dtype(), labels.dtype()),
+            (rows, plan.v),
+            (first_element_src(name, x)?, 0),
+            first_element_src(name, labels)?,
+            &plan.options,
+            (ptr(lse.src())?, ptr(loss.src())?),
             (fp, fp + 8),
         )?;
     }
     let words = read_flags(&dev, &flag, 1)?;
-    bad_label(op.name(), &labels, &words[..1], 0, v)?;
+    bad_label(name, labels, &words[..1], 0, plan.v)?;
     Ok((lse, loss, words[1] as usize))
 }
 
-/// The sparse loss's fused backward on CUDA: `g * (softmax - target)`
-/// written over the logits' buffer when `logits` is the only handle on it.
-pub(crate) fn sparse_grad(op: &SparseCrossEntropy, logits: Tensor, g: &Tensor) -> Result<Tensor> {
-    let name = op.name();
-    let (lead, v) = op.split(logits.shape())?;
-    let ld = label_dtype(name, &op.labels)?;
-    let cd = compute_dtype(name, &logits)?;
-    let (lse, valid) = match op.saved_cuda() {
-        Some(s) => s,
-        None => {
-            let (lse, _, valid) = sparse_rows(op, &logits, &lead, v, cd, ld)?;
-            (lse, valid)
-        }
-    };
-    let labels = contiguous(&op.labels)?;
-    let grad = private(logits)?;
-    let (g, stride, scale) = weights(g, grad.dtype(), op.options.reduction, valid)?;
-    let (dev, xp) = device_of(name, &grad)?;
-    launch_bwd(
-        &dev,
-        &bwd_kernel(grad.dtype(), ld),
-        (lead.numel(), v),
-        (xp, 0),
-        first_element(name, &lse)?,
-        first_element(name, &labels)?,
-        &op.options,
-        (first_element(name, &g)?, stride, scale),
-    )?;
-    Ok(grad)
+/// What the head's chunk loop needs of the plan and its operands: the
+/// inputs and labels contiguous, the inputs in the compute dtype.
+struct HeadRun<'a> {
+    plan: &'a HeadPlan,
+    ins: Vec<Dense<'a>>,
+    labels: Dense<'a>,
+    ld: DType,
 }
 
-/// The inputs of the fused head in the compute dtype, contiguous.
-fn head_inputs(xs: &[&Tensor], cd: DType) -> Result<Vec<Tensor>> {
-    xs.iter().map(|t| contiguous(&cast(t, cd)?)).collect()
+impl<'a> HeadRun<'a> {
+    fn new(plan: &'a HeadPlan, ins: &[Src<'a>], labels: Src<'a>) -> Result<Self> {
+        let ins = ins.iter().map(|&x| Dense::of(x, plan.compute)).collect::<Result<Vec<_>>>()?;
+        let labels = Dense::of(labels, labels.dtype())?;
+        let ld = labels.src().dtype();
+        Ok(HeadRun { plan, ins, labels, ld })
+    }
+
+    fn parts(&self) -> usize {
+        self.plan.n.div_ceil(self.plan.chunk)
+    }
+
+    fn chunks(&self) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+        let (n, chunk) = (self.plan.n, self.plan.chunk);
+        (0..self.parts()).map(move |k| (k, k * chunk, chunk.min(n - k * chunk)))
+    }
+
+    /// The one chunk of logits a call writes every chunk's product into.
+    fn chunk_buffer(&self, dev: &Arc<CudaDevice>) -> Result<Owned> {
+        scratch(dev, self.plan.compute, Shape::from([self.plan.chunk.min(self.plan.n), self.plan.v]))
+    }
+
+    /// The address of the bias, or 0 (none) for the kernels.
+    fn bias(&self) -> Result<u64> {
+        self.ins.get(2).map_or(Ok(0), |b| ptr(b.src()))
+    }
 }
 
 /// Rows `r0..r0 + c` of `h @ w^T`, by cuBLAS, written over the first `c`
 /// rows of the call's chunk buffer `buf` (`[chunk, v]`); the bias is left
-/// to the kernels. Returns those rows of logits and of `h`.
-fn chunk_logits(ins: &[Tensor], buf: &Tensor, r0: usize, c: usize) -> Result<(Tensor, Tensor)> {
-    let hc = ins[0].narrow(0, r0, c)?;
-    let logits = buf.narrow(0, 0, c)?;
-    gemm_into(&hc, &ins[1].t()?, &logits, 0.0)?;
-    Ok((logits, hc))
+/// to the kernels. Returns the layouts of those rows of logits (in `buf`)
+/// and of `h`.
+fn chunk_logits(run: &HeadRun<'_>, buf: &Owned, r0: usize, c: usize) -> Result<(Layout, Layout)> {
+    let (h, w) = (run.ins[0].src(), run.ins[1].src());
+    let hl = rows_of(h, r0, c);
+    let ll = rows_of(buf.src(), 0, c);
+    let wt = transposed(w);
+    gemm_into(
+        Src { storage: h.storage, layout: &hl },
+        Src { storage: w.storage, layout: &wt },
+        Src { storage: &buf.storage, layout: &ll },
+        0.0,
+    )?;
+    Ok((ll, hl))
 }
 
 /// `[d_hidden, d_weight, d_bias?]`, zeros on the inputs' device.
-fn zero_grads(ins: &[Tensor], cd: DType) -> Result<Vec<Tensor>> {
-    let dev = ins[0].device();
-    ins.iter().map(|t| Tensor::zeros_on(t.shape().clone(), cd, dev)).collect()
+fn zero_grads(dev: &Arc<CudaDevice>, run: &HeadRun<'_>) -> Result<Vec<Owned>> {
+    run.ins.iter().map(|t| filled(dev, run.plan.compute, t.src().shape().clone(), 0.0)).collect()
 }
 
 /// Pushes the logits' gradient `g` (`c x v`) of rows `r0..` (hidden rows
@@ -388,178 +532,69 @@ fn zero_grads(ins: &[Tensor], cd: DType) -> Result<Vec<Tensor>> {
 /// into those rows of `d_hidden` (no other chunk writes them), `g^T @ hc`
 /// is accumulated into `d_weight` (cuBLAS's `beta = 1`) and the column
 /// sums of `g` into `d_bias`.
-fn backprop_chunk(g: &Tensor, hc: &Tensor, ins: &[Tensor], r0: usize, grads: &[Tensor]) -> Result<()> {
-    let c = g.dims()[0];
-    gemm_into(g, &ins[1], &grads[0].narrow(0, r0, c)?, 0.0)?;
-    gemm_into(&g.t()?, hc, &grads[1], 1.0)?;
+fn backprop_chunk(g: Src<'_>, hc: Src<'_>, run: &HeadRun<'_>, r0: usize, grads: &[Owned]) -> Result<()> {
+    let c = g.shape().dims()[0];
+    let dh = rows_of(grads[0].src(), r0, c);
+    gemm_into(g, run.ins[1].src(), Src { storage: &grads[0].storage, layout: &dh }, 0.0)?;
+    let gt = transposed(g);
+    gemm_into(Src { storage: g.storage, layout: &gt }, hc, grads[1].src(), 1.0)?;
     if let Some(db) = grads.get(2) {
-        add_column_sums(db, g)?;
+        add_column_sums(db.src(), g)?;
     }
     Ok(())
 }
 
-/// What the head's chunk loop needs of the op and its inputs.
-struct HeadRun<'a> {
-    op: &'a LinearCrossEntropy,
-    ins: Vec<Tensor>,
-    labels: Tensor,
-    ld: DType,
-    n: usize,
-    v: usize,
-    chunk: usize,
-}
-
-impl HeadRun<'_> {
-    fn parts(&self) -> usize {
-        self.n.div_ceil(self.chunk)
-    }
-
-    fn chunks(&self) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
-        (0..self.parts()).map(|k| (k, k * self.chunk, self.chunk.min(self.n - k * self.chunk)))
-    }
-
-    /// The one chunk of logits a call writes every chunk's product into.
-    fn chunk_buffer(&self, dev: &Arc<CudaDevice>, cd: DType) -> Result<Tensor> {
-        scratch(dev, cd, Shape::from([self.chunk.min(self.n), self.v]))
-    }
-
-    /// The address of the bias, or 0 (none) for the kernels.
-    fn bias(&self) -> Result<u64> {
-        self.ins.get(2).map_or(Ok(0), ptr)
-    }
-}
-
-/// The fused head's forward on CUDA: the loss (in the inputs' dtype) and,
-/// saved in the op, the lse, the count of kept rows and, with
-/// `precompute`, the gradients for a unit upstream gradient.
-pub(crate) fn linear_forward(op: &LinearCrossEntropy, xs: &[&Tensor], precompute: bool) -> Result<Tensor> {
-    let name = op.name();
-    let (n, d, v) = op.check_shapes(xs)?;
-    let ld = label_dtype(name, &op.labels)?;
-    let cd = compute_dtype(name, xs[0])?;
-    let run = HeadRun {
-        op,
-        ins: head_inputs(xs, cd)?,
-        labels: contiguous(&op.labels)?,
-        ld,
-        n,
-        v,
-        chunk: op.chunk_rows(n, d, v),
-    };
-    let (loss, lse, valid, grads) = head_forward(&run, cd, precompute)?;
-    let out = combine(loss, valid, op.options.reduction, xs[0].dtype())?;
-    op.save_cuda(lse, valid, grads);
-    Ok(out)
-}
-
+/// The fused head's forward: the per-row losses, the lse, the count of
+/// kept rows and, with `precompute`, the gradients for a unit upstream
+/// gradient (a mean's scaled by one over the kept rows).
 #[allow(clippy::type_complexity)]
-fn head_forward(
-    run: &HeadRun<'_>,
-    cd: DType,
-    precompute: bool,
-) -> Result<(Tensor, Tensor, usize, Option<Vec<Tensor>>)> {
-    let name = run.op.name();
-    let (dev, _) = device_of(name, &run.ins[0])?;
-    let shape = Shape::from([run.n]);
+fn head_forward(run: &HeadRun<'_>, precompute: bool) -> Result<(Owned, Owned, usize, Option<Vec<Owned>>)> {
+    let (name, cd, v) = (run.plan.op, run.plan.compute, run.plan.v);
+    let (dev, _) = device_of_src(name, run.ins[0].src())?;
+    let shape = Shape::from([run.plan.n]);
     let lse = scratch(&dev, cd, shape.clone())?;
     let loss = scratch(&dev, cd, shape)?;
     let parts = run.parts();
     let flag = flags(&dev, parts)?;
-    let grads = if precompute { Some(zero_grads(&run.ins, cd)?) } else { None };
-    let one = Tensor::full_on((), 1.0, cd, run.ins[0].device())?;
-    let buf = run.chunk_buffer(&dev, cd)?;
+    let grads = if precompute { Some(zero_grads(&dev, run)?) } else { None };
+    let one = filled(&dev, cd, Shape::from(()), 1.0)?;
+    let buf = run.chunk_buffer(&dev)?;
     let (asz, lsz) = (cd.size_in_bytes() as u64, run.ld.size_in_bytes() as u64);
-    let (lp, bp, fp) = (first_element(name, &run.labels)?, run.bias()?, ptr(&flag)?);
-    let (lsep, lossp) = (ptr(&lse)?, ptr(&loss)?);
+    let (lp, bp, fp) = (first_element_src(name, run.labels.src())?, run.bias()?, ptr(flag.src())?);
+    let (lsep, lossp) = (ptr(lse.src())?, ptr(loss.src())?);
     for (k, r0, c) in run.chunks() {
-        let (logits, hc) = chunk_logits(&run.ins, &buf, r0, c)?;
-        let xp = ptr(&logits)?;
+        let (ll, hl) = chunk_logits(run, &buf, r0, c)?;
+        let logits = Src { storage: &buf.storage, layout: &ll };
+        let hc = Src { storage: run.ins[0].src().storage, layout: &hl };
+        let xp = ptr(logits)?;
         let at = r0 as u64;
         launch_fwd(
             &dev,
             &fwd_kernel(cd, run.ld),
-            (c, run.v),
+            (c, v),
             (xp, bp),
             lp + at * lsz,
-            &run.op.options,
+            &run.plan.options,
             (lsep + at * asz, lossp + at * asz),
             (fp + 8 * k as u64, fp + 8 * parts as u64),
         )?;
         if let Some(gr) = grads.as_ref() {
-            let g = (ptr(&one)?, 0, 1.0);
-            let x = (xp, bp);
-            launch_bwd(
-                &dev,
-                &bwd_kernel(cd, run.ld),
-                (c, run.v),
-                x,
-                lsep + at * asz,
-                lp + at * lsz,
-                &run.op.options,
-                g,
-            )?;
-            backprop_chunk(&logits, &hc, &run.ins, r0, gr)?;
+            let g = (ptr(one.src())?, 0, 1.0);
+            let o = &run.plan.options;
+            launch_bwd(&dev, &bwd_kernel(cd, run.ld), (c, v), (xp, bp), lsep + at * asz, lp + at * lsz, o, g)?;
+            backprop_chunk(logits, hc, run, r0, gr)?;
         }
     }
     drop(buf);
     let words = read_flags(&dev, &flag, parts)?;
-    bad_label(name, &run.labels, &words[..parts], run.chunk, run.v)?;
+    bad_label(name, run.labels.src(), &words[..parts], run.plan.chunk, v)?;
     let valid = words[parts] as usize;
     if let Some(gr) = grads.as_ref() {
         // Made for a unit weight per row; a mean's is one over the kept rows.
-        if run.op.options.reduction == Reduction::Mean {
+        if run.plan.options.reduction == Reduction::Mean {
             let s = if valid == 0 { 0.0 } else { 1.0 / valid as f64 };
-            gr.iter().try_for_each(|t| scale_in_place(t, s))?;
+            gr.iter().try_for_each(|t| scale_in_place(t.src(), s))?;
         }
     }
     Ok((loss, lse, valid, grads))
-}
-
-/// The fused head's eager backward on CUDA: the forward's gradients scaled
-/// by the upstream scalar, or each chunk's logits recomputed and turned
-/// into the gradient in place, in the inputs' dtype.
-pub(crate) fn linear_backward(op: &LinearCrossEntropy, xs: &[Tensor], g: &Tensor) -> Result<Vec<Tensor>> {
-    let name = op.name();
-    let dt = xs[0].dtype();
-    if let Some(grads) = op.take_grads() {
-        let s = g.item()?;
-        return grads.into_iter().map(|t| scale_in_place(&t, s).and_then(|_| cast(&t, dt))).collect();
-    }
-    let refs: Vec<&Tensor> = xs.iter().collect();
-    let (n, d, v) = op.check_shapes(&refs)?;
-    let ld = label_dtype(name, &op.labels)?;
-    let cd = compute_dtype(name, &xs[0])?;
-    let run = HeadRun {
-        op,
-        ins: head_inputs(&refs, cd)?,
-        labels: contiguous(&op.labels)?,
-        ld,
-        n,
-        v,
-        chunk: op.chunk_rows(n, d, v),
-    };
-    let (lse, valid) = match op.saved_lse() {
-        Some(s) => s,
-        None => {
-            let (_, lse, valid, _) = head_forward(&run, cd, false)?;
-            (lse, valid)
-        }
-    };
-    let (g, stride, scale) = weights(g, cd, op.options.reduction, valid)?;
-    let (dev, _) = device_of(name, &run.ins[0])?;
-    let grads = zero_grads(&run.ins, cd)?;
-    let buf = run.chunk_buffer(&dev, cd)?;
-    let (asz, lsz) = (cd.size_in_bytes() as u64, ld.size_in_bytes() as u64);
-    let (lp, lsep, gp) = (first_element(name, &run.labels)?, first_element(name, &lse)?, first_element(name, &g)?);
-    let bp = run.bias()?;
-    for (_, r0, c) in run.chunks() {
-        let (logits, hc) = chunk_logits(&run.ins, &buf, r0, c)?;
-        let at = r0 as u64;
-        let w = (gp + (stride * r0) as u64 * asz, stride, scale);
-        let xp = ptr(&logits)?;
-        launch_bwd(&dev, &bwd_kernel(cd, ld), (c, v), (xp, bp), lsep + at * asz, lp + at * lsz, &op.options, w)?;
-        backprop_chunk(&logits, &hc, &run.ins, r0, &grads)?;
-    }
-    drop(buf);
-    grads.iter().map(|t| cast(t, dt)).collect()
 }

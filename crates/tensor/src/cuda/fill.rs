@@ -37,6 +37,13 @@ pub(crate) fn full(ordinal: usize, shape: Shape, value: f64, dtype: DType) -> Re
     let dev = CudaDevice::get(ordinal)?;
     let n = shape.numel();
     let (out, _) = CudaBuffer::alloc(&dev, dtype, n)?;
+    fill_buffer(&dev, &out, n, value, dtype)?;
+    Ok(tensor_of(out, shape))
+}
+
+/// Sets the first `n` elements of `out` (of `dtype`) to `value` converted
+/// to `dtype`, in stream order.
+pub(crate) fn fill_buffer(dev: &CudaDevice, out: &CudaBuffer, n: usize, value: f64, dtype: DType) -> Result<()> {
     if n > 0 {
         let bits = bits_of(value, dtype);
         if bits == 0 {
@@ -57,10 +64,10 @@ pub(crate) fn full(ordinal: usize, shape: Shape, value: f64, dtype: DType) -> Re
             // The kernel takes the pattern as a 64-bit integer and keeps its
             // low bits; `as i64` only reinterprets them.
             let args = [Arg::I64(n as i64), Arg::I64(bits as i64), Arg::Ptr(out.ptr())];
-            launch(&dev, "elementwise.cu", name, n, &args)?;
+            launch(dev, "elementwise.cu", name, n, &args)?;
         }
     }
-    Ok(tensor_of(out, shape))
+    Ok(())
 }
 
 #[cfg(test)]

@@ -58,8 +58,10 @@ pub(crate) fn kernels() -> Vec<(&'static str, String)> {
     out
 }
 
-/// The flat index at `pos` of the contiguous device tensor `idx`.
-fn index_at(idx: Src<'_>, pos: usize) -> Result<i64> {
+/// The integer (i32 or i64) at flat position `pos` of the contiguous
+/// device operand `idx`: the value of a bad index or label a kernel
+/// flagged, read back for the error (`what` names the read if it fails).
+pub(crate) fn int_at(what: &'static str, idx: Src<'_>, pos: usize) -> Result<i64> {
     let at = first_element_src("index", idx)? + (pos * idx.dtype().size_in_bytes()) as u64;
     // SAFETY: `pos` is a position of `idx` (a kernel recorded it), so the
     // element lies in its buffer; the context is bound by the caller.
@@ -72,7 +74,7 @@ fn index_at(idx: Src<'_>, pos: usize) -> Result<i64> {
             result::memcpy_dtoh_sync(&mut v, at).map(|_| v[0])
         }
     }
-    .map_err(|e| driver_error("reading an index", e))
+    .map_err(|e| driver_error(what, e))
 }
 
 /// Checks the indices `idx` (contiguous, on `dev`) against `size` on the
@@ -110,7 +112,7 @@ fn checked(
         return Ok(());
     }
     let position = bad[0] as usize;
-    Err(Error::IndexOutOfRange { op, index: index_at(idx, position)?, position, size })
+    Err(Error::IndexOutOfRange { op, index: int_at("reading an index", idx, position)?, position, size })
 }
 
 /// Launches the index_select, embedding or index_add kernel `name` over

@@ -23,7 +23,7 @@ use cudarc::cublas::result::{self, CublasError};
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType_t};
 use smallvec::SmallVec;
 
-use super::buffer::{buffer_of, storage_of, CudaBuffer};
+use super::buffer::{buffer_of_storage, storage_of, CudaBuffer};
 use super::context::driver_error;
 use super::launch::device_of_src;
 use super::shape::{copy, first_element_src};
@@ -31,7 +31,7 @@ use super::CudaBackend;
 use crate::backend::matmul::{Epilogue, MatmulPlan};
 use crate::backend::{MatmulKernels, Src};
 use crate::storage::Storage;
-use crate::{DType, Error, Layout, Result, Shape, Tensor};
+use crate::{DType, Error, Layout, Result, Shape};
 
 impl MatmulKernels for CudaBackend {
     fn matmul(&self, plan: &MatmulPlan, a: Src<'_>, b: Src<'_>) -> Result<Storage> {
@@ -222,14 +222,15 @@ fn forward(p: &MatmulPlan, a: Src<'_>, b: Src<'_>) -> Result<Storage> {
 /// products (the fused cross-entropy head's gradients, chunk by chunk)
 /// needs no buffer of the product's size; with `beta = 0` `out` is not
 /// read, as cuBLAS does not read `C` then.
-pub(crate) fn gemm_into(a: &Tensor, b: &Tensor, out: &Tensor, beta: f64) -> Result<()> {
+pub(crate) fn gemm_into(a: Src<'_>, b: Src<'_>, out: Src<'_>, beta: f64) -> Result<()> {
     let op = "matmul";
     let dtype = out.dtype();
-    let (m, n) = match out.dims() {
+    let (m, n) = match out.shape().dims() {
         &[m, n] => (m, n),
         _ => return Err(Error::invalid_arg(op, "gemm_into writes a matrix")),
     };
-    if a.rank() != 2 || b.rank() != 2 || a.dims()[0] != m || b.dims()[1] != n || a.dims()[1] != b.dims()[0] {
+    let (ad, bd) = (a.shape().dims(), b.shape().dims());
+    if ad.len() != 2 || bd.len() != 2 || ad[0] != m || bd[1] != n || ad[1] != bd[0] {
         return Err(Error::ShapeMismatch { op, lhs: Box::new(a.shape().clone()), rhs: Box::new(b.shape().clone()) });
     }
     for t in [a, b] {
@@ -243,15 +244,15 @@ pub(crate) fn gemm_into(a: &Tensor, b: &Tensor, out: &Tensor, beta: f64) -> Resu
     if !out.is_contiguous() {
         return Err(Error::invalid_arg(op, "gemm_into writes a contiguous output"));
     }
-    let k = a.dims()[1];
+    let k = ad[1];
     for (what, v) in [("m", m), ("k", k), ("n", n)] {
         if i32::try_from(v).is_err() {
             return Err(Error::invalid_arg(op, format!("{what} {v} exceeds what one cuBLAS call takes (2^31 - 1)")));
         }
     }
-    let buf = buffer_of(out).ok_or(Error::Unsupported { op, device: out.device() })?;
+    let buf = buffer_of_storage(out.storage).ok_or(Error::Unsupported { op, device: out.device() })?;
     let dev = buf.dev.clone();
-    let ptr = buf.ptr() + (out.layout().offset * dtype.size_in_bytes()) as u64;
+    let ptr = buf.ptr() + (out.layout.offset * dtype.size_in_bytes()) as u64;
     if m == 0 || n == 0 {
         return Ok(());
     }
@@ -270,7 +271,7 @@ pub(crate) fn gemm_into(a: &Tensor, b: &Tensor, out: &Tensor, beta: f64) -> Resu
         return Ok(());
     }
     let none = Shape::from(Vec::new());
-    let (xa, xb) = (operand(a.src(), &none)?, operand(b.src(), &none)?);
+    let (xa, xb) = (operand(a, &none)?, operand(b, &none)?);
     let blas = dev.blas()?;
     // Column-major C^T (n x m) = op(B) (n x k) op(A) (k x m), as in `forward`.
     let call = Gemm {

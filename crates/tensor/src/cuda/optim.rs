@@ -3,15 +3,21 @@
 //! the update is the CPU's, operation for operation, so the two devices
 //! agree bit for bit.
 //!
-//! The optimizers themselves live in tapir-nn, which sees only this narrow
-//! API: a parameter tensor, its gradient and its state tensors, all on one
-//! CUDA device.
+//! This is the CUDA backend's `OptimKernels`; the optimizers themselves
+//! live in tapir-nn and reach it through the device-free steps of
+//! [`crate::ops::optim`]. [`sgd_step`] and [`adam_step`] here are the
+//! earlier CUDA-only entry points, kept for callers that hold CUDA tensors.
 
 use std::sync::Arc;
 
-use super::buffer::{tensor_of, CudaBuffer};
-use super::launch::{device_of, float_suffix, launch, Arg};
-use super::shape::place;
+use super::buffer::{buffer_of_storage, tensor_of, CudaBuffer};
+use super::context::CudaDevice;
+use super::launch::{device_of, device_of_src, float_suffix, launch, Arg};
+use super::shape::{first_element_src, place};
+use super::CudaBackend;
+use crate::backend::optim::{check, OptimKernels};
+use crate::backend::Src;
+use crate::storage::Storage;
 use crate::{Error, Result, Tensor};
 
 /// Every kernel this module launches, as `(file, entry)`.
@@ -24,43 +30,7 @@ pub(crate) fn kernels() -> Vec<(&'static str, String)> {
     out
 }
 
-/// One SGD step's settings, as the optimizer holds them (f64); the kernel
-/// rounds them to the accumulation type as the CPU does.
-#[derive(Debug, Clone, Copy)]
-pub struct SgdStep {
-    /// Learning rate.
-    pub lr: f64,
-    /// Momentum factor (0: no buffer is read or written).
-    pub momentum: f64,
-    /// L2 penalty added to the gradient.
-    pub weight_decay: f64,
-    /// Nesterov momentum.
-    pub nesterov: bool,
-    /// The first step: the momentum buffer becomes the gradient itself.
-    pub first: bool,
-}
-
-/// One Adam step's settings, with the bias corrections computed in f64 by
-/// the caller as the CPU computes them.
-#[derive(Debug, Clone, Copy)]
-pub struct AdamStep {
-    /// Learning rate.
-    pub lr: f64,
-    /// Weight decay (L2 on the gradient, or decoupled).
-    pub weight_decay: f64,
-    /// Decay of the first moment.
-    pub beta1: f64,
-    /// Decay of the second moment.
-    pub beta2: f64,
-    /// `lr / (1 - beta1^t)`.
-    pub step: f64,
-    /// `1 / sqrt(1 - beta2^t)`.
-    pub inv_bc2_sqrt: f64,
-    /// Added to the denominator.
-    pub eps: f64,
-    /// AdamW: the decay is applied to the parameter, not the gradient.
-    pub decoupled: bool,
-}
+pub use crate::backend::optim::{AdamStep, SgdStep};
 
 /// The device address of `t`'s elements once `t` owns a whole, contiguous
 /// buffer no other tensor shares (a copy on the device is made first when
@@ -84,29 +54,15 @@ fn read_ptr(op: &'static str, t: &Tensor) -> Result<u64> {
     super::shape::first_element(op, t)
 }
 
-/// Checks that `t` is on `p`'s device with `p`'s shape, in `dtype`.
-fn check(op: &'static str, p: &Tensor, t: &Tensor, dtype: crate::DType) -> Result<()> {
-    if t.device() != p.device() {
-        return Err(Error::DeviceMismatch { op, lhs: p.device(), rhs: t.device() });
-    }
-    if t.shape() != p.shape() {
-        return Err(Error::ShapeMismatch { op, lhs: Box::new(p.shape().clone()), rhs: Box::new(t.shape().clone()) });
-    }
-    if t.dtype() != dtype {
-        return Err(Error::DTypeMismatch { op, lhs: dtype, rhs: t.dtype() });
-    }
-    Ok(())
-}
-
 /// Updates `p` in place by one SGD step from its gradient `g`, through the
 /// momentum buffer `buf` (in `p`'s accumulation dtype) when there is one.
 /// Every tensor must be on the same CUDA device with `p`'s shape.
 pub fn sgd_step(p: &mut Tensor, g: &Tensor, buf: Option<&mut Tensor>, k: SgdStep) -> Result<()> {
     const OP: &str = "sgd_step";
     let suffix = float_suffix(OP, p.dtype())?;
-    check(OP, p, g, p.dtype())?;
+    check(OP, p.src(), g.src(), p.dtype())?;
     if let Some(b) = buf.as_deref() {
-        check(OP, p, b, p.dtype().compute())?;
+        check(OP, p.src(), b.src(), p.dtype().compute())?;
     }
     let (dev, _) = device_of(OP, p)?;
     let n = p.numel();
@@ -119,6 +75,12 @@ pub fn sgd_step(p: &mut Tensor, g: &Tensor, buf: Option<&mut Tensor>, k: SgdStep
         Some(b) => owned(OP, b)?,
         None => 0,
     };
+    launch_sgd(&dev, suffix, n, (pp, gp, bp), &k)
+}
+
+/// The SGD kernel over `n` elements: parameter, gradient and momentum
+/// buffer (0: none) addresses.
+fn launch_sgd(dev: &CudaDevice, suffix: &str, n: usize, (pp, gp, bp): (u64, u64, u64), k: &SgdStep) -> Result<()> {
     let args = [
         Arg::I64(n as i64),
         Arg::Ptr(pp),
@@ -130,7 +92,7 @@ pub fn sgd_step(p: &mut Tensor, g: &Tensor, buf: Option<&mut Tensor>, k: SgdStep
         Arg::I32(k.nesterov as i32),
         Arg::I32(k.first as i32),
     ];
-    launch(&dev, "optim.cu", &format!("sgd_{suffix}"), n, &args)
+    launch(dev, "optim.cu", &format!("sgd_{suffix}"), n, &args)
 }
 
 /// Updates `p` and its moments `m` and `v` (in `p`'s accumulation dtype)
@@ -139,9 +101,9 @@ pub fn sgd_step(p: &mut Tensor, g: &Tensor, buf: Option<&mut Tensor>, k: SgdStep
 pub fn adam_step(p: &mut Tensor, m: &mut Tensor, v: &mut Tensor, g: &Tensor, k: AdamStep) -> Result<()> {
     const OP: &str = "adam_step";
     let suffix = float_suffix(OP, p.dtype())?;
-    check(OP, p, g, p.dtype())?;
-    check(OP, p, m, p.dtype().compute())?;
-    check(OP, p, v, p.dtype().compute())?;
+    check(OP, p.src(), g.src(), p.dtype())?;
+    check(OP, p.src(), m.src(), p.dtype().compute())?;
+    check(OP, p.src(), v.src(), p.dtype().compute())?;
     let (dev, _) = device_of(OP, p)?;
     let n = p.numel();
     if n == 0 {
@@ -149,6 +111,18 @@ pub fn adam_step(p: &mut Tensor, m: &mut Tensor, v: &mut Tensor, g: &Tensor, k: 
     }
     let gp = read_ptr(OP, g)?;
     let (pp, mp, vp) = (owned(OP, p)?, owned(OP, m)?, owned(OP, v)?);
+    launch_adam(&dev, suffix, n, (pp, mp, vp, gp), &k)
+}
+
+/// The Adam kernel over `n` elements: parameter, moments and gradient
+/// addresses.
+fn launch_adam(
+    dev: &CudaDevice,
+    suffix: &str,
+    n: usize,
+    (pp, mp, vp, gp): (u64, u64, u64, u64),
+    k: &AdamStep,
+) -> Result<()> {
     let args = [
         Arg::I64(n as i64),
         Arg::Ptr(pp),
@@ -164,5 +138,32 @@ pub fn adam_step(p: &mut Tensor, m: &mut Tensor, v: &mut Tensor, g: &Tensor, k: 
         Arg::F64(k.eps),
         Arg::I32(k.decoupled as i32),
     ];
-    launch(&dev, "optim.cu", &format!("adam_{suffix}"), n, &args)
+    launch(dev, "optim.cu", &format!("adam_{suffix}"), n, &args)
+}
+
+/// The address of a whole storage the caller updates in place.
+fn storage_ptr(op: &'static str, s: &Storage) -> Result<u64> {
+    buffer_of_storage(s).map(|b| b.ptr()).ok_or(Error::Unsupported { op, device: s.device() })
+}
+
+impl OptimKernels for CudaBackend {
+    fn sgd_step(&self, p: &mut Storage, g: Src<'_>, buf: Option<&mut Storage>, k: &SgdStep) -> Result<()> {
+        const OP: &str = "sgd_step";
+        let suffix = float_suffix(OP, p.dtype())?;
+        let (dev, _) = device_of_src(OP, g)?;
+        let bp = match buf {
+            Some(b) => storage_ptr(OP, b)?,
+            None => 0,
+        };
+        let ptrs = (storage_ptr(OP, p)?, first_element_src(OP, g)?, bp);
+        launch_sgd(&dev, suffix, g.numel(), ptrs, k)
+    }
+
+    fn adam_step(&self, p: &mut Storage, m: &mut Storage, v: &mut Storage, g: Src<'_>, k: &AdamStep) -> Result<()> {
+        const OP: &str = "adam_step";
+        let suffix = float_suffix(OP, p.dtype())?;
+        let (dev, _) = device_of_src(OP, g)?;
+        let ptrs = (storage_ptr(OP, p)?, storage_ptr(OP, m)?, storage_ptr(OP, v)?, first_element_src(OP, g)?);
+        launch_adam(&dev, suffix, g.numel(), ptrs, k)
+    }
 }

@@ -169,14 +169,6 @@ fn any_suffix(dtype: DType) -> &'static str {
     }
 }
 
-/// `x` converted to `dtype` (the same handle when it has the dtype).
-pub(crate) fn cast(x: &Tensor, dtype: DType) -> Result<Tensor> {
-    if dtype == x.dtype() {
-        return Ok(x.clone());
-    }
-    Ok(Tensor::from_storage(cast_src(x.src(), dtype)?, x.shape().clone()))
-}
-
 /// The view `x` converted to `dtype` (strided views are made contiguous
 /// first, as the cast kernels read dense input).
 pub(crate) fn cast_src(x: Src<'_>, dtype: DType) -> Result<Storage> {

@@ -19,6 +19,7 @@ pub mod binary;
 pub mod cross_entropy;
 pub mod index;
 pub mod matmul;
+pub mod optim;
 pub mod reduce;
 pub mod shape;
 pub mod softmax;

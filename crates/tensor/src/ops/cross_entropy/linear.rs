@@ -6,15 +6,16 @@ use std::sync::Mutex;
 use smallvec::SmallVec;
 
 use super::{
-    check_labels, check_options, compute_dtype, lock, logits_jvp, row_scale, row_weights, saved, traced_logits_grad,
-    CrossEntropyOptions, Reduction,
+    check_labels, check_options, compute_dtype, label_dtype, lock, logits_jvp, row_scale, saved, tensors,
+    traced_logits_grad, CrossEntropyOptions, Reduction,
 };
-use crate::cpu::cross_entropy::{self as kernels, Head};
+use crate::backend::cross_entropy::HeadPlan;
+use crate::backend::{Backend, Src};
 use crate::ops::binary::BinaryOps;
 use crate::ops::matmul::MatmulOps;
 use crate::ops::reduce::ReduceOps;
 use crate::ops::shape::ShapeOps;
-use crate::ops::{Arity, Diff, InputGrads, Op, Saved};
+use crate::ops::{backend_for, Arity, Diff, InputGrads, Op, Saved};
 use crate::{Error, Result, Shape, Tensor};
 
 /// The fused classifier head `cross_entropy(hidden @ weight^T + bias)`,
@@ -64,8 +65,8 @@ pub struct LinearCrossEntropy {
     /// Whether the forward also makes the gradients (see above).
     pub(super) precompute: bool,
     pub(super) lse: Mutex<Option<Tensor>>,
-    /// The count of kept rows, saved by a CUDA forward (whose labels stay
-    /// on the device) for the mean's backward.
+    /// The count of kept rows, saved by the forward (labels on a device
+    /// stay there) for the mean's backward.
     pub(super) valid: Mutex<Option<usize>>,
     /// `[d_hidden, d_weight, d_bias?]` for a unit upstream gradient, in the
     /// compute dtype, from the forward until a backward takes them.
@@ -80,14 +81,8 @@ pub fn auto_chunk(n: usize, d: usize, v: usize) -> usize {
 }
 
 impl LinearCrossEntropy {
-    fn check(&self, xs: &[&Tensor]) -> Result<(usize, usize, usize, Vec<Option<usize>>)> {
-        let (n, d, v) = self.check_shapes(xs)?;
-        Ok((n, d, v, check_labels(self.name(), &self.labels, self.options.ignore_index, v)?))
-    }
-
-    /// The checks of [`LinearCrossEntropy::check`] but the labels' values
-    /// (which the CUDA kernels check on the device).
-    pub(crate) fn check_shapes(&self, xs: &[&Tensor]) -> Result<(usize, usize, usize)> {
+    /// The shapes, dtypes, chunk and options, checked once for every device.
+    fn check_shapes(&self, xs: &[&Tensor]) -> Result<(usize, usize, usize)> {
         let (h, w) = (xs[0], xs[1]);
         let op = "linear_cross_entropy";
         if h.rank() != 2 || w.rank() != 2 || h.dims()[1] != w.dims()[1] {
@@ -126,20 +121,6 @@ impl LinearCrossEntropy {
         Ok((n, d, v))
     }
 
-    /// Saves a CUDA forward's lse, count of kept rows and gradients.
-    pub(crate) fn save_cuda(&self, lse: Tensor, valid: usize, grads: Option<Vec<Tensor>>) {
-        *lock(&self.lse) = Some(lse);
-        *lock(&self.valid) = Some(valid);
-        if let Some(g) = grads {
-            *lock(&self.grads) = Some(g);
-        }
-    }
-
-    /// The lse and count of kept rows a CUDA forward saved, while both are there.
-    pub(crate) fn saved_lse(&self) -> Option<(Tensor, usize)> {
-        Some((saved(&self.lse)?, (*lock(&self.valid))?))
-    }
-
     pub(crate) fn chunk_rows(&self, n: usize, d: usize, v: usize) -> usize {
         self.chunk.unwrap_or_else(|| auto_chunk(n, d, v)).min(n.max(1))
     }
@@ -150,30 +131,42 @@ impl LinearCrossEntropy {
         lock(&self.grads).take()
     }
 
-    /// What the kernels need to know of this op and inputs of these sizes.
-    fn head<'a>(&self, n: usize, d: usize, v: usize, labels: &'a [Option<usize>]) -> Head<'a> {
-        Head {
-            n,
-            d,
-            v,
-            labels,
-            chunk: self.chunk_rows(n, d, v),
-            smoothing: self.options.label_smoothing,
-            reduction: self.options.reduction,
-        }
+    /// The plan, once for every device: the shapes, dtypes, chunk and
+    /// options, then the labels' dtype, then the inputs' compute dtype (the
+    /// labels' values are the kernels').
+    fn plan(&self, xs: &[&Tensor]) -> Result<HeadPlan> {
+        let op = self.name();
+        let (n, d, v) = self.check_shapes(xs)?;
+        label_dtype(op, &self.labels)?;
+        let compute = compute_dtype(op, xs[0])?;
+        let chunk = self.chunk_rows(n, d, v);
+        Ok(HeadPlan { op, n, d, v, chunk, compute, dtype: xs[0].dtype(), options: self.options })
     }
 
-    /// The chunked forward. With `precompute`, each chunk's gradient is
-    /// made too and the op keeps `[d_hidden, d_weight, d_bias?]`.
-    fn run_forward(&self, xs: &[&Tensor], precompute: bool) -> Result<Tensor> {
-        let (n, d, v, labels) = self.check(xs)?;
-        let cd = compute_dtype(self.name(), xs[0])?;
-        let (out, lse, grads) = kernels::linear_forward(&self.head(n, d, v, &labels), xs, cd, precompute)?;
-        *lock(&self.lse) = Some(lse);
-        if let Some(g) = grads {
-            *lock(&self.grads) = Some(g);
+    /// The shapes of `[d_hidden, d_weight, d_bias?]`.
+    fn grad_shapes(plan: &HeadPlan, bias: bool) -> Vec<Shape> {
+        let mut out = vec![Shape::from([plan.n, plan.d]), Shape::from([plan.v, plan.d])];
+        if bias {
+            out.push(Shape::from([plan.v]));
         }
-        out.cast_raw(xs[0].dtype())
+        out
+    }
+
+    /// The chunked forward on `backend`. With `precompute`, each chunk's
+    /// gradient is made too and the op keeps `[d_hidden, d_weight, d_bias?]`.
+    fn forward_on(&self, backend: &dyn Backend, plan: &HeadPlan, xs: &[&Tensor], precompute: bool) -> Result<Tensor> {
+        let ins: Vec<Src<'_>> = xs.iter().map(|t| t.src()).collect();
+        let f = backend.linear_ce(plan, &ins, self.labels.src(), precompute)?;
+        *lock(&self.lse) = Some(Tensor::from_storage(f.lse, Shape::from([plan.n])));
+        *lock(&self.valid) = Some(f.valid);
+        if let Some(g) = f.grads {
+            *lock(&self.grads) = Some(tensors(g, &Self::grad_shapes(plan, xs.len() > 2)));
+        }
+        let shape = match plan.options.reduction {
+            Reduction::None => Shape::from([plan.n]),
+            Reduction::Sum | Reduction::Mean => Shape::from(()),
+        };
+        Ok(Tensor::from_storage(f.loss, shape))
     }
 }
 
@@ -199,16 +192,9 @@ impl Op for LinearCrossEntropy {
         *lock(&self.grads) = None;
     }
 
-    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        self.run_forward(xs, self.precompute && self.options.reduction != Reduction::None)
-    }
-
-    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        crate::cuda::cross_entropy::linear_forward(
-            self,
-            xs,
-            self.precompute && self.options.reduction != Reduction::None,
-        )
+    fn run(&self, backend: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
+        let plan = self.plan(xs)?;
+        self.forward_on(backend, &plan, xs, self.precompute && self.options.reduction != Reduction::None)
     }
 
     /// The differentiable formulation (`linear`, then the cross-entropy's
@@ -236,31 +222,28 @@ impl Op for LinearCrossEntropy {
     /// the upstream scalar, or each chunk's logits recomputed and turned
     /// into its gradient in place.
     fn vjp_eager(&self, xs: SmallVec<[Tensor; 3]>, _: Tensor, g: Tensor) -> Result<InputGrads<Tensor>> {
-        if matches!(xs[0].device(), crate::Device::Cuda(_)) {
-            return Ok(crate::cuda::cross_entropy::linear_backward(self, &xs, &g)?.into_iter().map(Some).collect());
-        }
+        let backend = backend_for(xs[0].device());
         let dt = xs[0].dtype();
         if let Some(grads) = self.take_grads() {
             // Made by the forward for a unit upstream gradient of a sum or
             // mean; `g` is that scalar.
             let s = g.item()?;
-            return grads.into_iter().map(|t| Ok(Some(kernels::scale_in_place(t, s)?.cast_raw(dt)?))).collect();
+            let shapes: Vec<Shape> = grads.iter().map(|t| t.shape().clone()).collect();
+            let own = grads
+                .into_iter()
+                .map(|t| t.into_sole_storage().unwrap_or_else(|_| panic!("internal: precomputed gradients are shared")))
+                .collect();
+            return Ok(tensors(backend.scale_ce_grads(own, s, dt)?, &shapes).into_iter().map(Some).collect());
         }
         let refs: Vec<&Tensor> = xs.iter().collect();
-        let (n, d, v, labels) = self.check(&refs)?;
-        let cd = compute_dtype(self.name(), &xs[0])?;
-        let ins: Vec<Tensor> = xs.iter().map(|t| t.cast_raw(cd)?.contiguous()).collect::<Result<_>>()?;
-        let weights = row_weights(&g, &labels, self.options.reduction)?;
-        let lse = match saved(&self.lse) {
-            Some(l) => l,
-            None => {
-                let ins: Vec<&Tensor> = ins.iter().collect();
-                self.run_forward(&ins, false)?;
-                saved(&self.lse).expect("internal: forward saves lse")
-            }
-        };
-        let grads = kernels::linear_backward(&self.head(n, d, v, &labels), &ins, &lse, &weights)?;
-        grads.into_iter().map(|t| Ok(Some(t.cast_raw(dt)?))).collect()
+        let plan = self.plan(&refs)?;
+        if saved(&self.lse).is_none() || lock(&self.valid).is_none() {
+            self.forward_on(backend, &plan, &refs, false)?;
+        }
+        let (lse, valid) = (saved(&self.lse).expect("internal: forward saves lse"), lock(&self.valid).unwrap_or(0));
+        let ins: Vec<Src<'_>> = xs.iter().map(|t| t.src()).collect();
+        let grads = backend.linear_ce_grad(&plan, &ins, (lse.src(), valid), self.labels.src(), g.src())?;
+        Ok(tensors(grads, &Self::grad_shapes(&plan, xs.len() > 2)).into_iter().map(Some).collect())
     }
 
     fn jvp<T: Diff>(&self, xs: &[&T], _: &T, ts: &[Option<&T>]) -> Result<Option<T>> {

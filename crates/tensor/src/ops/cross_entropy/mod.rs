@@ -11,11 +11,15 @@
 //!
 //! This folder holds what the losses mean: the options and the label
 //! checks they share (here), the sparse loss (`sparse`) and the fused head
-//! (`linear`), each with its shape rule and derivative rules. Their CPU row
-//! loops and the head's chunk loop are in `crate::cpu::cross_entropy`.
+//! (`linear`), each with its checks (once, for every device, into the
+//! plans of [`crate::backend::cross_entropy`]) and derivative rules. The
+//! kernels are each device's `CrossEntropyKernels`: the CPU's row loops and
+//! chunk loop in `cpu/cross_entropy.rs`, the CUDA launches in
+//! `cuda/cross_entropy.rs`. This folder imports neither device.
 
 use std::sync::Mutex;
 
+use crate::backend::cross_entropy::label_row;
 use crate::ops::binary::BinaryOps;
 use crate::ops::index::IndexOps;
 use crate::ops::reduce::ReduceOps;
@@ -23,11 +27,13 @@ use crate::ops::shape::ShapeOps;
 use crate::ops::softmax::SoftmaxOps;
 use crate::ops::unary::UnaryOps;
 use crate::ops::Diff;
+use crate::storage::Storage;
 use crate::{DType, Device, Error, Result, Shape, Tensor};
 
 mod linear;
 mod sparse;
 
+pub use crate::backend::cross_entropy::{CrossEntropyOptions, Reduction};
 pub use linear::{auto_chunk, LinearCrossEntropy};
 pub use sparse::SparseCrossEntropy;
 
@@ -41,75 +47,37 @@ fn saved(m: &Mutex<Option<Tensor>>) -> Option<Tensor> {
     lock(m).clone()
 }
 
-/// How per-row losses are combined.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Reduction {
-    /// One loss per row, shaped like the labels.
-    None,
-    /// The sum over non-ignored rows.
-    Sum,
-    /// The mean over non-ignored rows. With every row ignored this is NaN
-    /// (0/0, as in torch) and its gradient is zero.
-    #[default]
-    Mean,
+/// Labels as row indices (`None` for ignored rows), checked against
+/// `classes` by the label rule of [`label_row`], for the derivative rules
+/// (which read them on the host; the kernels check them where they live).
+fn check_labels(op: &'static str, labels: &Tensor, ignore: i64, classes: usize) -> Result<Vec<Option<usize>>> {
+    label_dtype(op, labels)?;
+    let raw: Vec<i64> = match labels.dtype() {
+        DType::I64 => labels.to_vec::<i64>()?,
+        _ => labels.to_vec::<i32>()?.into_iter().map(i64::from).collect(),
+    };
+    raw.iter().enumerate().map(|(row, &l)| label_row(op, row, l, ignore, classes)).collect()
 }
 
-/// Options of the cross-entropy losses (torch's defaults).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct CrossEntropyOptions {
-    /// Rows whose label equals this get zero loss and zero gradient.
-    pub ignore_index: i64,
-    /// Mass spread uniformly over all classes, in `[0, 1]`.
-    pub label_smoothing: f64,
-    /// How rows are combined.
-    pub reduction: Reduction,
-}
-
-impl Default for CrossEntropyOptions {
-    fn default() -> Self {
-        CrossEntropyOptions { ignore_index: -100, label_smoothing: 0.0, reduction: Reduction::Mean }
+/// The labels' dtype, i32 or i64, checked once for every device.
+fn label_dtype(op: &'static str, labels: &Tensor) -> Result<DType> {
+    match labels.dtype() {
+        d @ (DType::I32 | DType::I64) => Ok(d),
+        dtype => Err(Error::UnsupportedDType { op, dtype, expected: "int32 or int64 labels" }),
     }
 }
 
-/// Labels as row indices (`None` for ignored rows), checked against `classes`.
-fn check_labels(op: &'static str, labels: &Tensor, ignore: i64, classes: usize) -> Result<Vec<Option<usize>>> {
-    let raw: Vec<i64> = match labels.dtype() {
-        DType::I64 => labels.to_vec::<i64>()?,
-        DType::I32 => labels.to_vec::<i32>()?.into_iter().map(i64::from).collect(),
-        dtype => return Err(Error::UnsupportedDType { op, dtype, expected: "int32 or int64 labels" }),
-    };
-    raw.iter()
-        .enumerate()
-        .map(|(row, &l)| {
-            if l == ignore {
-                Ok(None)
-            } else if l >= 0 && (l as usize) < classes {
-                Ok(Some(l as usize))
-            } else {
-                Err(Error::LabelOutOfRange { op, label: l, row, classes })
-            }
-        })
-        .collect()
+/// The gradients a head's forward precomputed, or the gradient a backward
+/// made, as tensors of their inputs' shapes.
+fn tensors(storages: Vec<Storage>, shapes: &[Shape]) -> Vec<Tensor> {
+    storages.into_iter().zip(shapes).map(|(s, shape)| Tensor::from_storage(s, shape.clone())).collect()
 }
 
-pub(crate) fn check_options(op: &'static str, o: &CrossEntropyOptions) -> Result<()> {
+fn check_options(op: &'static str, o: &CrossEntropyOptions) -> Result<()> {
     if !(0.0..=1.0).contains(&o.label_smoothing) {
         return Err(Error::invalid_arg(op, format!("label_smoothing {} is outside [0, 1]", o.label_smoothing)));
     }
     Ok(())
-}
-
-/// Per-row gradient weights from the incoming gradient `g`.
-fn row_weights(g: &Tensor, labels: &[Option<usize>], reduction: Reduction) -> Result<Vec<f64>> {
-    let valid = labels.iter().filter(|l| l.is_some()).count();
-    Ok(match reduction {
-        Reduction::None => g.to_vec_f64(),
-        Reduction::Sum => vec![g.item()?; labels.len()],
-        Reduction::Mean => {
-            let w = if valid == 0 { 0.0 } else { g.item()? / valid as f64 };
-            vec![w; labels.len()]
-        }
-    })
 }
 
 /// The constant per-row mask (1 for kept rows), scaled for the reduction.
@@ -164,7 +132,7 @@ fn logits_jvp<T: Diff>(x: &T, t: &T, labels: &[Option<usize>], lead: &Shape, o: 
 }
 
 /// The dtype the kernels compute in: f64 for f64, f32 for the other floats.
-pub(crate) fn compute_dtype(op: &'static str, x: &Tensor) -> Result<DType> {
+fn compute_dtype(op: &'static str, x: &Tensor) -> Result<DType> {
     match x.dtype() {
         DType::F64 => Ok(DType::F64),
         DType::F32 | DType::F16 | DType::BF16 => Ok(DType::F32),

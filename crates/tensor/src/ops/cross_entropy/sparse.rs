@@ -6,11 +6,13 @@ use std::sync::Mutex;
 use smallvec::SmallVec;
 
 use super::{
-    check_labels, check_options, compute_dtype, lock, logits_jvp, row_scale, row_weights, saved, traced_logits_grad,
-    CrossEntropyOptions,
+    check_labels, check_options, compute_dtype, label_dtype, lock, logits_jvp, row_scale, saved, traced_logits_grad,
+    CrossEntropyOptions, Reduction,
 };
+use crate::backend::cross_entropy::{Logits, SparsePlan};
+use crate::backend::Backend;
 use crate::ops::binary::BinaryOps;
-use crate::ops::{one, Arity, Diff, InputGrads, Op, Saved};
+use crate::ops::{backend_for, one, Arity, Diff, InputGrads, Op, Saved};
 use crate::{Error, Result, Shape, Tensor};
 
 /// Sparse cross-entropy of logits `[..., V]` against integer labels `[...]`.
@@ -22,44 +24,57 @@ pub struct SparseCrossEntropy {
     pub options: CrossEntropyOptions,
     /// The per-row log-sum-exp, saved by the forward (N floats).
     pub(super) lse: Mutex<Option<Tensor>>,
-    /// The count of kept rows, saved by a CUDA forward (whose labels stay
-    /// on the device) for the mean's backward.
+    /// The count of kept rows, saved by the forward (labels on a device
+    /// stay there) for the mean's backward.
     pub(super) valid: Mutex<Option<usize>>,
 }
 
 impl SparseCrossEntropy {
+    /// The checks, once for every device, in the order every device
+    /// reports them: the shapes, the options, the labels' dtype, the
+    /// logits' dtype (the labels' values are the kernels').
+    fn plan(&self, x: &Tensor) -> Result<SparsePlan> {
+        let op = self.name();
+        let (lead, v) = self.split(x.shape())?;
+        check_options(op, &self.options)?;
+        label_dtype(op, &self.labels)?;
+        let compute = compute_dtype(op, x)?;
+        Ok(SparsePlan { op, lead, v, compute, dtype: x.dtype(), options: self.options })
+    }
+
+    /// The forward on `backend`: saves the lse and the count of kept rows.
+    fn forward_on(&self, backend: &dyn Backend, plan: &SparsePlan, x: &Tensor) -> Result<Tensor> {
+        let f = backend.sparse_ce(plan, x.src(), self.labels.src())?;
+        *lock(&self.lse) = Some(Tensor::from_storage(f.lse, plan.lead.clone()));
+        *lock(&self.valid) = Some(f.valid);
+        let shape = match plan.options.reduction {
+            Reduction::None => plan.lead.clone(),
+            Reduction::Sum | Reduction::Mean => Shape::from(()),
+        };
+        Ok(Tensor::from_storage(f.loss, shape))
+    }
+
     /// The fused backward: `g * (softmax - onehot)` (with the smoothing
     /// terms) from the logits and the saved lse, written over the logits'
     /// own buffer when `logits` is the last handle on it (a graph hands the
-    /// value over when this loss was its last reader), else over a private
-    /// copy: the only N x V buffer of the backward either way.
+    /// value over when this loss was its last reader), else into a new
+    /// buffer: the only N x V buffer of the backward either way.
     fn fused_grad(&self, logits: Tensor, g: &Tensor) -> Result<Tensor> {
-        if matches!(logits.device(), crate::Device::Cuda(_)) {
-            return crate::cuda::cross_entropy::sparse_grad(self, logits, g);
+        let plan = self.plan(&logits)?;
+        let backend = backend_for(logits.device());
+        if saved(&self.lse).is_none() || lock(&self.valid).is_none() {
+            self.forward_on(backend, &plan, &logits)?;
         }
-        let (_, v) = self.split(logits.shape())?;
-        let labels = check_labels(self.name(), &self.labels, self.options.ignore_index, v)?;
-        let cd = compute_dtype(self.name(), &logits)?;
-        let lse = match saved(&self.lse) {
-            Some(l) => l,
-            None => {
-                self.forward_cpu(&[&logits])?;
-                saved(&self.lse).expect("internal: forward saves lse")
+        let (lse, valid) = (saved(&self.lse).expect("internal: forward saves lse"), lock(&self.valid).unwrap_or(0));
+        let shape = logits.shape().clone();
+        let labels = self.labels.src();
+        let grad = match logits.into_sole_storage() {
+            Ok(own) => backend.sparse_ce_grad(&plan, Logits::Own(own), (lse.src(), valid), labels, g.src())?,
+            Err(shared) => {
+                backend.sparse_ce_grad(&plan, Logits::Shared(shared.src()), (lse.src(), valid), labels, g.src())?
             }
         };
-        let w = row_weights(g, &labels, self.options.reduction)?;
-        crate::cpu::cross_entropy::sparse_grad(logits, cd, &lse, &labels, &w, self.options.label_smoothing)
-    }
-
-    /// Saves a CUDA forward's lse and count of kept rows.
-    pub(crate) fn save_cuda(&self, lse: Tensor, valid: usize) {
-        *lock(&self.lse) = Some(lse);
-        *lock(&self.valid) = Some(valid);
-    }
-
-    /// What [`SparseCrossEntropy::save_cuda`] saved, while both are there.
-    pub(crate) fn saved_cuda(&self) -> Option<(Tensor, usize)> {
-        Some((saved(&self.lse)?, (*lock(&self.valid))?))
+        Ok(Tensor::from_storage(grad, shape))
     }
 
     pub(crate) fn split(&self, x_shape: &Shape) -> Result<(Shape, usize)> {
@@ -102,27 +117,9 @@ impl Op for SparseCrossEntropy {
         *lock(&self.valid) = None;
     }
 
-    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        let x = xs[0];
-        let (lead, v) = self.split(x.shape())?;
-        check_options(self.name(), &self.options)?;
-        let labels = check_labels(self.name(), &self.labels, self.options.ignore_index, v)?;
-        let cd = compute_dtype(self.name(), x)?;
-        let (lse, out) = crate::cpu::cross_entropy::sparse_forward(
-            x,
-            cd,
-            &lead,
-            v,
-            &labels,
-            self.options.label_smoothing,
-            self.options.reduction,
-        )?;
-        *lock(&self.lse) = Some(lse);
-        Ok(out)
-    }
-
-    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        crate::cuda::cross_entropy::sparse_forward(self, xs[0])
+    fn run(&self, backend: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
+        let plan = self.plan(xs[0])?;
+        self.forward_on(backend, &plan, xs[0])
     }
 
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
