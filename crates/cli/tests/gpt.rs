@@ -126,7 +126,13 @@ fn a_run_saved_on_cuda_resumes_on_the_cpu() {
     let ck = std::env::temp_dir().join(format!("tapir-gpt-cuda-{}.safetensors", std::process::id()));
     let whole = train(&on_cuda(10)).unwrap();
     let first = train(&Args { save: Some(ck.clone()), stop_after: Some(5), ..on_cuda(10) }).unwrap();
-    assert_eq!(first.losses, whole.losses[..5].to_vec(), "a device run is deterministic");
+    // The same run twice on the device agrees up to the order of float
+    // atomics: the embedding's backward adds a repeated token's rows with
+    // atomicAdd, whose order the emulator's workers (like a GPU's SMs) do
+    // not fix (seen: one ulp at step 1, once, on a loaded machine).
+    for (k, (a, b)) in first.losses.iter().zip(&whole.losses[..5]).enumerate() {
+        assert!((a - b).abs() <= 1e-6 * b.abs(), "step {k}: {a} vs {b}, the same run twice on the device");
+    }
     let before = memory_allocated(dev);
     let rest = train(&Args { resume: Some(ck.clone()), ..tiny(10) }).unwrap();
     assert_eq!(memory_allocated(dev), before, "the resumed run did not touch {dev}");
