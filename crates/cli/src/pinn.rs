@@ -554,7 +554,7 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
     store.to_device(device)?;
     // Every rank starts from rank 0's parameters; the bucket buffers are
     // made here, once.
-    let mut ddp = if world > 1 { Some(DataParallel::new(&comm, &mut store, DdpOptions::default())?) } else { None };
+    let mut ddp = if world > 1 { Some(DataParallel::new(comm, &mut store, DdpOptions::default())?) } else { None };
     let odd = odd_in_x(a);
     let mirror = odd.then_some(&pts.mirror);
     let initial_rel_l2 = grid.rel_l2(&grid.predict(&net, &store, mirror)?);
@@ -573,7 +573,7 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
     let evaluate = |store: &ParamStore| -> Result<f64> { Ok(grid.rel_l2(&grid.predict(&net, store, mirror)?)) };
     for step in 0..a.steps {
         let lr = schedule.lr(a.lr, step);
-        let (l, grads) = loss_and_grads(prob, &net, &pts, odd, &store, &comm, ddp.as_mut())?;
+        let (l, grads) = loss_and_grads(prob, &net, &pts, odd, &store, comm, ddp.as_mut())?;
         adam.set_lr(lr);
         adam.step(&mut store, &grads)?;
         drop(grads);
@@ -600,7 +600,7 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
     let mut lbfgs = Lbfgs::new(50);
     for it in 0..lbfgs_iters {
         let st =
-            lbfgs.step(&mut store, |s: &ParamStore| loss_and_grads(prob, &net, &pts, odd, s, &comm, ddp.as_mut()))?;
+            lbfgs.step(&mut store, |s: &ParamStore| loss_and_grads(prob, &net, &pts, odd, s, comm, ddp.as_mut()))?;
         live.push(memory_allocated(device));
         losses.push(st.loss);
         let last = it + 1 == lbfgs_iters || st.converged;
