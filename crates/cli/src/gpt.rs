@@ -598,23 +598,36 @@ pub fn train(a: &Args) -> anyhow::Result<Summary> {
     if devices.len() == 1 {
         return train_on(a, &Communicator::single(), devices[0], "");
     }
-    let comms = nccl_communicators(&devices)?;
-    let summaries: Vec<anyhow::Result<Summary>> = std::thread::scope(|s| {
+    let mut summaries = on_devices(&devices, |comm, device| train_on(a, comm, device, "NCCL"))?;
+    let threads = summaries.iter().map(|s| (s.tokens_per_s, s.allreduce_s, s.train_s)).collect();
+    let mut first = summaries.swap_remove(0);
+    first.threads = threads;
+    Ok(first)
+}
+
+/// `train(comm, device)` on each of `devices`, one thread and one NCCL
+/// communicator each (a rank that fails ends the process); the results in
+/// rank order.
+pub(crate) fn on_devices<T: Send>(
+    devices: &[Device],
+    train: impl Fn(&Communicator, Device) -> anyhow::Result<T> + Sync,
+) -> anyhow::Result<Vec<T>> {
+    let comms = nccl_communicators(devices)?;
+    let results: Vec<anyhow::Result<T>> = std::thread::scope(|s| {
         let handles: Vec<_> = comms
             .into_iter()
-            .zip(&devices)
-            .map(|(comm, &device)| s.spawn(move || or_abort(&comm, train_on(a, &comm, device, "NCCL"))))
+            .zip(devices)
+            .map(|(comm, &device)| {
+                let train = &train;
+                s.spawn(move || or_abort(&comm, train(&comm, device)))
+            })
             .collect();
         handles
             .into_iter()
             .map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a rank's thread panicked"))))
             .collect()
     });
-    let mut summaries = summaries.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
-    let threads = summaries.iter().map(|s| (s.tokens_per_s, s.allreduce_s, s.train_s)).collect();
-    let mut first = summaries.swap_remove(0);
-    first.threads = threads;
-    Ok(first)
+    results.into_iter().collect()
 }
 
 /// A rank's result, except that a rank that failed ends the whole job
@@ -629,12 +642,12 @@ pub(crate) fn or_abort<T>(comm: &Communicator, r: anyhow::Result<T>) -> anyhow::
 
 /// One NCCL communicator per device.
 #[cfg(feature = "nccl")]
-pub(crate) fn nccl_communicators(devices: &[Device]) -> anyhow::Result<Vec<Communicator>> {
+fn nccl_communicators(devices: &[Device]) -> anyhow::Result<Vec<Communicator>> {
     Communicator::nccl_devices(devices).context("--devices: making the NCCL communicators")
 }
 
 #[cfg(not(feature = "nccl"))]
-pub(crate) fn nccl_communicators(_devices: &[Device]) -> anyhow::Result<Vec<Communicator>> {
+fn nccl_communicators(_devices: &[Device]) -> anyhow::Result<Vec<Communicator>> {
     bail!("--devices: this tapir was built without NCCL; build it with `cargo build --release -p tapir-cli --features nccl`")
 }
 

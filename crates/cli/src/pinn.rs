@@ -18,7 +18,7 @@ use tapir::prelude::*;
 
 use crate::chart::{bytes, heatmaps, line_chart, num, Field, Marker, Panel, Series};
 use crate::device::DeviceArg;
-use crate::gpt::{communicator, device_list, nccl_communicators, or_abort, rank_report, Dist};
+use crate::gpt::{communicator, device_list, on_devices, or_abort, rank_report, Dist};
 
 /// Which PDE.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -480,19 +480,7 @@ pub fn train(a: &Args) -> anyhow::Result<Outcome> {
     if devices.len() == 1 {
         return train_on(a, &Communicator::single(), devices[0]);
     }
-    let comms = nccl_communicators(&devices)?;
-    let outcomes: Vec<anyhow::Result<Outcome>> = std::thread::scope(|s| {
-        let handles: Vec<_> = comms
-            .into_iter()
-            .zip(&devices)
-            .map(|(comm, &device)| s.spawn(move || or_abort(&comm, train_on(a, &comm, device))))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a rank's thread panicked"))))
-            .collect()
-    });
-    let mut outcomes = outcomes.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
+    let mut outcomes = on_devices(&devices, |comm, device| train_on(a, comm, device))?;
     // Rank 0's outcome goes back; the others report here.
     for o in &outcomes[1..] {
         rank_report(o.rank, o.world, "", o.allreduce_s, o.seconds);
