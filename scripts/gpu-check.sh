@@ -59,6 +59,10 @@
 #                   process; cuda-ops.jsonl.
 #   nn_steps        the training steps (MLP, the gpt model) on CUDA beside
 #                   PyTorch eager (scripts/bench-nn.sh over bin/nn_step).
+#   ddp_cuda        with two GPUs or more: `tapir gpt` on 1 and on every GPU
+#                   (--devices, NCCL) beside PyTorch DDP (benches/torch/
+#                   gpt_ddp.py), tokens per second and the speed-up; on a
+#                   one-GPU machine, recorded as skipped.
 # The exit status is non-zero when any step failed or timed out.
 #
 # Rehearsal (GPU_CHECK_REHEARSAL=1, scripts/gpu-rehearse.sh, in CI): the
@@ -67,7 +71,9 @@
 # "absent" instead of failing; on the GPU machine a missing tool fails.
 # GPU_CHECK_TEST_FILTER narrows the suite; GPU_CHECK_BENCH_ARGS,
 # GPU_CHECK_MEMCHECK_ARGS and GPU_CHECK_ATTENTION_ARGS replace the three
-# commands' sizes.
+# commands' sizes; GPU_CHECK_DDP_STEPS and GPU_CHECK_DDP_MODEL (gpt flags)
+# those of ddp_cuda, and GPU_CHECK_REHEARSAL_DEVICES is the number of
+# emulated devices it gets in a rehearsal.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
@@ -302,6 +308,52 @@ step cuda_ops 60 need torch -- bash -c "set -o pipefail; python3 benches/torch/c
 step nn_steps 60 need torch -- env TAPIR_BENCH_DEVICE=cuda TAPIR_BENCH_TIME=2 TAPIR_BENCH_NN_BIN="$BIN/nn_step" \
     CARGO_TARGET_DIR="$WORK/target" scripts/bench-nn.sh
 
+# 9. Data parallelism over every GPU of the machine: `tapir gpt` on one GPU
+# and on all of them (`--devices`, one thread and one NCCL communicator
+# each), beside PyTorch DDP on the same model, batch per rank and steps
+# (benches/torch/gpt_ddp.py, one process per GPU); tokens per second and
+# the speed-up from 1 to N GPUs, in ddp-*.json. It needs two GPUs: on a
+# machine with one it is recorded as skipped, saying so. NCCL comes from
+# PyTorch's wheel, which ships only libnccl.so.2, a name cudarc does not
+# look up (it asks for libnccl.so): the step puts a libnccl.so link to it
+# on the loader's path (README, "Several GPUs in one process"). The
+# rehearsal runs tapir's side on GPU_CHECK_REHEARSAL_DEVICES emulated
+# devices and the NCCL stand-in.
+if [[ $REHEARSAL == 1 ]]; then
+    NGPU=${GPU_CHECK_REHEARSAL_DEVICES:-1}
+else
+    NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+fi
+DDP_STEPS=${GPU_CHECK_DDP_STEPS:-300}
+read -r -a DDP_MODEL <<<"${GPU_CHECK_DDP_MODEL:-}"
+if ((NGPU >= 2)); then
+    DEVICES=$(seq -s, -f 'cuda:%g' 0 $((NGPU - 1)))
+    NCCL_LINKS="$WORK/nccl-links"
+    mkdir -p "$NCCL_LINKS"
+    for f in $(python3 -c 'import site, glob; print(" ".join(p for s in site.getsitepackages() for p in glob.glob(s + "/nvidia/*/lib/libnccl.so.2")))' 2>/dev/null); do
+        ln -sf "$f" "$NCCL_LINKS/libnccl.so" && echo "NCCL: $f, linked as libnccl.so" && break
+    done
+    TAPIR_GPT=(gpt --batch 64 --steps "$DDP_STEPS" --warmup 10 --eval-every 0 --no-chart "${DDP_MODEL[@]}")
+    ddp() {
+        set -e
+        echo "== tapir gpt on cuda:0"
+        "$BIN/tapir" "${TAPIR_GPT[@]}" --device cuda:0 --json "$WORK/ddp-tapir-1.json"
+        echo "== tapir gpt on $DEVICES"
+        "$BIN/tapir" "${TAPIR_GPT[@]}" --devices "$DEVICES" --json "$WORK/ddp-tapir-$NGPU.json"
+        if have torch; then
+            echo "== PyTorch DDP on 1 and $NGPU GPUs"
+            python3 benches/torch/gpt_ddp.py --worlds "1,$NGPU" --batch 64 --steps "$DDP_STEPS" --json "$WORK/ddp-torch.json"
+        else
+            echo "== PyTorch DDP: no torch with a CUDA device here"
+        fi
+    }
+    step ddp_cuda 90 -- env LD_LIBRARY_PATH="$NCCL_LINKS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" TAPIR_CUDA_EMU_DEVICES="$NGPU" \
+        bash -c "$(declare -p BIN WORK NGPU DEVICES DDP_STEPS TAPIR_GPT); $(declare -f have ddp); ddp"
+else
+    echo "== ddp_cuda: skipped: this machine has $NGPU GPU(s); data parallelism needs two" | tee "$WORK/ddp_cuda.log"
+    record ddp_cuda skipped 0 0
+fi
+
 # Summary, then everything packed into at most 8 files, flat in $OUT.
 python3 - "$WORK" "$OUT/summary.json" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$(git rev-parse HEAD 2>/dev/null || sed -n 's/^commit //p' "$BUNDLE/MANIFEST")" \
     "${GPU:-none}" "$REHEARSAL" "$(($(date +%s) - START))" "${STEPS[@]}" <<'PY' || failed=1
@@ -328,6 +380,7 @@ summary = {
     "bench_cuda": load("bench-cuda.json"), "memcheck_cuda": load("memcheck-cuda.json"),
     "attention_cuda": load("attention-cuda.json"),
     "cuda_ops": load("cuda-ops.jsonl"),
+    "ddp_cuda": {n[4:-5]: load(n) for n in sorted(os.listdir(work)) if n.startswith("ddp-") and n.endswith(".json")},
     "archive": "gpu-check.tar.gz (every log and result file)",
 }
 summary["steps_ok"] = all(v["status"] in ("ok", "absent", "skipped") for v in summary["steps"].values())

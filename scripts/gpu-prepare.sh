@@ -18,8 +18,10 @@
 #   bin/differential             crates/cuda-emu/examples/differential.rs
 #   bin/nn_step                  the training-step bench (crates/nn/benches)
 #   bin/libtapir_bench_ffi.so    benches/ffi, for benches/torch/cuda_ops.py
-#   bin/libtapir_cuda_emu.so, bin/libtapir_cuda_emu_cublas.so
-#                                the emulated device (the differential's other side)
+#   bin/libtapir_cuda_emu.so, bin/libtapir_cuda_emu_cublas.so,
+#   bin/libtapir_cuda_emu_nccl.so
+#                                the emulated device (the differential's other
+#                                side; the rehearsal's data-parallel step)
 #   bin/test-<crate>-<name>      every test binary holding a test whose name
 #                                has "cuda" or "nvrtc" in it (CI's selection)
 #   MANIFEST                     what each file is, its size and sha256, the
@@ -73,7 +75,7 @@ put() { # put SRC NAME: copy and strip
 python3 - "$MSGS" >"$BUNDLE/.programs" <<'PY'
 import json, sys
 want = {("bin", "tapir"): "tapir", ("example", "differential"): "differential"}
-libs = ["libtapir_bench_ffi.so", "libtapir_cuda_emu.so", "libtapir_cuda_emu_cublas.so"]
+libs = ["libtapir_bench_ffi.so", "libtapir_cuda_emu.so", "libtapir_cuda_emu_cublas.so", "libtapir_cuda_emu_nccl.so"]
 found = {}
 for line in open(sys.argv[1]):
     if not line.startswith("{"):

@@ -116,6 +116,8 @@ rc=0
         GPU_CHECK_BENCH_ARGS="--only scalar_chain --reps 1 --no-torch" \
         GPU_CHECK_MEMCHECK_ARGS="--only create_graph_cycle --iters 2 --size 0.05 --no-torch" \
         GPU_CHECK_ATTENTION_ARGS="--t 64 --reps 1 --no-torch" \
+        GPU_CHECK_REHEARSAL_DEVICES=2 GPU_CHECK_DDP_STEPS=3 \
+        GPU_CHECK_DDP_MODEL="--d-model 16 --layers 1 --heads 2 --digits 1 --block 8" \
         bash scripts/gpu-check.sh
 ) || rc=$?
 T2=$(date +%s)
@@ -144,9 +146,12 @@ steps = s["steps"]
 for name, v in steps.items():
     print(f"  {name:22} {v['status']:8} {v['seconds']:4} s")
 # The steps that need no GPU tool must have run, and passed.
-for must in ("machine", "suite", "differential_emu", "differential_gpu", "differential", "attention_cuda"):
+for must in ("machine", "suite", "differential_emu", "differential_gpu", "differential", "attention_cuda", "ddp_cuda"):
     assert steps[must]["status"] == "ok", f"{must}: {steps[must]}"
 assert "libnvrtc" in s["libraries"].get("nvrtc", ""), s["libraries"]
+# Two emulated devices: tapir's gpt on one and on both, tokens per second of each.
+for n in ("tapir-1", "tapir-2"):
+    assert s["ddp_cuda"][n]["tokens_per_s"] > 0, s["ddp_cuda"]
 print("  libraries in use:", s["libraries"])
 PY
 echo "== rehearsal: prepare $((T1 - T0)) s, check $((T2 - T1)) s, in all $(($(date +%s) - T0)) s; gpu-check exit $rc"

@@ -49,7 +49,12 @@ if ! command -v valgrind >/dev/null; then
 fi
 
 # The bench target in the dev profile; cargo prints where the binary is.
-BIN="$(cargo build --quiet --bench icount --message-format=json |
+# `--workspace` resolves every dependency's features as the README's
+# `cargo test --workspace` does, so the crates CI's test build compiled are
+# reused; without it (the root package alone, fewer features unified) every
+# tapir crate and half the dependencies were compiled again, minutes of
+# this step.
+BIN="$(cargo build --quiet --workspace --bench icount --message-format=json |
     python3 -c 'import json, sys
 for line in sys.stdin:
     m = json.loads(line)
