@@ -197,9 +197,10 @@ impl NormOp {
 
     /// The eager backward: the device's one pass per row where it has one
     /// (on the CPU, f32 or f64 rows), else `None`. The inputs are those
-    /// the forward checked, so the plan needs only their row width.
+    /// the forward checked, so the plan needs only their row width (a
+    /// scalar, which no forward let through, goes to the rule).
     fn vjp_kernel(&self, x: &Tensor, w: Option<&Tensor>, g: &Tensor) -> Result<Option<[Tensor; 3]>> {
-        let d = *x.dims().last().expect("internal: the forward checked the rank");
+        let Some(&d) = x.dims().last() else { return Ok(None) };
         backend_for(x.device()).norm_grad(&self.plan(d), x, w, g)
     }
 }
