@@ -16,6 +16,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use smallvec::SmallVec;
+use tapir_tensor::backend::Backend;
 use tapir_tensor::ops::{Arity, InputGrads, Op, Saved};
 use tapir_tensor::{Diff, Error, Result, Tensor, Traced};
 
@@ -45,7 +46,7 @@ fn recorded_only() -> Error {
 impl Checkpoint {
     /// The block's output on plain values: run in a scope of its own on
     /// constants, which ends (freeing every activation) before this returns.
-    fn run(&self, xs: &[&Tensor]) -> Result<Tensor> {
+    fn run_block(&self, xs: &[&Tensor]) -> Result<Tensor> {
         Graph::scope(|h| {
             let vs: Vec<Var<'_>> = xs.iter().map(|x| h.constant((*x).clone())).collect();
             (self.block)(h, &vs)?.value()
@@ -71,11 +72,10 @@ impl Op for Checkpoint {
     fn saves(&self) -> Saved {
         Saved::INPUTS
     }
-    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        self.run(xs)
-    }
-    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        self.run(xs)
+    /// The block's own ops choose their devices' kernels, so the backend
+    /// is not needed here.
+    fn run(&self, _: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
+        self.run_block(xs)
     }
     /// Never called: the eager pass runs [`Op::vjp_eager`], and a recorded
     /// pass records the block into its graph (`backward.rs` asks the graph

@@ -13,9 +13,13 @@
 //! output: tanh's derivative is `1 - y^2`).
 //! Its rules are written in differentiable ops, so higher orders work.
 
+use tapir_tensor::backend::Backend;
 use tapir_tensor::ops::matmul::{fused_linear_sum_then, linear_sum_then, Then};
 use tapir_tensor::ops::{add_opt, Arity, InputGrads, Op, Saved};
 use tapir_tensor::{BinaryOps, Diff, Error, MatmulOps, ReduceOps, Result, ShapeOps, Tensor, UnaryOps};
+
+use crate::backend::AffinePlan;
+use crate::dispatch::backend_for;
 
 /// `y = x @ w^T + b`, plus `r` when `residual`, for `x` `[N, in]`, `w`
 /// `[out, in]`, `b` `[out]`, `r` `[N, out]`. Inputs: x, w, then b if
@@ -54,42 +58,14 @@ impl Op for Affine {
             saved
         }
     }
-    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        let (x, w) = (xs[0], xs[1]);
-        self.check(xs)?;
-        let b = if self.bias { Some(xs[2]) } else { None };
-        // The bias (and tanh) are applied by each thread to its rows of the
-        // product.
-        let then = if self.tanh && !self.residual { Then::Tanh } else { Then::Nothing };
-        let mut y = fused_linear_sum_then(&[(x, &w.t()?)], b, then)?
-            .ok_or_else(|| Error::invalid_arg("affine", "no product"))?;
-        if self.residual {
-            let r = xs[xs.len() - 1];
-            if !crate::cpu::affine::add_in_place(&mut y, r)? {
-                y = y.add(r)?;
-            }
-            if self.tanh {
-                y = y.tanh()?;
-            }
+    /// The device's fused kernel where it has one, else the composition.
+    fn run(&self, _: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
+        let plan = self.check(xs)?;
+        let (x, w, b, r) = self.operands_of(xs);
+        match backend_for(x.device()).affine(&plan, x, w, b, r)? {
+            Some(y) => Ok(y),
+            None => self.composed(x, w, b, r),
         }
-        Ok(y)
-    }
-    /// Off the host, the product through cuBLAS then the bias, residual and
-    /// tanh as elementwise kernels: the fused CPU job reads host memory.
-    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        let (x, w) = (xs[0], xs[1]);
-        self.check(xs)?;
-        let mut y = x.matmul(&w.t()?)?;
-        if self.bias {
-            y = y.add(xs[2])?;
-        }
-        if self.residual {
-            y = y.add(xs[xs.len() - 1])?;
-        }
-        if self.tanh {
-            y = y.tanh()?;
-        }
-        Ok(y)
     }
     fn vjp<T: Diff>(&self, xs: &[&T], y: &T, g: &T) -> Result<InputGrads<T>> {
         let (x, w) = (xs[0], xs[1]);
@@ -127,9 +103,9 @@ impl Op for Affine {
 type ProductSum<'a, T> = &'a dyn Fn(&[(&T, &T)], Option<&T>, Then<'_, T>) -> Result<Option<T>>;
 
 impl Affine {
-    /// The shape rule both devices share: `x` `[N, in]`, `w` `[out, in]`,
+    /// The shape rule every device shares: `x` `[N, in]`, `w` `[out, in]`,
     /// `b` `[out]`, `r` `[N, out]`.
-    fn check(&self, xs: &[&Tensor]) -> Result<()> {
+    fn check(&self, xs: &[&Tensor]) -> Result<AffinePlan> {
         let (x, w) = (xs[0], xs[1]);
         if x.rank() != 2 || w.rank() != 2 || x.dims()[1] != w.dims()[1] {
             return Err(Error::ShapeMismatch {
@@ -155,7 +131,30 @@ impl Affine {
                 });
             }
         }
-        Ok(())
+        Ok(AffinePlan { tanh: self.tanh })
+    }
+
+    /// `x`, `w`, and the bias and residual where the op has them.
+    fn operands_of<'a, T>(&self, xs: &[&'a T]) -> (&'a T, &'a T, Option<&'a T>, Option<&'a T>) {
+        let b = self.bias.then(|| xs[2]);
+        let r = self.residual.then(|| xs[xs.len() - 1]);
+        (xs[0], xs[1], b, r)
+    }
+
+    /// The op from tensor ops, for a device without a fused kernel: the
+    /// product, then the bias, the residual and tanh, each a kernel.
+    fn composed(&self, x: &Tensor, w: &Tensor, b: Option<&Tensor>, r: Option<&Tensor>) -> Result<Tensor> {
+        let mut y = x.matmul(&w.t()?)?;
+        if let Some(b) = b {
+            y = y.add(b)?;
+        }
+        if let Some(r) = r {
+            y = y.add(r)?;
+        }
+        if self.tanh {
+            y = y.tanh()?;
+        }
+        Ok(y)
     }
 
     fn tangent<T: Diff>(&self, xs: &[&T], y: &T, ts: &[Option<&T>], sum: ProductSum<'_, T>) -> Result<Option<T>> {

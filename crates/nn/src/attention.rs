@@ -15,24 +15,25 @@
 //! `p = 0`, so they get zero gradient with no special case), so every
 //! derivative order works.
 //!
-//! On CUDA both ops have kernels (launched by
-//! `tapir_tensor::cuda::attention`): the causal softmax computes its mask
-//! from the row and column, and the attention is fused in the manner of
-//! FlashAttention-2 (query tiles, keys and values streamed through shared
-//! memory, an online softmax, and a backward that recomputes the
-//! probabilities tile by tile from each row's log-sum-exp), f32 arithmetic
-//! for f32, f16 and bf16 inputs. Neither holds a `[T, T]` tensor. A graph
-//! that records through the attention (second order, forward mode) uses
-//! the composed rule, as on the CPU.
+//! How a device runs them is its backend's business (the kernels of
+//! `crate::backend::AttentionKernels`): on the CPU, rows over the pool; on
+//! CUDA, a causal softmax that computes its mask from the row and column,
+//! and attention fused in the manner of FlashAttention-2 (query tiles,
+//! keys and values streamed through shared memory, an online softmax, and
+//! a backward that recomputes the probabilities tile by tile from each
+//! row's log-sum-exp). Neither holds a `[T, T]` tensor. Where a device has
+//! no fused attention for the inputs, the op composes it from matmuls and
+//! [`CausalSoftmax`]; a graph that records through the attention (second
+//! order, forward mode) uses the composed rule on every device.
 
-use crate::cpu::attention::Heads;
 use smallvec::SmallVec;
 use tapir_autograd::Var;
-use tapir_tensor::cuda::attention as flash;
+use tapir_tensor::backend::Backend;
 use tapir_tensor::ops::{add_opt, one, Arity, InputGrads, Op, Saved};
-use tapir_tensor::{
-    BinaryOps, DType, Device, Diff, Error, MatmulOps, ReduceOps, Result, Rng, ShapeOps, Tensor, UnaryOps,
-};
+use tapir_tensor::{BinaryOps, DType, Diff, Error, MatmulOps, ReduceOps, Result, Rng, ShapeOps, Tensor, UnaryOps};
+
+use crate::backend::{AttentionPlan, CausalSoftmaxPlan};
+use crate::dispatch::backend_for;
 
 use crate::layers::{Dropout, Linear};
 use crate::params::{Bound, ParamStore};
@@ -57,15 +58,9 @@ impl Op for CausalSoftmax {
     fn saves(&self) -> Saved {
         Saved::OUTPUT
     }
-    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        let (tq, tk) = self.check(xs[0])?;
-        crate::cpu::attention::causal_softmax(self.scale, xs[0], tq, tk)
-    }
-    /// On CUDA, the kernel of `kernels/softmax.cu`, which computes the mask
-    /// from the row and column it is at: no mask tensor exists.
-    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        self.check(xs[0])?;
-        tapir_tensor::cuda::attention::causal_softmax(xs[0], self.scale)
+    fn run(&self, _: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
+        let plan = self.check(xs[0])?;
+        backend_for(xs[0].device()).causal_softmax(&plan, xs[0])
     }
     fn vjp<T: Diff>(&self, _: &[&T], y: &T, g: &T) -> Result<InputGrads<T>> {
         Ok(one(self.pushforward(y, g)?))
@@ -76,8 +71,8 @@ impl Op for CausalSoftmax {
 }
 
 impl CausalSoftmax {
-    /// The query and key counts of scores `[..., Tq, Tk]` (`Tq <= Tk`).
-    fn check(&self, x: &Tensor) -> Result<(usize, usize)> {
+    /// The plan of scores `[..., Tq, Tk]` (`Tq <= Tk`).
+    fn check(&self, x: &Tensor) -> Result<CausalSoftmaxPlan> {
         let dims = x.dims();
         if dims.len() < 2 || dims[dims.len() - 2] > dims[dims.len() - 1] {
             return Err(Error::InvalidShape {
@@ -86,7 +81,7 @@ impl CausalSoftmax {
                 reason: "needs [..., queries, keys] with queries <= keys".into(),
             });
         }
-        Ok((dims[dims.len() - 2], dims[dims.len() - 1]))
+        Ok(CausalSoftmaxPlan { scale: self.scale, queries: dims[dims.len() - 2], keys: dims[dims.len() - 1] })
     }
 
     /// The Jacobian is `scale * (diag(y) - y y^T)` per row, symmetric, so
@@ -120,7 +115,7 @@ pub struct CausalAttention {
 }
 
 impl CausalAttention {
-    fn check(&self, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Heads> {
+    fn check(&self, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<AttentionPlan> {
         let bad =
             |reason: String| Error::InvalidShape { op: "causal_attention", shape: Box::new(q.shape().clone()), reason };
         if q.rank() != 3 || k.shape() != q.shape() || v.shape() != q.shape() {
@@ -137,7 +132,7 @@ impl CausalAttention {
         if k.dtype() != q.dtype() || v.dtype() != q.dtype() {
             return Err(Error::DTypeMismatch { op: "causal_attention", lhs: q.dtype(), rhs: k.dtype() });
         }
-        Ok(Heads { heads: self.heads, scale: self.scale, t, c, d: c / self.heads })
+        Ok(AttentionPlan { batch: q.dims()[0], heads: self.heads, scale: self.scale, t, c, d: c / self.heads })
     }
 
     /// `[B, T, C]` -> `[B, H, T, D]` (views).
@@ -165,22 +160,17 @@ impl CausalAttention {
         self.merge(&self.probs(&qh, &kh)?.matmul(&vh)?)
     }
 
+    /// The device's fused gradients where it has them for these values,
+    /// else `None` (the rule runs). The kernels read `y` and `g` as they
+    /// read the inputs: one device and one dtype, else the rule.
     fn vjp_kernel(&self, xs: [&Tensor; 3], y: &Tensor, g: &Tensor) -> Result<Option<[Tensor; 3]>> {
-        let hs = self.check(xs[0], xs[1], xs[2])?;
-        let devices = xs.iter().chain([&y, &g]).map(|t| t.device());
-        match xs[0].device() {
-            Device::Cpu if devices.clone().all(|d| d == Device::Cpu) => crate::cpu::attention::backward(&hs, xs, y, g),
-            Device::Cuda(_)
-                if devices.clone().all(|d| d == xs[0].device())
-                    && g.dtype() == xs[0].dtype()
-                    && y.dtype() == xs[0].dtype()
-                    && flash::flash_applies(xs[0], self.heads) =>
-            {
-                let [q, k, v] = xs;
-                flash::flash_backward(q, k, v, y, g, None, self.heads, self.scale).map(Some)
-            }
-            _ => Ok(None),
+        let plan = self.check(xs[0], xs[1], xs[2])?;
+        let q = xs[0];
+        let alike = |t: &&Tensor| t.device() == q.device() && t.dtype() == q.dtype();
+        if !xs.iter().chain([&y, &g]).all(alike) {
+            return Ok(None);
         }
+        backend_for(q.device()).causal_attention_grad(&plan, xs, y, g)
     }
 }
 
@@ -191,23 +181,14 @@ impl Op for CausalAttention {
     fn arity(&self) -> Arity {
         Arity::exactly(3)
     }
-    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        let hs = self.check(xs[0], xs[1], xs[2])?;
-        crate::cpu::attention::forward(&hs, xs)
-    }
-    /// On CUDA, the fused kernel of `kernels/attention.cu` where it applies
-    /// (f32, f16, bf16 heads up to 128 wide, f64 up to 64), else the
-    /// composition.
-    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        self.check(xs[0], xs[1], xs[2])?;
-        if flash::flash_applies(xs[0], self.heads) {
-            // The log-sum-exp is dropped: the op has one output, and the
-            // backward recomputes it with one pass of the forward kernel
-            // that writes no output ([B, H, T], never [T, T]).
-            let (y, _lse) = flash::flash_forward(xs[0], xs[1], xs[2], self.heads, self.scale)?;
-            return Ok(y);
+    /// The device's fused kernel where it has one for the inputs, else
+    /// the composition.
+    fn run(&self, _: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
+        let plan = self.check(xs[0], xs[1], xs[2])?;
+        match backend_for(xs[0].device()).causal_attention(&plan, xs[0], xs[1], xs[2])? {
+            Some(y) => Ok(y),
+            None => self.composed(xs[0], xs[1], xs[2]),
         }
-        self.composed(xs[0], xs[1], xs[2])
     }
     /// The fused backward kernel where it applies, else the composed rule.
     fn vjp_eager(&self, xs: SmallVec<[Tensor; 3]>, y: Tensor, g: Tensor) -> Result<InputGrads<Tensor>> {

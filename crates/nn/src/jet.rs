@@ -8,11 +8,12 @@
 //! products (each a forward and two backward passes) for nested autodiff.
 
 use tapir_autograd::Var;
+use tapir_tensor::backend::Backend;
 use tapir_tensor::ops::{one, Arity, InputGrads, Op, Saved};
-use tapir_tensor::{
-    with_float, BinaryOps, DType, Device, Diff, Error, MatmulOps, ReduceOps, Result, ShapeOps, Tensor, UnaryOps,
-};
+use tapir_tensor::{BinaryOps, Diff, Error, MatmulOps, ReduceOps, Result, ShapeOps, Tensor, UnaryOps};
 
+use crate::backend::SumSquaresPlan;
+use crate::dispatch::backend_for;
 use crate::layers::{Activation, Mlp};
 use crate::params::Bound;
 
@@ -152,62 +153,10 @@ pub fn sum_squares_mid<T: Diff>(x: &T) -> Result<T> {
     T::apply(SumSquaresMid, &[x])
 }
 
-fn sum_squares_kernel<F: tapir_tensor::Float + tapir_tensor::CpuElement>(
-    x: &[F],
-    n: usize,
-    d: usize,
-    w: usize,
-) -> Result<Vec<F>> {
-    if w == 0 {
-        return Ok(Vec::new());
-    }
-    // Points split over the pool (the Jacobian of a 100-dim Laplacian is
-    // 256 x 100 x 128); each output row sums its point's d rows in order.
-    let parts = tapir_tensor::cpu::pool::parts_for(n * d * w, tapir_tensor::cpu::iter::SPLIT_MIN);
-    tapir_tensor::cpu::iter::fill_vec_parts(n * w, parts, |start, out| {
-        tapir_tensor::cpu::simd::run(
-            #[inline(always)]
-            || {
-                // A part may start or end inside a point's row of `w`.
-                for (at, piece) in split_rows(out, start, w) {
-                    let (p, c0) = (at / w, at % w);
-                    let len = piece.len();
-                    piece.iter_mut().for_each(|o| {
-                        o.write(F::ZERO);
-                    });
-                    // SAFETY: every element of `piece` was written just above.
-                    let piece = unsafe { &mut *(piece as *mut [std::mem::MaybeUninit<F>] as *mut [F]) };
-                    for v in x[p * d * w..(p + 1) * d * w].chunks(w) {
-                        for (o, &x) in piece.iter_mut().zip(&v[c0..c0 + len]) {
-                            *o += x * x;
-                        }
-                    }
-                }
-            },
-        )
-    })
-}
-
-/// `out`, the elements `start..` of a matrix with rows of `w`, cut at the
-/// row ends, each piece with the index of its first element.
-fn split_rows<T>(mut out: &mut [T], start: usize, w: usize) -> impl Iterator<Item = (usize, &mut [T])> {
-    let mut at = start;
-    std::iter::from_fn(move || {
-        if out.is_empty() {
-            return None;
-        }
-        let len = (w - at % w).min(out.len());
-        let (piece, rest) = std::mem::take(&mut out).split_at_mut(len);
-        out = rest;
-        at += len;
-        Some((at - len, piece))
-    })
-}
-
-/// The dims of `x`, an error unless it is `[N, d, w]`.
-fn check_mid(x: &Tensor) -> Result<[usize; 3]> {
+/// The plan of `x`, an error unless it is `[N, d, w]`.
+fn check_mid(x: &Tensor) -> Result<SumSquaresPlan> {
     match *x.dims() {
-        [n, d, w] => Ok([n, d, w]),
+        [n, d, w] => Ok(SumSquaresPlan { n, d, w }),
         _ => Err(Error::InvalidShape {
             op: "sum_squares_mid",
             shape: Box::new(x.shape().clone()),
@@ -226,22 +175,13 @@ impl Op for SumSquaresMid {
     fn saves(&self) -> Saved {
         Saved::input(0)
     }
-    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        let x = xs[0];
-        let [n, d, w] = check_mid(x)?;
-        if x.device() != Device::Cpu || !matches!(x.dtype(), DType::F32 | DType::F64) {
-            return x.square()?.sum(&[1], false);
+    /// The device's one-pass kernel where it has one, else square then sum.
+    fn run(&self, _: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
+        let plan = check_mid(xs[0])?;
+        match backend_for(xs[0].device()).sum_squares_mid(&plan, xs[0])? {
+            Some(y) => Ok(y),
+            None => xs[0].square()?.sum(&[1], false),
         }
-        let x = x.contiguous()?;
-        with_float!(x.dtype(), F => {
-            let v = x.as_slice::<F>().expect("internal: contiguous");
-            Tensor::from_vec(sum_squares_kernel::<F>(v, n, d, w)?, [n, w])
-        }, _ => unreachable!())
-    }
-    /// Off the host, the composition: square then the reduction kernel.
-    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        check_mid(xs[0])?;
-        xs[0].square()?.sum(&[1], false)
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         Ok(one(xs[0].mul(&g.unsqueeze(1)?)?.mul_scalar(2.0)?))
@@ -256,7 +196,7 @@ impl Op for SumSquaresMid {
 mod tests {
     use super::*;
     use tapir_autograd::{check_grads, CheckOptions};
-    use tapir_tensor::Rng;
+    use tapir_tensor::{DType, Rng};
 
     #[test]
     fn sum_squares_mid_matches_square_sum_and_its_gradients_check() {
@@ -282,7 +222,5 @@ mod tests {
             let b = x.square().unwrap().sum(&[1], false).unwrap().to_vec_f64();
             assert!(a.iter().zip(&b).all(|(p, q)| (p - q).abs() < 1e-6), "{dtype}");
         }
-        let pieces: Vec<(usize, usize)> = split_rows(&mut [0u8; 700], 250, 300).map(|(at, p)| (at, p.len())).collect();
-        assert_eq!(pieces, [(250, 50), (300, 300), (600, 300), (900, 50)]);
     }
 }

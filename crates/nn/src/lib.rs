@@ -52,9 +52,12 @@
 mod affine;
 pub mod amp;
 mod attention;
+mod backend;
 pub mod checkpoint;
 mod cpu;
+mod cuda;
 mod data;
+mod dispatch;
 pub mod dist;
 mod gpt;
 pub mod init;

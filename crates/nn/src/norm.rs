@@ -13,9 +13,12 @@
 
 use smallvec::SmallVec;
 use tapir_autograd::Var;
+use tapir_tensor::backend::Backend;
 use tapir_tensor::ops::{add_opt, Arity, InputGrads, Op, Saved};
-use tapir_tensor::{BinaryOps, DType, Device, Diff, Error, ReduceOps, Result, ShapeOps, Tensor, UnaryOps};
+use tapir_tensor::{BinaryOps, DType, Diff, Error, ReduceOps, Result, ShapeOps, Tensor, UnaryOps};
 
+use crate::backend::NormPlan;
+use crate::dispatch::backend_for;
 use crate::params::{Bound, ParamId, ParamStore};
 
 /// torch.nn.LayerNorm over the last axis:
@@ -140,8 +143,8 @@ impl NormOp {
         u.mul(rstd)
     }
 
-    /// Checks the inputs' shapes and dtypes; returns the row width.
-    fn check(&self, xs: &[&Tensor]) -> Result<usize> {
+    /// Checks the inputs' shapes and dtypes into the kernels' plan.
+    fn check(&self, xs: &[&Tensor]) -> Result<NormPlan> {
         let x = xs[0];
         let d = match x.dims().last() {
             Some(&d) if d > 0 => d,
@@ -153,7 +156,7 @@ impl NormOp {
                 })
             }
         };
-        let (w, b) = (self.has_weight.then(|| xs[1]), self.has_bias.then(|| xs[xs.len() - 1]));
+        let (w, b) = self.params_of(xs);
         for p in w.iter().chain(b.iter()) {
             if p.dims() != [d] {
                 return Err(Error::ShapeMismatch {
@@ -166,20 +169,39 @@ impl NormOp {
                 return Err(Error::DTypeMismatch { op: self.name(), lhs: x.dtype(), rhs: p.dtype() });
             }
         }
-        Ok(d)
+        Ok(self.plan(d))
     }
 
-    /// What the CPU's row kernels compute.
-    fn rows(&self) -> crate::cpu::norm::Norm {
-        crate::cpu::norm::Norm { op: self.name(), eps: self.eps, rms: self.rms }
+    /// What the kernels compute over rows of `d` elements.
+    fn plan(&self, d: usize) -> NormPlan {
+        NormPlan { op: self.name(), eps: self.eps, rms: self.rms, d }
     }
 
-    /// The eager backward: one pass over f32 or f64 rows, on the CPU.
-    fn vjp_kernel(&self, x: &Tensor, w: Option<&Tensor>, g: &Tensor) -> Result<Option<[Tensor; 3]>> {
-        if x.device() != Device::Cpu {
-            return Ok(None);
+    /// The scale and the shift, where the op has them.
+    fn params_of<'a, T>(&self, xs: &[&'a T]) -> (Option<&'a T>, Option<&'a T>) {
+        (self.has_weight.then(|| xs[1]), self.has_bias.then(|| xs[xs.len() - 1]))
+    }
+
+    /// The op from tensor ops, for a device without a fused kernel.
+    fn composed(&self, x: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>) -> Result<Tensor> {
+        let (h, _) = self.normalized(x)?;
+        let h = match w {
+            Some(w) => h.mul(w)?,
+            None => h,
+        };
+        match b {
+            Some(b) => h.add(b),
+            None => Ok(h),
         }
-        crate::cpu::norm::backward(self.rows(), x, w, g)
+    }
+
+    /// The eager backward: the device's one pass per row where it has one
+    /// (on the CPU, f32 or f64 rows), else `None`. The inputs are those
+    /// the forward checked, so the plan needs only their row width (a
+    /// scalar, which no forward let through, goes to the rule).
+    fn vjp_kernel(&self, x: &Tensor, w: Option<&Tensor>, g: &Tensor) -> Result<Option<[Tensor; 3]>> {
+        let Some(&d) = x.dims().last() else { return Ok(None) };
+        backend_for(x.device()).norm_grad(&self.plan(d), x, w, g)
     }
 }
 
@@ -203,23 +225,13 @@ impl Op for NormOp {
             Saved::input(0)
         }
     }
-    fn forward_cpu(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        let d = self.check(xs)?;
-        let (w, b) = (self.has_weight.then(|| xs[1]), self.has_bias.then(|| xs[xs.len() - 1]));
-        crate::cpu::norm::forward(self.rows(), xs[0], w, b, d)
-    }
-    /// Off the host, the composition (the kernel reads host memory).
-    fn forward_cuda(&self, xs: &[&Tensor]) -> Result<Tensor> {
-        self.check(xs)?;
-        let (w, b) = (self.has_weight.then(|| xs[1]), self.has_bias.then(|| xs[xs.len() - 1]));
-        let (h, _) = self.normalized(xs[0])?;
-        let h = match w {
-            Some(w) => h.mul(w)?,
-            None => h,
-        };
-        match b {
-            Some(b) => h.add(b),
-            None => Ok(h),
+    /// The device's fused kernel where it has one, else the composition.
+    fn run(&self, _: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
+        let plan = self.check(xs)?;
+        let (w, b) = self.params_of(xs);
+        match backend_for(xs[0].device()).norm(&plan, xs[0], w, b)? {
+            Some(y) => Ok(y),
+            None => self.composed(xs[0], w, b),
         }
     }
     /// The fused backward kernel where it applies, else the differentiable rule.

@@ -1,9 +1,41 @@
-//! The CPU kernel of [`crate::Affine`]: a residual added into the
-//! product's own buffer, by the threads that made its rows.
+//! The CPU kernel of [`crate::Affine`]: the product through the tensor
+//! crate's fused linear sum, which applies the bias (and tanh) to each
+//! thread's rows while they are in its core's cache, and a residual added
+//! into the product's own buffer.
 
 use tapir_tensor::cpu::pool::{self, Disjoint};
 use tapir_tensor::cpu::simd;
-use tapir_tensor::{DType, Device, Result, Tensor};
+use tapir_tensor::ops::matmul::{fused_linear_sum_then, Then};
+use tapir_tensor::{BinaryOps, DType, Device, Error, Result, ShapeOps, Tensor, UnaryOps};
+
+use super::CpuBackend;
+use crate::backend::{AffineKernels, AffinePlan};
+
+impl AffineKernels for CpuBackend {
+    fn affine(
+        &self,
+        plan: &AffinePlan,
+        x: &Tensor,
+        w: &Tensor,
+        bias: Option<&Tensor>,
+        residual: Option<&Tensor>,
+    ) -> Result<Option<Tensor>> {
+        // Without a residual, tanh is applied in the product's own job; with
+        // one, only after the residual is added.
+        let then = if plan.tanh && residual.is_none() { Then::Tanh } else { Then::Nothing };
+        let mut y = fused_linear_sum_then(&[(x, &w.t()?)], bias, then)?
+            .ok_or_else(|| Error::invalid_arg("affine", "no product"))?;
+        if let Some(r) = residual {
+            if !add_in_place(&mut y, r)? {
+                y = y.add(r)?;
+            }
+            if plan.tanh {
+                y = y.tanh()?;
+            }
+        }
+        Ok(Some(y))
+    }
+}
 
 fn in_place<F: tapir_tensor::CpuElement>(y: &mut Tensor, r: &Tensor, f: impl Fn(F, F) -> F + Sync) -> Result<bool> {
     let r = r.contiguous()?;
@@ -36,7 +68,7 @@ fn in_place<F: tapir_tensor::CpuElement>(y: &mut Tensor, r: &Tensor, f: impl Fn(
 /// `y += r` row by row (`r` is one row or all of them), in `y`'s buffer;
 /// false where the kernel does not apply (off the host, other dtypes, a
 /// shape that is not whole rows), and `y` is then unchanged.
-pub(crate) fn add_in_place(y: &mut Tensor, r: &Tensor) -> Result<bool> {
+fn add_in_place(y: &mut Tensor, r: &Tensor) -> Result<bool> {
     if y.device() != Device::Cpu || r.device() != Device::Cpu {
         return Ok(false);
     }

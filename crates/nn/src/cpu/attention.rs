@@ -6,6 +6,27 @@
 use tapir_tensor::cpu::pool::Disjoint;
 use tapir_tensor::{DType, Error, Result, ShapeOps, Tensor};
 
+use super::CpuBackend;
+use crate::backend::{AttentionKernels, AttentionPlan, CausalSoftmaxPlan};
+
+impl AttentionKernels for CpuBackend {
+    fn causal_softmax(&self, plan: &CausalSoftmaxPlan, x: &Tensor) -> Result<Tensor> {
+        causal_softmax(plan, x)
+    }
+    fn causal_attention(&self, plan: &AttentionPlan, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Option<Tensor>> {
+        forward(plan, [q, k, v]).map(Some)
+    }
+    fn causal_attention_grad(
+        &self,
+        plan: &AttentionPlan,
+        qkv: [&Tensor; 3],
+        y: &Tensor,
+        g: &Tensor,
+    ) -> Result<Option<[Tensor; 3]>> {
+        backward(plan, qkv, y, g)
+    }
+}
+
 fn causal_rows<T: tapir_tensor::Float + tapir_tensor::CpuElement>(
     x: &[T],
     out: &mut [T],
@@ -35,44 +56,33 @@ fn causal_rows<T: tapir_tensor::Float + tapir_tensor::CpuElement>(
     }
 }
 
-/// The causal softmax of host scores `x` `[..., tq, tk]` (checked by the
-/// op); f16 and bf16 run through f32.
-pub(crate) fn causal_softmax(scale: f64, x: &Tensor, tq: usize, tk: usize) -> Result<Tensor> {
+/// The causal softmax of host scores `x` (checked by the op into `plan`);
+/// f16 and bf16 run through f32.
+fn causal_softmax(plan: &CausalSoftmaxPlan, x: &Tensor) -> Result<Tensor> {
     let x = x.contiguous()?;
+    let (tq, tk) = (plan.queries, plan.keys);
     match x.dtype() {
         DType::F32 => {
             let src = x.as_slice::<f32>().expect("internal: contiguous");
             let mut out = tapir_tensor::cache::filled(src.len(), 0.0f32)?;
-            causal_rows(src, &mut out, tq, tk, scale as f32);
+            causal_rows(src, &mut out, tq, tk, plan.scale as f32);
             Tensor::from_vec(out, x.shape().clone())
         }
         DType::F64 => {
             let src = x.as_slice::<f64>().expect("internal: contiguous");
             let mut out = tapir_tensor::cache::filled(src.len(), 0.0f64)?;
-            causal_rows(src, &mut out, tq, tk, scale);
+            causal_rows(src, &mut out, tq, tk, plan.scale);
             Tensor::from_vec(out, x.shape().clone())
         }
-        DType::F16 | DType::BF16 => causal_softmax(scale, &x.cast(DType::F32)?, tq, tk)?.cast(x.dtype()),
+        DType::F16 | DType::BF16 => causal_softmax(plan, &x.cast(DType::F32)?)?.cast(x.dtype()),
         dtype => Err(Error::UnsupportedDType { op: "causal_softmax", dtype, expected: "a float dtype" }),
     }
 }
 
-/// Raw rows of one (batch, head): element `(t, d)` of q/k/v/y is at
-/// `base + t * c + d`.
-pub(crate) struct Heads {
-    /// Heads.
-    pub heads: usize,
-    /// Multiplies `q . k`.
-    pub scale: f64,
-    /// Time steps.
-    pub t: usize,
-    /// Channels (all heads).
-    pub c: usize,
-    /// Channels of one head.
-    pub d: usize,
-}
-
-impl Heads {
+/// The CPU's loops over one (batch, head) of a plan (private to this
+/// file): the head's rows start at `base`, and its row `t` is
+/// `base + t * c .. base + t * c + d`.
+impl AttentionPlan {
     /// Probabilities of query `i` over keys `0..=i` into `p`.
     #[inline]
     fn probs<F: tapir_tensor::Float>(&self, q: &[F], k: &[F], base: usize, i: usize, scale: F, p: &mut [F]) {
@@ -101,7 +111,7 @@ impl Heads {
     /// # Safety
     /// `y` has the shape of `q`, and no one else touches this head's
     /// elements of it meanwhile.
-    unsafe fn forward<F: tapir_tensor::Float>(
+    unsafe fn forward_head<F: tapir_tensor::Float>(
         &self,
         q: &[F],
         k: &[F],
@@ -130,7 +140,7 @@ impl Heads {
     /// # Safety
     /// `dq`, `dk` and `dv` have the shape of `q`, and no one else touches
     /// this head's elements of them meanwhile.
-    unsafe fn backward<F: tapir_tensor::Float>(
+    unsafe fn backward_head<F: tapir_tensor::Float>(
         &self,
         [q, k, v, y, g]: [&[F]; 5],
         [dq, dk, dv]: [&Disjoint<F>; 3],
@@ -172,11 +182,11 @@ impl Heads {
     }
 }
 
-/// The causal attention of host `q`, `k`, `v` (`xs`, checked by the op into
+/// The causal attention of host `q`, `k`, `v` (checked by the op into
 /// `hs`); f16 and bf16 run through f32.
-pub(crate) fn forward(hs: &Heads, xs: &[&Tensor]) -> Result<Tensor> {
-    let (q, k, v) = (xs[0].contiguous()?, xs[1].contiguous()?, xs[2].contiguous()?);
-    let b = q.dims()[0];
+fn forward(hs: &AttentionPlan, [q, k, v]: [&Tensor; 3]) -> Result<Tensor> {
+    let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
+    let b = hs.batch;
     macro_rules! run {
         ($F:ty) => {{
             fn sl(t: &Tensor) -> &[$F] {
@@ -191,7 +201,7 @@ pub(crate) fn forward(hs: &Heads, xs: &[&Tensor]) -> Result<Tensor> {
                 let base = (part / heads) * hs.t * hs.c + (part % heads) * hs.d;
                 // SAFETY: `y` is shaped like `q`; each part writes only
                 // its own (batch, head).
-                unsafe { hs.forward(qs, ks, vs, &out, base, hs.scale as $F) };
+                unsafe { hs.forward_head(qs, ks, vs, &out, base, hs.scale as $F) };
             });
             Tensor::from_vec(y, q.shape().clone())
         }};
@@ -202,19 +212,19 @@ pub(crate) fn forward(hs: &Heads, xs: &[&Tensor]) -> Result<Tensor> {
         DType::F16 | DType::BF16 => {
             let up = [&q, &k, &v].map(|t| t.cast(DType::F32));
             let [a, b2, c] = up;
-            forward(hs, &[&a?, &b2?, &c?])?.cast(q.dtype())
+            forward(hs, [&a?, &b2?, &c?])?.cast(q.dtype())
         }
         dtype => Err(Error::UnsupportedDType { op: "causal_attention", dtype, expected: "a float dtype" }),
     }
 }
 
 /// The gradients of `q`, `k` and `v` from host inputs, output `y` and
-/// upstream gradient `g`, or `None` where the kernel does not apply (not
-/// f32 or f64, or `g` of another dtype).
-pub(crate) fn backward(hs: &Heads, xs: [&Tensor; 3], y: &Tensor, g: &Tensor) -> Result<Option<[Tensor; 3]>> {
+/// upstream gradient `g` (one dtype, as the op checked), or `None` where
+/// the kernel does not apply (not f32 or f64).
+fn backward(hs: &AttentionPlan, xs: [&Tensor; 3], y: &Tensor, g: &Tensor) -> Result<Option<[Tensor; 3]>> {
     let [q, k, v] = [xs[0].contiguous()?, xs[1].contiguous()?, xs[2].contiguous()?];
     let (y, g) = (y.contiguous()?, g.contiguous()?);
-    let b = q.dims()[0];
+    let b = hs.batch;
     macro_rules! run {
         ($F:ty) => {{
             fn sl(t: &Tensor) -> &[$F] {
@@ -231,7 +241,7 @@ pub(crate) fn backward(hs: &Heads, xs: [&Tensor; 3], y: &Tensor, g: &Tensor) -> 
                 let base = (part / heads) * hs.t * hs.c + (part % heads) * hs.d;
                 // SAFETY: the buffers are shaped like `q`; each part
                 // touches only its own (batch, head).
-                unsafe { hs.backward(ins, [&outs[0], &outs[1], &outs[2]], base, hs.scale as $F) };
+                unsafe { hs.backward_head(ins, [&outs[0], &outs[1], &outs[2]], base, hs.scale as $F) };
             });
             let shape = q.shape().clone();
             Ok(Some([
@@ -240,9 +250,6 @@ pub(crate) fn backward(hs: &Heads, xs: [&Tensor; 3], y: &Tensor, g: &Tensor) -> 
                 Tensor::from_vec(dv, shape)?,
             ]))
         }};
-    }
-    if g.dtype() != q.dtype() {
-        return Ok(None);
     }
     match q.dtype() {
         DType::F32 => run!(f32),

@@ -1,23 +1,34 @@
-//! The CPU kernels of this crate's fused ops.
+//! The CPU backend of this crate's fused ops: how they run on host memory.
 //!
-//! An op's file (`affine.rs`, `attention.rs`, `norm.rs`) says what the op
-//! means: its shape rule, docs and derivative rules, and its
-//! `forward_cpu` / `forward_cuda` hand the work to a device. The loops that
-//! run on host memory live here, one file per op family, on the tensor
-//! crate's pool, [`tapir_tensor::cpu::pool`], and vector dispatch,
-//! [`tapir_tensor::cpu::simd`]:
+//! An op's file (`affine.rs`, `attention.rs`, `jet.rs`, `norm.rs`) says
+//! what the op means: its check into a plan, its docs and derivative
+//! rules. The loops that run on host memory live here, one file per op
+//! family, on the tensor crate's pool, [`tapir_tensor::cpu::pool`], and
+//! vector dispatch, [`tapir_tensor::cpu::simd`]:
 //!
-//! - `affine`: the residual added into the product's own buffer;
+//! - `affine`: the product through the tensor crate's fused linear sum,
+//!   the residual added into the product's own buffer;
 //! - `attention`: the causal softmax rows, and causal attention per
 //!   (batch, head) with probabilities recomputed in the backward;
+//! - `jet`: the forward-Laplacian's sum of squares over the input dims;
 //! - `norm`: LayerNorm and RMSNorm rows, forward and backward.
 //!
 //! (The optimizers' element updates are the tensor crate's `OptimKernels`.)
 //!
-//! An op calls these only with host tensors: the tensor crate's dispatch
-//! calls `forward_cpu` for CPU inputs alone, and each eager backward checks
-//! the device before it runs a kernel here.
+//! [`CpuBackend`] implements the kernel traits of [`crate::backend`], each
+//! in the file named after its family, and imports the plan types only.
+//! [`crate::dispatch::backend_for`] hands it to an op whose inputs live on
+//! the host, so the kernels read host slices without checking the device.
 
-pub(crate) mod affine;
-pub(crate) mod attention;
-pub(crate) mod norm;
+mod affine;
+mod attention;
+mod jet;
+mod norm;
+
+use crate::backend::NnBackend;
+
+/// The CPU backend: every fused op family's kernels on host memory.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct CpuBackend;
+
+impl NnBackend for CpuBackend {}

@@ -5,13 +5,16 @@
 use tapir_tensor::cpu::pool::{self, Disjoint};
 use tapir_tensor::{DType, Error, Float, Result, ShapeOps, Tensor};
 
-/// What the row kernels compute: the op's name (for errors), the epsilon
-/// added to the variance, and RMSNorm (no centring) or LayerNorm.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Norm {
-    pub op: &'static str,
-    pub eps: f64,
-    pub rms: bool,
+use super::CpuBackend;
+use crate::backend::{NormKernels, NormPlan};
+
+impl NormKernels for CpuBackend {
+    fn norm(&self, plan: &NormPlan, x: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>) -> Result<Option<Tensor>> {
+        forward(plan, x, w, b).map(Some)
+    }
+    fn norm_grad(&self, plan: &NormPlan, x: &Tensor, w: Option<&Tensor>, g: &Tensor) -> Result<Option<[Tensor; 3]>> {
+        backward(plan, x, w, g)
+    }
 }
 
 /// From this many elements on, the row kernels split their rows over the
@@ -97,9 +100,10 @@ fn backward_rows<F: Float>(x: &[F], w: Option<&[F]>, g: &[F], d: usize, eps: F, 
 }
 
 /// The forward over `x` with the scale `w` and shift `b` the op has, host
-/// tensors whose shapes and dtypes the op checked; `d` is the row width.
-/// f16 and bf16 run through f32.
-pub(crate) fn forward(op: Norm, x: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>, d: usize) -> Result<Tensor> {
+/// tensors whose shapes and dtypes the op checked into `op`. f16 and bf16
+/// run through f32.
+fn forward(op: &NormPlan, x: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>) -> Result<Tensor> {
+    let d = op.d;
     let (xc, wc, bc) =
         (x.contiguous()?, w.map(|t| t.contiguous()).transpose()?, b.map(|t| t.contiguous()).transpose()?);
     macro_rules! run {
@@ -124,7 +128,7 @@ pub(crate) fn forward(op: Norm, x: &Tensor, w: Option<&Tensor>, b: Option<&Tenso
         DType::F16 | DType::BF16 => {
             let up = |t: Option<&Tensor>| t.map(|t| t.cast(DType::F32)).transpose();
             let (x32, w32, b32) = (x.cast(DType::F32)?, up(w)?, up(b)?);
-            forward(op, &x32, w32.as_ref(), b32.as_ref(), d)?.cast(x.dtype())
+            forward(op, &x32, w32.as_ref(), b32.as_ref())?.cast(x.dtype())
         }
         dtype => Err(Error::UnsupportedDType { op: op.op, dtype, expected: "a float dtype" }),
     }
@@ -132,8 +136,8 @@ pub(crate) fn forward(op: Norm, x: &Tensor, w: Option<&Tensor>, b: Option<&Tenso
 
 /// The backward's `(dx, dw, db)` from host tensors `x`, `w` and `g`, or
 /// `None` where the kernel does not apply (other dtypes, mixed dtypes).
-pub(crate) fn backward(op: Norm, x: &Tensor, w: Option<&Tensor>, g: &Tensor) -> Result<Option<[Tensor; 3]>> {
-    let d = *x.dims().last().expect("internal: rank checked");
+fn backward(op: &NormPlan, x: &Tensor, w: Option<&Tensor>, g: &Tensor) -> Result<Option<[Tensor; 3]>> {
+    let d = op.d;
     let (x, g, w) = (x.contiguous()?, g.contiguous()?, w.map(|w| w.contiguous()).transpose()?);
     macro_rules! run {
         ($F:ty) => {{

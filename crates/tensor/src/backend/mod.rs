@@ -74,8 +74,7 @@ impl<'a> Src<'a> {
 
 /// A device: one kernel trait per op family. Implemented by the CPU and the
 /// CUDA backends; a family added here is a compile error until both have
-/// its kernels. The families not yet behind a trait still run through
-/// their ops' `forward_cpu` and `forward_cuda` (see [`crate::Op::run`]).
+/// its kernels.
 pub trait Backend:
     UnaryKernels
     + BinaryKernels

@@ -21,9 +21,8 @@
 //!
 //! [`CpuBackend`] is this device's face to the ops: it implements the
 //! kernel traits of [`crate::backend`], one per family, each in the file
-//! named after the family. [`crate::ops::forward`] hands it (and the ops'
-//! `forward_cpu` of the families not yet behind a trait) CPU operands only,
-//! so the kernels read host slices without checking the device.
+//! named after the family. [`crate::ops::forward`] hands it CPU operands
+//! only, so the kernels read host slices without checking the device.
 
 pub(crate) mod binary;
 pub(crate) mod cross_entropy;

@@ -156,28 +156,10 @@ pub trait Op: Debug + Send + Sync + 'static {
     /// lives there: the op checks its inputs (shapes, dtypes, the kernel's
     /// parameters) once, for every device, and calls the backend's kernel
     /// of its family, so a device without that family's kernels does not
-    /// compile. The default runs the op's [`Op::forward_cpu`] or
-    /// [`Op::forward_cuda`]: the families not yet behind a kernel trait.
-    fn run(&self, backend: &dyn Backend, inputs: &[&Tensor]) -> Result<Tensor> {
-        if backend.is_host() {
-            self.forward_cpu(inputs)
-        } else {
-            self.forward_cuda(inputs)
-        }
-    }
-    /// The output on the CPU, for an op not yet behind a kernel trait
-    /// (see [`Op::run`]); the default, [`Error::Unsupported`], is for the
-    /// ops that are.
-    fn forward_cpu(&self, _inputs: &[&Tensor]) -> Result<Tensor> {
-        Err(Error::Unsupported { op: self.name(), device: Device::Cpu })
-    }
-    /// The output on a CUDA device, for an op not yet behind a kernel trait
-    /// (see [`Op::run`]). An op without a CUDA kernel keeps this default,
-    /// [`Error::Unsupported`], so a missing kernel is an error, never a
-    /// panic.
-    fn forward_cuda(&self, inputs: &[&Tensor]) -> Result<Tensor> {
-        Err(Error::Unsupported { op: self.name(), device: inputs.first().map_or(Device::Cpu, |x| x.device()) })
-    }
+    /// compile. (An op of another crate with kernel families of its own,
+    /// as tapir-nn's fused ops, maps the inputs' device to its own backend
+    /// the same way, in one place.)
+    fn run(&self, backend: &dyn Backend, inputs: &[&Tensor]) -> Result<Tensor>;
     /// Reverse mode: given the inputs `xs`, the output `y` and the gradient
     /// `g` of some scalar with respect to `y`, the gradients with respect
     /// to each input, broadcast back to that input's shape.
