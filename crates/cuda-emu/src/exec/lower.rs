@@ -16,7 +16,7 @@
 //! only.
 
 use super::numeric::*;
-use super::schedule::Warp;
+use super::schedule::{Warp, FULL, WARP};
 use crate::ptx::*;
 
 /// A lowered instruction's lane loop: applies `op` to the lanes `m` (not
@@ -28,6 +28,9 @@ pub(super) type Handler = fn(&mut Warp, &Op, u32);
 pub struct Op {
     /// The lane loop, or None for the general path (`Warp::step`).
     pub(super) run: Option<Handler>,
+    /// A branch's target (`bra` takes the general path's decision
+    /// without its dispatch).
+    pub(super) bra: Option<u32>,
     /// The guard predicate register and whether it is negated.
     pub(super) guard: Option<(u16, bool)>,
     pub(super) d: u16,
@@ -44,15 +47,99 @@ pub(crate) fn lower(f: &Func) -> Vec<Op> {
     f.insts.iter().map(lower_one).collect()
 }
 
+/// A whole warp's `out[l] = f(a[l * SA], b[l * SB], c[l * SC])`, the
+/// strides (1: a register's lanes, 0: an immediate) constants, so the
+/// compiler sees plain array loops it can unroll and vectorise.
+///
+/// # Safety
+/// `out` must be valid for 32 writes, each source for 32 reads at its
+/// stride; a source may be `out` itself (lane `l` is read before written).
+#[inline(always)]
+unsafe fn full<const SA: usize, const SB: usize, const SC: usize>(
+    out: *mut u64,
+    (pa, pb, pc): (*const u64, *const u64, *const u64),
+    f: impl Fn(u64, u64, u64) -> u64,
+) {
+    for l in 0..WARP {
+        *out.add(l) = f(*pa.add(l * SA), *pb.add(l * SB), *pc.add(l * SC));
+    }
+}
+
+/// `d = f(a, b, c)` over the lanes `m`, as `Warp::map3` computes it, with a
+/// loop of its own for each register-or-immediate pattern of a whole warp.
+#[inline(always)]
+fn lanes3(w: &mut Warp, m: u32, o: &Op, f: impl Fn(u64, u64, u64) -> u64) {
+    if m != FULL {
+        return w.map3(m, o.d, &o.a, &o.b, &o.c, f);
+    }
+    let ((pa, sa), (pb, sb), (pc, sc)) = (w.src(&o.a), w.src(&o.b), w.src(&o.c));
+    let out = w.regs[o.d as usize * WARP..][..WARP].as_mut_ptr();
+    let p = (pa, pb, pc);
+    // SAFETY: `src` gives a register's 32 lanes or one immediate of `o`.
+    unsafe {
+        match (sa, sb, sc) {
+            (1, 1, 1) => full::<1, 1, 1>(out, p, f),
+            (1, 1, _) => full::<1, 1, 0>(out, p, f),
+            (1, _, 1) => full::<1, 0, 1>(out, p, f),
+            (1, _, _) => full::<1, 0, 0>(out, p, f),
+            (_, 1, 1) => full::<0, 1, 1>(out, p, f),
+            (_, 1, _) => full::<0, 1, 0>(out, p, f),
+            (_, _, 1) => full::<0, 0, 1>(out, p, f),
+            _ => full::<0, 0, 0>(out, p, f),
+        }
+    }
+}
+
+/// `d = f(a, b)` over the lanes `m` (`o.c` unused).
+#[inline(always)]
+fn lanes2(w: &mut Warp, m: u32, o: &Op, f: impl Fn(u64, u64) -> u64) {
+    if m != FULL {
+        return w.map2(m, o.d, &o.a, &o.b, f);
+    }
+    let ((pa, sa), (pb, sb)) = (w.src(&o.a), w.src(&o.b));
+    let out = w.regs[o.d as usize * WARP..][..WARP].as_mut_ptr();
+    let p = (pa, pb, pa);
+    let g = |x, y, _| f(x, y);
+    // SAFETY: as in `lanes3`.
+    unsafe {
+        match (sa, sb) {
+            (1, 1) => full::<1, 1, 0>(out, p, g),
+            (1, _) => full::<1, 0, 0>(out, p, g),
+            (_, 1) => full::<0, 1, 0>(out, p, g),
+            _ => full::<0, 0, 0>(out, p, g),
+        }
+    }
+}
+
+/// `d = f(a)` over the lanes `m` (`o.b`, `o.c` unused).
+#[inline(always)]
+fn lanes1(w: &mut Warp, m: u32, o: &Op, f: impl Fn(u64) -> u64) {
+    if m != FULL {
+        return w.map1(m, o.d, &o.a, f);
+    }
+    let (pa, sa) = w.src(&o.a);
+    let out = w.regs[o.d as usize * WARP..][..WARP].as_mut_ptr();
+    let p = (pa, pa, pa);
+    let g = |x, _, _| f(x);
+    // SAFETY: as in `lanes3`.
+    unsafe {
+        if sa == 1 {
+            full::<1, 0, 0>(out, p, g)
+        } else {
+            full::<0, 0, 0>(out, p, g)
+        }
+    }
+}
+
 /// `d = f(a)` over the lanes, `f` a closure of the operands and `o.k`.
 macro_rules! h1 {
     (|$x:ident| $e:expr) => {
-        Some(|w: &mut Warp, o: &Op, m: u32| w.map1(m, o.d, &o.a, |$x| $e))
+        Some(|w: &mut Warp, o: &Op, m: u32| lanes1(w, m, o, |$x| $e))
     };
     (|$x:ident, $k:ident| $e:expr) => {
         Some(|w: &mut Warp, o: &Op, m: u32| {
             let $k = o.k;
-            w.map1(m, o.d, &o.a, |$x| $e)
+            lanes1(w, m, o, |$x| $e)
         })
     };
 }
@@ -60,26 +147,26 @@ macro_rules! h1 {
 /// `d = f(a, b)` over the lanes.
 macro_rules! h2 {
     (|$x:ident, $y:ident| $e:expr) => {
-        Some(|w: &mut Warp, o: &Op, m: u32| w.map2(m, o.d, &o.a, &o.b, |$x, $y| $e))
+        Some(|w: &mut Warp, o: &Op, m: u32| lanes2(w, m, o, |$x, $y| $e))
     };
 }
 
 /// `d = f(a, b, c)` over the lanes.
 macro_rules! h3 {
     (|$x:ident, $y:ident, $z:ident| $e:expr) => {
-        Some(|w: &mut Warp, o: &Op, m: u32| w.map3(m, o.d, &o.a, &o.b, &o.c, |$x, $y, $z| $e))
+        Some(|w: &mut Warp, o: &Op, m: u32| lanes3(w, m, o, |$x, $y, $z| $e))
     };
     (|$x:ident, $y:ident, $z:ident, $k:ident| $e:expr) => {
         Some(|w: &mut Warp, o: &Op, m: u32| {
             let $k = o.k;
-            w.map3(m, o.d, &o.a, &o.b, &o.c, |$x, $y, $z| $e)
+            lanes3(w, m, o, |$x, $y, $z| $e)
         })
     };
 }
 
 fn lower_one(inst: &Inst) -> Op {
     let none = Opnd::I(0);
-    let mut op = Op { run: None, guard: inst.guard, d: 0, a: none, b: none, c: none, k: 0 };
+    let mut op = Op { run: None, bra: None, guard: inst.guard, d: 0, a: none, b: none, c: none, k: 0 };
     let (run, d, a, b, c, k): (Option<Handler>, u16, Opnd, Opnd, Opnd, u64) = match inst.ins {
         Ins::Bin { op: o, t, ftz, rnd, d, a, b } => (bin_handler(o, t, ftz, rnd), d, a, b, none, 0),
         Ins::Un { op: o, t, ftz, d, a } => {
@@ -119,6 +206,10 @@ fn lower_one(inst: &Inst) -> Op {
             (run, d, a, none, none, win)
         }
         Ins::Prmt { d, a, b, c } => (h3!(|x, y, z| prmt(x, y, z)), d, a, b, c, 0),
+        Ins::Bra { target } => {
+            op.bra = Some(target);
+            return op;
+        }
         _ => return op,
     };
     (op.run, op.d, op.a, op.b, op.c, op.k) = (run, d, a, b, c, k);

@@ -10,8 +10,9 @@
 //! the live allocations, local and shared ones against their sizes, and
 //! shared accesses between two barriers against each other (racecheck).
 //!
-//! Stages: `schedule` (blocks, warps, lanes), `step` (one
-//! warp-instruction), `numeric` (PTX arithmetic), `sanitizer`.
+//! Stages: `schedule` (blocks, warps, lanes), `lower` (each instruction
+//! lowered once to a lane-loop handler), `step` (one warp-instruction of
+//! the instructions without one), `numeric` (PTX arithmetic), `sanitizer`.
 
 mod counters;
 mod lower;

@@ -211,10 +211,13 @@ impl Warp {
                 }
                 continue;
             }
-            let inst = &insts[pc as usize];
-            let flow = match self.step(blk, inst, pc, active, exec) {
-                Ok(f) => f,
-                Err(e) => break Err(e),
+            let flow = match op.bra {
+                // A branch, as `step` decides it, without the call.
+                Some(target) => branch(active, exec, target),
+                None => match self.step(blk, &insts[pc as usize], pc, active, exec) {
+                    Ok(f) => f,
+                    Err(e) => break Err(e),
+                },
             };
             match flow {
                 Flow::Next(m) => {
@@ -321,6 +324,19 @@ impl Warp {
         self.park(back, f.ret_pc);
         self.frame = f.mask;
         self.returned = f.returned;
+    }
+}
+
+/// Where a branch to `target` sends the group `active`, of which `exec`
+/// take it: all of them, none, or a split.
+#[inline(always)]
+pub(super) fn branch(active: u32, exec: u32, target: u32) -> Flow {
+    if exec == active {
+        Flow::Jump(target)
+    } else if exec == 0 {
+        Flow::Next(active)
+    } else {
+        Flow::Split(exec, target)
     }
 }
 

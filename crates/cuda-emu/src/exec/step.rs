@@ -136,15 +136,7 @@ impl Warp {
         exec: u32,
     ) -> Result<Flow, Fault> {
         match inst.ins {
-            Ins::Bra { target } => {
-                return Ok(if exec == active {
-                    Flow::Jump(target)
-                } else if exec == 0 {
-                    Flow::Next(active)
-                } else {
-                    Flow::Split(exec, target)
-                })
-            }
+            Ins::Bra { target } => return Ok(super::schedule::branch(active, exec, target)),
             Ins::Ld { .. } | Ins::St { .. } | Ins::Atom { .. } => self.memory(blk, inst, exec)?,
             Ins::Bar => {
                 if let Some(f) = guarded(active, exec, pc) {
