@@ -5,7 +5,9 @@
 //! `cargo bench -p tapir-cuda-emu --bench interp` (needs NVRTC, found as
 //! tapir-tensor finds it: TAPIR_NVRTC_LIB or the pip package). With
 //! `TAPIR_CUDA_EMU_INITCHECK=1` the buffers carry initcheck's shadow, which
-//! measures its cost.
+//! measures its cost. `TAPIR_CUDA_EMU_BENCH_RUNS=N` runs each launch N times
+//! (default 5) and reports the median; `TAPIR_CUDA_EMU_BENCH_PTX=dir` keeps
+//! the PTX in `dir` for later runs (see `ptx_of`).
 
 use std::time::Instant;
 
@@ -41,30 +43,60 @@ fn b<T: Copy>(v: T) -> Vec<u8> {
     unsafe { std::slice::from_raw_parts((&v as *const T).cast::<u8>(), std::mem::size_of::<T>()) }.to_vec()
 }
 
+/// Runs the launch `TAPIR_CUDA_EMU_BENCH_RUNS` times (default 5) and
+/// prints the median speed with the range, since one run of a few hundred
+/// milliseconds on a shared machine is noisy.
 fn time(name: &str, l: &Launch) {
-    let t = Instant::now();
-    let stats = exec::run(l).expect("the launch succeeds");
-    let s = t.elapsed().as_secs_f64();
+    let runs: usize = std::env::var("TAPIR_CUDA_EMU_BENCH_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(5);
+    let mut secs = Vec::new();
+    let mut stats = None;
+    for _ in 0..runs.max(1) {
+        let t = Instant::now();
+        stats = Some(exec::run(l).expect("the launch succeeds"));
+        secs.push(t.elapsed().as_secs_f64());
+    }
+    secs.sort_by(f64::total_cmp);
+    let stats = stats.expect("one run at least");
     let c = stats.counters;
+    let speed = |s: f64| stats.instructions as f64 / s / 1e6;
     println!(
-        "{name}: {:.3} s, {} thread-instructions ({} warp-instructions, {:.1} active lanes), {:.1} M thread-instructions/s",
-        s,
+        "{name}: {:.3} s, {} thread-instructions ({} warp-instructions, {:.1} active lanes), {:.1} M thread-instructions/s \
+         (median of {}, {:.1} to {:.1})",
+        secs[secs.len() / 2],
         stats.instructions,
         c.warp_instructions,
         c.thread_instructions as f64 / c.warp_instructions.max(1) as f64,
-        stats.instructions as f64 / s / 1e6
+        speed(secs[secs.len() / 2]),
+        secs.len(),
+        speed(secs[secs.len() - 1]),
+        speed(secs[0])
     );
 }
 
+/// The PTX of kernel file `name`: NVRTC's, or with
+/// `TAPIR_CUDA_EMU_BENCH_PTX=dir` the copy kept in `dir` (written there by
+/// the first run), so that `valgrind --tool=callgrind` counts the
+/// interpreter without NVRTC's compile.
+fn ptx_of(name: &str) -> Result<String, String> {
+    let kept = std::env::var_os("TAPIR_CUDA_EMU_BENCH_PTX").map(|d| std::path::Path::new(&d).join(name));
+    if let Some(text) = kept.as_ref().and_then(|p| std::fs::read_to_string(p).ok()) {
+        return Ok(text);
+    }
+    let ptx = compile_kernel(name, DEFAULT_ARCH).map_err(|e| e.to_string())?;
+    if let Some(p) = kept {
+        std::fs::write(&p, &ptx).map_err(|e| format!("{}: {e}", p.display()))?;
+    }
+    Ok(ptx)
+}
+
 fn main() {
-    let (ce, ew) =
-        match (compile_kernel("cross_entropy.cu", DEFAULT_ARCH), compile_kernel("elementwise.cu", DEFAULT_ARCH)) {
-            (Ok(a), Ok(b)) => (a, b),
-            (Err(e), _) | (_, Err(e)) => {
-                println!("interp bench skipped: {e}");
-                return;
-            }
-        };
+    let (ce, ew) = match (ptx_of("cross_entropy.cu"), ptx_of("elementwise.cu")) {
+        (Ok(a), Ok(b)) => (a, b),
+        (Err(e), _) | (_, Err(e)) => {
+            println!("interp bench skipped: {e}");
+            return;
+        }
+    };
     let mem = Memory::new(1 << 30);
     let t = Instant::now();
     let ce = ptx::load(&ce, &|g| g.iter().map(|_| mem.alloc(4096).unwrap()).collect()).unwrap();

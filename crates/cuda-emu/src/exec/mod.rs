@@ -10,10 +10,12 @@
 //! the live allocations, local and shared ones against their sizes, and
 //! shared accesses between two barriers against each other (racecheck).
 //!
-//! Stages: `schedule` (blocks, warps, lanes), `step` (one
-//! warp-instruction), `numeric` (PTX arithmetic), `sanitizer`.
+//! Stages: `schedule` (blocks, warps, lanes), `lower` (each instruction
+//! lowered once to a lane-loop handler), `step` (one warp-instruction of
+//! the instructions without one), `numeric` (PTX arithmetic), `sanitizer`.
 
 mod counters;
+mod lower;
 mod numeric;
 mod sanitizer;
 mod schedule;
@@ -26,6 +28,7 @@ use crate::memory::Snapshot;
 use crate::ptx::Module;
 use counters::Footprint;
 pub use counters::{profiling, set_profiling, Class, Counters, BANKS, MMA_FLOPS, NCLASS, SECTOR};
+pub use lower::Op;
 use sanitizer::Shadow;
 use schedule::Worker;
 
@@ -117,6 +120,10 @@ pub(crate) struct Block<'a> {
     /// base, length, host address and initcheck shadow.
     pub(crate) last: Option<(u64, u64, *mut u8, Option<&'a [AtomicU64]>)>,
     pub(crate) counters: Counters,
+    /// Whether every lane's parameter area holds the launch's parameters
+    /// throughout (the kernel stores to none and calls nothing), so an
+    /// `ld.param` at a fixed offset reads the same for every lane.
+    pub(crate) params_uniform: bool,
     /// Whether this launch counts the profiler's counters, and the sectors
     /// its blocks touched so far.
     prof: bool,
@@ -139,7 +146,7 @@ pub fn run(l: &Launch) -> Result<Stats, Fault> {
             w.block(id)?;
         }
         counters.add(&w.blk.counters);
-        fp = w.blk.fp;
+        fp = std::mem::take(&mut w.blk.fp);
     } else {
         let next = AtomicU64::new(0);
         let first_fault = AtomicU64::new(u64::MAX);
@@ -152,11 +159,11 @@ pub fn run(l: &Launch) -> Result<Stats, Fault> {
                         loop {
                             let id = next.fetch_add(1, Ordering::Relaxed);
                             if id >= nblocks || id > first_fault.load(Ordering::Relaxed) {
-                                return (w.blk.counters, w.blk.fp, None);
+                                return (w.blk.counters, std::mem::take(&mut w.blk.fp), None);
                             }
                             if let Err(f) = w.block(id) {
                                 first_fault.fetch_min(id, Ordering::Relaxed);
-                                return (w.blk.counters, w.blk.fp, Some((id, f)));
+                                return (w.blk.counters, std::mem::take(&mut w.blk.fp), Some((id, f)));
                             }
                         }
                     })

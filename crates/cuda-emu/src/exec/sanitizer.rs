@@ -129,17 +129,28 @@ impl<'a> Block<'a> {
         for k in 0..32 {
             addr[k] = base[k].wrapping_add(off as u64);
         }
-        for k in super::schedule::lanes(exec) {
-            lo = lo.min(addr[k]);
-            hi = hi.max(addr[k]);
+        let full = exec == u32::MAX;
+        if full {
+            for &a in &addr {
+                lo = lo.min(a);
+                hi = hi.max(a);
+            }
+        } else {
+            for k in super::schedule::lanes(exec) {
+                lo = lo.min(addr[k]);
+                hi = hi.max(addr[k]);
+            }
         }
         // A generic access is a global one when no lane's address falls in
-        // the shared or local window.
+        // the shared or local window (none does when the span misses both).
         if sp == Space::Generic {
             let win = |a: u64| {
                 (SHARED_WIN..SHARED_WIN + WIN_SIZE).contains(&a) || (LOCAL_WIN..LOCAL_WIN + WIN_SIZE).contains(&a)
             };
-            if super::schedule::lanes(exec).any(|k| win(addr[k])) {
+            let span_misses = |w: u64| hi < w || lo >= w + WIN_SIZE;
+            if !(span_misses(SHARED_WIN) && span_misses(LOCAL_WIN))
+                && super::schedule::lanes(exec).any(|k| win(addr[k]))
+            {
                 return None;
             }
         }
@@ -155,8 +166,15 @@ impl<'a> Block<'a> {
         };
         if let Some(w) = w {
             if write {
-                for k in super::schedule::lanes(exec) {
-                    mark_written(w, (addr[k] - b) as usize, len as usize);
+                // A whole warp's lanes side by side in lane order cover
+                // the span exactly: one mark for all (the same bits).
+                let side_by_side = full && (0..32).all(|k| addr[k] == lo + k as u64 * len);
+                if side_by_side {
+                    mark_written(w, (lo - b) as usize, (end - lo) as usize);
+                } else {
+                    for k in super::schedule::lanes(exec) {
+                        mark_written(w, (addr[k] - b) as usize, len as usize);
+                    }
                 }
             } else {
                 // The span written means every lane's bytes are; else the
@@ -173,9 +191,16 @@ impl<'a> Block<'a> {
             }
         }
         let mut out = [std::ptr::null_mut(); 32];
-        for k in super::schedule::lanes(exec) {
-            // SAFETY: within the region, which the snapshot keeps alive.
-            out[k] = unsafe { p.add((addr[k] - b) as usize) };
+        if full {
+            for (o, a) in out.iter_mut().zip(&addr) {
+                // SAFETY: within the region, which the snapshot keeps alive.
+                *o = unsafe { p.add((a - b) as usize) };
+            }
+        } else {
+            for k in super::schedule::lanes(exec) {
+                // SAFETY: as above.
+                out[k] = unsafe { p.add((addr[k] - b) as usize) };
+            }
         }
         Some(out)
     }

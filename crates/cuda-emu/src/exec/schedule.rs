@@ -14,6 +14,7 @@
 //! its inputs, never on the host threads.
 
 use super::counters::{class, Footprint};
+use super::lower::{lower, Op};
 use super::sanitizer::Shadow;
 use super::{Block, Counters, Fault, Launch, LAUNCH_FAILED};
 use crate::ptx::*;
@@ -100,7 +101,7 @@ impl Warp {
             base,
             exists,
             func: 0,
-            regs: vec![0; f.nregs * WARP],
+            regs: pooled_regs(f.nregs * WARP),
             pcs: [0; WARP],
             frame: exists,
             done: !exists,
@@ -145,6 +146,21 @@ impl Warp {
         (pc, lanes(m).filter(|&l| self.pcs[l] == pc).fold(0, |a, l| a | 1 << l))
     }
 
+    /// The lanes whose predicate register `p` holds (fails, if `neg`).
+    #[inline(always)]
+    fn guard(&self, p: u16, neg: bool) -> u32 {
+        let r: &[u64; WARP] = self.regs[p as usize * WARP..][..WARP].try_into().expect("internal: a warp of registers");
+        let mut g = 0u32;
+        for (l, v) in r.iter().enumerate() {
+            g |= u32::from(*v != 0) << l;
+        }
+        if neg {
+            !g
+        } else {
+            g
+        }
+    }
+
     fn park(&mut self, m: u32, pc: u32) {
         for l in lanes(m) {
             self.pcs[l] = pc;
@@ -155,42 +171,60 @@ impl Warp {
     /// lanes waiting further on, merging with waiting lanes it reaches.
     fn run_group(&mut self, blk: &mut Block, mut pc: u32, mut active: u32) -> Result<(), Fault> {
         let module = blk.l.module;
-        let insts: &[Inst] = &module.funcs[self.func as usize].insts;
+        let func = &module.funcs[self.func as usize];
+        let insts: &[Inst] = &func.insts;
+        let ops: &[Op] = func.lowered.get_or_init(|| lower(func));
         let mut others = self.runnable() & !active;
         let (mut wait, mut at_wait) = self.lowest(others);
         let (mut winst, mut lanes_n) = (0u64, 0u64);
+        // The group's size, counted again only when the group changes
+        // (the build targets no POPCNT instruction).
+        let mut n_active = u64::from(active.count_ones());
         let result = loop {
             if pc == wait {
                 active |= at_wait;
+                n_active = u64::from(active.count_ones());
                 others &= !at_wait;
                 (wait, at_wait) = self.lowest(others);
             }
-            let inst = &insts[pc as usize];
+            let op = &ops[pc as usize];
             winst += 1;
-            lanes_n += u64::from(active.count_ones());
+            lanes_n += n_active;
             if blk.prof {
-                if let Some(c) = class(&inst.ins) {
+                if let Some(c) = class(&insts[pc as usize].ins) {
                     blk.counters.mix[c as usize] += 1;
                 }
             }
-            let exec = match inst.guard {
+            let exec = match op.guard {
                 None => active,
-                Some((p, neg)) => {
-                    let r = &self.regs[p as usize * WARP..p as usize * WARP + WARP];
-                    let mut g = 0u32;
-                    for (l, v) in r.iter().enumerate() {
-                        g |= u32::from((*v != 0) != neg) << l;
-                    }
-                    g & active
-                }
+                Some((p, neg)) => self.guard(p, neg) & active,
             };
-            let flow = match self.step(blk, inst, pc, active, exec) {
-                Ok(f) => f,
-                Err(e) => break Err(e),
+            // A lowered register instruction: its lane loop, and on.
+            if let Some(run) = op.run {
+                if exec != 0 {
+                    run(self, op, exec);
+                }
+                pc += 1;
+                if pc > wait {
+                    self.park(active, pc);
+                    break Ok(());
+                }
+                continue;
+            }
+            let flow = match op.bra {
+                // A branch, as `step` decides it, without the call.
+                Some(target) => branch(active, exec, target),
+                None => match self.step(blk, &insts[pc as usize], pc, active, exec) {
+                    Ok(f) => f,
+                    Err(e) => break Err(e),
+                },
             };
             match flow {
                 Flow::Next(m) => {
-                    active = m;
+                    if m != active {
+                        active = m;
+                        n_active = u64::from(active.count_ones());
+                    }
                     pc += 1;
                 }
                 Flow::Jump(t) => pc = t,
@@ -293,6 +327,60 @@ impl Warp {
     }
 }
 
+/// Where a branch to `target` sends the group `active`, of which `exec`
+/// take it: all of them, none, or a split.
+#[inline(always)]
+pub(super) fn branch(active: u32, exec: u32, target: u32) -> Flow {
+    if exec == active {
+        Flow::Jump(target)
+    } else if exec == 0 {
+        Flow::Next(active)
+    } else {
+        Flow::Split(exec, target)
+    }
+}
+
+/// Register files of finished launches, kept for the next ones: a fresh
+/// file of a kernel with a thousand virtual registers is 256 KiB a warp,
+/// whose pages the kernel would zero on first touch, for every launch.
+static REG_POOL: std::sync::Mutex<Vec<Vec<u64>>> = std::sync::Mutex::new(Vec::new());
+/// The most the pool keeps, in registers (64 MiB).
+const REG_POOL_MAX: usize = 8 << 20;
+
+/// An empty register file with room for `n` registers, from the pool when
+/// it has one: `Worker::block` fills the first block's files with zeros,
+/// so what a pooled file held is never read.
+fn pooled_regs(n: usize) -> Vec<u64> {
+    let mut pool = REG_POOL.lock().unwrap_or_else(|p| p.into_inner());
+    match pool.iter().position(|r| r.capacity() >= n) {
+        Some(i) => {
+            let mut r = pool.swap_remove(i);
+            r.clear();
+            r
+        }
+        None => Vec::with_capacity(n),
+    }
+}
+
+/// Gives a finished worker's register files back to the pool, while it
+/// holds less than `REG_POOL_MAX` registers.
+fn return_regs(files: impl Iterator<Item = Vec<u64>>) {
+    let mut pool = REG_POOL.lock().unwrap_or_else(|p| p.into_inner());
+    let mut held: usize = pool.iter().map(Vec::capacity).sum();
+    for r in files {
+        if held + r.capacity() <= REG_POOL_MAX {
+            held += r.capacity();
+            pool.push(r);
+        }
+    }
+}
+
+impl Drop for Worker<'_> {
+    fn drop(&mut self) {
+        return_regs(self.warps.iter_mut().map(|w| std::mem::take(&mut w.regs)));
+    }
+}
+
 /// A worker's state: a block's shared memory and shadow, and its warps.
 pub(super) struct Worker<'a> {
     pub(super) blk: Block<'a>,
@@ -309,6 +397,7 @@ impl<'a> Worker<'a> {
         let f = &l.module.funcs[l.func];
         let nthreads = (l.block[0] * l.block[1] * l.block[2]) as usize;
         let shared_len = (f.shared_size.div_ceil(16) * 16 + l.dyn_shared) as usize;
+        let params_kept = !f.insts.iter().any(|i| matches!(i.ins, Ins::St { sp: Space::Param, .. } | Ins::Call { .. }));
         let blk = Block {
             l,
             ctaid: [0; 3],
@@ -317,13 +406,13 @@ impl<'a> Worker<'a> {
             gen: 0,
             last: None,
             counters: Counters::default(),
+            params_uniform: params_kept,
             prof,
             fp: Footprint::default(),
         };
         let warps = (0..nthreads.div_ceil(WARP))
             .map(|w| Warp::new((w * WARP) as u32, (nthreads - w * WARP).min(WARP), f))
             .collect();
-        let params_kept = !f.insts.iter().any(|i| matches!(i.ins, Ins::St { sp: Space::Param, .. } | Ins::Call { .. }));
         Worker { blk, warps, params_kept, started: false }
     }
 

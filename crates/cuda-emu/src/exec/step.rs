@@ -77,7 +77,7 @@ impl Warp {
     /// immediate itself with a stride of 0, so a lane loop reads either
     /// without copying a warp's worth of values first.
     #[inline(always)]
-    fn src(&self, o: &Opnd) -> (*const u64, usize) {
+    pub(super) fn src(&self, o: &Opnd) -> (*const u64, usize) {
         match o {
             Opnd::R(r) => (self.regs[*r as usize * WARP..][..WARP].as_ptr(), 1),
             Opnd::I(v) => (v as *const u64, 0),
@@ -96,7 +96,7 @@ impl Warp {
     /// `d = f(a, b, c)` for the lanes `m`, each lane's operands read before
     /// its result is written (a destination may be an operand).
     #[inline(always)]
-    fn map3(&mut self, m: u32, d: u16, a: &Opnd, b: &Opnd, c: &Opnd, f: impl Fn(u64, u64, u64) -> u64) {
+    pub(super) fn map3(&mut self, m: u32, d: u16, a: &Opnd, b: &Opnd, c: &Opnd, f: impl Fn(u64, u64, u64) -> u64) {
         let ((pa, sa), (pb, sb), (pc, sc)) = (self.src(a), self.src(b), self.src(c));
         let out = self.regs[d as usize * WARP..][..WARP].as_mut_ptr();
         // SAFETY: each pointer is a register's 32 lanes (stride 1) or one
@@ -116,12 +116,12 @@ impl Warp {
     }
 
     #[inline(always)]
-    fn map2(&mut self, m: u32, d: u16, a: &Opnd, b: &Opnd, f: impl Fn(u64, u64) -> u64) {
+    pub(super) fn map2(&mut self, m: u32, d: u16, a: &Opnd, b: &Opnd, f: impl Fn(u64, u64) -> u64) {
         self.map3(m, d, a, b, &Opnd::I(0), |x, y, _| f(x, y))
     }
 
     #[inline(always)]
-    fn map1(&mut self, m: u32, d: u16, a: &Opnd, f: impl Fn(u64) -> u64) {
+    pub(super) fn map1(&mut self, m: u32, d: u16, a: &Opnd, f: impl Fn(u64) -> u64) {
         self.map3(m, d, a, &Opnd::I(0), &Opnd::I(0), |x, _, _| f(x))
     }
 
@@ -136,15 +136,7 @@ impl Warp {
         exec: u32,
     ) -> Result<Flow, Fault> {
         match inst.ins {
-            Ins::Bra { target } => {
-                return Ok(if exec == active {
-                    Flow::Jump(target)
-                } else if exec == 0 {
-                    Flow::Next(active)
-                } else {
-                    Flow::Split(exec, target)
-                })
-            }
+            Ins::Bra { target } => return Ok(super::schedule::branch(active, exec, target)),
             Ins::Ld { .. } | Ins::St { .. } | Ins::Atom { .. } => self.memory(blk, inst, exec)?,
             Ins::Bar => {
                 if let Some(f) = guarded(active, exec, pc) {
@@ -239,8 +231,11 @@ impl Warp {
             Ins::Shfl { mask, .. } | Ins::Vote { mask, .. } | Ins::WarpSync { mask } => mask,
             _ => unreachable!("internal: not a collective"),
         };
+        // A member mask that is an immediate is the same for every lane:
+        // when it names only lanes here, the collective is ready at once.
+        let uniform_ready = matches!(mask_op, Opnd::I(v) if v as u32 & self.exists & !group == 0);
         let mut ready = true;
-        for l in lanes(group) {
+        for l in lanes(if uniform_ready { 0 } else { group }) {
             let m = self.rd(mask_op, l) as u32 & self.exists;
             if m & !group != 0 {
                 ready = false;
@@ -469,6 +464,17 @@ impl Warp {
                 let dw: u32 = if wide { 64 } else { 32 };
                 let extend = t.signed() && sz * 8 < dw as usize;
                 if sp == Space::Param {
+                    if let (Opnd::I(base), true) = (addr.base, blk.params_uniform) {
+                        return self.ld_param_uniform(
+                            blk,
+                            base.wrapping_add(addr.off as u64) as usize,
+                            t,
+                            n,
+                            d,
+                            wide,
+                            exec,
+                        );
+                    }
                     // Each lane's own parameter area, bounds-checked here.
                     let len = sz * n as usize;
                     for l in lanes(exec) {
@@ -500,15 +506,17 @@ impl Warp {
                     }
                 };
                 if let Some(p) = fast {
-                    for l in lanes(exec) {
-                        for (k, &dk) in d.iter().enumerate().take(n as usize) {
-                            // SAFETY: `warp_global` checked every lane's bytes.
-                            let mut v = unsafe { read_le(p[l].add(k * sz), sz) };
-                            if extend {
-                                v = (sext(v, bits(t)) as u64) & mask_of(dw);
+                    if extend {
+                        for l in lanes(exec) {
+                            for (k, &dk) in d.iter().enumerate().take(n as usize) {
+                                // SAFETY: `warp_global` checked every lane's bytes.
+                                let v = unsafe { read_le(p[l].add(k * sz), sz) };
+                                self.regs[dk as usize * WARP + l] = (sext(v, bits(t)) as u64) & mask_of(dw);
                             }
-                            self.regs[dk as usize * WARP + l] = v;
                         }
+                    } else {
+                        // SAFETY: `warp_global` or `warp_shared` checked every lane's bytes.
+                        unsafe { self.load_lanes(&p, exec, &d[..n as usize], sz) };
                     }
                     return Ok(());
                 }
@@ -547,12 +555,8 @@ impl Warp {
                     }
                 };
                 if let Some(p) = fast {
-                    for l in lanes(exec) {
-                        for (k, o) in v.iter().enumerate().take(n as usize) {
-                            // SAFETY: as for loads.
-                            unsafe { write_le(p[l].add(k * sz), sz, self.rd(*o, l)) };
-                        }
-                    }
+                    // SAFETY: as for loads.
+                    unsafe { self.store_lanes(&p, exec, &v[..n as usize], sz) };
                     return Ok(());
                 }
                 for l in lanes(exec) {
@@ -612,6 +616,110 @@ impl Warp {
                 }
             }
             _ => unreachable!("internal: not a memory instruction"),
+        }
+        Ok(())
+    }
+
+    /// Loads `d.len()` consecutive values of `sz` bytes from each lane's
+    /// address `p[l]` of the lanes `exec` into the registers `d`, zero
+    /// extended; the sizes of a whole warp's 4- and 8-byte loads are
+    /// constants in loops of their own.
+    ///
+    /// # Safety
+    /// Each `p[l]` of `exec` must be valid for reading `d.len() * sz` bytes.
+    #[inline]
+    unsafe fn load_lanes(&mut self, p: &[*mut u8; WARP], exec: u32, d: &[u16], sz: usize) {
+        for (k, &dk) in d.iter().enumerate() {
+            let out = &mut self.regs[dk as usize * WARP..][..WARP];
+            match (exec, sz) {
+                (FULL, 4) => {
+                    for (o, q) in out.iter_mut().zip(p) {
+                        *o = u64::from(u32::from_le(q.add(k * 4).cast::<u32>().read_unaligned()));
+                    }
+                }
+                (FULL, 8) => {
+                    for (o, q) in out.iter_mut().zip(p) {
+                        *o = u64::from_le(q.add(k * 8).cast::<u64>().read_unaligned());
+                    }
+                }
+                _ => {
+                    for l in lanes(exec) {
+                        out[l] = read_le(p[l].add(k * sz), sz);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stores the values `v` (`sz` bytes each, consecutive) of each lane
+    /// of `exec` at its address `p[l]`, lane by lane in lane order (where
+    /// lanes overlap, the highest lane's bytes are the ones left).
+    ///
+    /// # Safety
+    /// Each `p[l]` of `exec` must be valid for writing `v.len() * sz` bytes.
+    #[inline]
+    unsafe fn store_lanes(&self, p: &[*mut u8; WARP], exec: u32, v: &[Opnd], sz: usize) {
+        if exec == FULL && sz == 4 {
+            for (l, q) in p.iter().enumerate() {
+                for (k, o) in v.iter().enumerate() {
+                    q.add(k * 4).cast::<u32>().write_unaligned((self.rd(*o, l) as u32).to_le());
+                }
+            }
+            return;
+        }
+        for l in lanes(exec) {
+            for (k, o) in v.iter().enumerate() {
+                write_le(p[l].add(k * sz), sz, self.rd(*o, l));
+            }
+        }
+    }
+
+    /// `ld.param` at the fixed offset `a` when every lane's parameter
+    /// area is the launch's (`Block::params_uniform`): read once, for the
+    /// first lane (which the per-lane path would check, and report, first),
+    /// and broadcast.
+    #[allow(clippy::too_many_arguments)]
+    fn ld_param_uniform(
+        &mut self,
+        blk: &Block,
+        a: usize,
+        t: Ty,
+        n: u8,
+        d: [u16; 4],
+        wide: bool,
+        exec: u32,
+    ) -> Result<(), Fault> {
+        if exec == 0 {
+            return Ok(());
+        }
+        let first = exec.trailing_zeros() as usize;
+        let sz = t.size() as usize;
+        let dw: u32 = if wide { 64 } else { 32 };
+        let extend = t.signed() && sz * 8 < dw as usize;
+        let Some(src) = self.params[first].get(a..a.saturating_add(sz * n as usize)) else {
+            return Err(blk.fault(
+                ILLEGAL_ADDRESS,
+                self.base as usize + first,
+                format!("invalid .param read at offset {a:#x}"),
+            ));
+        };
+        let mut vals = [0u64; 4];
+        for (k, v) in vals.iter_mut().enumerate().take(n as usize) {
+            // SAFETY: `src` holds `n` values of `sz` bytes.
+            *v = unsafe { read_le(src.as_ptr().add(k * sz), sz) };
+            if extend {
+                *v = (sext(*v, bits(t)) as u64) & mask_of(dw);
+            }
+        }
+        for (k, &dk) in d.iter().enumerate().take(n as usize) {
+            let out = &mut self.regs[dk as usize * WARP..][..WARP];
+            if exec == FULL {
+                out.fill(vals[k]);
+            } else {
+                for l in lanes(exec) {
+                    out[l] = vals[k];
+                }
+            }
         }
         Ok(())
     }
@@ -841,7 +949,7 @@ impl Warp {
     /// one: built without that target feature, `f32::mul_add` is a call
     /// into libm for each lane. The result is the same either way (one
     /// rounding of the exact product and sum).
-    fn fma_f32(&mut self, m: u32, d: u16, a: &Opnd, b: &Opnd, c: &Opnd) {
+    pub(super) fn fma_f32(&mut self, m: u32, d: u16, a: &Opnd, b: &Opnd, c: &Opnd) {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("fma") {
             // SAFETY: the CPU has the feature.

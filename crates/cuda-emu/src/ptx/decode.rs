@@ -173,6 +173,7 @@ fn decode_func(raw: &RawFunc, syms: &Syms, unsupported: &mut Vec<String>) -> Res
     let zeroed = read_before_written(&insts, cx.regs.len() + NSPECIAL as usize);
     Ok(Func {
         zeroed,
+        lowered: std::sync::OnceLock::new(),
         name: raw.name.clone(),
         entry: raw.entry,
         params: ps,

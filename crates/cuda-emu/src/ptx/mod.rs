@@ -599,6 +599,9 @@ pub struct Func {
     /// so a later block never sees an earlier block's values. The others
     /// keep whatever the worker's previous block left, unread.
     pub zeroed: Vec<u16>,
+    /// The instructions lowered for the interpreter's lane loop, made
+    /// when the function first runs (`exec::lower`).
+    pub lowered: std::sync::OnceLock<Vec<crate::exec::Op>>,
 }
 
 /// Module-scope data (`.global`, `.const`): bytes with an initialiser.
