@@ -141,6 +141,20 @@ fn cuda_sparse_cross_entropy_matches_the_cpu() {
     }
 }
 
+/// Rows as long as real vocabularies: 32,000 (rows a multiple of 16 bytes:
+/// the 16-byte packs, each thread through many of them) and GPT-2's 50,257
+/// (odd: no row after the first is 16-byte aligned, so the scalar path),
+/// with label smoothing and ignored rows; f32 and bf16.
+#[tapir_testing::cuda_test]
+fn cuda_sparse_cross_entropy_at_vocabulary_scale() {
+    let _s = serial();
+    let Some(dev) = cuda("cuda_sparse_cross_entropy_at_vocabulary_scale") else { return };
+    for dtype in [DType::F32, DType::BF16] {
+        sparse_case(dev, &[16], 32_000, dtype, opts(Reduction::Mean, 0.1, -100), 5);
+        sparse_case(dev, &[3], 50_257, dtype, opts(Reduction::None, 0.0, -100), 0);
+    }
+}
+
 /// Ragged shapes: V not a multiple of the block, a single row, tiny rows,
 /// and every row ignored (a mean of no rows is NaN with a zero gradient).
 #[tapir_testing::cuda_test]
