@@ -12,13 +12,16 @@
 //! tanh of the result (a tanh layer as one node that keeps only its
 //! output: tanh's derivative is `1 - y^2`).
 //! Its rules are written in differentiable ops, so higher orders work.
+//!
+//! [`LowPrecisionAffine`] is the same layer under mixed precision: f32
+//! operands in, the product in bf16 or f16, as one node.
 
 use tapir_tensor::backend::Backend;
 use tapir_tensor::ops::matmul::{fused_linear_sum_then, linear_sum_then, Then};
 use tapir_tensor::ops::{add_opt, Arity, InputGrads, Op, Saved};
-use tapir_tensor::{BinaryOps, Diff, Error, MatmulOps, ReduceOps, Result, ShapeOps, Tensor, UnaryOps};
+use tapir_tensor::{BinaryOps, DType, Diff, Error, MatmulOps, ReduceOps, Result, ShapeOps, Tensor, UnaryOps};
 
-use crate::backend::AffinePlan;
+use crate::backend::{AffinePlan, LowAffinePlan};
 use crate::dispatch::backend_for;
 
 /// `y = x @ w^T + b`, plus `r` when `residual`, for `x` `[N, in]`, `w`
@@ -193,6 +196,243 @@ pub fn affine<T: Diff>(x: &T, w: &T, b: Option<&T>, input_grad: bool) -> Result<
 /// [`Affine`] with a `residual` to add (`op.bias` and `op.residual` are
 /// set from the arguments).
 pub fn affine_with<T: Diff>(mut op: Affine, x: &T, w: &T, b: Option<&T>, residual: Option<&T>) -> Result<T> {
+    op.bias = b.is_some();
+    op.residual = residual.is_some();
+    let mut inputs = vec![x, w];
+    inputs.extend(b);
+    inputs.extend(residual);
+    T::apply(op, &inputs)
+}
+
+/// `x @ w^T + b`, plus `r` when `residual`, with the product and the bias
+/// in the low `dtype` (bf16 or f16, f32 accumulation in the kernels) for
+/// operands in the parameters' dtype: mixed precision's linear layer
+/// ([`crate::Precision`]), as one node. `x` is `[..., in]`, `w`
+/// `[out, in]`, `b` `[out]`, `r` the product's shape. Inputs: x, w, then b
+/// if `bias`, then r if `residual`. The output is in `dtype`, or, with a
+/// residual, in the residual's and `dtype`'s promoted dtype (an f32
+/// residual stream stays f32); with `tanh` it is `tanh` of all that.
+///
+/// Why one node: the tape keeps every node's value until the backward, so
+/// composed of casts, `matmul` and `add`, the layer kept the low copies of
+/// `x`, `w` and `b` and the product before the bias, beside the f32 `x`
+/// every path keeps, and a bf16 step peaked above the f32 one. Here the
+/// casts are temporaries of the forward, freed before it returns, and the
+/// rule keeps only the f32 `x` and `w` (what [`Affine`] keeps) and casts
+/// them again. The numbers are the composition's, bit for bit: the same
+/// casts, the product rounded to `dtype` and then the bias added and
+/// rounded again, and rules that are the composed ops' rules in their
+/// order (`crates/nn/tests/amp.rs` compares a model's loss and gradients).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LowPrecisionAffine {
+    /// The dtype the product and the bias run in.
+    pub dtype: DType,
+    /// Whether the gradient of `x` is wanted (false for data).
+    pub input_grad: bool,
+    /// A bias input follows the weight.
+    pub bias: bool,
+    /// Add a residual input to the result.
+    pub residual: bool,
+    /// Return `tanh` of the result (after the residual, as [`Affine`]).
+    pub tanh: bool,
+}
+
+impl Op for LowPrecisionAffine {
+    fn name(&self) -> &'static str {
+        "low_precision_affine"
+    }
+    fn arity(&self) -> Arity {
+        Arity::exactly(2 + self.bias as usize + self.residual as usize)
+    }
+
+    fn saves(&self) -> Saved {
+        // The f32 x and weight, cast again by the rule; never their low
+        // copies, the bias or the residual; the output only for tanh.
+        let saved = Saved::input(0).and_input(1);
+        if self.tanh {
+            saved.and_output()
+        } else {
+            saved
+        }
+    }
+    /// The device's fused kernel where it has one, else the composition,
+    /// whose casts and product are dropped as `run` returns.
+    fn run(&self, _: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
+        let plan = self.check(xs)?;
+        let (x, w, b, r) = self.operands_of(xs);
+        match backend_for(x.device()).low_affine(&plan, x, w, b, r)? {
+            Some(y) => Ok(y),
+            None => self.composed(x, w, b, r),
+        }
+    }
+    /// The composition's rules in reverse order: residual add (or tanh),
+    /// bias add, matmul, transpose, casts; each input's gradient back in
+    /// its own dtype.
+    fn vjp<T: Diff>(&self, xs: &[&T], y: &T, g: &T) -> Result<InputGrads<T>> {
+        let dt = self.dtype;
+        let (x, w) = (xs[0], xs[1]);
+        let gz;
+        let mut g = if self.tanh {
+            gz = y.tanh_backward(g)?;
+            &gz
+        } else {
+            g
+        };
+        // The product's shape: x's with the last dim the weight's rows.
+        let mut low_shape = x.shape().dims().to_vec();
+        if let Some(last) = low_shape.last_mut() {
+            *last = w.shape().dims()[0];
+        }
+        let (gr, g_low);
+        if self.residual {
+            let r = xs[xs.len() - 1];
+            gr = Some(g.sum_to(r.shape())?.cast(r.dtype())?);
+            g_low = g.sum_to(low_shape.clone())?.cast(dt)?;
+            g = &g_low;
+        } else {
+            gr = None;
+        }
+        // The bias add: the product's gradient is g; the bias's is summed
+        // to its row in the low dtype and cast back up.
+        let gb = if self.bias {
+            let b = xs[2];
+            Some(g.sum_to(b.shape())?.cast(dt)?.cast(b.dtype())?)
+        } else {
+            None
+        };
+        // The matmul of x_low [..., in] by wt = w_low^T [in, out].
+        let wt = w.cast(dt)?.t()?;
+        let mut out = InputGrads::new();
+        out.push(if self.input_grad { Some(g.matmul(&wt.t()?)?.sum_to(x.shape())?.cast(x.dtype())?) } else { None });
+        let gwt = x.cast(dt)?.t()?.matmul(g)?.sum_to(wt.shape())?;
+        out.push(Some(gwt.t()?.cast(w.dtype())?));
+        if self.bias {
+            out.push(gb);
+        }
+        if self.residual {
+            out.push(gr);
+        }
+        Ok(out)
+    }
+    /// The composition's tangent: the casts' tangents, the product rule,
+    /// the bias's tangent, then the residual's and tanh's.
+    fn jvp<T: Diff>(&self, xs: &[&T], y: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
+        let dt = self.dtype;
+        let (x, w) = (xs[0], xs[1]);
+        let wt = w.cast(dt)?.t()?;
+        let twt = ts[1].map(|t| t.cast(dt)?.t()).transpose()?;
+        let tx = ts[0].map(|t| t.cast(dt)).transpose()?;
+        let xl = twt.as_ref().map(|_| x.cast(dt)).transpose()?;
+        let mut terms: Vec<(&T, &T)> = Vec::with_capacity(2);
+        if let Some(t) = tx.as_ref() {
+            terms.push((t, &wt));
+        }
+        if let (Some(xl), Some(t)) = (xl.as_ref(), twt.as_ref()) {
+            terms.push((xl, t));
+        }
+        let tb = if self.bias { ts[2].map(|t| t.cast(dt)).transpose()? } else { None };
+        let mut low_shape = x.shape().dims().to_vec();
+        if let Some(last) = low_shape.last_mut() {
+            *last = w.shape().dims()[0];
+        }
+        let tp = linear_sum_then(&terms, None, Then::Nothing)?;
+        let mut t = match (tp, tb) {
+            (Some(tp), Some(tb)) => Some(tp.add(&tb)?),
+            (Some(tp), None) => Some(tp),
+            (None, Some(tb)) => Some(tb.broadcast_to(low_shape)?),
+            (None, None) => None,
+        };
+        if self.residual {
+            t = add_opt(
+                t.map(|t| t.cast(y.dtype())).transpose()?,
+                ts[ts.len() - 1].map(|t| t.cast(y.dtype())).transpose()?,
+            )?;
+        }
+        match t {
+            Some(t) if self.tanh => Ok(Some(y.tanh_backward(&t)?)),
+            t => Ok(t),
+        }
+    }
+}
+
+impl LowPrecisionAffine {
+    /// The shape rule every device shares: `x` `[..., in]` (rank 2 or
+    /// more, as `matmul` takes it), `w` `[out, in]`, `b` `[out]`, `r` the
+    /// product's shape; float operands and a float `dtype`.
+    fn check(&self, xs: &[&Tensor]) -> Result<LowAffinePlan> {
+        let (x, w) = (xs[0], xs[1]);
+        if !self.dtype.is_float() {
+            return Err(Error::UnsupportedDType {
+                op: "low_precision_affine",
+                dtype: self.dtype,
+                expected: "a float dtype",
+            });
+        }
+        for t in xs {
+            if !t.dtype().is_float() {
+                return Err(Error::UnsupportedDType {
+                    op: "low_precision_affine",
+                    dtype: t.dtype(),
+                    expected: "a float dtype",
+                });
+            }
+        }
+        let mismatch = |a: &Tensor, b: &Tensor| Error::ShapeMismatch {
+            op: "low_precision_affine",
+            lhs: Box::new(a.shape().clone()),
+            rhs: Box::new(b.shape().clone()),
+        };
+        if x.rank() < 2 || w.rank() != 2 || x.dims()[x.rank() - 1] != w.dims()[1] {
+            return Err(mismatch(x, w));
+        }
+        if self.bias && xs[2].dims() != [w.dims()[0]] {
+            return Err(mismatch(w, xs[2]));
+        }
+        if self.residual {
+            let r = xs[xs.len() - 1];
+            let mut want = x.dims().to_vec();
+            want[x.rank() - 1] = w.dims()[0];
+            if r.dims() != want.as_slice() {
+                return Err(mismatch(x, r));
+            }
+        }
+        Ok(LowAffinePlan { dtype: self.dtype, tanh: self.tanh })
+    }
+
+    /// `x`, `w`, and the bias and residual where the op has them.
+    fn operands_of<'a, T>(&self, xs: &[&'a T]) -> (&'a T, &'a T, Option<&'a T>, Option<&'a T>) {
+        let b = self.bias.then(|| xs[2]);
+        let r = self.residual.then(|| xs[xs.len() - 1]);
+        (xs[0], xs[1], b, r)
+    }
+
+    /// The op from tensor ops: the casts, the product and the bias sum are
+    /// temporaries, each dropped as soon as the next step has read it.
+    fn composed(&self, x: &Tensor, w: &Tensor, b: Option<&Tensor>, r: Option<&Tensor>) -> Result<Tensor> {
+        let dt = self.dtype;
+        let mut y = x.cast(dt)?.matmul(&w.cast(dt)?.t()?)?;
+        if let Some(b) = b {
+            y = y.add(&b.cast(dt)?)?;
+        }
+        if let Some(r) = r {
+            y = r.add(&y)?;
+        }
+        if self.tanh {
+            y = y.tanh()?;
+        }
+        Ok(y)
+    }
+}
+
+/// [`LowPrecisionAffine`] `op` on `x`, `w` and the bias and residual given
+/// (`op.bias` and `op.residual` are set from the arguments).
+pub fn low_precision_affine<T: Diff>(
+    mut op: LowPrecisionAffine,
+    x: &T,
+    w: &T,
+    b: Option<&T>,
+    residual: Option<&T>,
+) -> Result<T> {
     op.bias = b.is_some();
     op.residual = residual.is_some();
     let mut inputs = vec![x, w];

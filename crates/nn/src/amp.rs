@@ -4,12 +4,14 @@
 //! a [`Precision`] set once on the bound parameters
 //! ([`Bound::with_precision`](crate::Bound::with_precision)) makes every
 //! [`Linear`](crate::Linear) layer cast its input, weight and bias to the
-//! low dtype and multiply there (f32 accumulation in the kernels), and
+//! low dtype and multiply there (f32 accumulation in the kernels), as one
+//! [`LowPrecisionAffine`](crate::LowPrecisionAffine) node whose casts are
+//! temporaries (so a bf16 step keeps less than an f32 one), and
 //! attention on those projections runs in it too. Everything else stays
 //! in f32: norms (their inputs are cast up), softmax inside the fused
 //! attention (f32 arithmetic), residual sums (an f32 plus a bf16 is an
-//! f32), the embedding lookups and the loss. The casts are differentiable
-//! ops, so the gradients arrive in the parameters' f32.
+//! f32), the embedding lookups and the loss. The op's rule casts each
+//! gradient back, so the gradients arrive in the parameters' f32.
 //!
 //! f16's narrow range overflows gradients, so an f16 run scales its loss
 //! by a [`GradScaler`], which unscales the gradients, skips the step (and
@@ -17,20 +19,11 @@
 //! run of good steps.
 
 use tapir_autograd::Var;
-use tapir_tensor::{DType, Diff, Error, ReduceOps, Result, UnaryOps};
+use tapir_tensor::{Error, ReduceOps, Result, UnaryOps};
 
 use crate::optim::Optimizer;
 use crate::params::{Grads, ParamStore};
 pub use crate::precision::Precision;
-
-/// `v` in `dtype` (a differentiable cast; no op when it is already).
-pub(crate) fn cast_to<'g>(v: Var<'g>, dtype: DType) -> Result<Var<'g>> {
-    if v.dtype() == dtype {
-        Ok(v)
-    } else {
-        tapir_tensor::ShapeOps::cast(&v, dtype)
-    }
-}
 
 /// Dynamic loss scaling for f16 training, with PyTorch's defaults: start
 /// at 2^16, halve on a step with a non-finite gradient (which is skipped),

@@ -2,9 +2,9 @@
 //! on the parameters bound there.
 
 use tapir_autograd::Var;
-use tapir_tensor::{BinaryOps, DType, Diff, Error, IndexOps, MatmulOps, Result, Rng, ShapeOps, Tensor, UnaryOps};
+use tapir_tensor::{BinaryOps, DType, Diff, Error, IndexOps, Result, Rng, ShapeOps, Tensor, UnaryOps};
 
-use crate::affine::{affine_with, Affine};
+use crate::affine::{affine_with, low_precision_affine, Affine, LowPrecisionAffine};
 use crate::init;
 use crate::params::{Bound, ParamId, ParamStore};
 
@@ -143,22 +143,15 @@ impl Linear {
     fn apply<'g>(&self, p: &Bound<'g>, x: Var<'g>, mut op: Affine, r: Option<Var<'g>>) -> Result<Var<'g>> {
         let (w, b) = (p.var(self.weight)?, self.bias.map(|b| p.var(b)).transpose()?);
         self.check_input("Linear", "", &x, &w)?;
-        if let Some(dt) = p.precision().compute_dtype() {
-            // Mixed precision: the product in the low dtype (differentiable
-            // casts, so the gradients come back in the weights' dtype); a
-            // residual is added after, in its own (f32) dtype.
-            let (xl, wl) = (crate::amp::cast_to(x, dt)?, crate::amp::cast_to(w, dt)?);
-            let mut y = xl.matmul(&wl.t()?)?;
-            if let Some(b) = b {
-                y = y.add(&crate::amp::cast_to(b, dt)?)?;
-            }
-            if op.tanh {
-                y = y.tanh()?;
-            }
-            return match r {
-                Some(r) => r.add(&y),
-                None => Ok(y),
-            };
+        if let Some(dtype) = p.precision().compute_dtype() {
+            // Mixed precision: the product in the low dtype as one node
+            // whose casts are temporaries (the gradients come back in the
+            // weights' dtype); a residual is added after, in its own (f32)
+            // dtype. A tanh layer never has a residual here, so tanh
+            // applies to the low product alone.
+            let input_grad = x.requires_grad();
+            let low = LowPrecisionAffine { dtype, input_grad, bias: false, residual: false, tanh: op.tanh };
+            return low_precision_affine(low, &x, &w, b.as_ref(), r.as_ref());
         }
         let dims = x.shape().dims().to_vec();
         op.input_grad = x.requires_grad();

@@ -8,7 +8,8 @@
 //!   [`Embedding`], [`LayerNorm`], [`RmsNorm`], [`Dropout`] (seeded),
 //!   [`CausalSelfAttention`], [`Block`] and [`Gpt`].
 //! - Three ops of their own, each a fused form of a composition with its
-//!   derivative rules beside it: [`Affine`] (linear + bias + residual),
+//!   derivative rules beside it: [`Affine`] (linear + bias + residual;
+//!   [`LowPrecisionAffine`] for mixed precision, its casts temporaries),
 //!   [`NormOp`] and [`CausalSoftmax`] (the causal mask without a mask tensor).
 //! - Losses in [`loss`]; [`Sgd`] and [`Adam`] (AdamW) with [`Schedule`]s;
 //!   seeded [`init`]; safetensors [`checkpoint`]s, written atomically;
@@ -70,7 +71,7 @@ mod optim;
 mod params;
 mod precision;
 
-pub use affine::{affine, affine_with, Affine};
+pub use affine::{affine, affine_with, low_precision_affine, Affine, LowPrecisionAffine};
 pub use amp::{GradScaler, Precision};
 pub use attention::{causal_attention, causal_softmax, CausalAttention, CausalSelfAttention, CausalSoftmax};
 pub use checkpoint::{Checkpoint, CheckpointError, Mismatch};

@@ -1,11 +1,14 @@
 //! Mixed precision: the f16 loss scaler skips an overflowing step without
 //! touching the parameters and backs off its scale, then steps again;
 //! bf16 products keep the parameters and their gradients in f32 and stay
-//! within bf16's rounding of the f32 model.
+//! within bf16's rounding of the f32 model; a low-precision `Linear` (one
+//! `LowPrecisionAffine` node) gives the numbers of the casts, matmul and
+//! adds it replaced, bit for bit, on every device.
 
-use tapir_autograd::Graph;
-use tapir_nn::{Gpt, GptConfig, GradScaler, Grads, ParamStore, Precision, Sgd};
+use tapir_autograd::{Graph, Var};
+use tapir_nn::{Bound, Gpt, GptConfig, GradScaler, Grads, Linear, ParamStore, Precision, Sgd};
 use tapir_tensor::prelude::*;
+use tapir_testing::test_device;
 
 #[test]
 fn f16_loss_scaler_recovers_from_an_overflow_step() {
@@ -87,5 +90,89 @@ fn bf16_products_keep_f32_parameters_and_gradients() {
                 store.name(id)
             );
         }
+    }
+}
+
+/// The composition a low-precision `Linear` ran before it was one node
+/// (each cast, the product, the bias add, tanh and the residual add each a
+/// node of their own), for the equality test below.
+fn composed_linear<'g>(
+    p: &Bound<'g>,
+    lin: &Linear,
+    dtype: DType,
+    x: Var<'g>,
+    r: Option<Var<'g>>,
+    tanh: bool,
+) -> Result<Var<'g>> {
+    let cast = |v: Var<'g>| if v.dtype() == dtype { Ok(v) } else { v.cast(dtype) };
+    let w = p.var(lin.weight)?;
+    let mut y = cast(x)?.matmul(&cast(w)?.t()?)?;
+    if let Some(b) = lin.bias {
+        y = y.add(&cast(p.var(b)?)?)?;
+    }
+    if tanh {
+        y = y.tanh()?;
+    }
+    match r {
+        Some(r) => r.add(&y),
+        None => Ok(y),
+    }
+}
+
+test_device! {
+    /// A small network of low-precision layers, through `Linear` (the fused
+    /// node) and through the composition it replaced: the loss, the input's
+    /// gradient and every parameter's gradient are equal bit for bit. It
+    /// has what a transformer block has: an f32 input read by three layers
+    /// (their gradients summed in the same order), a layer reading a
+    /// low-precision input (no cast), a residual layer back into f32, a
+    /// tanh layer, with and without bias, on a rank-3 input.
+    fn low_precision_linear_equals_its_composition(device: Device) -> Result<()> {
+        let mut store = ParamStore::new();
+        let mut rng = Rng::new(11);
+        let mut layer = |name: &str, i: usize, o: usize, bias: bool| Linear::new(&mut store, name, i, o, bias, &mut rng, DType::F32);
+        let (q, k, v) = (layer("q", 24, 16, true)?, layer("k", 24, 16, false)?, layer("v", 24, 16, true)?);
+        let (proj, head) = (layer("proj", 16, 24, true)?, layer("head", 24, 8, true)?);
+        store.to_device(device)?;
+        let x0 = Rng::new(12).normal_tensor([2, 5, 24], 0.0, 1.0, DType::F32)?.to_device(device)?;
+        for (precision, dtype) in [(Precision::Bf16, DType::BF16), (Precision::F16, DType::F16)] {
+            let run = |fused: bool| {
+                Graph::scope(|g| {
+                    let p = store.bind(g).with_precision(precision);
+                    let x = g.leaf(x0.clone());
+                    let f = |l: &Linear, h, r, tanh| {
+                        if fused {
+                            match (r, tanh) {
+                                (Some(r), _) => l.forward_residual(&p, h, r),
+                                (None, true) => l.forward_tanh(&p, h),
+                                (None, false) => l.forward(&p, h),
+                            }
+                        } else {
+                            composed_linear(&p, l, dtype, h, r, tanh)
+                        }
+                    };
+                    let m = f(&q, x, None, false)?.mul(&f(&k, x, None, false)?)?.add(&f(&v, x, None, false)?)?;
+                    let z = f(&proj, m, Some(x), false)?;
+                    let out = f(&head, z, None, true)?;
+                    let loss = out.cast(DType::F32)?.square()?.sum_all()?;
+                    let mut wrt = vec![x];
+                    wrt.extend_from_slice(p.vars());
+                    let grads = g.grad(loss, &wrt)?;
+                    let bits = |t: &Tensor| t.to_vec::<f32>().map(|v| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+                    let mut all = vec![bits(&loss.value()?)?];
+                    for t in &grads {
+                        assert_eq!(t.dtype(), DType::F32);
+                        all.push(bits(t)?);
+                    }
+                    Ok::<_, Error>(all)
+                })
+            };
+            let (fused, composed) = (run(true)?, run(false)?);
+            assert_eq!(fused.len(), composed.len());
+            for (i, (a, b)) in fused.iter().zip(&composed).enumerate() {
+                assert!(a == b, "{precision:?}: value {i} (0 the loss, 1 the input's gradient, then the parameters') differs");
+            }
+        }
+        Ok(())
     }
 }

@@ -19,7 +19,7 @@ pub(crate) mod attention;
 pub(crate) mod jet;
 pub(crate) mod norm;
 
-pub(crate) use affine::{AffineKernels, AffinePlan};
+pub(crate) use affine::{AffineKernels, AffinePlan, LowAffinePlan};
 pub(crate) use attention::{AttentionKernels, AttentionPlan, CausalSoftmaxPlan};
 pub(crate) use jet::{JetKernels, SumSquaresPlan};
 pub(crate) use norm::{NormKernels, NormPlan};

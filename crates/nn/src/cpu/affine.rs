@@ -9,7 +9,7 @@ use tapir_tensor::ops::matmul::{fused_linear_sum_then, Then};
 use tapir_tensor::{BinaryOps, DType, Device, Error, Result, ShapeOps, Tensor, UnaryOps};
 
 use super::CpuBackend;
-use crate::backend::{AffineKernels, AffinePlan};
+use crate::backend::{AffineKernels, AffinePlan, LowAffinePlan};
 
 impl AffineKernels for CpuBackend {
     fn affine(
@@ -34,6 +34,22 @@ impl AffineKernels for CpuBackend {
             }
         }
         Ok(Some(y))
+    }
+
+    fn low_affine(
+        &self,
+        _: &LowAffinePlan,
+        _: &Tensor,
+        _: &Tensor,
+        _: Option<&Tensor>,
+        _: Option<&Tensor>,
+    ) -> Result<Option<Tensor>> {
+        // No fused kernel: the composition's two roundings (after the
+        // product, after the bias) are what the op promises, and the
+        // tensor crate's fused linear sum rounds once. The composition's
+        // casts are temporaries of the op's `run` either way, so the
+        // memory is the same.
+        Ok(None)
     }
 }
 

@@ -219,8 +219,8 @@ fn forward(hs: &AttentionPlan, [q, k, v]: [&Tensor; 3]) -> Result<Tensor> {
 }
 
 /// The gradients of `q`, `k` and `v` from host inputs, output `y` and
-/// upstream gradient `g` (one dtype, as the op checked), or `None` where
-/// the kernel does not apply (not f32 or f64).
+/// upstream gradient `g` (one dtype, as the op checked); f16 and bf16 run
+/// through f32, as the forward does.
 fn backward(hs: &AttentionPlan, xs: [&Tensor; 3], y: &Tensor, g: &Tensor) -> Result<Option<[Tensor; 3]>> {
     let [q, k, v] = [xs[0].contiguous()?, xs[1].contiguous()?, xs[2].contiguous()?];
     let (y, g) = (y.contiguous()?, g.contiguous()?);
@@ -254,6 +254,22 @@ fn backward(hs: &AttentionPlan, xs: [&Tensor; 3], y: &Tensor, g: &Tensor) -> Res
     match q.dtype() {
         DType::F32 => run!(f32),
         DType::F64 => run!(f64),
+        DType::F16 | DType::BF16 => {
+            // Without this the op fell back to its composed rule, whose
+            // [B, H, T, T] probabilities and their gradients (a handful of
+            // low-precision T x T temporaries) set a bf16 training step's
+            // peak above the f32 step's. Through f32 the temporaries are
+            // five [B, T, C] copies: the up-casts are exact, and the
+            // gradients are rounded once, at the end.
+            let dtype = q.dtype();
+            let up = |t: &Tensor| t.cast(DType::F32);
+            let (qf, kf, vf, yf, gf) = (up(&q)?, up(&k)?, up(&v)?, up(&y)?, up(&g)?);
+            drop((q, k, v, y, g));
+            let Some(d) = backward(hs, [&qf, &kf, &vf], &yf, &gf)? else { return Ok(None) };
+            drop((qf, kf, vf, yf, gf));
+            let [dq, dk, dv] = d;
+            Ok(Some([dq.cast(dtype)?, dk.cast(dtype)?, dv.cast(dtype)?]))
+        }
         _ => Ok(None),
     }
 }

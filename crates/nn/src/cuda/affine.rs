@@ -5,7 +5,7 @@
 use tapir_tensor::{Result, Tensor};
 
 use super::CudaBackend;
-use crate::backend::{AffineKernels, AffinePlan};
+use crate::backend::{AffineKernels, AffinePlan, LowAffinePlan};
 
 impl AffineKernels for CudaBackend {
     fn affine(
@@ -16,6 +16,19 @@ impl AffineKernels for CudaBackend {
         _: Option<&Tensor>,
         _: Option<&Tensor>,
     ) -> Result<Option<Tensor>> {
+        Ok(None)
+    }
+
+    fn low_affine(
+        &self,
+        _: &LowAffinePlan,
+        _: &Tensor,
+        _: &Tensor,
+        _: Option<&Tensor>,
+        _: Option<&Tensor>,
+    ) -> Result<Option<Tensor>> {
+        // No fused kernel yet: cuBLAS and the elementwise kernels run the
+        // op's composition, its casts temporaries of the op's `run`.
         Ok(None)
     }
 }
