@@ -69,6 +69,8 @@ pub fn sgd_step(p: &mut Tensor, g: &Tensor, buf: Option<&mut Tensor>, k: SgdStep
     if n == 0 {
         return Ok(());
     }
+    // The kernel reads the gradient as n consecutive elements.
+    let g = &g.contiguous()?;
     let gp = read_ptr(OP, g)?;
     let pp = owned(OP, p)?;
     let bp = match buf {
@@ -109,6 +111,7 @@ pub fn adam_step(p: &mut Tensor, m: &mut Tensor, v: &mut Tensor, g: &Tensor, k: 
     if n == 0 {
         return Ok(());
     }
+    let g = &g.contiguous()?;
     let gp = read_ptr(OP, g)?;
     let (pp, mp, vp) = (owned(OP, p)?, owned(OP, m)?, owned(OP, v)?);
     launch_adam(&dev, suffix, n, (pp, mp, vp, gp), &k)
