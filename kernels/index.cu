@@ -10,9 +10,8 @@
 // - index_select(outer, size, inner, n, x, idx, out, bad):
 //     out[o, k, i] = x[o, idx[k], i] for k < n (idx 1-D).
 // - embedding(rows, dim, n, table, ids, out, bad): out[k, :] = table[ids[k], :],
-//   one block per id at a time, or several ids a block when a row is fewer
-//   16-byte units than the block has threads (the index_select of axis 0,
-//   with no division per element); any grid size is correct.
+//   one block per id at a time (the index_select of axis 0, with no
+//   division per element); any grid size is correct.
 // - index_add(outer, size, inner, n, g, idx, out, bad): out[o, idx[k], i] +=
 //   g[o, k, i] (the transpose of index_select and embedding; atomicAdd, on
 //   an output the host zeroes first).
@@ -107,27 +106,17 @@ __device__ __forceinline__ void index_select(i64 outer, i64 size, i64 inner, i64
 
 template <typename T, typename L>
 __device__ __forceinline__ void embedding(i64 rows, i64 dim, i64 n, const T* table, const L* ids, T* out, u64* bad) {
+    const bool vec = runs16(dim, table, out);
     const i64 dim16 = dim * (i64)sizeof(T) / 16;
-    if (dim16 > 0 && runs16(dim, table, out)) {
-        // A block takes as many rows at once as it has threads for their
-        // 16-byte units (`width` threads a row): a row of 1,024 bf16 is 128
-        // units, and a block a row would leave half of 256 threads idle.
-        const int width = dim16 < (i64)blockDim.x ? (int)dim16 : (int)blockDim.x;
-        const int per = blockDim.x / width, sub = threadIdx.x / width, lane = threadIdx.x % width;
-        if (sub >= per) return;  // past the block's last whole row
-        const uint4* table16 = (const uint4*)table;
-        uint4* out16 = (uint4*)out;
-        for (i64 k = (i64)blockIdx.x * per + sub; k < n; k += (i64)gridDim.x * per) {
-            i64 j = checked(ids, k, rows, lane == 0 ? bad : (u64*)0);
-            for (i64 c = lane; c < dim16; c += width)
-                out16[k * dim16 + c] = j < 0 ? make_uint4(0u, 0u, 0u, 0u) : table16[j * dim16 + c];
-        }
-        return;
-    }
     for (i64 k = blockIdx.x; k < n; k += gridDim.x) {
         i64 j = checked(ids, k, rows, threadIdx.x == 0 ? bad : (u64*)0);
         T* o = out + k * dim;
-        if (j < 0) {
+        if (vec) {
+            uint4* o16 = (uint4*)o;
+            const uint4* src16 = (const uint4*)(table + (j < 0 ? 0 : j) * dim);
+            for (i64 c = threadIdx.x; c < dim16; c += blockDim.x)
+                o16[c] = j < 0 ? make_uint4(0u, 0u, 0u, 0u) : src16[c];
+        } else if (j < 0) {
             for (i64 c = threadIdx.x; c < dim; c += blockDim.x) o[c] = zero<T>();
         } else {
             const T* src = table + j * dim;
