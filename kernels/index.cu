@@ -71,9 +71,31 @@ __device__ __forceinline__ i64 checked(const L* idx, i64 pos, i64 size, u64* bad
     return j;
 }
 
+// index_select and embedding move whole runs of `inner` (or `dim`)
+// elements, so when a run's bytes are a multiple of 16 and both bases are
+// 16-byte aligned they copy 16 bytes a thread (whatever the dtype: the
+// elements are only moved), a warp 512 bytes a request where 2-byte
+// elements made 64. A run of another length, or a base at an odd offset
+// (a narrowed table), goes element by element.
+template <typename T> __device__ __forceinline__ bool runs16(i64 run, const T* a, const T* b) {
+    return ((run * (i64)sizeof(T)) & 15) == 0 && aligned16(a) && aligned16(b);
+}
+
 template <typename T, typename L>
 __device__ __forceinline__ void index_select(i64 outer, i64 size, i64 inner, i64 n, const T* x, const L* idx, T* out,
                                              u64* bad) {
+    if (runs16(inner, x, out)) {
+        // The same loop over 16-byte units of the runs: a run is inner16 units.
+        const i64 inner16 = inner * (i64)sizeof(T) / 16, total16 = outer * n * inner16;
+        const uint4* x16 = (const uint4*)x;
+        uint4* out16 = (uint4*)out;
+        for (i64 t = global_id(); t < total16; t += global_stride()) {
+            i64 i = t % inner16, k = (t / inner16) % n, o = t / (inner16 * n);
+            i64 j = checked(idx, k, size, bad);
+            out16[t] = j < 0 ? make_uint4(0u, 0u, 0u, 0u) : x16[(o * size + j) * inner16 + i];
+        }
+        return;
+    }
     i64 total = outer * n * inner;
     for (i64 t = global_id(); t < total; t += global_stride()) {
         i64 i = t % inner, k = (t / inner) % n, o = t / (inner * n);
@@ -84,10 +106,17 @@ __device__ __forceinline__ void index_select(i64 outer, i64 size, i64 inner, i64
 
 template <typename T, typename L>
 __device__ __forceinline__ void embedding(i64 rows, i64 dim, i64 n, const T* table, const L* ids, T* out, u64* bad) {
+    const bool vec = runs16(dim, table, out);
+    const i64 dim16 = dim * (i64)sizeof(T) / 16;
     for (i64 k = blockIdx.x; k < n; k += gridDim.x) {
         i64 j = checked(ids, k, rows, threadIdx.x == 0 ? bad : (u64*)0);
         T* o = out + k * dim;
-        if (j < 0) {
+        if (vec) {
+            uint4* o16 = (uint4*)o;
+            const uint4* src16 = (const uint4*)(table + (j < 0 ? 0 : j) * dim);
+            for (i64 c = threadIdx.x; c < dim16; c += blockDim.x)
+                o16[c] = j < 0 ? make_uint4(0u, 0u, 0u, 0u) : src16[c];
+        } else if (j < 0) {
             for (i64 c = threadIdx.x; c < dim; c += blockDim.x) o[c] = zero<T>();
         } else {
             const T* src = table + j * dim;

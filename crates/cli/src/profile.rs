@@ -18,7 +18,7 @@ use std::process::Command;
 use anyhow::{bail, Context};
 use clap::Parser;
 use serde_json::Value;
-use tapir::nn::{Adam, Gpt, GptConfig, Optimizer, ParamStore};
+use tapir::nn::{Adam, Gpt, GptConfig, Grads, Optimizer, ParamStore, Sgd};
 use tapir::prelude::*;
 
 /// The cases, by name.
@@ -28,7 +28,13 @@ pub const CASES: &[(&str, &str)] = &[
     ("sum", "sum over the last axis of [rows, cols]"),
     ("add", "elementwise sum of two [rows, cols] tensors"),
     ("cast", "cast of [rows, cols] f32 to the case's dtype"),
-    ("adam", "one Adam step of a [rows, cols] parameter (its gradient included)"),
+    ("adam", "one Adam step of a [rows, cols] parameter in the case's dtype (its gradient included)"),
+    ("sgd", "two momentum SGD steps of a [rows, cols] parameter in the case's dtype, from given gradients"),
+    (
+        "embedding",
+        "lookup of rows ids in a [rows, cols] table, and its gradient (index_add); rows of fewer than 128 elements \
+         take index_select's kernel",
+    ),
     (
         "attention",
         "fused causal attention forward of q, k, v [1, rows, cols] in heads of 64 (the tensor-core kernel for bf16 \
@@ -44,7 +50,8 @@ pub const CASES: &[(&str, &str)] = &[
 /// Profiles a case on the emulated device, modeled as an H200.
 #[derive(Parser, Debug, Clone)]
 pub struct Args {
-    /// The case: sparse-ce, softmax, sum, add, cast, adam, attention or gpt-step.
+    /// The case: sparse-ce, softmax, sum, add, cast, adam, sgd, embedding,
+    /// attention or gpt-step.
     #[arg(long, default_value = "sparse-ce")]
     pub case: String,
     /// Rows of the case's input.
@@ -105,13 +112,32 @@ pub fn run_case(a: &Args, device: Device) -> anyhow::Result<()> {
         }
         "adam" => {
             let mut store = ParamStore::new();
-            let p = store.add("w", x.cast(DType::F32)?)?;
+            let p = store.add("w", x)?;
             let grads = Graph::scope(|g| {
                 let b = store.bind(g);
                 b.grads(b.var(p)?.square()?.sum_all()?)
             })?;
             let mut opt = Adam::new(1e-3);
             opt.step(&mut store, &grads)?;
+        }
+        "sgd" => {
+            let mut store = ParamStore::new();
+            store.add("w", x)?;
+            let mut opt = Sgd::with_momentum(1e-3, 0.9, false);
+            // The second step reads the momentum buffer the first wrote.
+            for _ in 0..2 {
+                let g = rng.uniform([n, v], -1.0, 1.0, DType::F32)?.cast(dt)?.to_device(device)?;
+                opt.step(&mut store, &Grads::from_tensors(vec![g]))?;
+            }
+        }
+        "embedding" => {
+            let ids = rng.randint([n], n as u64, DType::I64)?.to_device(device)?;
+            Graph::scope(|g| {
+                let table = g.leaf(x.clone());
+                let loss = table.embedding(&ids)?.sum_all()?;
+                std::hint::black_box(g.grad(loss, &[table])?);
+                Ok::<_, Error>(())
+            })?;
         }
         "attention" => {
             if v == 0 || v % 64 != 0 {
@@ -230,10 +256,11 @@ pub fn table(p: &Value) -> String {
     let total = f(&p["total_modeled_us"]);
     out.push_str(&format!("{}\n", p["gpu"]["name"].as_str().unwrap_or("?")));
     out.push_str(&format!(
-        "{:>6} {:>10} {:>7} {:>11} {:>9} {:>6} {:>8} {:>6} {:>5} {:>6} {:>6}  {}\n",
+        "{:>6} {:>10} {:>7} {:>11} {:>11} {:>9} {:>6} {:>8} {:>6} {:>5} {:>6} {:>6}  {}\n",
         "time%",
         "model µs",
         "launch",
+        "warp-instr",
         "DRAM bytes",
         "roofline",
         "bound",
@@ -251,10 +278,11 @@ pub fn table(p: &Value) -> String {
         rows.push((name.clone(), t));
         let occ = &k["occupancy"];
         out.push_str(&format!(
-            "{:>5.1}% {:>10.2} {:>7} {:>11} {:>8.1}% {:>6} {:>8.2} {:>5.1}% {:>5} {:>6} {:>5.0}%  {}\n",
+            "{:>5.1}% {:>10.2} {:>7} {:>11} {:>11} {:>8.1}% {:>6} {:>8.2} {:>5.1}% {:>5} {:>6} {:>5.0}%  {}\n",
             100.0 * t / total,
             t,
             k["launches"].as_u64().unwrap_or(0),
+            k["warp_instructions"].as_u64().unwrap_or(0),
             crate::chart::bytes(f(&m["dram_bytes"])),
             100.0 * f(&m["roofline"]),
             m["bound"].as_str().unwrap_or("?"),
@@ -271,10 +299,11 @@ pub fn table(p: &Value) -> String {
         let name = l["name"].as_str().unwrap_or("?").to_string();
         rows.push((name.clone(), t));
         out.push_str(&format!(
-            "{:>5.1}% {:>10.2} {:>7} {:>11} {:>9} {:>6} {:>8} {:>6} {:>5} {:>6} {:>6}  {}\n",
+            "{:>5.1}% {:>10.2} {:>7} {:>11} {:>11} {:>9} {:>6} {:>8} {:>6} {:>5} {:>6} {:>6}  {}\n",
             100.0 * t / total,
             t,
             l["calls"].as_u64().unwrap_or(0),
+            "",
             crate::chart::bytes(f(&l["bytes"])),
             "",
             "blas",

@@ -147,6 +147,47 @@ fn cuda_embedding_matches_the_cpu_on_short_and_long_rows_and_strided_ids() {
     }
 }
 
+/// index_select and embedding copy 16 bytes a thread when a row's bytes
+/// are a multiple of 16 and both bases are 16-byte aligned, element by
+/// element otherwise. Rows of every dtype whose bytes are and are not a
+/// multiple of 16, taken by both kernels (rows under 128 elements take
+/// index_select's), from a table at an aligned base and from one at an
+/// odd offset (a contiguous view one element into a flat tensor), with
+/// rows picked along axis 0 and, as runs of a middle axis, along axis 1.
+#[tapir_testing::cuda_test]
+fn cuda_index_select_and_embedding_match_the_cpu_on_every_alignment() {
+    let _g = shared();
+    let Some(dev) = cuda("cuda_index_select_and_embedding_match_the_cpu_on_every_alignment") else { return };
+    for dtype in DTYPES {
+        // Rows of 8 and 136 are whole 16-byte units in every dtype, of 3 in
+        // none, of 130 in f64 and i64 only (1,040 bytes); 256 takes the
+        // embedding kernel.
+        for dim in [3, 8, 130, 136, 256] {
+            let rows = 5;
+            let flat = tensor(ints(rows * dim + 1, 3), &[rows * dim + 1], dtype);
+            // The table starts at the flat tensor's first element, or its second.
+            for (name, start) in [("aligned", 0), ("odd offset", 1)] {
+                let table = |f: &Tensor| f.narrow(0, start, rows * dim).unwrap().reshape([rows, dim]).unwrap();
+                let (t, dt) = (table(&flat), table(&on(dev, &flat)));
+                assert!(dt.is_contiguous());
+                for ld in INDEX_DTYPES {
+                    let what = format!("{dtype:?} dim {dim} {name} {ld:?}");
+                    let ids = index(&[4, 0, 3, 3, 1, 4, 2], &[7], ld);
+                    let dids = on(dev, &ids);
+                    assert_same(&what, &t.embedding(&ids).unwrap(), &dt.embedding(&dids).unwrap());
+                    // Runs of dim elements along a middle axis: [1, rows, dim] by axis 1.
+                    let (t3, dt3) = (t.unsqueeze(0).unwrap(), dt.unsqueeze(0).unwrap());
+                    assert_same(
+                        &format!("{what} axis 1"),
+                        &t3.index_select(1, &ids).unwrap(),
+                        &dt3.index_select(1, &dids).unwrap(),
+                    );
+                }
+            }
+        }
+    }
+}
+
 #[tapir_testing::cuda_test]
 fn cuda_index_add_matches_the_cpu_with_duplicate_indices() {
     let _g = shared();

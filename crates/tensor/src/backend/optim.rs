@@ -63,10 +63,12 @@ pub fn check(op: &'static str, p: Src<'_>, t: Src<'_>, dtype: DType) -> Result<(
 
 /// The optimizers' kernels: each updates a parameter (f32, f64, f16 or
 /// bf16) and its state (in the parameter's compute dtype) in place, from a
-/// gradient of the parameter's shape and dtype (any view). The parameter
-/// and state storages are whole and held by nothing else (the entry point
-/// made them so), of `n` elements; the update of f16 and bf16 parameters
-/// runs in f32 and is rounded back once, identically on every device.
+/// gradient of the parameter's shape and dtype, contiguous from any offset
+/// (the entry points copy a strided one: the CUDA kernels read it as `n`
+/// consecutive elements). The parameter and state storages are whole and
+/// held by nothing else (the entry point made them so), of `n` elements;
+/// the update of f16 and bf16 parameters runs in f32 and is rounded back
+/// once, identically on every device.
 pub trait OptimKernels {
     /// One SGD step, through the momentum buffer `buf` when there is one.
     fn sgd_step(&self, p: &mut Storage, g: Src<'_>, buf: Option<&mut Storage>, k: &SgdStep) -> Result<()>;

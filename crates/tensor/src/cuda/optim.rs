@@ -69,6 +69,8 @@ pub fn sgd_step(p: &mut Tensor, g: &Tensor, buf: Option<&mut Tensor>, k: SgdStep
     if n == 0 {
         return Ok(());
     }
+    // The kernel reads the gradient as n consecutive elements.
+    let g = &g.contiguous()?;
     let gp = read_ptr(OP, g)?;
     let pp = owned(OP, p)?;
     let bp = match buf {
@@ -92,7 +94,7 @@ fn launch_sgd(dev: &CudaDevice, suffix: &str, n: usize, (pp, gp, bp): (u64, u64,
         Arg::I32(k.nesterov as i32),
         Arg::I32(k.first as i32),
     ];
-    launch(dev, "optim.cu", &format!("sgd_{suffix}"), n, &args)
+    launch(dev, "optim.cu", &format!("sgd_{suffix}"), threads(n, suffix), &args)
 }
 
 /// Updates `p` and its moments `m` and `v` (in `p`'s accumulation dtype)
@@ -109,6 +111,7 @@ pub fn adam_step(p: &mut Tensor, m: &mut Tensor, v: &mut Tensor, g: &Tensor, k: 
     if n == 0 {
         return Ok(());
     }
+    let g = &g.contiguous()?;
     let gp = read_ptr(OP, g)?;
     let (pp, mp, vp) = (owned(OP, p)?, owned(OP, m)?, owned(OP, v)?);
     launch_adam(&dev, suffix, n, (pp, mp, vp, gp), &k)
@@ -138,7 +141,17 @@ fn launch_adam(
         Arg::F64(k.eps),
         Arg::I32(k.decoupled as i32),
     ];
-    launch(dev, "optim.cu", &format!("adam_{suffix}"), n, &args)
+    launch(dev, "optim.cu", &format!("adam_{suffix}"), threads(n, suffix), &args)
+}
+
+/// The threads an update of `n` elements of the dtype named `suffix` is
+/// launched with: one for each 16-byte unit of the state the kernel takes
+/// at a time (2 elements for f64, 4 for the others, whose state is f32),
+/// so that a grid sized for single elements does not leave most of its
+/// threads idle. Operands the kernel cannot take that way are still all
+/// updated, since it strides over the grid.
+fn threads(n: usize, suffix: &str) -> usize {
+    n.div_ceil(if suffix == "f64" { 2 } else { 4 })
 }
 
 /// The address of a whole storage the caller updates in place.

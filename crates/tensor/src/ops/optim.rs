@@ -48,6 +48,7 @@ pub fn sgd_step(p: &mut Tensor, g: &Tensor, buf: Option<&mut Tensor>, k: SgdStep
     if p.numel() == 0 {
         return Ok(());
     }
+    let g = g.contiguous()?;
     let backend = backend_for(p.device());
     let p = private(OP, p)?;
     let buf = match buf {
@@ -69,6 +70,7 @@ pub fn adam_step(p: &mut Tensor, m: &mut Tensor, v: &mut Tensor, g: &Tensor, k: 
     if p.numel() == 0 {
         return Ok(());
     }
+    let g = g.contiguous()?;
     let backend = backend_for(p.device());
     let p = private(OP, p)?;
     let (m, v) = (private(OP, m)?, private(OP, v)?);
