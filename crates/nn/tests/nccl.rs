@@ -11,7 +11,7 @@
 use std::sync::{Mutex, MutexGuard};
 
 use tapir_autograd::Graph;
-use tapir_nn::dist::{Communicator, DataParallel, DdpOptions, ReduceOp};
+use tapir_nn::dist::{Communicator, DataParallel, DdpOptions, ReduceOp, ShardedAdam};
 use tapir_nn::{Activation, Adam, Gpt, GptConfig, Grads, Mlp, Optimizer, ParamStore};
 use tapir_tensor::prelude::*;
 use tapir_testing::{assert_close, cuda_or_skip, cuda_test};
@@ -282,6 +282,66 @@ fn data_parallel_over_nccl_follows_one_device() {
             }
             println!("{dtype}, {world} devices: losses {:?}; one device: {one_losses:?}", runs[0].0);
         }
+    }
+}
+
+/// `train`'s MLP and batches in f32 under ZeRO-1: each rank's local
+/// gradients go to a `ShardedAdam`, which averages them over the ranks
+/// (reduce-scatter), updates its shard of the parameters and gathers the
+/// rest. The losses averaged over ranks, this rank's optimizer-state
+/// bytes, and the model's element count.
+fn train_zero(comm: &Communicator, device: Device, rows: usize, steps: usize) -> (Vec<f64>, usize, usize) {
+    let (rank, world) = (comm.rank(), comm.world_size());
+    let mut store = ParamStore::new();
+    // The same seed on every rank: the same parameters, with no broadcast.
+    let net = Mlp::new(&mut store, "net", &[3, 16, 16, 1], Activation::Tanh, &mut Rng::new(1), DType::F32).unwrap();
+    store.to_device(device).unwrap();
+    let mut zero = ShardedAdam::new(comm, Adam::new(1e-2), &store).unwrap();
+    let (x, y) = data(device, DType::F32);
+    let (mut losses, mut boundary) = (Vec::new(), None);
+    for step in 0..steps {
+        let start = (step * world * rows) % 64 + rank * rows;
+        let (xb, yb) = (x.narrow(0, start, rows).unwrap(), y.narrow(0, start, rows).unwrap());
+        let (loss, grads) = Graph::scope(|g| {
+            let p = store.bind(g);
+            let loss = net.forward(&p, g.constant(xb.clone()))?.sub(&g.constant(yb.clone()))?.square()?.mean_all()?;
+            Ok::<_, Error>((loss.value()?.clone(), p.grads(loss)?))
+        })
+        .unwrap();
+        zero.step(&mut store, &grads).unwrap();
+        drop::<Grads>(grads);
+        let mut l = loss;
+        comm.all_reduce(&mut l, ReduceOp::Average).unwrap();
+        losses.push(l.to_vec_f64()[0]);
+        drop(l);
+        if step >= 1 {
+            let now = memory_allocated(device);
+            assert_eq!(*boundary.get_or_insert(now), now, "rank {rank}: live bytes changed at step {step}");
+        }
+    }
+    (losses, zero.state_bytes(), store.numel())
+}
+
+/// ZeRO-1 over NCCL on 2 and 4 devices: the losses of data parallelism
+/// (1e-6), with exactly 1/N of Adam's moments on each rank (the flat
+/// parameters padded to a multiple of N).
+#[cuda_test]
+fn sharded_adam_over_nccl_matches_data_parallel_with_a_share_of_the_state() {
+    let _s = serial();
+    let test = "sharded_adam_over_nccl_matches_data_parallel_with_a_share_of_the_state";
+    for world in [2, 4] {
+        let Some(all) = devices(test, world) else { return };
+        let steps = 10;
+        let ddp = on_ranks(Communicator::nccl_devices(&all[..world]).unwrap(), |r, comm| {
+            train(Some(comm), all[r], DType::F32, 4, steps).0
+        });
+        let zero =
+            on_ranks(Communicator::nccl_devices(&all[..world]).unwrap(), |r, comm| train_zero(comm, all[r], 4, steps));
+        for (r, (losses, state_bytes, numel)) in zero.iter().enumerate() {
+            assert_close(&format!("ZeRO-1 losses of rank {r} of {world}"), losses, &ddp[r], 1e-6);
+            assert_eq!(*state_bytes, numel.div_ceil(world) * 2 * 4, "rank {r} of {world}: Adam's state bytes");
+        }
+        println!("{world} devices: ZeRO-1 losses {:?}; data parallel {:?}", zero[0].0, ddp[0]);
     }
 }
 
