@@ -422,7 +422,7 @@ fn a_kernel_fault_is_reported_at_synchronize_and_is_sticky() {
 
 #[test]
 fn a_cross_stream_access_without_an_event_is_a_hazard() {
-    let _d = common::shared_device();
+    let _d = common::alone();
     let Some(dev) = setup("a_cross_stream_access_without_an_event_is_a_hazard") else { return };
     let (s1, s2) = (stream(NON_BLOCKING), stream(NON_BLOCKING));
     let (mut a, mut b) = (alloc(N * 4), alloc(N * 4));
@@ -461,7 +461,7 @@ fn a_cross_stream_access_without_an_event_is_a_hazard() {
 
 #[test]
 fn freeing_memory_that_pending_work_uses_is_a_hazard() {
-    let _d = common::shared_device();
+    let _d = common::alone();
     let Some(dev) = setup("freeing_memory_that_pending_work_uses_is_a_hazard") else { return };
     let (s1, s2) = (stream(NON_BLOCKING), stream(NON_BLOCKING));
     let g = Gate::new();

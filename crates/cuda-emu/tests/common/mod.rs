@@ -100,6 +100,15 @@ pub fn shared_device() -> std::sync::RwLockReadGuard<'static, ()> {
     DEVICE.read().unwrap_or_else(|p| p.into_inner())
 }
 
+/// The device alone, for a test whose verdict depends on what the host has
+/// seen complete (the stream-order hazard checks): another test's
+/// `cuCtxSynchronize` orders every stream's work before the host's next
+/// call, as it does on hardware, and would hide the hazard being tested.
+#[allow(dead_code)]
+pub fn alone() -> std::sync::RwLockWriteGuard<'static, ()> {
+    DEVICE.write().unwrap_or_else(|p| p.into_inner())
+}
+
 /// The device alone, for a test whose kernel faults; dropping it resets
 /// every device's primary context, which clears the sticky error.
 pub struct Faulting(#[allow(dead_code)] std::sync::RwLockWriteGuard<'static, ()>);
