@@ -48,23 +48,15 @@ impl Op for Affine {
         "affine"
     }
     fn arity(&self) -> Arity {
-        Arity::exactly(2 + self.bias as usize + self.residual as usize)
+        arity(self.bias, self.residual)
     }
-
     fn saves(&self) -> Saved {
-        // x and the weight; never the bias or the residual, and the output
-        // only for tanh.
-        let saved = Saved::input(0).and_input(1);
-        if self.tanh {
-            saved.and_output()
-        } else {
-            saved
-        }
+        saves(self.tanh)
     }
     /// The device's fused kernel where it has one, else the composition.
     fn run(&self, _: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
         let plan = self.check(xs)?;
-        let (x, w, b, r) = self.operands_of(xs);
+        let (x, w, b, r) = operands(self.bias, self.residual, xs);
         match backend_for(x.device()).affine(&plan, x, w, b, r)? {
             Some(y) => Ok(y),
             None => self.composed(x, w, b, r),
@@ -137,13 +129,6 @@ impl Affine {
         Ok(AffinePlan { tanh: self.tanh })
     }
 
-    /// `x`, `w`, and the bias and residual where the op has them.
-    fn operands_of<'a, T>(&self, xs: &[&'a T]) -> (&'a T, &'a T, Option<&'a T>, Option<&'a T>) {
-        let b = self.bias.then(|| xs[2]);
-        let r = self.residual.then(|| xs[xs.len() - 1]);
-        (xs[0], xs[1], b, r)
-    }
-
     /// The op from tensor ops, for a device without a fused kernel: the
     /// product, then the bias, the residual and tanh, each a kernel.
     fn composed(&self, x: &Tensor, w: &Tensor, b: Option<&Tensor>, r: Option<&Tensor>) -> Result<Tensor> {
@@ -198,10 +183,7 @@ pub fn affine<T: Diff>(x: &T, w: &T, b: Option<&T>, input_grad: bool) -> Result<
 pub fn affine_with<T: Diff>(mut op: Affine, x: &T, w: &T, b: Option<&T>, residual: Option<&T>) -> Result<T> {
     op.bias = b.is_some();
     op.residual = residual.is_some();
-    let mut inputs = vec![x, w];
-    inputs.extend(b);
-    inputs.extend(residual);
-    T::apply(op, &inputs)
+    T::apply(op, &inputs(x, w, b, residual))
 }
 
 /// `x @ w^T + b`, plus `r` when `residual`, with the product and the bias
@@ -242,24 +224,18 @@ impl Op for LowPrecisionAffine {
         "low_precision_affine"
     }
     fn arity(&self) -> Arity {
-        Arity::exactly(2 + self.bias as usize + self.residual as usize)
+        arity(self.bias, self.residual)
     }
-
+    /// The f32 x and weight, cast again by the rule; never their low
+    /// copies.
     fn saves(&self) -> Saved {
-        // The f32 x and weight, cast again by the rule; never their low
-        // copies, the bias or the residual; the output only for tanh.
-        let saved = Saved::input(0).and_input(1);
-        if self.tanh {
-            saved.and_output()
-        } else {
-            saved
-        }
+        saves(self.tanh)
     }
     /// The device's fused kernel where it has one, else the composition,
     /// whose casts and product are dropped as `run` returns.
     fn run(&self, _: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
         let plan = self.check(xs)?;
-        let (x, w, b, r) = self.operands_of(xs);
+        let (x, w, b, r) = operands(self.bias, self.residual, xs);
         match backend_for(x.device()).low_affine(&plan, x, w, b, r)? {
             Some(y) => Ok(y),
             None => self.composed(x, w, b, r),
@@ -399,13 +375,6 @@ impl LowPrecisionAffine {
         Ok(LowAffinePlan { dtype: self.dtype, tanh: self.tanh })
     }
 
-    /// `x`, `w`, and the bias and residual where the op has them.
-    fn operands_of<'a, T>(&self, xs: &[&'a T]) -> (&'a T, &'a T, Option<&'a T>, Option<&'a T>) {
-        let b = self.bias.then(|| xs[2]);
-        let r = self.residual.then(|| xs[xs.len() - 1]);
-        (xs[0], xs[1], b, r)
-    }
-
     /// The op from tensor ops: the casts, the product and the bias sum are
     /// temporaries, each dropped as soon as the next step has read it.
     fn composed(&self, x: &Tensor, w: &Tensor, b: Option<&Tensor>, r: Option<&Tensor>) -> Result<Tensor> {
@@ -435,8 +404,36 @@ pub fn low_precision_affine<T: Diff>(
 ) -> Result<T> {
     op.bias = b.is_some();
     op.residual = residual.is_some();
+    T::apply(op, &inputs(x, w, b, residual))
+}
+
+// What the two ops share: their inputs are x, w, then the bias and the
+// residual where they have them, and they keep x and the weight (never the
+// bias or the residual), and the output only for tanh, whose derivative
+// `1 - y^2` needs it.
+
+fn arity(bias: bool, residual: bool) -> Arity {
+    Arity::exactly(2 + bias as usize + residual as usize)
+}
+
+fn saves(tanh: bool) -> Saved {
+    let saved = Saved::input(0).and_input(1);
+    if tanh {
+        saved.and_output()
+    } else {
+        saved
+    }
+}
+
+/// `x`, `w`, and the bias and residual where the op has them.
+fn operands<'a, T>(bias: bool, residual: bool, xs: &[&'a T]) -> (&'a T, &'a T, Option<&'a T>, Option<&'a T>) {
+    (xs[0], xs[1], bias.then(|| xs[2]), residual.then(|| xs[xs.len() - 1]))
+}
+
+/// The input list `operands` reads back.
+fn inputs<'a, T>(x: &'a T, w: &'a T, b: Option<&'a T>, residual: Option<&'a T>) -> Vec<&'a T> {
     let mut inputs = vec![x, w];
     inputs.extend(b);
     inputs.extend(residual);
-    T::apply(op, &inputs)
+    inputs
 }
