@@ -192,3 +192,31 @@ test_device! {
         Ok(())
     }
 }
+
+/// On the CPU, bf16 and f16 attention and causal softmax compute in f32
+/// head by head (or block by block) and round once: bit for bit what the
+/// f32 kernels give on the widened inputs, rounded to the input's dtype.
+#[test]
+fn cpu_half_attention_is_the_f32_kernel_rounded_once() -> Result<()> {
+    let (b, t, c, heads) = (2, 21, 48, 3);
+    let op = CausalAttention { heads, scale: 0.3 };
+    let bits = |t: &Tensor| host(t).iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for dtype in [DType::BF16, DType::F16] {
+        let [q, k, v, g] = [1, 2, 3, 4].map(|s| rnd(&[b, t, c], s, dtype, Device::Cpu));
+        let up = |x: &Tensor| x.cast(DType::F32).expect("cast");
+        let y = causal_attention(&q, &k, &v, heads)?;
+        let yf = causal_attention(&up(&q), &up(&k), &up(&v), heads)?;
+        assert_eq!(bits(&y), bits(&yf.cast(dtype)?), "{dtype} output");
+        let d = op.vjp_eager(smallvec![q.clone(), k.clone(), v.clone()], y.clone(), g.clone())?;
+        let df = op.vjp_eager(smallvec![up(&q), up(&k), up(&v)], up(&y), up(&g))?;
+        for (i, (a, f)) in d.iter().zip(&df).enumerate() {
+            let (a, f) = (a.as_ref().expect("grad"), f.as_ref().expect("grad"));
+            assert_eq!(a.dtype(), dtype);
+            assert_eq!(bits(a), bits(&f.cast(dtype)?), "{dtype} {}", PARTS[i + 1]);
+        }
+        let s = rnd(&[2, 3, 9, 14], 5, dtype, Device::Cpu);
+        let p = causal_softmax(&s, 0.7)?;
+        assert_eq!(bits(&p), bits(&causal_softmax(&up(&s), 0.7)?.cast(dtype)?), "{dtype} causal softmax");
+    }
+    Ok(())
+}

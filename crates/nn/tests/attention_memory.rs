@@ -121,3 +121,21 @@ fn cuda_attention_peak_at_t_512() {
     assert_eq!(fused, fused_peak_formula(b, t, c, heads));
     assert!(composed >= 6 * 4 * b * heads * t * t, "the composed step holds six [B, H, T, T] tensors");
 }
+
+/// On the CPU a bf16 or f16 step keeps nothing of f32 at tensor scale: its
+/// peak above q, k, v and g is the 16-bit output and the three 16-bit
+/// gradients, exactly (each (batch, head) is widened into f32 scratch of
+/// its own thread, eight [T, d] rows of it, outside the tensor allocator;
+/// before, five [B, T, C] f32 copies of the operands and three f32
+/// gradients stood beside them).
+#[test]
+fn cpu_half_attention_peak_is_its_outputs() {
+    let _s = serial();
+    let (b, t, c, heads) = (2, 33, 64, 4);
+    let op = CausalAttention { heads, scale: 0.25 };
+    for dtype in [DType::BF16, DType::F16] {
+        let xs = inputs(b, t, c, Device::Cpu).map(|x| x.cast(dtype).expect("cast"));
+        let peak = peak_of(Device::Cpu, || fused_step(op, &xs));
+        assert_eq!(peak, 4 * b * t * c * 2, "{dtype}: y, dq, dk, dv in 16 bits");
+    }
+}

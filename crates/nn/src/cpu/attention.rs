@@ -3,8 +3,9 @@
 //! over the pool, with the heads addressed in place inside `[B, T, C]`
 //! and the probabilities recomputed in the backward.
 
+use half::{bf16, f16};
 use tapir_tensor::cpu::pool::Disjoint;
-use tapir_tensor::{DType, Error, Result, ShapeOps, Tensor};
+use tapir_tensor::{CpuElement, DType, Error, Result, Tensor};
 
 use super::CpuBackend;
 use crate::backend::{AttentionKernels, AttentionPlan, CausalSoftmaxPlan};
@@ -74,9 +75,58 @@ fn causal_softmax(plan: &CausalSoftmaxPlan, x: &Tensor) -> Result<Tensor> {
             causal_rows(src, &mut out, tq, tk, plan.scale);
             Tensor::from_vec(out, x.shape().clone())
         }
-        DType::F16 | DType::BF16 => causal_softmax(plan, &x.cast(DType::F32)?)?.cast(x.dtype()),
+        DType::F16 => low_causal_softmax::<f16>(plan, &x),
+        DType::BF16 => low_causal_softmax::<bf16>(plan, &x),
         dtype => Err(Error::UnsupportedDType { op: "causal_softmax", dtype, expected: "a float dtype" }),
     }
+}
+
+/// A 16-bit float the kernels compute in f32: widened exactly, each
+/// result rounded once to the nearest (ties to even), as a cast would.
+trait Low: CpuElement {
+    fn up(self) -> f32;
+    fn down(v: f32) -> Self;
+}
+
+impl Low for bf16 {
+    #[inline]
+    fn up(self) -> f32 {
+        self.to_f32()
+    }
+    #[inline]
+    fn down(v: f32) -> Self {
+        bf16::from_f32(v)
+    }
+}
+
+impl Low for f16 {
+    #[inline]
+    fn up(self) -> f32 {
+        self.to_f32()
+    }
+    #[inline]
+    fn down(v: f32) -> Self {
+        f16::from_f32(v)
+    }
+}
+
+/// The causal softmax of contiguous 16-bit scores, one `[queries, keys]`
+/// block at a time through f32: the same numbers as casting the whole
+/// tensor up and the result down, with one block's f32 copies at a time.
+fn low_causal_softmax<S: Low>(plan: &CausalSoftmaxPlan, x: &Tensor) -> Result<Tensor> {
+    let src = x.as_slice::<S>().expect("internal: contiguous");
+    let (tq, tk) = (plan.queries, plan.keys);
+    let mut out = tapir_tensor::cache::filled(src.len(), S::down(0.0))?;
+    let block = tq * tk;
+    if block > 0 {
+        let (mut up, mut res) = (vec![0f32; block], vec![0f32; block]);
+        for (xb, ob) in src.chunks(block).zip(out.chunks_mut(block)) {
+            up.iter_mut().zip(xb).for_each(|(u, &v)| *u = v.up());
+            causal_rows(&up, &mut res, tq, tk, plan.scale as f32);
+            ob.iter_mut().zip(&res).for_each(|(o, &v)| *o = S::down(v));
+        }
+    }
+    Tensor::from_vec(out, x.shape().clone())
 }
 
 /// The CPU's loops over one (batch, head) of a plan (private to this
@@ -209,13 +259,59 @@ fn forward(hs: &AttentionPlan, [q, k, v]: [&Tensor; 3]) -> Result<Tensor> {
     match q.dtype() {
         DType::F32 => run!(f32),
         DType::F64 => run!(f64),
-        DType::F16 | DType::BF16 => {
-            let up = [&q, &k, &v].map(|t| t.cast(DType::F32));
-            let [a, b2, c] = up;
-            forward(hs, [&a?, &b2?, &c?])?.cast(q.dtype())
-        }
+        DType::F16 => low_forward::<f16>(hs, [&q, &k, &v]),
+        DType::BF16 => low_forward::<bf16>(hs, [&q, &k, &v]),
         dtype => Err(Error::UnsupportedDType { op: "causal_attention", dtype, expected: "a float dtype" }),
     }
+}
+
+/// The rows of one (batch, head) at `base` of a 16-bit `[B, T, C]`
+/// buffer, widened into `out` as a contiguous `[T, d]` (exact).
+fn gather<S: Low>(hs: &AttentionPlan, src: &[S], base: usize, out: &mut Vec<f32>) {
+    out.clear();
+    for t in 0..hs.t {
+        out.extend(src[base + t * hs.c..base + t * hs.c + hs.d].iter().map(|&v| v.up()));
+    }
+}
+
+/// Rounds a contiguous `[T, d]` head into its rows at `base` of `dst`.
+///
+/// # Safety
+/// `dst` is shaped like the plan's `[B, T, C]`, and no one else touches
+/// this head's elements of it meanwhile.
+unsafe fn scatter<S: Low>(hs: &AttentionPlan, head: &[f32], dst: &Disjoint<S>, base: usize) {
+    for (t, row) in head.chunks(hs.d).enumerate() {
+        // SAFETY: row t of this head, inside `dst`, ours by the promise.
+        let out = unsafe { dst.slice(base + t * hs.c, hs.d) };
+        out.iter_mut().zip(row).for_each(|(o, &v)| *o = S::down(v));
+    }
+}
+
+/// 16-bit attention: each (batch, head) widened into f32 scratch of its
+/// own, run by the f32 loops over a contiguous head (`c = d`), and rounded
+/// once into the output. The numbers are those of casting q, k and v up and
+/// the output down, without any `[B, T, C]` f32 copy.
+fn low_forward<S: Low>(hs: &AttentionPlan, [q, k, v]: [&Tensor; 3]) -> Result<Tensor> {
+    let [qs, ks, vs] = [q, k, v].map(|t| t.as_slice::<S>().expect("internal: contiguous dtype"));
+    let mut y = tapir_tensor::cache::filled(q.numel(), S::down(0.0))?;
+    let out = Disjoint::new(&mut y);
+    let head = AttentionPlan { c: hs.d, ..*hs };
+    tapir_tensor::cpu::pool::split(hs.batch * hs.heads, &|part| {
+        let base = (part / hs.heads) * hs.t * hs.c + (part % hs.heads) * hs.d;
+        let (mut qf, mut kf, mut vf) = (Vec::new(), Vec::new(), Vec::new());
+        gather(hs, qs, base, &mut qf);
+        gather(hs, ks, base, &mut kf);
+        gather(hs, vs, base, &mut vf);
+        let mut yf = vec![0f32; hs.t * hs.d];
+        let yd = Disjoint::new(&mut yf);
+        // SAFETY: `yf` is this part's own contiguous head; `y` is shaped
+        // like `q`, and each part writes only its own (batch, head).
+        unsafe {
+            head.forward_head(&qf, &kf, &vf, &yd, 0, hs.scale as f32);
+            scatter(hs, &yf, &out, base);
+        }
+    });
+    Tensor::from_vec(y, q.shape().clone())
 }
 
 /// The gradients of `q`, `k` and `v` from host inputs, output `y` and
@@ -254,22 +350,47 @@ fn backward(hs: &AttentionPlan, xs: [&Tensor; 3], y: &Tensor, g: &Tensor) -> Res
     match q.dtype() {
         DType::F32 => run!(f32),
         DType::F64 => run!(f64),
-        DType::F16 | DType::BF16 => {
-            // Without this the op fell back to its composed rule, whose
-            // [B, H, T, T] probabilities and their gradients (a handful of
-            // low-precision T x T temporaries) set a bf16 training step's
-            // peak above the f32 step's. Through f32 the temporaries are
-            // five [B, T, C] copies: the up-casts are exact, and the
-            // gradients are rounded once, at the end.
-            let dtype = q.dtype();
-            let up = |t: &Tensor| t.cast(DType::F32);
-            let (qf, kf, vf, yf, gf) = (up(&q)?, up(&k)?, up(&v)?, up(&y)?, up(&g)?);
-            drop((q, k, v, y, g));
-            let Some(d) = backward(hs, [&qf, &kf, &vf], &yf, &gf)? else { return Ok(None) };
-            drop((qf, kf, vf, yf, gf));
-            let [dq, dk, dv] = d;
-            Ok(Some([dq.cast(dtype)?, dk.cast(dtype)?, dv.cast(dtype)?]))
-        }
+        // Without this the op fell back to its composed rule, whose
+        // [B, H, T, T] probabilities and their gradients set a bf16 training
+        // step's peak above the f32 step's.
+        DType::F16 => low_backward::<f16>(hs, [&q, &k, &v, &y, &g]).map(Some),
+        DType::BF16 => low_backward::<bf16>(hs, [&q, &k, &v, &y, &g]).map(Some),
         _ => Ok(None),
     }
+}
+
+/// The 16-bit backward as [`low_forward`] runs the forward: per (batch,
+/// head), its five operands widened into f32 scratch, the f32 loops, and
+/// the three gradients rounded once (the numbers of casting the five up
+/// and the gradients down, without their `[B, T, C]` f32 copies).
+fn low_backward<S: Low>(hs: &AttentionPlan, xs: [&Tensor; 5]) -> Result<[Tensor; 3]> {
+    let ins = xs.map(|t| t.as_slice::<S>().expect("internal: contiguous dtype"));
+    let n = xs[0].numel();
+    let filled = || tapir_tensor::cache::filled(n, S::down(0.0));
+    let (mut dq, mut dk, mut dv) = (filled()?, filled()?, filled()?);
+    let outs = [Disjoint::new(&mut dq), Disjoint::new(&mut dk), Disjoint::new(&mut dv)];
+    let head = AttentionPlan { c: hs.d, ..*hs };
+    tapir_tensor::cpu::pool::split(hs.batch * hs.heads, &|part| {
+        let base = (part / hs.heads) * hs.t * hs.c + (part % hs.heads) * hs.d;
+        let mut up: [Vec<f32>; 5] = Default::default();
+        for (u, src) in up.iter_mut().zip(ins) {
+            gather(hs, src, base, u);
+        }
+        let mut grads = [(); 3].map(|_| vec![0f32; hs.t * hs.d]);
+        let [gq, gk, gv] = &mut grads;
+        let gd = [Disjoint::new(gq), Disjoint::new(gk), Disjoint::new(gv)];
+        let [a, b, c, d, e] = &up;
+        // SAFETY: the scratch is this part's own contiguous head; the
+        // outputs are shaped like `q`, and each part writes only its own
+        // (batch, head).
+        unsafe {
+            head.backward_head([a, b, c, d, e], [&gd[0], &gd[1], &gd[2]], 0, hs.scale as f32);
+            drop(gd);
+            for (g, out) in grads.iter().zip(&outs) {
+                scatter(hs, g, out, base);
+            }
+        }
+    });
+    let shape = xs[0].shape().clone();
+    Ok([Tensor::from_vec(dq, shape.clone())?, Tensor::from_vec(dk, shape.clone())?, Tensor::from_vec(dv, shape)?])
 }
