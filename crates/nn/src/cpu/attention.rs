@@ -385,7 +385,6 @@ fn low_backward<S: Low>(hs: &AttentionPlan, xs: [&Tensor; 5]) -> Result<[Tensor;
         // (batch, head).
         unsafe {
             head.backward_head([a, b, c, d, e], [&gd[0], &gd[1], &gd[2]], 0, hs.scale as f32);
-            drop(gd);
             for (g, out) in grads.iter().zip(&outs) {
                 scatter(hs, g, out, base);
             }
