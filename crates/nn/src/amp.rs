@@ -8,7 +8,9 @@
 //! [`LowPrecisionAffine`](crate::LowPrecisionAffine) node whose casts are
 //! temporaries (so a bf16 step keeps less than an f32 one), and
 //! attention on those projections runs in it too. Everything else stays
-//! in f32: norms (their inputs are cast up), softmax inside the fused
+//! in f32: norms (their inputs are cast up; one that feeds a single Linear,
+//! [`LayerNorm::forward_into_linear`](crate::LayerNorm::forward_into_linear),
+//! stores its output in the low dtype the Linear reads), softmax inside the fused
 //! attention (f32 arithmetic), residual sums (an f32 plus a bf16 is an
 //! f32), the embedding lookups and the loss. The op's rule casts each
 //! gradient back, so the gradients arrive in the parameters' f32.

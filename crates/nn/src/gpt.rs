@@ -115,7 +115,11 @@ impl Block {
             self.attn.forward_residual(p, h, x, rng.as_deref_mut())?
         };
         let (fc, proj) = (&self.mlp.layers[0], &self.mlp.layers[1]);
-        let h = self.mlp.activation.apply(&fc.forward(p, self.ln2.forward(p, x)?)?)?;
+        // ln2 feeds one Linear, so under a low precision it stores its
+        // output in that Linear's dtype (the same numbers, half the bytes
+        // kept). Not ln1: it feeds three (q, k and v), whose gradients would
+        // then be summed in the low dtype, where autocast sums them in f32.
+        let h = self.mlp.activation.apply(&fc.forward(p, self.ln2.forward_into_linear(p, x)?)?)?;
         if dropping {
             x.add(&self.drop.forward(proj.forward(p, h)?, rng)?)
         } else {

@@ -52,6 +52,25 @@ impl LayerNorm {
         norm(&x, w.as_ref(), b.as_ref(), self.eps, false)
     }
 
+    /// [`LayerNorm::forward`] for a norm whose output feeds only
+    /// [`Linear`](crate::Linear) layers: under a low [`crate::Precision`]
+    /// the output is stored in the compute dtype, which those layers round
+    /// their input to anyway, so the numbers are the same and the node
+    /// keeps 2 bytes an element instead of 4 (under autocast PyTorch keeps
+    /// the Linear's bf16 copy and frees the norm's f32 output, to the same
+    /// effect). In full precision, the same as `forward`.
+    pub fn forward_into_linear<'g>(&self, p: &Bound<'g>, x: Var<'g>) -> Result<Var<'g>> {
+        let (w, b) = (self.weight.map(|w| p.var(w)).transpose()?, self.bias.map(|b| p.var(b)).transpose()?);
+        let op = NormOp {
+            eps: self.eps,
+            rms: false,
+            has_weight: w.is_some(),
+            has_bias: b.is_some(),
+            out: p.precision().compute_dtype(),
+        };
+        norm_with(op, &x, w.as_ref(), b.as_ref())
+    }
+
     /// The same function composed from mean, sub, square, rsqrt and mul: the
     /// reference [`LayerNorm::forward`] is tested against.
     pub fn forward_composed<'g>(&self, p: &Bound<'g>, x: Var<'g>) -> Result<Var<'g>> {
@@ -114,11 +133,20 @@ pub struct NormOp {
     pub has_weight: bool,
     /// A shift input follows (after the scale, if any).
     pub has_bias: bool,
+    /// The float dtype the output is stored in (`None`: the input's): the
+    /// row is computed as ever and rounded once. Its gradient arrives in
+    /// that dtype and is widened exactly to the input's before the rule.
+    pub out: Option<DType>,
 }
 
 /// Applies [`NormOp`] over the last axis of `x`.
 pub fn norm<T: Diff>(x: &T, w: Option<&T>, b: Option<&T>, eps: f64, rms: bool) -> Result<T> {
-    let op = NormOp { eps, rms, has_weight: w.is_some(), has_bias: b.is_some() };
+    norm_with(NormOp { eps, rms, has_weight: w.is_some(), has_bias: b.is_some(), out: None }, x, w, b)
+}
+
+/// Applies `op` (whose `has_weight` and `has_bias` say which of `w`, `b`
+/// are given) over the last axis of `x`.
+pub fn norm_with<T: Diff>(op: NormOp, x: &T, w: Option<&T>, b: Option<&T>) -> Result<T> {
     let mut inputs = vec![x];
     inputs.extend(w);
     inputs.extend(b);
@@ -156,6 +184,9 @@ impl NormOp {
                 })
             }
         };
+        if let Some(dtype) = self.out.filter(|d| !d.is_float()) {
+            return Err(Error::UnsupportedDType { op: self.name(), dtype, expected: "a float output dtype" });
+        }
         let (w, b) = self.params_of(xs);
         for p in w.iter().chain(b.iter()) {
             if p.dims() != [d] {
@@ -229,13 +260,19 @@ impl Op for NormOp {
     fn run(&self, _: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
         let plan = self.check(xs)?;
         let (w, b) = self.params_of(xs);
-        match backend_for(xs[0].device()).norm(&plan, xs[0], w, b)? {
-            Some(y) => Ok(y),
-            None => self.composed(xs[0], w, b),
+        let y = match backend_for(xs[0].device()).norm(&plan, xs[0], w, b)? {
+            Some(y) => y,
+            None => self.composed(xs[0], w, b)?,
+        };
+        // The computed output is a temporary when stored narrower.
+        match self.out {
+            Some(dtype) => y.cast(dtype),
+            None => Ok(y),
         }
     }
     /// The fused backward kernel where it applies, else the differentiable rule.
     fn vjp_eager(&self, xs: SmallVec<[Tensor; 3]>, y: Tensor, g: Tensor) -> Result<InputGrads<Tensor>> {
+        let g = g.cast(xs[0].dtype())?;
         let w = self.has_weight.then(|| &xs[1]);
         if let Some([dx, dw, db]) = self.vjp_kernel(&xs[0], w, &g)? {
             let mut out: InputGrads<Tensor> = smallvec::smallvec![Some(dx)];
@@ -252,6 +289,7 @@ impl Op for NormOp {
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         let x = xs[0];
+        let g = &g.cast(x.dtype())?;
         let w = self.has_weight.then(|| xs[1]);
         let mut out = InputGrads::new();
         // The differentiable formulation (also where the kernel does not apply).
@@ -282,6 +320,8 @@ impl Op for NormOp {
         };
         let tw = tw.map(|t| h.mul(t)).transpose()?;
         let tb = tb.map(|t| t.broadcast_to(y.shape())).transpose()?;
-        add_opt(add_opt(th, tw)?, tb)
+        let t = add_opt(add_opt(th, tw)?, tb)?;
+        // The tangent of the rounding to `out` is the tangent rounded.
+        t.map(|t| t.cast(y.dtype())).transpose()
     }
 }

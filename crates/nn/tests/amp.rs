@@ -6,7 +6,7 @@
 //! adds it replaced, bit for bit, on every device.
 
 use tapir_autograd::{Graph, Var};
-use tapir_nn::{Bound, Gpt, GptConfig, GradScaler, Grads, Linear, ParamStore, Precision, Sgd};
+use tapir_nn::{Bound, Gpt, GptConfig, GradScaler, Grads, LayerNorm, Linear, ParamStore, Precision, Sgd};
 use tapir_tensor::prelude::*;
 use tapir_testing::test_device;
 
@@ -172,6 +172,41 @@ test_device! {
             for (i, (a, b)) in fused.iter().zip(&composed).enumerate() {
                 assert!(a == b, "{precision:?}: value {i} (0 the loss, 1 the input's gradient, then the parameters') differs");
             }
+        }
+        Ok(())
+    }
+
+    /// A LayerNorm feeding a Linear stores its output in the Linear's low
+    /// dtype (`forward_into_linear`, as the gpt's MLP norm does): the output
+    /// is bf16 or f16, and the loss and every gradient (the input's, the
+    /// norm's scale and shift, the layer's) are those of the norm's f32
+    /// output rounded by the Linear, bit for bit. In full precision it is
+    /// `forward` itself.
+    fn norm_into_a_linear_keeps_the_numbers(device: Device) -> Result<()> {
+        let mut store = ParamStore::new();
+        let ln = LayerNorm::new(&mut store, "ln", 24, true, DType::F32)?;
+        let fc = Linear::new(&mut store, "fc", 24, 16, true, &mut Rng::new(13), DType::F32)?;
+        store.to_device(device)?;
+        let x0 = Rng::new(14).normal_tensor([2, 5, 24], 1.0, 2.0, DType::F32)?.to_device(device)?;
+        for (precision, dtype) in [(Precision::Bf16, DType::BF16), (Precision::F16, DType::F16), (Precision::Full, DType::F32)] {
+            let run = |low: bool| {
+                Graph::scope(|g| {
+                    let p = store.bind(g).with_precision(precision);
+                    let x = g.leaf(x0.clone());
+                    let h = if low { ln.forward_into_linear(&p, x)? } else { ln.forward(&p, x)? };
+                    assert_eq!(h.dtype(), if low { dtype } else { DType::F32 });
+                    let loss = fc.forward(&p, h)?.cast(DType::F32)?.square()?.sum_all()?;
+                    let mut wrt = vec![x];
+                    wrt.extend_from_slice(p.vars());
+                    let bits = |t: &Tensor| t.to_vec::<f32>().map(|v| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+                    let mut all = vec![bits(&loss.value()?)?];
+                    for t in g.grad(loss, &wrt)? {
+                        all.push(bits(&t)?);
+                    }
+                    Ok::<_, Error>(all)
+                })
+            };
+            assert!(run(true)? == run(false)?, "{precision:?}: a value differs");
         }
         Ok(())
     }

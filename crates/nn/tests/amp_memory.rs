@@ -16,7 +16,7 @@
 use std::sync::{Mutex, MutexGuard};
 
 use tapir_autograd::Graph;
-use tapir_nn::{Gpt, GptConfig, Linear, ParamStore, Precision};
+use tapir_nn::{Gpt, GptConfig, LayerNorm, Linear, ParamStore, Precision};
 use tapir_tensor::max_memory_allocated;
 use tapir_tensor::prelude::*;
 use tapir_testing::test_device;
@@ -108,5 +108,31 @@ test_device! {
         let bf16 = gpt_step_peak(device, Precision::Bf16);
         println!("{device}: gpt forward + backward peak: f32 {full} bytes, bf16 {bf16} bytes");
         assert!(bf16 < full, "bf16 peak {bf16} bytes is not below f32's {full}");
+    }
+
+    /// A LayerNorm feeding a Linear keeps its output in the low dtype:
+    /// 2 bytes an element under bf16 and f16, 4 in f32 (its input and
+    /// parameters are kept by their own nodes).
+    fn norm_into_a_linear_keeps_a_low_output(device: Device) {
+        let _s = serial();
+        let (rows, dim) = (16, 64);
+        let mut store = ParamStore::new();
+        let ln = LayerNorm::new(&mut store, "ln", dim, true, DType::F32).expect("norm");
+        store.to_device(device).expect("to device");
+        let x = Rng::new(2).normal_tensor([rows, dim], 0.0, 1.0, DType::F32).and_then(|t| t.to_device(device));
+        let x = x.expect("input");
+        for (precision, bytes) in [(Precision::Full, 4), (Precision::Bf16, 2), (Precision::F16, 2)] {
+            Graph::scope(|g| {
+                let p = store.bind(g).with_precision(precision);
+                let xv = g.leaf(x.clone());
+                synchronize(device);
+                let before = memory_allocated(device);
+                let h = ln.forward_into_linear(&p, xv)?;
+                synchronize(device);
+                assert_eq!(memory_allocated(device) - before, rows * dim * bytes, "{precision:?}: kept bytes");
+                p.grads(h.cast(DType::F32)?.sum_all()?).map(drop)
+            })
+            .expect("step");
+        }
     }
 }

@@ -22,7 +22,7 @@ fn x23() -> Tensor {
 fn nn_op_structs_check_their_input_count() {
     let _g = lock();
     let x = x23();
-    let norm = NormOp { eps: 1e-5, rms: false, has_weight: true, has_bias: false };
+    let norm = NormOp { eps: 1e-5, rms: false, has_weight: true, has_bias: false, out: None };
     match Tensor::apply(norm, &[&x]) {
         Err(Error::InvalidArgument { op: "layer_norm", reason }) => assert!(reason.contains("takes 2 inputs, got 1")),
         other => panic!("expected an arity error, got {other:?}"),
