@@ -192,6 +192,5 @@ pub fn run(l: &Launch) -> Result<Stats, Fault> {
         fp.finish(&mut counters);
     }
     record(&f.name, &counters);
-    crate::profile::launched();
     Ok(Stats { instructions: counters.thread_instructions, counters })
 }

@@ -173,7 +173,7 @@ impl Warp {
         let module = blk.l.module;
         let func = &module.funcs[self.func as usize];
         let insts: &[Inst] = &func.insts;
-        let ops: &[Op] = func.lowered.get_or_init(|| lower(func));
+        let ops: &[Op] = func.derived.get_or_init(|| lower(func)).expect("internal: a function's lowered instructions");
         let mut others = self.runnable() & !active;
         let (mut wait, mut at_wait) = self.lowest(others);
         let (mut winst, mut lanes_n) = (0u64, 0u64);
