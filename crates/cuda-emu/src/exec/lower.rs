@@ -18,7 +18,7 @@
 //! `cvta`, `prmt`) are not in `alu` at all.
 
 use super::numeric::*;
-use super::schedule::{Warp, FULL, WARP};
+use super::warp::{Warp, FULL, WARP};
 use crate::ptx::*;
 
 /// A lowered instruction's lane loop: applies `op` to the lanes `m` (not

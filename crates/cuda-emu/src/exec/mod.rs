@@ -10,7 +10,7 @@
 //! the live allocations, local and shared ones against their sizes, and
 //! shared accesses between two barriers against each other (racecheck).
 //!
-//! Stages: `schedule` (blocks, warps, lanes), `lower` (each instruction
+//! Stages: `warp` (a warp's state), `schedule` (blocks, warps, lanes), `lower` (each instruction
 //! lowered once to a lane-loop handler), `step` (one warp-instruction of
 //! the instructions without one), `numeric` (PTX arithmetic), `sanitizer`.
 
@@ -20,6 +20,7 @@ mod numeric;
 mod sanitizer;
 mod schedule;
 mod step;
+mod warp;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;

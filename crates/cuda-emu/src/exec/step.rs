@@ -9,7 +9,7 @@
 
 use super::counters::{self, Access, Class};
 use super::numeric::*;
-use super::schedule::{lanes, Flow, Warp, FULL, WARP};
+use super::warp::{branch, lanes, Flow, Warp, FULL, WARP};
 use super::{Block, Fault, ASSERT, ILLEGAL_ADDRESS, LAUNCH_FAILED, MISALIGNED_ADDRESS};
 use crate::memory::SHARED_WIN;
 use crate::ptx::*;
@@ -136,7 +136,7 @@ impl Warp {
         exec: u32,
     ) -> Result<Flow, Fault> {
         match inst.ins {
-            Ins::Bra { target } => return Ok(super::schedule::branch(active, exec, target)),
+            Ins::Bra { target } => return Ok(branch(active, exec, target)),
             Ins::Ld { .. } | Ins::St { .. } | Ins::Atom { .. } => self.memory(blk, inst, exec)?,
             Ins::Bar => {
                 if let Some(f) = guarded(active, exec, pc) {
