@@ -16,7 +16,7 @@
 use super::counters::{class, Footprint};
 use super::lower::{lower, Op};
 use super::sanitizer::Shadow;
-use super::warp::{branch, lanes, return_regs, Flow, Frame, Warp, FULL, WARP};
+use super::warp::{branch, lanes, nonzero_lanes, return_regs, Flow, Frame, Warp, FULL, WARP};
 use super::{Block, Counters, Fault, Launch, LAUNCH_FAILED};
 use crate::ptx::*;
 
@@ -49,10 +49,7 @@ impl Warp {
     #[inline(always)]
     fn guard(&self, p: u16, neg: bool) -> u32 {
         let r: &[u64; WARP] = self.regs[p as usize * WARP..][..WARP].try_into().expect("internal: a warp of registers");
-        let mut g = 0u32;
-        for (l, v) in r.iter().enumerate() {
-            g |= u32::from(*v != 0) << l;
-        }
+        let g = nonzero_lanes(r);
         if neg {
             !g
         } else {

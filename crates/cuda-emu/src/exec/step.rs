@@ -57,6 +57,29 @@ unsafe fn write_le(p: *mut u8, sz: usize, v: u64) {
     }
 }
 
+/// The lane a shuffle of `mode` in lane `j` reads, with the lane operand
+/// `b` and the clamp and segment mask `c`, and whether that lane is valid
+/// (the PTX ISA's `shfl.sync` pseudocode).
+#[inline(always)]
+fn shfl_source(mode: ShflMode, j: usize, b: u64, c: u64) -> (i32, bool) {
+    let bval = (b & 31) as i32;
+    let cv = c as u32;
+    let cval = (cv & 31) as i32;
+    let segmask = ((cv >> 8) & 31) as i32;
+    let lane = j as i32;
+    let max_lane = (lane & segmask) | (cval & !segmask);
+    let min_lane = lane & segmask;
+    match mode {
+        ShflMode::Up => (lane - bval, lane - bval >= max_lane),
+        ShflMode::Down => (lane + bval, lane + bval <= max_lane),
+        ShflMode::Bfly => (lane ^ bval, (lane ^ bval) <= max_lane),
+        ShflMode::Idx => {
+            let jj = min_lane | (bval & !segmask);
+            (jj, jj <= max_lane)
+        }
+    }
+}
+
 impl Warp {
     /// Register `r` of every lane.
     #[inline(always)]
@@ -260,30 +283,14 @@ impl Warp {
         self.coll &= !group;
         match inst.ins {
             Ins::Shfl { mode, d, dp, a, b, c, .. } => {
-                let vals = self.vals(a);
-                for j in lanes(group) {
-                    let bval = (self.rd(b, j) & 31) as i32;
-                    let cv = self.rd(c, j) as u32;
-                    let cval = (cv & 31) as i32;
-                    let segmask = ((cv >> 8) & 31) as i32;
-                    let lane = j as i32;
-                    let max_lane = (lane & segmask) | (cval & !segmask);
-                    let min_lane = lane & segmask;
-                    let (jj, p) = match mode {
-                        ShflMode::Up => (lane - bval, lane - bval >= max_lane),
-                        ShflMode::Down => (lane + bval, lane + bval <= max_lane),
-                        ShflMode::Bfly => (lane ^ bval, (lane ^ bval) <= max_lane),
-                        ShflMode::Idx => {
-                            let jj = min_lane | (bval & !segmask);
-                            (jj, jj <= max_lane)
-                        }
-                    };
-                    let src = if p { jj as usize } else { j };
-                    let v = if src < WARP && group & (1 << src) != 0 { vals[src] } else { vals[j] };
-                    self.regs[d as usize * WARP + j] = v & 0xffff_ffff;
-                    if let Some(dp) = dp {
-                        self.regs[dp as usize * WARP + j] = u64::from(p);
-                    }
+                // A loop for each mode, the mode a constant in it.
+                let (vals, bs, cs) = (self.vals(a), self.vals(b), self.vals(c));
+                let out = (d, dp, &vals, &bs, &cs, group);
+                match mode {
+                    ShflMode::Up => self.shfl_lanes(out, |l, b, c| shfl_source(ShflMode::Up, l, b, c)),
+                    ShflMode::Down => self.shfl_lanes(out, |l, b, c| shfl_source(ShflMode::Down, l, b, c)),
+                    ShflMode::Bfly => self.shfl_lanes(out, |l, b, c| shfl_source(ShflMode::Bfly, l, b, c)),
+                    ShflMode::Idx => self.shfl_lanes(out, |l, b, c| shfl_source(ShflMode::Idx, l, b, c)),
                 }
             }
             Ins::Vote { mode, d, a, neg, mask } => {
@@ -307,6 +314,27 @@ impl Warp {
         }
         self.wep += 1;
         Ok(Flow::Next(group))
+    }
+
+    /// A shuffle's results for the lanes `group`: lane `j` reads the value
+    /// `vals` holds at the lane `src(j, b[j], c[j])` names when that lane
+    /// is valid and in the group, else its own; `dp` gets the validity.
+    #[inline(always)]
+    #[allow(clippy::type_complexity)]
+    fn shfl_lanes(
+        &mut self,
+        (d, dp, vals, bs, cs, group): (u16, Option<u16>, &[u64; WARP], &[u64; WARP], &[u64; WARP], u32),
+        src: impl Fn(usize, u64, u64) -> (i32, bool),
+    ) {
+        for j in lanes(group) {
+            let (jj, p) = src(j, bs[j], cs[j]);
+            let s = if p { jj as usize } else { j };
+            let v = if s < WARP && group & (1 << s) != 0 { vals[s] } else { vals[j] };
+            self.regs[d as usize * WARP + j] = v & 0xffff_ffff;
+            if let Some(dp) = dp {
+                self.regs[dp as usize * WARP + j] = u64::from(p);
+            }
+        }
     }
 
     /// `mma.sync.aligned` or `ldmatrix.sync.aligned`, which the whole warp

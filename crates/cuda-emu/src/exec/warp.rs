@@ -21,6 +21,39 @@ pub(super) fn lanes(mut m: u32) -> impl Iterator<Item = usize> {
     })
 }
 
+/// The lanes whose value in `r` is not zero, as a mask: a guard's lanes.
+/// Four lanes a compare where the host has AVX2 (the build targets plain
+/// x86-64, where the loop is a compare, a set and a shift for each lane).
+#[inline(always)]
+pub(super) fn nonzero_lanes(r: &[u64; WARP]) -> u32 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has the feature.
+        return unsafe { nonzero_lanes_avx2(r) };
+    }
+    let mut g = 0u32;
+    for (l, v) in r.iter().enumerate() {
+        g |= u32::from(*v != 0) << l;
+    }
+    g
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn nonzero_lanes_avx2(r: &[u64; WARP]) -> u32 {
+    use std::arch::x86_64::{__m256i, _mm256_setzero_si256};
+    use std::arch::x86_64::{_mm256_castsi256_pd, _mm256_cmpeq_epi64, _mm256_loadu_si256, _mm256_movemask_pd};
+    let zero = _mm256_setzero_si256();
+    let mut zeros = 0u32;
+    for (k, four) in r.chunks_exact(4).enumerate() {
+        // SAFETY: `four` is 4 u64, 32 bytes; the load is unaligned.
+        let v = unsafe { _mm256_loadu_si256(four.as_ptr().cast::<__m256i>()) };
+        let z = _mm256_movemask_pd(_mm256_castsi256_pd(_mm256_cmpeq_epi64(v, zero))) as u32;
+        zeros |= z << (4 * k);
+    }
+    !zeros
+}
+
 /// A device-function call in progress: what the warp returns to.
 pub(super) struct Frame {
     pub(super) func: u32,
@@ -153,5 +186,27 @@ pub(super) fn return_regs(files: impl Iterator<Item = Vec<u64>>) {
             held += r.capacity();
             pool.push(r);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nonzero_lanes_is_the_mask_of_the_lanes_not_zero() {
+        let mut r = [0u64; WARP];
+        assert_eq!(nonzero_lanes(&r), 0);
+        for (l, v) in r.iter_mut().enumerate() {
+            // Values of every width, and zeros between them.
+            *v = if l % 3 == 0 { 0 } else { 1u64 << (l * 7 % 64) };
+        }
+        let want = (0..WARP).filter(|l| l % 3 != 0).fold(0u32, |m, l| m | 1 << l);
+        assert_eq!(nonzero_lanes(&r), want);
+        r = [u64::MAX; WARP];
+        assert_eq!(nonzero_lanes(&r), FULL);
+        r[31] = 0;
+        r[0] = 0;
+        assert_eq!(nonzero_lanes(&r), FULL & !(1 << 31) & !1);
     }
 }
