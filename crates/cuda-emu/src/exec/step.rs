@@ -456,8 +456,7 @@ impl Warp {
                     format!("misaligned ldmatrix row address {a:#x} at PTX line {line} (rows are 16-byte aligned)"),
                 ));
             }
-            let p =
-                blk.ptr(&mut self.local[l], &mut self.params[l], self.wep, tid, Space::Shared, a, 16, false, line)?;
+            let p = self.lane_ptr(blk, l, Space::Shared, a, 16, false, line)?;
             for (k, e) in row.iter_mut().enumerate() {
                 // SAFETY: `ptr` checked the row's 16 bytes.
                 *e = unsafe { read_le(p.add(2 * k), 2) } as u16;
@@ -527,12 +526,7 @@ impl Warp {
                     return Ok(());
                 }
                 let len = (sz * n as usize) as u64;
-                let fast = match blk.warp_global(sp, &base, addr.off, len, exec, false) {
-                    Some(p) => Some(p),
-                    None => {
-                        blk.warp_shared(sp, &base, addr.off, len, exec, false, self.base as usize, self.wep, inst.line)?
-                    }
-                };
+                let fast = self.warp_ptrs(blk, sp, &base, addr.off, len, exec, false, inst.line)?;
                 if let Some(p) = fast {
                     if extend {
                         for l in lanes(exec) {
@@ -550,18 +544,7 @@ impl Warp {
                 }
                 for l in lanes(exec) {
                     let a = base[l].wrapping_add(addr.off as u64);
-                    let tid = self.base as usize + l;
-                    let p = blk.ptr(
-                        &mut self.local[l],
-                        &mut self.params[l],
-                        self.wep,
-                        tid,
-                        sp,
-                        a,
-                        (sz * n as usize) as u64,
-                        false,
-                        inst.line,
-                    )?;
+                    let p = self.lane_ptr(blk, l, sp, a, len, false, inst.line)?;
                     for (k, &dk) in d.iter().enumerate().take(n as usize) {
                         // SAFETY: `ptr` checked the whole vector's bytes.
                         let mut v = unsafe { read_le(p.add(k * sz), sz) };
@@ -576,12 +559,7 @@ impl Warp {
                 let base = self.vals(addr.base);
                 let sz = t.size() as usize;
                 let len = (sz * n as usize) as u64;
-                let fast = match blk.warp_global(sp, &base, addr.off, len, exec, true) {
-                    Some(p) => Some(p),
-                    None => {
-                        blk.warp_shared(sp, &base, addr.off, len, exec, true, self.base as usize, self.wep, inst.line)?
-                    }
-                };
+                let fast = self.warp_ptrs(blk, sp, &base, addr.off, len, exec, true, inst.line)?;
                 if let Some(p) = fast {
                     // SAFETY: as for loads.
                     unsafe { self.store_lanes(&p, exec, &v[..n as usize], sz) };
@@ -589,18 +567,7 @@ impl Warp {
                 }
                 for l in lanes(exec) {
                     let a = base[l].wrapping_add(addr.off as u64);
-                    let tid = self.base as usize + l;
-                    let p = blk.ptr(
-                        &mut self.local[l],
-                        &mut self.params[l],
-                        self.wep,
-                        tid,
-                        sp,
-                        a,
-                        (sz * n as usize) as u64,
-                        true,
-                        inst.line,
-                    )?;
+                    let p = self.lane_ptr(blk, l, sp, a, len, true, inst.line)?;
                     for (k, o) in v.iter().enumerate().take(n as usize) {
                         // SAFETY: as for loads.
                         unsafe { write_le(p.add(k * sz), sz, self.rd(*o, l)) };
@@ -652,6 +619,46 @@ impl Warp {
             _ => unreachable!("internal: not a memory instruction"),
         }
         Ok(())
+    }
+
+    /// The host addresses of a whole warp's access of `len` bytes at
+    /// `base[l] + off` for the lanes `exec`, each lane's bytes checked, when
+    /// the access lies in one global region or in shared memory; None
+    /// for the lane-by-lane path (`lane_ptr`).
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn warp_ptrs(
+        &self,
+        blk: &mut Block,
+        sp: Space,
+        base: &[u64; WARP],
+        off: i64,
+        len: u64,
+        exec: u32,
+        write: bool,
+        line: u32,
+    ) -> Result<Option<[*mut u8; WARP]>, Fault> {
+        match blk.warp_global(sp, base, off, len, exec, write) {
+            Some(p) => Ok(Some(p)),
+            None => blk.warp_shared(sp, base, off, len, exec, write, self.base as usize, self.wep, line),
+        }
+    }
+
+    /// The host address of lane `l`'s access of `len` bytes at `a`,
+    /// checked as that lane's (its local and parameter memory included).
+    #[allow(clippy::too_many_arguments)]
+    fn lane_ptr(
+        &mut self,
+        blk: &mut Block,
+        l: usize,
+        sp: Space,
+        a: u64,
+        len: u64,
+        write: bool,
+        line: u32,
+    ) -> Result<*mut u8, Fault> {
+        let tid = self.base as usize + l;
+        blk.ptr(&mut self.local[l], &mut self.params[l], self.wep, tid, sp, a, len, write, line)
     }
 
     /// Loads `d.len()` consecutive values of `sz` bytes from each lane's
