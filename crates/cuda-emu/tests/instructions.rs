@@ -625,6 +625,11 @@ fn a_vector_red_is_one_request_and_must_be_aligned_to_its_size() {
     let bad = format!("{init}red.global.add.v4.f32 [%rd0+8], {{%f1, %f1, %f1, %f1}};\n");
     let f = run_with("", &bad, 32, 4).expect_err("a misaligned vector atomic faults");
     assert_eq!(f.code, exec::MISALIGNED_ADDRESS, "{}", f.message);
+    // A vector whose last 8 bytes lie past the end of a 24-byte buffer is
+    // out of bounds as a whole, as a 16-byte load there would be.
+    let past = format!("{init}red.global.add.v4.f32 [%rd0+16], {{%f1, %f1, %f1, %f1}};\n");
+    let f = run_with("", &past, 32, 3).expect_err("a vector atomic past the end faults");
+    assert_eq!(f.code, exec::ILLEGAL_ADDRESS, "{}", f.message);
 }
 
 /// `a` and `b` rounded to bf16 (to nearest, ties to even), `a` in the
