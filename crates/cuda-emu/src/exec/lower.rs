@@ -27,7 +27,7 @@ pub(super) type Handler = fn(&mut Warp, &Op, u32);
 
 /// One lowered instruction.
 #[derive(Debug, Clone)]
-pub struct Op {
+pub(super) struct Op {
     /// The lane loop, or None for the general path (`Warp::step`).
     pub(super) run: Option<Handler>,
     /// A branch's target (`bra` takes the general path's decision

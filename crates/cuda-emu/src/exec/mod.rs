@@ -29,7 +29,6 @@ use crate::memory::Snapshot;
 use crate::ptx::Module;
 use counters::Footprint;
 pub use counters::{profiling, set_profiling, Class, Counters, BANKS, MMA_FLOPS, NCLASS, SECTOR};
-pub use lower::Op;
 use sanitizer::Shadow;
 use schedule::Worker;
 
