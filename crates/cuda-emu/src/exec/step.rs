@@ -526,7 +526,15 @@ impl Warp {
                     return Ok(());
                 }
                 let len = (sz * n as usize) as u64;
-                let fast = self.warp_ptrs(blk, sp, &base, addr.off, len, exec, false, inst.line)?;
+                // The whole warp's access in one global region, or in shared
+                // memory (a match here: a helper returning the 32 pointers
+                // in a Result cost a copy of them per access).
+                let fast = match blk.warp_global(sp, &base, addr.off, len, exec, false) {
+                    Some(p) => Some(p),
+                    None => {
+                        blk.warp_shared(sp, &base, addr.off, len, exec, false, self.base as usize, self.wep, inst.line)?
+                    }
+                };
                 if let Some(p) = fast {
                     if extend {
                         for l in lanes(exec) {
@@ -559,7 +567,15 @@ impl Warp {
                 let base = self.vals(addr.base);
                 let sz = t.size() as usize;
                 let len = (sz * n as usize) as u64;
-                let fast = self.warp_ptrs(blk, sp, &base, addr.off, len, exec, true, inst.line)?;
+                // The whole warp's access in one global region, or in shared
+                // memory (a match here: a helper returning the 32 pointers
+                // in a Result cost a copy of them per access).
+                let fast = match blk.warp_global(sp, &base, addr.off, len, exec, true) {
+                    Some(p) => Some(p),
+                    None => {
+                        blk.warp_shared(sp, &base, addr.off, len, exec, true, self.base as usize, self.wep, inst.line)?
+                    }
+                };
                 if let Some(p) = fast {
                     // SAFETY: as for loads.
                     unsafe { self.store_lanes(&p, exec, &v[..n as usize], sz) };
@@ -619,29 +635,6 @@ impl Warp {
             _ => unreachable!("internal: not a memory instruction"),
         }
         Ok(())
-    }
-
-    /// The host addresses of a whole warp's access of `len` bytes at
-    /// `base[l] + off` for the lanes `exec`, each lane's bytes checked, when
-    /// the access lies in one global region or in shared memory; None
-    /// for the lane-by-lane path (`lane_ptr`).
-    #[allow(clippy::too_many_arguments)]
-    #[inline(always)]
-    fn warp_ptrs(
-        &self,
-        blk: &mut Block,
-        sp: Space,
-        base: &[u64; WARP],
-        off: i64,
-        len: u64,
-        exec: u32,
-        write: bool,
-        line: u32,
-    ) -> Result<Option<[*mut u8; WARP]>, Fault> {
-        match blk.warp_global(sp, base, off, len, exec, write) {
-            Some(p) => Ok(Some(p)),
-            None => blk.warp_shared(sp, base, off, len, exec, write, self.base as usize, self.wep, line),
-        }
     }
 
     /// The host address of lane `l`'s access of `len` bytes at `a`,
