@@ -16,6 +16,11 @@ const REGS: &str = ".reg .pred %p<16>;\n.reg .b16 %h<16>;\n.reg .b32 %r<64>;\n.r
 /// block; `%rd0` holds the output buffer's address (`words` u64 words,
 /// zeroed). Returns the words.
 fn run_with(extra: &str, body: &str, threads: u32, words: usize) -> Result<Vec<u64>, Fault> {
+    launch(extra, body, threads, words).map(|(w, _)| w)
+}
+
+/// `run_with`, with the launch's statistics.
+fn launch(extra: &str, body: &str, threads: u32, words: usize) -> Result<(Vec<u64>, exec::Stats), Fault> {
     let src = format!(
         "{HEAD}{extra}\n.visible .entry t(.param .u64 out)\n{{\n{REGS}ld.param.u64 %rd0, [out];\n{body}\nret;\n}}\n"
     );
@@ -36,10 +41,10 @@ fn run_with(extra: &str, body: &str, threads: u32, words: usize) -> Result<Vec<u
         racecheck: true,
         workers: 1,
     };
-    exec::run(&l)?;
+    let stats = exec::run(&l)?;
     let p = mem.host_ptr(out, words as u64 * 8).unwrap();
     // SAFETY: the buffer holds `words` words.
-    Ok((0..words).map(|k| unsafe { p.cast::<u64>().add(k).read() }).collect())
+    Ok(((0..words).map(|k| unsafe { p.cast::<u64>().add(k).read() }).collect(), stats))
 }
 
 fn run(body: &str, words: usize) -> Vec<u64> {
@@ -553,4 +558,157 @@ fn copysign_takes_the_sign_of_its_first_operand() {
     assert_eq!(r[2] as u32 & 0x8000_0000, 0x8000_0000, "the NaN takes the negative sign");
     assert!(f32::from_bits(r[2] as u32).is_nan());
     assert_eq!(r[3], (-5f64).to_bits(), "copysign(-0, 5) = -5");
+}
+
+/// The f32 at float index `k` of the words `r`.
+fn f32_at(r: &[u64], k: usize) -> f32 {
+    f32::from_bits((r[k / 2] >> (32 * (k % 2))) as u32)
+}
+
+#[test]
+fn vector_red_and_atom_add_f32_match_scalar_adds_in_lane_order() {
+    // 32 lanes add {l, 2l, 0.5, -1} with red.v4 and {1, l} with red.v2 to
+    // one address each (starting at 1), and each lane's atom.v4 adds l to
+    // its own vector {1, l, 0.5, -1} and gets that vector back.
+    let body = "mov.u32 %r1, %tid.x;\ncvt.rn.f32.u32 %f1, %r1;\nadd.f32 %f2, %f1, %f1;\nmov.f32 %f3, 0f3F000000;\n\
+                mov.f32 %f4, 0fBF800000;\nmov.f32 %f5, 0f3F800000;\nsetp.eq.u32 %p1, %r1, 0;\n\
+                @%p1 st.global.v4.f32 [%rd0], {%f5, %f5, %f5, %f5};\n@%p1 st.global.v2.f32 [%rd0+16], {%f5, %f5};\n\
+                bar.sync 0;\nred.global.add.v4.f32 [%rd0], {%f1, %f2, %f3, %f4};\n\
+                red.global.add.v2.f32 [%rd0+16], {%f5, %f1};\n\
+                mul.wide.u32 %rd1, %r1, 16;\nadd.s64 %rd2, %rd0, %rd1;\n\
+                st.global.v4.f32 [%rd2+32], {%f5, %f1, %f3, %f4};\n\
+                atom.global.add.v4.f32 {%f10, %f11, %f12, %f13}, [%rd2+32], {%f1, %f1, %f1, %f1};\n\
+                st.global.v4.f32 [%rd2+544], {%f10, %f11, %f12, %f13};\n";
+    let r = run_with("", body, 32, 132).unwrap_or_else(|f| panic!("{}", f.message));
+    let (mut v4, mut v2) = ([1f32; 4], [1f32; 2]);
+    for l in 0..32 {
+        let x = l as f32;
+        for (a, b) in v4.iter_mut().zip([x, x + x, 0.5, -1.0]) {
+            *a += b;
+        }
+        for (a, b) in v2.iter_mut().zip([1.0, x]) {
+            *a += b;
+        }
+    }
+    assert_eq!([f32_at(&r, 0), f32_at(&r, 1), f32_at(&r, 2), f32_at(&r, 3)], v4, "red.v4 of 32 lanes");
+    assert_eq!([f32_at(&r, 4), f32_at(&r, 5)], v2, "red.v2 of 32 lanes");
+    for l in 0..32 {
+        let x = l as f32;
+        let start = [1.0, x, 0.5, -1.0];
+        let got: Vec<f32> = (0..4).map(|k| f32_at(&r, 8 + 4 * l + k)).collect();
+        let want: Vec<f32> = start.iter().map(|s| s + x).collect();
+        assert_eq!(got, want, "lane {l}: atom.v4's sums");
+        let old: Vec<f32> = (0..4).map(|k| f32_at(&r, 136 + 4 * l + k)).collect();
+        assert_eq!(old, start, "lane {l}: atom.v4 returns the old vector");
+    }
+}
+
+#[test]
+fn a_vector_red_is_one_request_and_must_be_aligned_to_its_size() {
+    exec::set_profiling(true);
+    let init = "mov.f32 %f1, 0f3F800000;\nmov.u32 %r1, %tid.x;\nsetp.eq.u32 %p1, %r1, 0;\n\
+                @%p1 st.global.v4.f32 [%rd0], {%f1, %f1, %f1, %f1};\nbar.sync 0;\n";
+    let vector = format!("{init}red.global.add.v4.f32 [%rd0], {{%f1, %f1, %f1, %f1}};\n");
+    let (r, s) = launch("", &vector, 32, 2).unwrap_or_else(|f| panic!("{}", f.message));
+    assert_eq!([f32_at(&r, 0), f32_at(&r, 3)], [33.0, 33.0], "32 lanes added 1 to each element");
+    let c = s.counters;
+    assert_eq!((c.atomic_requests, c.atomic_lanes, c.atomic_sectors, c.atomic_bytes), (1, 32, 1, 16));
+    // The scalar form: four requests for the same bytes.
+    let scalar = format!(
+        "{init}red.global.add.f32 [%rd0], %f1;\nred.global.add.f32 [%rd0+4], %f1;\n\
+         red.global.add.f32 [%rd0+8], %f1;\nred.global.add.f32 [%rd0+12], %f1;\n"
+    );
+    let (r2, s2) = launch("", &scalar, 32, 2).unwrap_or_else(|f| panic!("{}", f.message));
+    assert_eq!(r2, r, "the scalar adds leave the same values");
+    assert_eq!((s2.counters.atomic_requests, s2.counters.atomic_lanes), (4, 128));
+    // A 16-byte vector at an 8-byte boundary is misaligned.
+    let bad = format!("{init}red.global.add.v4.f32 [%rd0+8], {{%f1, %f1, %f1, %f1}};\n");
+    let f = run_with("", &bad, 32, 4).expect_err("a misaligned vector atomic faults");
+    assert_eq!(f.code, exec::MISALIGNED_ADDRESS, "{}", f.message);
+    // A vector whose last 8 bytes lie past the end of a 24-byte buffer is
+    // out of bounds as a whole, as a 16-byte load there would be.
+    let past = format!("{init}red.global.add.v4.f32 [%rd0+16], {{%f1, %f1, %f1, %f1}};\n");
+    let f = run_with("", &past, 32, 3).expect_err("a vector atomic past the end faults");
+    assert_eq!(f.code, exec::ILLEGAL_ADDRESS, "{}", f.message);
+}
+
+/// `a` and `b` rounded to bf16 (to nearest, ties to even), `a` in the
+/// upper half: what `cvt.rn.bf16x2.f32 d, a, b` leaves in `d`.
+fn bf16x2(a: f32, b: f32) -> u32 {
+    u32::from(half::bf16::from_f32(a).to_bits()) << 16 | u32::from(half::bf16::from_f32(b).to_bits())
+}
+
+#[test]
+fn cvt_rn_bf16x2_f32_packs_two_floats_rounded_to_nearest_even() {
+    // Ties to even both ways, a tie broken by a low bit, overflow to
+    // infinity, a subnormal, negative zero, and a NaN.
+    let pairs: [(u32, u32); 4] = [
+        (0x3F80_8000, 0x3F81_8000),
+        (0x3F80_8001, 0x7F7F_FFFF),
+        (0x0001_0000, 0x8000_0000),
+        (0xFFC0_0000, 0x4049_0FDB),
+    ];
+    let mut body = String::new();
+    for (k, (a, b)) in pairs.iter().enumerate() {
+        body += &format!(
+            "mov.b32 %r1, {a};\nmov.b32 %r2, {b};\ncvt.rn.bf16x2.f32 %r3, %r1, %r2;\nst.global.b32 [%rd0+{}], %r3;\n",
+            8 * k
+        );
+    }
+    let r = run(&body, pairs.len());
+    for (k, &(a, b)) in pairs.iter().enumerate() {
+        let got = r[k] as u32;
+        let (fa, fb) = (f32::from_bits(a), f32::from_bits(b));
+        if fa.is_nan() {
+            let hi = half::bf16::from_bits((got >> 16) as u16);
+            assert!(hi.is_nan(), "NaN stays NaN: {got:#010x}");
+            assert_eq!(got & 0xffff, bf16x2(0.0, fb) & 0xffff, "the lower half of pair {k}");
+        } else {
+            assert_eq!(got, bf16x2(fa, fb), "pair {k}: {a:#010x}, {b:#010x}");
+        }
+    }
+    assert_eq!(r[0] as u32, 0x3F80_3F82, "1 + 2^-8 ties to 1, 1 + 3 * 2^-8 to 1 + 2^-6");
+    assert_eq!(r[1] as u32 >> 16, 0x3F81, "just above the tie rounds up");
+    assert_eq!(r[1] as u32 & 0xffff, 0x7F80, "f32's largest rounds to infinity");
+    // The scalar conversions round the same way where only the f32's
+    // lowest bits break the tie.
+    let body = "mov.b32 %r1, 0x3F808001;\ncvt.rn.bf16.f32 %h1, %r1;\nmov.b32 %r2, 0x3F801001;\n\
+                cvt.rn.f16.f32 %h2, %r2;\nst.global.b16 [%rd0], %h1;\nst.global.b16 [%rd0+8], %h2;\n";
+    let r = run(body, 2);
+    assert_eq!(r[0], u64::from(half::bf16::from_f32(f32::from_bits(0x3F80_8001)).to_bits()));
+    assert_eq!(r[0], 0x3F81, "bf16: just above the tie rounds up");
+    assert_eq!(r[1], u64::from(half::f16::from_f32(f32::from_bits(0x3F80_1001)).to_bits()));
+    assert_eq!(r[1], 0x3C01, "f16: just above the tie rounds up");
+}
+
+#[test]
+fn red_add_noftz_bf16x2_rounds_each_half_once_per_add() {
+    // Each lane packs {l * 1.37, -l * 0.731} into bf16x2 and adds it to a
+    // shared word (starting at {100, 0.3}) and to a word of its own (each
+    // starting at {1, 2^-8}, where adding 2^-8 ties).
+    let body = "mov.u32 %r1, %tid.x;\ncvt.rn.f32.u32 %f1, %r1;\nmul.f32 %f2, %f1, 0f3FAF5C29;\n\
+                mul.f32 %f3, %f1, 0fBF3B22D1;\ncvt.rn.bf16x2.f32 %r2, %f2, %f3;\n\
+                mov.f32 %f4, 0f42C80000;\nmov.f32 %f5, 0f3E99999A;\ncvt.rn.bf16x2.f32 %r3, %f4, %f5;\n\
+                setp.eq.u32 %p1, %r1, 0;\n@%p1 st.global.b32 [%rd0], %r3;\nbar.sync 0;\n\
+                red.global.add.noftz.bf16x2 [%rd0], %r2;\n\
+                mul.wide.u32 %rd1, %r1, 4;\nadd.s64 %rd2, %rd0, %rd1;\nmov.b32 %r4, 0x3F803B80;\n\
+                st.global.b32 [%rd2+8], %r4;\nmov.b32 %r5, 0x3B803B80;\n\
+                atom.global.add.noftz.bf16x2 %r6, [%rd2+8], %r5;\nst.global.b32 [%rd2+136], %r6;\n";
+    let r = run_with("", body, 32, 40).unwrap_or_else(|f| panic!("{}", f.message));
+    let word = |k: usize| (r[k / 2] >> (32 * (k % 2))) as u32;
+    let add = |x: u16, y: u16| {
+        let s = half::bf16::from_bits(x).to_f64() + half::bf16::from_bits(y).to_f64();
+        half::bf16::from_f64(s).to_bits()
+    };
+    let mut acc = bf16x2(100.0, 0.3);
+    for l in 0..32 {
+        let x = l as f32;
+        let v = bf16x2(x * 1.37, x * -0.731);
+        acc = u32::from(add((acc >> 16) as u16, (v >> 16) as u16)) << 16 | u32::from(add(acc as u16, v as u16));
+    }
+    assert_eq!(word(0), acc, "the shared word: 32 bf16x2 adds in lane order");
+    for l in 0..32 {
+        assert_eq!(word(2 + l), 0x3F80_3C00, "lane {l}: 1 + 2^-8 ties to 1, 2^-8 + 2^-8 = 2^-7");
+        assert_eq!(word(34 + l), 0x3F80_3B80, "lane {l}: atom returns the old word");
+    }
 }

@@ -163,6 +163,7 @@ unsafe fn launch(
             workers,
         };
         let stats = exec::run(&l)?;
+        crate::profile::launched();
         emu().instructions.fetch_add(stats.instructions, Ordering::Relaxed);
         Ok(())
     });

@@ -155,7 +155,7 @@ pub(super) fn class(ins: &Ins) -> Option<Class> {
             UnOp::Rcp { approx: true } | UnOp::Sqrt { approx: true } => Class::Sfu,
             _ => by_type(t),
         },
-        Ins::Cvt { .. } => Class::Cvt,
+        Ins::Cvt { .. } | Ins::CvtPack { .. } => Class::Cvt,
         // ldmatrix is counted with the shared loads, by the path that runs it.
         Ins::Ld { .. } | Ins::St { .. } | Ins::Atom { .. } | Ins::Ldmatrix { .. } => return None,
         Ins::Mma { .. } => Class::Tensor,

@@ -4,19 +4,21 @@
 //! instruction, its operation, type, rounding, flush-to-zero); running it
 //! through `Warp::step` matches on all of them for every warp-instruction.
 //! Lowering does those matches once, when a function is first launched
-//! (kept in `Func::lowered`), and picks for each register-to-register
+//! (kept in `Func::derived`), and picks for each register-to-register
 //! instruction a handler: a lane loop in which the operation is a
 //! constant, with its operands resolved beside it. The interpreter calls
 //! the handler directly; the instructions without one (memory, control,
 //! collectives, the rare operations) take `Warp::step` as before.
 //!
-//! Every handler computes exactly what `Warp::alu` computes for the same
-//! instruction (the same `numeric` function, with the arguments that
-//! `alu` would pass it fixed at lowering), so lowering changes the speed
-//! only.
+//! Every handler calls the `numeric` function that `Warp::alu` calls for
+//! the same instruction, with `alu`'s arguments fixed at lowering, so
+//! lowering changes the speed only; `alu` keeps the general forms (carry
+//! chains, flush-to-zero, the rare types) and none of the loops here.
+//! The instructions lowered in every form (`selp`, the predicate logic,
+//! `cvta`, `prmt`) are not in `alu` at all.
 
 use super::numeric::*;
-use super::schedule::{Warp, FULL, WARP};
+use super::warp::{Warp, FULL, WARP};
 use crate::ptx::*;
 
 /// A lowered instruction's lane loop: applies `op` to the lanes `m` (not
@@ -25,7 +27,7 @@ pub(super) type Handler = fn(&mut Warp, &Op, u32);
 
 /// One lowered instruction.
 #[derive(Debug, Clone)]
-pub struct Op {
+pub(super) struct Op {
     /// The lane loop, or None for the general path (`Warp::step`).
     pub(super) run: Option<Handler>,
     /// A branch's target (`bra` takes the general path's decision
@@ -173,9 +175,7 @@ fn lower_one(inst: &Inst) -> Op {
             let (run, k) = un_handler(o, t, ftz);
             (run, d, a, none, none, k)
         }
-        Ins::Fma { t: Ty::F32, rnd: Rnd::Rn | Rnd::None, ftz: false, d, a, b, c } => {
-            (Some(|w: &mut Warp, o: &Op, m: u32| w.fma_f32(m, o.d, &o.a, &o.b, &o.c)), d, a, b, c, 0)
-        }
+        Ins::Fma { t: Ty::F32, rnd: Rnd::Rn | Rnd::None, ftz: false, d, a, b, c } => (Some(fma_f32), d, a, b, c, 0),
         Ins::Fma { t: Ty::F64, rnd: Rnd::Rn | Rnd::None, ftz: false, d, a, b, c } => {
             (h3!(|x, y, z| fma(Ty::F64, Rnd::Rn, false, x, y, z)), d, a, b, c, 0)
         }
@@ -447,4 +447,24 @@ fn cvt_handler(dt: Ty, st: Ty, rnd: Rnd, sat: bool, ftz: bool) -> Option<Handler
         (Ty::Bf16, Ty::F32) => rnds!(Ty::Bf16, Ty::F32),
         _ => None,
     }
+}
+
+/// `fma.rn.f32` of the lanes `m`, on the host's FMA unit when it has one:
+/// built without that target feature, `f32::mul_add` is a call into libm
+/// for each lane. The result is the same either way (one rounding of the
+/// exact product and sum).
+fn fma_f32(w: &mut Warp, o: &Op, m: u32) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has the feature.
+        unsafe { fma_f32_hw(w, o, m) };
+        return;
+    }
+    w.map3(m, o.d, &o.a, &o.b, &o.c, |x, y, z| bf32(f32b(x).mul_add(f32b(y), f32b(z))));
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+fn fma_f32_hw(w: &mut Warp, o: &Op, m: u32) {
+    w.map3(m, o.d, &o.a, &o.b, &o.c, |x, y, z| bf32(f32b(x).mul_add(f32b(y), f32b(z))));
 }

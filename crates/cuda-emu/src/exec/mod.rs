@@ -10,7 +10,7 @@
 //! the live allocations, local and shared ones against their sizes, and
 //! shared accesses between two barriers against each other (racecheck).
 //!
-//! Stages: `schedule` (blocks, warps, lanes), `lower` (each instruction
+//! Stages: `warp` (a warp's state), `schedule` (blocks, warps, lanes), `lower` (each instruction
 //! lowered once to a lane-loop handler), `step` (one warp-instruction of
 //! the instructions without one), `numeric` (PTX arithmetic), `sanitizer`.
 
@@ -20,6 +20,7 @@ mod numeric;
 mod sanitizer;
 mod schedule;
 mod step;
+mod warp;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -28,7 +29,6 @@ use crate::memory::Snapshot;
 use crate::ptx::Module;
 use counters::Footprint;
 pub use counters::{profiling, set_profiling, Class, Counters, BANKS, MMA_FLOPS, NCLASS, SECTOR};
-pub use lower::Op;
 use sanitizer::Shadow;
 use schedule::Worker;
 
@@ -192,6 +192,5 @@ pub fn run(l: &Launch) -> Result<Stats, Fault> {
         fp.finish(&mut counters);
     }
     record(&f.name, &counters);
-    crate::profile::launched();
     Ok(Stats { instructions: counters.thread_instructions, counters })
 }

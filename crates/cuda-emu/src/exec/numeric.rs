@@ -247,6 +247,31 @@ pub(super) fn to_f64(t: Ty, v: u64) -> f64 {
     }
 }
 
+/// `x` rounded to f16 (or bf16) to nearest, ties to even. The `half`
+/// crate's `from_f64` drops the low 32 bits of the f64's significand
+/// before rounding (so 1 + 2^-8 + 2^-23 rounds down to 1 as a bf16, a tie
+/// where there is none); its `from_f32` rounds correctly. So `x` goes to
+/// f32 rounded to odd (truncated, the lowest bit set where inexact), which
+/// keeps the nearest half the same: f32 has more than two bits beyond
+/// either half's significand, at every exponent.
+pub(super) fn half_of(bf: bool, x: f64) -> u16 {
+    let f = x as f32;
+    let f = if f64::from(f) == x || x.is_nan() {
+        f
+    } else {
+        let mut b = f.to_bits();
+        if f64::from(f).abs() > x.abs() {
+            b -= 1;
+        }
+        f32::from_bits(b | 1)
+    };
+    if bf {
+        bf16::from_f32(f).to_bits()
+    } else {
+        f16::from_f32(f).to_bits()
+    }
+}
+
 #[inline(always)]
 pub(super) fn cvt(dt: Ty, st: Ty, rnd: Rnd, sat: bool, ftz: bool, v: u64) -> u64 {
     if st.float() {
@@ -277,8 +302,8 @@ pub(super) fn cvt(dt: Ty, st: Ty, rnd: Rnd, sat: bool, ftz: bool, v: u64) -> u64
                     let r = if st == Ty::F64 { round_f32(x, 0.0, rnd) } else { x as f32 };
                     bf32(if ftz { ftz32(r) } else { r })
                 }
-                Ty::F16 => u64::from(f16::from_f64(x).to_bits()),
-                _ => u64::from(bf16::from_f64(x).to_bits()),
+                Ty::F16 => u64::from(half_of(false, x)),
+                _ => u64::from(half_of(true, x)),
             };
         }
         // Float to integer: round, then saturate; NaN becomes 0.
@@ -325,8 +350,8 @@ pub(super) fn cvt(dt: Ty, st: Ty, rnd: Rnd, sat: bool, ftz: bool, v: u64) -> u64
                 };
                 bf32(r)
             }
-            Ty::F16 => u64::from(f16::from_f64(x).to_bits()),
-            _ => u64::from(bf16::from_f64(x).to_bits()),
+            Ty::F16 => u64::from(half_of(false, x)),
+            _ => u64::from(half_of(true, x)),
         };
     }
     let dw = bits(dt);
@@ -594,6 +619,7 @@ pub(super) fn rmw(op: AtomOp, t: Ty, old: u64, b: u64, c: u64) -> u64 {
         }
     };
     let v = match op {
+        AtomOp::AddHalf2 { bf16 } => add_half2(bf16, old, b),
         AtomOp::Add if t.float() => float(|x, y| x + y),
         AtomOp::Min if t.float() => float(|x, y| fminmax(x, y, false)),
         AtomOp::Max if t.float() => float(|x, y| fminmax(x, y, true)),
@@ -651,6 +677,28 @@ pub(super) unsafe fn atomic(p: *mut u8, op: AtomOp, t: Ty, b: u64, c: u64) -> u6
         // The decoder rejects narrower atomics.
         _ => unreachable!("internal: a {}-byte atomic", t.size()),
     }
+}
+
+/// The two 16-bit halves of `x` and `y` (f16, or bf16 if `bf16`) added
+/// pairwise, each sum rounded once to nearest, ties to even: the sum in
+/// f64 is exact for f16, and for bf16 rounds only where one addend is
+/// below 2^-45 of the other, where the half's rounding cannot land on a
+/// tie, so rounding it again gives the correctly rounded sum.
+pub(super) fn add_half2(bf16: bool, x: u64, y: u64) -> u64 {
+    let ty = if bf16 { Ty::Bf16 } else { Ty::F16 };
+    let half = |k: u32| {
+        let s = to_f64(ty, (x >> (16 * k)) & 0xffff) + to_f64(ty, (y >> (16 * k)) & 0xffff);
+        cvt(ty, Ty::F64, Rnd::Rn, false, false, s.to_bits()) & 0xffff
+    };
+    half(0) | half(1) << 16
+}
+
+/// `cvt.rn` of two f32 into one f16x2 or bf16x2 word (`rnd` as `cvt`
+/// takes it): `a` in the upper half, `b` in the lower.
+pub(super) fn cvt_pack(bf16: bool, rnd: Rnd, a: u64, b: u64) -> u64 {
+    let ty = if bf16 { Ty::Bf16 } else { Ty::F16 };
+    let one = |v: u64| cvt(ty, Ty::F32, rnd, false, false, v & 0xffff_ffff) & 0xffff;
+    one(a) << 16 | one(b)
 }
 
 /// `fma` / `mad` on floats.

@@ -136,7 +136,7 @@ impl<'a> Block<'a> {
                 hi = hi.max(a);
             }
         } else {
-            for k in super::schedule::lanes(exec) {
+            for k in super::warp::lanes(exec) {
                 lo = lo.min(addr[k]);
                 hi = hi.max(addr[k]);
             }
@@ -148,9 +148,7 @@ impl<'a> Block<'a> {
                 (SHARED_WIN..SHARED_WIN + WIN_SIZE).contains(&a) || (LOCAL_WIN..LOCAL_WIN + WIN_SIZE).contains(&a)
             };
             let span_misses = |w: u64| hi < w || lo >= w + WIN_SIZE;
-            if !(span_misses(SHARED_WIN) && span_misses(LOCAL_WIN))
-                && super::schedule::lanes(exec).any(|k| win(addr[k]))
-            {
+            if !(span_misses(SHARED_WIN) && span_misses(LOCAL_WIN)) && super::warp::lanes(exec).any(|k| win(addr[k])) {
                 return None;
             }
         }
@@ -172,7 +170,7 @@ impl<'a> Block<'a> {
                 if side_by_side {
                     mark_written(w, (lo - b) as usize, (end - lo) as usize);
                 } else {
-                    for k in super::schedule::lanes(exec) {
+                    for k in super::warp::lanes(exec) {
                         mark_written(w, (addr[k] - b) as usize, len as usize);
                     }
                 }
@@ -182,7 +180,7 @@ impl<'a> Block<'a> {
                 let span = (end - lo) as usize;
                 let whole = span <= 64 * len as usize && first_unwritten(w, (lo - b) as usize, span).is_none();
                 if !whole {
-                    for k in super::schedule::lanes(exec) {
+                    for k in super::warp::lanes(exec) {
                         if first_unwritten(w, (addr[k] - b) as usize, len as usize).is_some() {
                             return None;
                         }
@@ -197,7 +195,7 @@ impl<'a> Block<'a> {
                 *o = unsafe { p.add((a - b) as usize) };
             }
         } else {
-            for k in super::schedule::lanes(exec) {
+            for k in super::warp::lanes(exec) {
                 // SAFETY: as above.
                 out[k] = unsafe { p.add((addr[k] - b) as usize) };
             }
@@ -228,7 +226,7 @@ impl<'a> Block<'a> {
             return Ok(None);
         }
         let mut offs = [0usize; 32];
-        for k in super::schedule::lanes(exec) {
+        for k in super::warp::lanes(exec) {
             let a = base[k].wrapping_add(off as u64);
             let o = match sp {
                 Space::Generic if (SHARED_WIN..SHARED_WIN + WIN_SIZE).contains(&a) => a - SHARED_WIN,
@@ -241,13 +239,13 @@ impl<'a> Block<'a> {
             offs[k] = o as usize;
         }
         if self.l.racecheck {
-            for k in super::schedule::lanes(exec) {
+            for k in super::warp::lanes(exec) {
                 self.race(first_tid + k, wep, offs[k], len as usize, write, line)?;
             }
         }
         let mut out = [std::ptr::null_mut(); 32];
         let p = self.shared.as_mut_ptr();
-        for k in super::schedule::lanes(exec) {
+        for k in super::warp::lanes(exec) {
             // SAFETY: bounds checked above.
             out[k] = unsafe { p.add(offs[k]) };
         }

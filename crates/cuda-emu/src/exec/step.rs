@@ -9,9 +9,9 @@
 
 use super::counters::{self, Access, Class};
 use super::numeric::*;
-use super::schedule::{lanes, Flow, Warp, FULL, WARP};
+use super::warp::{branch, lanes, Flow, Warp, FULL, WARP};
 use super::{Block, Fault, ASSERT, ILLEGAL_ADDRESS, LAUNCH_FAILED, MISALIGNED_ADDRESS};
-use crate::memory::{LOCAL_WIN, SHARED_WIN};
+use crate::memory::SHARED_WIN;
 use crate::ptx::*;
 
 /// A control instruction whose guard holds for only part of the group:
@@ -54,6 +54,29 @@ unsafe fn write_le(p: *mut u8, sz: usize, v: u64) {
         2 => p.cast::<u16>().write_unaligned((v as u16).to_le()),
         4 => p.cast::<u32>().write_unaligned((v as u32).to_le()),
         _ => p.cast::<u64>().write_unaligned(v.to_le()),
+    }
+}
+
+/// The lane a shuffle of `mode` in lane `j` reads, with the lane operand
+/// `b` and the clamp and segment mask `c`, and whether that lane is valid
+/// (the PTX ISA's `shfl.sync` pseudocode).
+#[inline(always)]
+fn shfl_source(mode: ShflMode, j: usize, b: u64, c: u64) -> (i32, bool) {
+    let bval = (b & 31) as i32;
+    let cv = c as u32;
+    let cval = (cv & 31) as i32;
+    let segmask = ((cv >> 8) & 31) as i32;
+    let lane = j as i32;
+    let max_lane = (lane & segmask) | (cval & !segmask);
+    let min_lane = lane & segmask;
+    match mode {
+        ShflMode::Up => (lane - bval, lane - bval >= max_lane),
+        ShflMode::Down => (lane + bval, lane + bval <= max_lane),
+        ShflMode::Bfly => (lane ^ bval, (lane ^ bval) <= max_lane),
+        ShflMode::Idx => {
+            let jj = min_lane | (bval & !segmask);
+            (jj, jj <= max_lane)
+        }
     }
 }
 
@@ -136,7 +159,7 @@ impl Warp {
         exec: u32,
     ) -> Result<Flow, Fault> {
         match inst.ins {
-            Ins::Bra { target } => return Ok(super::schedule::branch(active, exec, target)),
+            Ins::Bra { target } => return Ok(branch(active, exec, target)),
             Ins::Ld { .. } | Ins::St { .. } | Ins::Atom { .. } => self.memory(blk, inst, exec)?,
             Ins::Bar => {
                 if let Some(f) = guarded(active, exec, pc) {
@@ -260,30 +283,14 @@ impl Warp {
         self.coll &= !group;
         match inst.ins {
             Ins::Shfl { mode, d, dp, a, b, c, .. } => {
-                let vals = self.vals(a);
-                for j in lanes(group) {
-                    let bval = (self.rd(b, j) & 31) as i32;
-                    let cv = self.rd(c, j) as u32;
-                    let cval = (cv & 31) as i32;
-                    let segmask = ((cv >> 8) & 31) as i32;
-                    let lane = j as i32;
-                    let max_lane = (lane & segmask) | (cval & !segmask);
-                    let min_lane = lane & segmask;
-                    let (jj, p) = match mode {
-                        ShflMode::Up => (lane - bval, lane - bval >= max_lane),
-                        ShflMode::Down => (lane + bval, lane + bval <= max_lane),
-                        ShflMode::Bfly => (lane ^ bval, (lane ^ bval) <= max_lane),
-                        ShflMode::Idx => {
-                            let jj = min_lane | (bval & !segmask);
-                            (jj, jj <= max_lane)
-                        }
-                    };
-                    let src = if p { jj as usize } else { j };
-                    let v = if src < WARP && group & (1 << src) != 0 { vals[src] } else { vals[j] };
-                    self.regs[d as usize * WARP + j] = v & 0xffff_ffff;
-                    if let Some(dp) = dp {
-                        self.regs[dp as usize * WARP + j] = u64::from(p);
-                    }
+                // A loop for each mode, the mode a constant in it.
+                let (vals, bs, cs) = (self.vals(a), self.vals(b), self.vals(c));
+                let out = (d, dp, &vals, &bs, &cs, group);
+                match mode {
+                    ShflMode::Up => self.shfl_lanes(out, |l, b, c| shfl_source(ShflMode::Up, l, b, c)),
+                    ShflMode::Down => self.shfl_lanes(out, |l, b, c| shfl_source(ShflMode::Down, l, b, c)),
+                    ShflMode::Bfly => self.shfl_lanes(out, |l, b, c| shfl_source(ShflMode::Bfly, l, b, c)),
+                    ShflMode::Idx => self.shfl_lanes(out, |l, b, c| shfl_source(ShflMode::Idx, l, b, c)),
                 }
             }
             Ins::Vote { mode, d, a, neg, mask } => {
@@ -307,6 +314,27 @@ impl Warp {
         }
         self.wep += 1;
         Ok(Flow::Next(group))
+    }
+
+    /// A shuffle's results for the lanes `group`: lane `j` reads the value
+    /// `vals` holds at the lane `src(j, b[j], c[j])` names when that lane
+    /// is valid and in the group, else its own; `dp` gets the validity.
+    #[inline(always)]
+    #[allow(clippy::type_complexity)]
+    fn shfl_lanes(
+        &mut self,
+        (d, dp, vals, bs, cs, group): (u16, Option<u16>, &[u64; WARP], &[u64; WARP], &[u64; WARP], u32),
+        src: impl Fn(usize, u64, u64) -> (i32, bool),
+    ) {
+        for j in lanes(group) {
+            let (jj, p) = src(j, bs[j], cs[j]);
+            let s = if p { jj as usize } else { j };
+            let v = if s < WARP && group & (1 << s) != 0 { vals[s] } else { vals[j] };
+            self.regs[d as usize * WARP + j] = v & 0xffff_ffff;
+            if let Some(dp) = dp {
+                self.regs[dp as usize * WARP + j] = u64::from(p);
+            }
+        }
     }
 
     /// `mma.sync.aligned` or `ldmatrix.sync.aligned`, which the whole warp
@@ -428,8 +456,7 @@ impl Warp {
                     format!("misaligned ldmatrix row address {a:#x} at PTX line {line} (rows are 16-byte aligned)"),
                 ));
             }
-            let p =
-                blk.ptr(&mut self.local[l], &mut self.params[l], self.wep, tid, Space::Shared, a, 16, false, line)?;
+            let p = self.lane_ptr(blk, l, Space::Shared, a, 16, false, line)?;
             for (k, e) in row.iter_mut().enumerate() {
                 // SAFETY: `ptr` checked the row's 16 bytes.
                 *e = unsafe { read_le(p.add(2 * k), 2) } as u16;
@@ -499,6 +526,9 @@ impl Warp {
                     return Ok(());
                 }
                 let len = (sz * n as usize) as u64;
+                // The whole warp's access in one global region, or in shared
+                // memory (a match here: a helper returning the 32 pointers
+                // in a Result cost a copy of them per access).
                 let fast = match blk.warp_global(sp, &base, addr.off, len, exec, false) {
                     Some(p) => Some(p),
                     None => {
@@ -522,18 +552,7 @@ impl Warp {
                 }
                 for l in lanes(exec) {
                     let a = base[l].wrapping_add(addr.off as u64);
-                    let tid = self.base as usize + l;
-                    let p = blk.ptr(
-                        &mut self.local[l],
-                        &mut self.params[l],
-                        self.wep,
-                        tid,
-                        sp,
-                        a,
-                        (sz * n as usize) as u64,
-                        false,
-                        inst.line,
-                    )?;
+                    let p = self.lane_ptr(blk, l, sp, a, len, false, inst.line)?;
                     for (k, &dk) in d.iter().enumerate().take(n as usize) {
                         // SAFETY: `ptr` checked the whole vector's bytes.
                         let mut v = unsafe { read_le(p.add(k * sz), sz) };
@@ -548,6 +567,9 @@ impl Warp {
                 let base = self.vals(addr.base);
                 let sz = t.size() as usize;
                 let len = (sz * n as usize) as u64;
+                // The whole warp's access in one global region, or in shared
+                // memory (a match here: a helper returning the 32 pointers
+                // in a Result cost a copy of them per access).
                 let fast = match blk.warp_global(sp, &base, addr.off, len, exec, true) {
                     Some(p) => Some(p),
                     None => {
@@ -561,29 +583,20 @@ impl Warp {
                 }
                 for l in lanes(exec) {
                     let a = base[l].wrapping_add(addr.off as u64);
-                    let tid = self.base as usize + l;
-                    let p = blk.ptr(
-                        &mut self.local[l],
-                        &mut self.params[l],
-                        self.wep,
-                        tid,
-                        sp,
-                        a,
-                        (sz * n as usize) as u64,
-                        true,
-                        inst.line,
-                    )?;
+                    let p = self.lane_ptr(blk, l, sp, a, len, true, inst.line)?;
                     for (k, o) in v.iter().enumerate().take(n as usize) {
                         // SAFETY: as for loads.
                         unsafe { write_le(p.add(k * sz), sz, self.rd(*o, l)) };
                     }
                 }
             }
-            Ins::Atom { sp, op, t, d, addr, b, c } => {
-                let sz = u64::from(t.size());
+            Ins::Atom { sp, op, t, n, d, addr, b, c } => {
+                // A vector is checked as one access of all its elements.
+                let (esz, n) = (u64::from(t.size()), n as usize);
+                let sz = esz * n as u64;
                 for l in lanes(exec) {
                     let a = self.rd(addr.base, l).wrapping_add(addr.off as u64);
-                    let (bv, cv) = (self.rd(b, l), self.rd(c, l));
+                    let cv = self.rd(c, l);
                     let tid = self.base as usize + l;
                     if !a.is_multiple_of(sz) {
                         return Err(blk.fault(
@@ -608,16 +621,37 @@ impl Warp {
                     } else {
                         blk.atomic_ptr(&mut self.local[l], &mut self.params[l], self.wep, tid, sp, a, sz, inst.line)?
                     };
-                    // SAFETY: aligned and in bounds; other blocks may touch the word concurrently.
-                    let old = unsafe { atomic(p, op, t, bv, cv) };
-                    if let Some(d) = d {
-                        self.regs[d as usize * WARP + l] = old;
+                    for (k, bk) in b.iter().enumerate().take(n) {
+                        let bv = self.rd(*bk, l);
+                        // SAFETY: aligned and in bounds (the whole vector);
+                        // other blocks may touch the word concurrently.
+                        let old = unsafe { atomic(p.add(k * esz as usize), op, t, bv, cv) };
+                        if let Some(d) = d {
+                            self.regs[d[k] as usize * WARP + l] = old;
+                        }
                     }
                 }
             }
             _ => unreachable!("internal: not a memory instruction"),
         }
         Ok(())
+    }
+
+    /// The host address of lane `l`'s access of `len` bytes at `a`,
+    /// checked as that lane's (its local and parameter memory included).
+    #[allow(clippy::too_many_arguments)]
+    fn lane_ptr(
+        &mut self,
+        blk: &mut Block,
+        l: usize,
+        sp: Space,
+        a: u64,
+        len: u64,
+        write: bool,
+        line: u32,
+    ) -> Result<*mut u8, Fault> {
+        let tid = self.base as usize + l;
+        blk.ptr(&mut self.local[l], &mut self.params[l], self.wep, tid, sp, a, len, write, line)
     }
 
     /// Loads `d.len()` consecutive values of `sz` bytes from each lane's
@@ -732,7 +766,7 @@ impl Warp {
         let (sp, addr, len, kind) = match inst.ins {
             Ins::Ld { sp, t, n, addr, .. } => (sp, addr, u64::from(t.size()) * u64::from(n), Access::Load),
             Ins::St { sp, t, n, addr, .. } => (sp, addr, u64::from(t.size()) * u64::from(n), Access::Store),
-            Ins::Atom { sp, t, addr, .. } => (sp, addr, u64::from(t.size()), Access::Atomic),
+            Ins::Atom { sp, t, n, addr, .. } => (sp, addr, u64::from(t.size()) * u64::from(n), Access::Atomic),
             _ => return,
         };
         let c = &mut blk.counters;
@@ -778,14 +812,8 @@ impl Warp {
     fn alu(&mut self, inst: &Inst, m: u32) -> Result<(), String> {
         match inst.ins {
             Ins::Bin { op, t, ftz, rnd, d, a, b } => self.bin_op(op, t, ftz, rnd, d, a, b, m, inst.line)?,
-            Ins::Un { op, t, ftz, d, a } => self.un_op(op, t, ftz, d, a, m),
-            Ins::Fma { t, rnd, ftz, d, a, b, c } => {
-                if t == Ty::F32 && !ftz && matches!(rnd, Rnd::Rn | Rnd::None) {
-                    self.fma_f32(m, d, &a, &b, &c);
-                } else {
-                    self.map3(m, d, &a, &b, &c, |x, y, z| fma(t, rnd, ftz, x, y, z));
-                }
-            }
+            Ins::Un { op, t, ftz, d, a } => self.map1(m, d, &a, |x| un(op, t, ftz, x)),
+            Ins::Fma { t, rnd, ftz, d, a, b, c } => self.map3(m, d, &a, &b, &c, |x, y, z| fma(t, rnd, ftz, x, y, z)),
             Ins::Mad { t, hi, wide, cc_in, cc_out, d, a, b, c } => {
                 for l in lanes(m) {
                     let (x, y, z) = (self.rd(a, l), self.rd(b, l), self.rd(c, l));
@@ -794,7 +822,6 @@ impl Warp {
                     self.cc = self.cc & !(1 << l) | u32::from(cc) << l;
                 }
             }
-            Ins::Setp { cmp, t, ftz, d, dn: None, a, b, comb: None } => self.setp_op(cmp, t, ftz, d, a, b, m),
             Ins::Setp { cmp, t, ftz, d, dn, a, b, comb } => {
                 let (x, y) = (self.vals(a), self.vals(b));
                 let cv = comb.map(|(_, c, _)| self.vals(c));
@@ -817,30 +844,8 @@ impl Warp {
                     }
                 }
             }
-            Ins::Selp { t, d, a, b, p } => {
-                let mk = mask_of(bits(t));
-                self.map3(m, d, &a, &b, &p, |x, y, p| if p != 0 { x & mk } else { y & mk });
-            }
-            Ins::PredBin { op, d, a, b } => match op {
-                BoolOp::And => self.map2(m, d, &a, &b, |x, y| u64::from((x != 0) & (y != 0))),
-                BoolOp::Or => self.map2(m, d, &a, &b, |x, y| u64::from((x != 0) | (y != 0))),
-                BoolOp::Xor => self.map2(m, d, &a, &b, |x, y| u64::from((x != 0) ^ (y != 0))),
-            },
-            Ins::PredNot { d, a } => self.map1(m, d, &a, |x| u64::from(x == 0)),
-            Ins::Cvt { dt, st, rnd, sat, ftz, d, a } => self.cvt_op(dt, st, rnd, sat, ftz, d, a, m),
-            Ins::Cvta { to, sp, d, a } => {
-                let win = match sp {
-                    Space::Shared => SHARED_WIN,
-                    Space::Local => LOCAL_WIN,
-                    _ => 0,
-                };
-                if to {
-                    self.map1(m, d, &a, |x| x.wrapping_sub(win));
-                } else {
-                    self.map1(m, d, &a, |x| x.wrapping_add(win));
-                }
-            }
-            Ins::Prmt { d, a, b, c } => self.map3(m, d, &a, &b, &c, prmt),
+            Ins::Cvt { dt, st, rnd, sat, ftz, d, a } => self.map1(m, d, &a, |x| cvt(dt, st, rnd, sat, ftz, x)),
+            Ins::CvtPack { bf16, rnd, d, a, b } => self.map2(m, d, &a, &b, |x, y| cvt_pack(bf16, rnd, x, y)),
             Ins::Bfi { t, d, a, b, pos, len } => {
                 for l in lanes(m) {
                     let v = bfi(t, self.rd(a, l), self.rd(b, l), self.rd(pos, l), self.rd(len, l));
@@ -865,11 +870,15 @@ impl Warp {
                     }
                 }
             }
-            _ => unreachable!("internal: not a register instruction"),
+            // `lower` gives the others (selp, the predicate logic, cvta,
+            // prmt) a lane loop in every form, so they never come here.
+            _ => return Err(format!("internal: no lane loop for the instruction at PTX line {}", inst.line)),
         }
         Ok(())
     }
 
+    /// `op` of the lanes `m`, the carry flag read and written for the
+    /// carry chains; Err for a pair `bin` does not define.
     #[allow(clippy::too_many_arguments)]
     fn bin_op(
         &mut self,
@@ -892,159 +901,11 @@ impl Warp {
             }
             return Ok(());
         }
-        let plain = !ftz && matches!(rnd, Rnd::Rn | Rnd::None);
-        // The frequent pairs get loops of their own, where the operation
-        // is a constant; signedness does not change add, sub, mul.lo or
-        // the logic operations.
-        macro_rules! go {
-            ($op:expr, $t:expr) => {
-                self.map2(m, d, &a, &b, |x, y| bin($op, $t, false, Rnd::None, x, y, &mut false).unwrap_or(0))
-            };
+        if bin(op, t, ftz, rnd, 0, 0, &mut false).is_none() {
+            return Err(format!("unsupported operation {op:?}.{t:?} at PTX line {line}"));
         }
-        use BinOp as B;
-        match (op, t) {
-            (B::Add, Ty::F32) if plain => go!(B::Add, Ty::F32),
-            (B::Sub, Ty::F32) if plain => go!(B::Sub, Ty::F32),
-            (B::Mul, Ty::F32) if plain => go!(B::Mul, Ty::F32),
-            (B::Div, Ty::F32) if plain => go!(B::Div, Ty::F32),
-            (B::Max, Ty::F32) if plain => go!(B::Max, Ty::F32),
-            (B::Min, Ty::F32) if plain => go!(B::Min, Ty::F32),
-            (B::Add, Ty::F64) if plain => go!(B::Add, Ty::F64),
-            (B::Mul, Ty::F64) if plain => go!(B::Mul, Ty::F64),
-            (B::Add, Ty::U32 | Ty::S32 | Ty::B32) => go!(B::Add, Ty::U32),
-            (B::Sub, Ty::U32 | Ty::S32 | Ty::B32) => go!(B::Sub, Ty::U32),
-            (B::Mul, Ty::U32 | Ty::S32 | Ty::B32) => go!(B::Mul, Ty::U32),
-            (B::Add, Ty::U64 | Ty::S64 | Ty::B64) => go!(B::Add, Ty::U64),
-            (B::Sub, Ty::U64 | Ty::S64 | Ty::B64) => go!(B::Sub, Ty::U64),
-            (B::Mul, Ty::U64 | Ty::S64 | Ty::B64) => go!(B::Mul, Ty::U64),
-            (B::MulWide, Ty::U32) => go!(B::MulWide, Ty::U32),
-            (B::MulWide, Ty::S32) => go!(B::MulWide, Ty::S32),
-            (B::And, Ty::U32 | Ty::S32 | Ty::B32) => go!(B::And, Ty::U32),
-            (B::Or, Ty::U32 | Ty::S32 | Ty::B32) => go!(B::Or, Ty::U32),
-            (B::Xor, Ty::U32 | Ty::S32 | Ty::B32) => go!(B::Xor, Ty::U32),
-            (B::And, Ty::U64 | Ty::S64 | Ty::B64) => go!(B::And, Ty::U64),
-            (B::Shl, Ty::U32 | Ty::S32 | Ty::B32) => go!(B::Shl, Ty::U32),
-            (B::Shl, Ty::U64 | Ty::S64 | Ty::B64) => go!(B::Shl, Ty::U64),
-            (B::Shr, Ty::U32 | Ty::B32) => go!(B::Shr, Ty::U32),
-            (B::Shr, Ty::S32) => go!(B::Shr, Ty::S32),
-            (B::Shr, Ty::U64 | Ty::B64) => go!(B::Shr, Ty::U64),
-            (B::Shr, Ty::S64) => go!(B::Shr, Ty::S64),
-            (B::Min, Ty::S32) => go!(B::Min, Ty::S32),
-            (B::Max, Ty::S32) => go!(B::Max, Ty::S32),
-            (B::Min, Ty::U32) => go!(B::Min, Ty::U32),
-            (B::Max, Ty::U32) => go!(B::Max, Ty::U32),
-            (B::Min, Ty::S64) => go!(B::Min, Ty::S64),
-            (B::Max, Ty::S64) => go!(B::Max, Ty::S64),
-            _ => {
-                if bin(op, t, ftz, rnd, 0, 0, &mut false).is_none() {
-                    return Err(format!("unsupported operation {op:?}.{t:?} at PTX line {line}"));
-                }
-                self.map2(m, d, &a, &b, |x, y| bin(op, t, ftz, rnd, x, y, &mut false).unwrap_or(0))
-            }
-        }
+        self.map2(m, d, &a, &b, |x, y| bin(op, t, ftz, rnd, x, y, &mut false).unwrap_or(0));
         Ok(())
-    }
-
-    /// `fma.rn.f32` of the lanes `m`, on the host's FMA unit when it has
-    /// one: built without that target feature, `f32::mul_add` is a call
-    /// into libm for each lane. The result is the same either way (one
-    /// rounding of the exact product and sum).
-    pub(super) fn fma_f32(&mut self, m: u32, d: u16, a: &Opnd, b: &Opnd, c: &Opnd) {
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("fma") {
-            // SAFETY: the CPU has the feature.
-            unsafe { self.fma_f32_hw(m, d, a, b, c) };
-            return;
-        }
-        self.map3(m, d, a, b, c, |x, y, z| bf32(f32b(x).mul_add(f32b(y), f32b(z))));
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "fma")]
-    fn fma_f32_hw(&mut self, m: u32, d: u16, a: &Opnd, b: &Opnd, c: &Opnd) {
-        self.map3(m, d, a, b, c, |x, y, z| bf32(f32b(x).mul_add(f32b(y), f32b(z))));
-    }
-
-    /// `setp` without a second destination or a combining predicate: the
-    /// frequent comparisons get loops of their own, the comparison a
-    /// constant in each.
-    #[allow(clippy::too_many_arguments)]
-    fn setp_op(&mut self, cmp: Cmp, t: Ty, ftz: bool, d: u16, a: Opnd, b: Opnd, m: u32) {
-        macro_rules! go {
-            ($c:expr, $t:expr) => {
-                self.map2(m, d, &a, &b, |x, y| u64::from(setp($c, $t, false, x, y)))
-            };
-        }
-        macro_rules! cmps {
-            ($t:expr) => {
-                match cmp {
-                    Cmp::Eq => go!(Cmp::Eq, $t),
-                    Cmp::Ne => go!(Cmp::Ne, $t),
-                    Cmp::Lt => go!(Cmp::Lt, $t),
-                    Cmp::Le => go!(Cmp::Le, $t),
-                    Cmp::Gt => go!(Cmp::Gt, $t),
-                    Cmp::Ge => go!(Cmp::Ge, $t),
-                    _ => self.map2(m, d, &a, &b, |x, y| u64::from(setp(cmp, $t, false, x, y))),
-                }
-            };
-        }
-        match t {
-            _ if ftz => self.map2(m, d, &a, &b, |x, y| u64::from(setp(cmp, t, ftz, x, y))),
-            Ty::S32 => cmps!(Ty::S32),
-            Ty::U32 | Ty::B32 => cmps!(Ty::U32),
-            Ty::S64 => cmps!(Ty::S64),
-            Ty::U64 | Ty::B64 => cmps!(Ty::U64),
-            Ty::F32 => cmps!(Ty::F32),
-            Ty::F64 => cmps!(Ty::F64),
-            _ => self.map2(m, d, &a, &b, |x, y| u64::from(setp(cmp, t, ftz, x, y))),
-        }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn un_op(&mut self, op: UnOp, t: Ty, ftz: bool, d: u16, a: Opnd, m: u32) {
-        match (op, t) {
-            (UnOp::Mov, Ty::Pred) => self.map1(m, d, &a, |x| u64::from(x != 0)),
-            (UnOp::Mov, _) => {
-                let mk = mask_of(bits(t));
-                self.map1(m, d, &a, |x| x & mk);
-            }
-            (UnOp::Neg, Ty::F32) => self.map1(m, d, &a, |x| x ^ 0x8000_0000),
-            (UnOp::Abs, Ty::F32) => self.map1(m, d, &a, |x| x & 0x7fff_ffff),
-            (UnOp::Ex2, Ty::F32) => self.map1(m, d, &a, |x| un(UnOp::Ex2, Ty::F32, ftz, x)),
-            (UnOp::Lg2, Ty::F32) => self.map1(m, d, &a, |x| un(UnOp::Lg2, Ty::F32, ftz, x)),
-            _ => self.map1(m, d, &a, |x| un(op, t, ftz, x)),
-        }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn cvt_op(&mut self, dt: Ty, st: Ty, rnd: Rnd, sat: bool, ftz: bool, d: u16, a: Opnd, m: u32) {
-        macro_rules! go {
-            ($dt:expr, $st:expr) => {
-                self.map1(m, d, &a, |x| cvt($dt, $st, rnd, false, false, x))
-            };
-        }
-        match (dt, st) {
-            // `cvt.sat.f32.f32` clamps to [0, 1] (NaN to 0), as the
-            // general path does through f64.
-            (Ty::F32, Ty::F32) if sat && !ftz && !matches!(rnd, Rnd::Rni | Rnd::Rzi | Rnd::Rmi | Rnd::Rpi) => self
-                .map1(m, d, &a, |x| {
-                    let v = f32b(x);
-                    bf32(if v.is_nan() { 0.0 } else { v.clamp(0.0, 1.0) })
-                }),
-            _ if sat || ftz => self.map1(m, d, &a, |x| cvt(dt, st, rnd, sat, ftz, x)),
-            (Ty::F32, Ty::F64) if matches!(rnd, Rnd::Rn | Rnd::None) => self.map1(m, d, &a, |x| bf32(f64b(x) as f32)),
-            (Ty::U64, Ty::U32) => go!(Ty::U64, Ty::U32),
-            (Ty::S64, Ty::S32) => go!(Ty::S64, Ty::S32),
-            (Ty::U32, Ty::U64) => go!(Ty::U32, Ty::U64),
-            (Ty::S32, Ty::S64) => go!(Ty::S32, Ty::S64),
-            (Ty::F32, Ty::S32) => go!(Ty::F32, Ty::S32),
-            (Ty::F32, Ty::U32) => go!(Ty::F32, Ty::U32),
-            (Ty::F32, Ty::F16) => go!(Ty::F32, Ty::F16),
-            (Ty::F32, Ty::Bf16) => go!(Ty::F32, Ty::Bf16),
-            (Ty::F16, Ty::F32) => go!(Ty::F16, Ty::F32),
-            (Ty::Bf16, Ty::F32) => go!(Ty::Bf16, Ty::F32),
-            _ => self.map1(m, d, &a, |x| cvt(dt, st, rnd, sat, ftz, x)),
-        }
     }
 
     /// The functions the CUDA runtime provides on the device without a

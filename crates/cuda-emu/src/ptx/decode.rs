@@ -173,7 +173,7 @@ fn decode_func(raw: &RawFunc, syms: &Syms, unsupported: &mut Vec<String>) -> Res
     let zeroed = read_before_written(&insts, cx.regs.len() + NSPECIAL as usize);
     Ok(Func {
         zeroed,
-        lowered: std::sync::OnceLock::new(),
+        derived: Derived::default(),
         name: raw.name.clone(),
         entry: raw.entry,
         params: ps,
@@ -378,8 +378,16 @@ fn decode(ri: &RawInst, cx: &mut FnCtx, labels: &HashMap<String, u32>) -> Result
         "ldmatrix" => return ldmatrix(&o, cx),
         _ => {}
     }
-    // Packed types (f16x2, bf16x2, u16x2) and special registers the
-    // interpreter does not provide are unsupported, not silently wrong.
+    // Of the packed types, the conversion of two f32 to f16x2 or bf16x2
+    // and their atomic add; the others (f16x2 arithmetic, u16x2) and
+    // special registers the interpreter does not provide are unsupported,
+    // not silently wrong.
+    let half2 = |m: &&str| matches!(*m, "f16x2" | "bf16x2");
+    match o.base {
+        "cvt" if mods.get(1).is_some_and(half2) => return cvt_pack(&o, cx),
+        "atom" | "red" if mods.iter().any(half2) && !uses_unknown_special(&ri.args) => return memory(&o, cx),
+        _ => {}
+    }
     if mods.iter().any(|m| m.ends_with("x2") || m.ends_with("x4")) || uses_unknown_special(&ri.args) {
         return Ok(None);
     }
@@ -667,24 +675,70 @@ fn memory(o: &Op, cx: &mut FnCtx) -> Result<Option<Ins>, String> {
                 Some(op) => op,
                 None => return Ok(None),
             };
+            // A pair of halves in a 32-bit word: an add only.
+            let bf16 = o.has("bf16x2");
+            let (op, t) = match (op, bf16 || o.has("f16x2")) {
+                (AtomOp::Add, true) => (AtomOp::AddHalf2 { bf16 }, Ty::B32),
+                (_, true) => return Ok(None),
+                _ => (op, t),
+            };
             // 8- and 16-bit atomics are not emitted for these kernels.
             if t.size() < 4 {
                 return Ok(None);
             }
-            if base == "atom" {
-                let d = o.dst(cx, 0)?;
-                let addr = addr_of(o.arg(1)?, sp, cx)?;
-                let b = o.src(cx, 2)?;
-                let c = if op == AtomOp::Cas { o.src(cx, 3)? } else { Opnd::I(0) };
-                Ins::Atom { sp, op, t, d: Some(d), addr, b, c }
-            } else {
-                let addr = addr_of(o.arg(0)?, sp, cx)?;
-                Ins::Atom { sp, op, t, d: None, addr, b: o.src(cx, 1)?, c: Opnd::I(0) }
+            // A vector (`.v2`, `.v4`, sm_90) of f32 or packed halves,
+            // without `cas`.
+            let n = mods.iter().find_map(|m| m.strip_prefix('v').and_then(|v| v.parse::<u8>().ok())).unwrap_or(1);
+            if !matches!(n, 1 | 2 | 4) || n > 1 && (op == AtomOp::Cas || !matches!(t, Ty::F32 | Ty::B32)) {
+                return Ok(None);
             }
+            let (dk, ak) = if base == "atom" { (Some(0), 1) } else { (None, 0) };
+            let addr = addr_of(o.arg(ak)?, sp, cx)?;
+            let d = match dk {
+                Some(k) => Some(match o.arg(k)? {
+                    Raw::Vec(v) if v.len() == n as usize => {
+                        let mut d = [0u16; 4];
+                        for (x, r) in d.iter_mut().zip(v) {
+                            *x = match r {
+                                Raw::Reg(r) => cx.reg(r),
+                                o => return Err(format!("bad vector element {o:?}")),
+                            };
+                        }
+                        d
+                    }
+                    Raw::Reg(r) if n == 1 => [cx.reg(r), 0, 0, 0],
+                    o => return Err(format!("bad atomic destination {o:?} for {n} elements")),
+                }),
+                None => None,
+            };
+            let mut b = [Opnd::I(0); 4];
+            match o.arg(ak + 1)? {
+                Raw::Vec(v) if v.len() == n as usize => {
+                    for (x, r) in b.iter_mut().zip(v) {
+                        *x = opnd(r, cx)?;
+                    }
+                }
+                Raw::Vec(v) => return Err(format!("{} values for an atomic of {n} elements", v.len())),
+                r if n == 1 => b[0] = opnd(r, cx)?,
+                r => return Err(format!("bad atomic operand {r:?} for {n} elements")),
+            }
+            let c = if op == AtomOp::Cas { o.src(cx, ak + 2)? } else { Opnd::I(0) };
+            Ins::Atom { sp, op, t, n, d, addr, b, c }
         }
         _ => return Ok(None),
     };
     Ok(Some(ins))
+}
+
+/// `cvt.rn.{f16x2,bf16x2}.f32 d, a, b`: `a` to the upper half, `b` to the
+/// lower (`.rz`, `.rs`, `.relu` and `.satfinite` are not supported).
+fn cvt_pack(o: &Op, cx: &mut FnCtx) -> Result<Option<Ins>, String> {
+    let rnd = match o.mods {
+        ["rn", _, "f32"] => Rnd::Rn,
+        _ => return Ok(None),
+    };
+    let bf16 = o.has("bf16x2");
+    Ok(Some(Ins::CvtPack { bf16, rnd, d: o.dst(cx, 0)?, a: o.src(cx, 1)?, b: o.src(cx, 2)? }))
 }
 
 /// Branches, barriers, warp collectives, calls and returns.

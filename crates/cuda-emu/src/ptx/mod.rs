@@ -199,6 +199,11 @@ pub enum BoolOp {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AtomOp {
     Add,
+    /// `add.noftz.f16x2` / `add.noftz.bf16x2`: two halves of a 32-bit word
+    /// (`t` is `b32`), each the sum rounded to nearest, ties to even.
+    AddHalf2 {
+        bf16: bool,
+    },
     Min,
     Max,
     Inc,
@@ -304,6 +309,15 @@ pub enum Ins {
         d: u16,
         a: Opnd,
     },
+    /// `cvt.rn.f16x2.f32` / `cvt.rn.bf16x2.f32 d, a, b`: `a` converted to
+    /// the upper half of `d`, `b` to the lower.
+    CvtPack {
+        bf16: bool,
+        rnd: Rnd,
+        d: u16,
+        a: Opnd,
+        b: Opnd,
+    },
     /// `cvta` between a state space and generic addresses.
     Cvta {
         to: bool,
@@ -328,13 +342,17 @@ pub enum Ins {
         v: [Opnd; 4],
         addr: Addr,
     },
+    /// `atom` (with destinations) or `red` (without): `n` (1, 2 or 4)
+    /// elements of type `t` side by side, each an atomic of its own with
+    /// operand `b[k]` (and `c`, a `cas`'s new value), `d[k]` its old value.
     Atom {
         sp: Space,
         op: AtomOp,
         t: Ty,
-        d: Option<u16>,
+        n: u8,
+        d: Option<[u16; 4]>,
         addr: Addr,
-        b: Opnd,
+        b: [Opnd; 4],
         c: Opnd,
     },
     Prmt {
@@ -447,7 +465,7 @@ impl Ins {
             }
         };
         match self {
-            Ins::Bin { a, b, .. } | Ins::PredBin { a, b, .. } => {
+            Ins::Bin { a, b, .. } | Ins::PredBin { a, b, .. } | Ins::CvtPack { a, b, .. } => {
                 r(a);
                 r(b);
             }
@@ -486,9 +504,9 @@ impl Ins {
                 r(&addr.base);
                 v.iter().take(*n as usize).for_each(&mut r);
             }
-            Ins::Atom { addr, b, c, .. } => {
+            Ins::Atom { addr, n, b, c, .. } => {
                 r(&addr.base);
-                r(b);
+                b.iter().take(*n as usize).for_each(&mut r);
                 r(c);
             }
             Ins::WarpSync { mask } => r(mask),
@@ -520,6 +538,7 @@ impl Ins {
             | Ins::PredBin { d, .. }
             | Ins::PredNot { d, .. }
             | Ins::Cvt { d, .. }
+            | Ins::CvtPack { d, .. }
             | Ins::Cvta { d, .. }
             | Ins::Prmt { d, .. }
             | Ins::Bfi { d, .. }
@@ -537,9 +556,9 @@ impl Ins {
                 d.iter().take(*n as usize).for_each(|&x| f(x, true))
             }
             Ins::Mma { d, .. } => d.iter().for_each(|&x| f(x, true)),
-            Ins::Atom { d, .. } => {
-                if let Some(x) = d {
-                    f(*x, true);
+            Ins::Atom { d, n, .. } => {
+                if let Some(d) = d {
+                    d.iter().take(*n as usize).for_each(|&x| f(x, true));
                 }
             }
             Ins::St { .. }
@@ -599,9 +618,36 @@ pub struct Func {
     /// so a later block never sees an earlier block's values. The others
     /// keep whatever the worker's previous block left, unread.
     pub zeroed: Vec<u16>,
-    /// The instructions lowered for the interpreter's lane loop, made
-    /// when the function first runs (`exec::lower`).
-    pub lowered: std::sync::OnceLock<Vec<crate::exec::Op>>,
+    /// What a later stage derives from the function once and keeps with
+    /// it: the interpreter's lowered instructions (`exec::lower`), made
+    /// when the function first runs.
+    pub derived: Derived,
+}
+
+/// A value a later stage derives from a [`Func`] once, opaque here so that
+/// the parser depends on nothing above it. A clone starts empty (it is a
+/// cache: the clone derives its own).
+#[derive(Default)]
+pub struct Derived(std::sync::OnceLock<Box<dyn std::any::Any + Send + Sync>>);
+
+impl Derived {
+    /// The value kept, made by `make` at the first call; None when the
+    /// value kept is of another type than `T`.
+    pub fn get_or_init<T: std::any::Any + Send + Sync>(&self, make: impl FnOnce() -> T) -> Option<&T> {
+        self.0.get_or_init(|| Box::new(make())).downcast_ref()
+    }
+}
+
+impl Clone for Derived {
+    fn clone(&self) -> Derived {
+        Derived::default()
+    }
+}
+
+impl std::fmt::Debug for Derived {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.get().is_some() { "Derived(made)" } else { "Derived(empty)" })
+    }
 }
 
 /// Module-scope data (`.global`, `.const`): bytes with an initialiser.
