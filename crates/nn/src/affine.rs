@@ -17,8 +17,8 @@
 //! operands in, the product in bf16 or f16, as one node.
 
 use tapir_tensor::backend::Backend;
-use tapir_tensor::ops::matmul::{fused_linear_sum_then, linear_sum_then, Then};
-use tapir_tensor::ops::{add_opt, Arity, InputGrads, Op, Saved};
+use tapir_tensor::ops::rules::matmul::{fused_linear_sum_then, linear_sum_then, Then};
+use tapir_tensor::ops::{add_opt, Arity, Derivative, InputGrads, Op, Saved};
 use tapir_tensor::{BinaryOps, DType, Diff, Error, MatmulOps, ReduceOps, Result, ShapeOps, Tensor, UnaryOps};
 
 use crate::backend::{AffinePlan, LowAffinePlan};
@@ -50,7 +50,18 @@ impl Op for Affine {
     fn arity(&self) -> Arity {
         Arity::exactly(2 + self.bias as usize + self.residual as usize)
     }
+    /// The device's fused kernel where it has one, else the composition.
+    fn run(&self, _: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
+        let plan = self.check(xs)?;
+        let (x, w, b, r) = self.operands_of(xs);
+        match backend_for(x.device()).affine(&plan, x, w, b, r)? {
+            Some(y) => Ok(y),
+            None => self.composed(x, w, b, r),
+        }
+    }
+}
 
+impl Derivative for Affine {
     fn saves(&self) -> Saved {
         // x and the weight; never the bias or the residual, and the output
         // only for tanh.
@@ -59,15 +70,6 @@ impl Op for Affine {
             saved.and_output()
         } else {
             saved
-        }
-    }
-    /// The device's fused kernel where it has one, else the composition.
-    fn run(&self, _: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
-        let plan = self.check(xs)?;
-        let (x, w, b, r) = self.operands_of(xs);
-        match backend_for(x.device()).affine(&plan, x, w, b, r)? {
-            Some(y) => Ok(y),
-            None => self.composed(x, w, b, r),
         }
     }
     fn vjp<T: Diff>(&self, xs: &[&T], y: &T, g: &T) -> Result<InputGrads<T>> {
@@ -244,17 +246,6 @@ impl Op for LowPrecisionAffine {
     fn arity(&self) -> Arity {
         Arity::exactly(2 + self.bias as usize + self.residual as usize)
     }
-
-    fn saves(&self) -> Saved {
-        // The f32 x and weight, cast again by the rule; never their low
-        // copies, the bias or the residual; the output only for tanh.
-        let saved = Saved::input(0).and_input(1);
-        if self.tanh {
-            saved.and_output()
-        } else {
-            saved
-        }
-    }
     /// The device's fused kernel where it has one, else the composition,
     /// whose casts and product are dropped as `run` returns.
     fn run(&self, _: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
@@ -263,6 +254,19 @@ impl Op for LowPrecisionAffine {
         match backend_for(x.device()).low_affine(&plan, x, w, b, r)? {
             Some(y) => Ok(y),
             None => self.composed(x, w, b, r),
+        }
+    }
+}
+
+impl Derivative for LowPrecisionAffine {
+    fn saves(&self) -> Saved {
+        // The f32 x and weight, cast again by the rule; never their low
+        // copies, the bias or the residual; the output only for tanh.
+        let saved = Saved::input(0).and_input(1);
+        if self.tanh {
+            saved.and_output()
+        } else {
+            saved
         }
     }
     /// The composition's rules in reverse order: residual add (or tanh),
