@@ -424,7 +424,7 @@ impl<'g> Value<'g> for Traced<'g> {
         _: Option<&mut SavedValues>,
     ) -> Result<SmallVec<[Option<Traced<'g>>; 3]>> {
         if let Some(block) = graph.block_of(n) {
-            return crate::checkpoint::reverse_recorded(graph, &*block, input_ids, g);
+            return block.reverse_rerecorded(graph, input_ids, g);
         }
         let (xs, y) = handles(graph, n, input_ids);
         let refs: SmallVec<[&Traced<'g>; 3]> = xs.iter().collect();
@@ -439,7 +439,7 @@ impl<'g> Value<'g> for Traced<'g> {
         ts: &[Option<&Traced<'g>>],
     ) -> Result<Option<Traced<'g>>> {
         if let Some(block) = graph.block_of(n) {
-            return crate::checkpoint::forward_recorded(graph, &*block, input_ids, ts);
+            return block.forward_rerecorded(graph, input_ids, ts);
         }
         let (xs, y) = handles(graph, n, input_ids);
         let refs: SmallVec<[&Traced<'g>; 3]> = xs.iter().collect();

@@ -17,19 +17,19 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 use tapir_tensor::backend::Backend;
-use tapir_tensor::ops::{Arity, InputGrads, Op, Saved};
+use tapir_tensor::ops::{Arity, Derivative, InputGrads, Op, Saved};
 use tapir_tensor::{Diff, Error, Result, Tensor, Traced};
 
 use crate::backward::{path, Direction, GradOptions};
-use crate::graph::{from_raw, Graph, NodeId, Var};
+use crate::graph::{from_raw, Graph, NodeId, Rerecorded, Var};
 
 /// A block as [`Graph::checkpoint`] keeps it: a function of values of
 /// whichever graph it is run in.
-pub(crate) type BlockFn = dyn for<'h> Fn(&'h Graph, &[Var<'h>]) -> Result<Var<'h>> + Send + Sync;
+type BlockFn = dyn for<'h> Fn(&'h Graph, &[Var<'h>]) -> Result<Var<'h>> + Send + Sync;
 
 /// The node a checkpointed block records.
 pub(crate) struct Checkpoint {
-    pub(crate) block: Arc<BlockFn>,
+    block: Arc<BlockFn>,
     arity: usize,
 }
 
@@ -68,16 +68,19 @@ impl Op for Checkpoint {
     fn arity(&self) -> Arity {
         Arity::exactly(self.arity)
     }
-    /// The inputs, to run the block again; never the output.
-    fn saves(&self) -> Saved {
-        Saved::INPUTS
-    }
     /// The block's own ops choose their devices' kernels, so the backend
     /// is not needed here.
     fn run(&self, _: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
         self.run_block(xs)
     }
-    /// Never called: the eager pass runs [`Op::vjp_eager`], and a recorded
+}
+
+impl Derivative for Checkpoint {
+    /// The inputs, to run the block again; never the output.
+    fn saves(&self) -> Saved {
+        Saved::INPUTS
+    }
+    /// Never called: the eager pass runs [`Derivative::vjp_eager`], and a recorded
     /// pass records the block into its graph (`backward.rs` asks the graph
     /// for the block of a checkpoint node first).
     fn vjp<T: Diff>(&self, _: &[&T], _: &T, _: &T) -> Result<InputGrads<T>> {
@@ -120,38 +123,40 @@ impl Op for Checkpoint {
     }
 }
 
-/// The recorded reverse rule of a checkpoint node: the block recorded into
-/// `graph` on the node's inputs, differentiated there with seed `g`.
-pub(crate) fn reverse_recorded<'g>(
-    graph: &'g Graph,
-    block: &BlockFn,
-    input_ids: &[NodeId],
-    g: Traced<'g>,
-) -> Result<SmallVec<[Option<Traced<'g>>; 3]>> {
-    let xs: Vec<Var<'g>> = input_ids.iter().map(|&i| graph.var(i)).collect();
-    let out = block(graph, &xs)?;
-    let seed = graph.var(from_raw(g.id));
-    let grads = graph.grad_graph_with(&[out], &xs, Some(&[seed]))?;
-    Ok(grads.into_iter().map(|v| Some(v.traced())).collect())
-}
-
-/// The recorded forward rule of a checkpoint node.
-pub(crate) fn forward_recorded<'g>(
-    graph: &'g Graph,
-    block: &BlockFn,
-    input_ids: &[NodeId],
-    ts: &[Option<&Traced<'g>>],
-) -> Result<Option<Traced<'g>>> {
-    let xs: Vec<Var<'g>> = input_ids.iter().map(|&i| graph.var(i)).collect();
-    let out = block(graph, &xs)?;
-    let mut tangents = Vec::with_capacity(xs.len());
-    for (x, t) in xs.iter().zip(ts) {
-        tangents.push(match t {
-            Some(t) => graph.var(from_raw(t.id)),
-            None => graph.constant(Tensor::zeros_on(x.shape(), x.dtype(), x.device())?),
-        });
+impl Rerecorded for Checkpoint {
+    /// The block recorded into `graph` on the node's inputs, differentiated
+    /// there with seed `g`.
+    fn reverse_rerecorded<'g>(
+        &self,
+        graph: &'g Graph,
+        input_ids: &[NodeId],
+        g: Traced<'g>,
+    ) -> Result<SmallVec<[Option<Traced<'g>>; 3]>> {
+        let xs: Vec<Var<'g>> = input_ids.iter().map(|&i| graph.var(i)).collect();
+        let out = (self.block)(graph, &xs)?;
+        let seed = graph.var(from_raw(g.id));
+        let grads = graph.grad_graph_with(&[out], &xs, Some(&[seed]))?;
+        Ok(grads.into_iter().map(|v| Some(v.traced())).collect())
     }
-    Ok(Some(graph.jvp_graph(&[out], &xs, &tangents)?.remove(0).traced()))
+
+    /// The block recorded into `graph`, pushed forward along `ts`.
+    fn forward_rerecorded<'g>(
+        &self,
+        graph: &'g Graph,
+        input_ids: &[NodeId],
+        ts: &[Option<&Traced<'g>>],
+    ) -> Result<Option<Traced<'g>>> {
+        let xs: Vec<Var<'g>> = input_ids.iter().map(|&i| graph.var(i)).collect();
+        let out = (self.block)(graph, &xs)?;
+        let mut tangents = Vec::with_capacity(xs.len());
+        for (x, t) in xs.iter().zip(ts) {
+            tangents.push(match t {
+                Some(t) => graph.var(from_raw(t.id)),
+                None => graph.constant(Tensor::zeros_on(x.shape(), x.dtype(), x.device())?),
+            });
+        }
+        Ok(Some(graph.jvp_graph(&[out], &xs, &tangents)?.remove(0).traced()))
+    }
 }
 
 impl Graph {
@@ -190,16 +195,10 @@ impl Graph {
         if inputs.is_empty() {
             return Err(Error::invalid_arg("checkpoint", "a block needs at least one input"));
         }
-        let block: Arc<BlockFn> = Arc::new(block);
-        let op = Checkpoint { block: block.clone(), arity: inputs.len() };
+        let op = Arc::new(Checkpoint { block: Arc::new(block), arity: inputs.len() });
         let ids: SmallVec<[NodeId; 4]> = inputs.iter().map(|v| v.id).collect();
-        let id = self.record_op(Arc::new(op), &ids)?;
-        self.blocks.borrow_mut().insert(id, block);
+        let id = self.record_op(op.clone(), &ids)?;
+        self.blocks.borrow_mut().insert(id, op);
         Ok(self.var(id))
-    }
-
-    /// The block of a checkpoint node, when `n` is one.
-    pub(crate) fn block_of(&self, n: NodeId) -> Option<Arc<BlockFn>> {
-        self.blocks.borrow().get(&n).cloned()
     }
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use slotmap::{new_key_type, Key, KeyData, SlotMap};
 use smallvec::SmallVec;
-use tapir_tensor::{DType, Device, Diff, DynOp, Error, Op, Result, Shape, Tape, Tensor};
+use tapir_tensor::{DType, Derivative, Device, Diff, DynOp, Error, Result, Shape, Tape, Tensor, Traced};
 
 new_key_type! {
     /// A node of a graph.
@@ -33,13 +33,39 @@ pub(crate) struct Node {
     pub rule_spent: bool,
 }
 
+/// The rules a recorded pass (`grad_graph`, `jvp_graph`) runs for a node
+/// whose op's recorded rules cannot serve: a checkpointed block, which the
+/// pass records again into the graph and differentiates there. The passes
+/// ask [`Graph::block_of`] before an op's own rules; the block's node
+/// (`checkpoint.rs`, above the passes) implements this, so the passes need
+/// not know it.
+pub(crate) trait Rerecorded: Send + Sync {
+    /// The reverse rule: the block recorded on the node's inputs
+    /// `input_ids`, differentiated with seed `g`.
+    fn reverse_rerecorded<'g>(
+        &self,
+        graph: &'g Graph,
+        input_ids: &[NodeId],
+        g: Traced<'g>,
+    ) -> Result<SmallVec<[Option<Traced<'g>>; 3]>>;
+
+    /// The forward rule: the block recorded on the node's inputs, pushed
+    /// forward along their tangents `ts` (`None` for zero).
+    fn forward_rerecorded<'g>(
+        &self,
+        graph: &'g Graph,
+        input_ids: &[NodeId],
+        ts: &[Option<&Traced<'g>>],
+    ) -> Result<Option<Traced<'g>>>;
+}
+
 /// A computation graph: an arena of nodes. The only way to get one is
 /// [`Graph::scope`], which frees every node when the closure returns.
 pub struct Graph {
     pub(crate) nodes: RefCell<SlotMap<NodeId, Node>>,
     /// The blocks of checkpoint nodes ([`Graph::checkpoint`]), which a
     /// recorded pass runs again in this graph.
-    pub(crate) blocks: RefCell<HashMap<NodeId, Arc<crate::checkpoint::BlockFn>>>,
+    pub(crate) blocks: RefCell<HashMap<NodeId, Arc<dyn Rerecorded>>>,
     /// Pointer identity used to reject handles from another graph at run
     /// time (the lifetime brand already rejects them at compile time).
     id: usize,
@@ -221,6 +247,11 @@ impl Graph {
         Ok(())
     }
 
+    /// The recorded rules of a checkpoint node, when `n` is one.
+    pub(crate) fn block_of(&self, n: NodeId) -> Option<Arc<dyn Rerecorded>> {
+        self.blocks.borrow().get(&n).cloned()
+    }
+
     /// Number of nodes the graph holds.
     pub fn node_count(&self) -> usize {
         self.nodes.borrow().len()
@@ -339,7 +370,7 @@ impl<'g> Var<'g> {
 }
 
 impl Diff for Var<'_> {
-    fn apply<O: Op>(op: O, inputs: &[&Self]) -> Result<Self> {
+    fn apply<O: Derivative>(op: O, inputs: &[&Self]) -> Result<Self> {
         let first = inputs.first().ok_or_else(|| Error::Graph { reason: "an op with no inputs".into() })?;
         let g = first.graph;
         if inputs.iter().any(|v| v.graph.id != g.id) {

@@ -11,7 +11,7 @@ use tapir_autograd::{GradOptions, Graph, Var};
 use tapir_tensor::ops::binary::Binary;
 use tapir_tensor::ops::unary::Unary;
 use tapir_tensor::prelude::*;
-use tapir_tensor::Op;
+use tapir_tensor::Derivative;
 use tapir_testing::{assert_close, test_device};
 
 /// Points away from every kink (relu, abs, clamp) and tie (maximum).
@@ -39,7 +39,7 @@ fn f<T: Diff>(x: &T, w: &T) -> Result<T> {
 /// (those the op registry is made from), so a function added there is
 /// checked here with no edit.
 fn elementwise_ops() -> (Vec<Unary>, &'static [Binary]) {
-    (Unary::ALL.iter().copied().filter(Op::is_differentiable).collect(), Binary::ALL)
+    (Unary::ALL.iter().copied().filter(Derivative::is_differentiable).collect(), Binary::ALL)
 }
 
 fn elementwise_count() -> usize {

@@ -7,6 +7,7 @@ pub mod chart;
 pub mod device;
 pub mod gpt;
 pub mod memcheck;
+mod memcheck_args;
 pub mod memcheck_scale;
 pub mod pinn;
 pub mod profile;

@@ -28,7 +28,7 @@ use serde_json::{json, Value};
 use tapir::nn::{causal_attention, Adam, Gpt, GptConfig, Optimizer, ParamStore, Precision};
 use tapir::prelude::*;
 
-use crate::memcheck::Args;
+use crate::memcheck_args::{torch_script, Args};
 
 /// The scale scenarios' names, in report order.
 pub const SCALE_SCENARIOS: [&str; 4] = ["attention", "checkpoint", "amp", "context"];
@@ -325,7 +325,7 @@ fn shim() -> std::result::Result<PathBuf, String> {
 
 /// PyTorch's side of the chosen scale scenarios; `Err` says why it did not run.
 fn run_torch(a: &Args, names: &[&str], dev: Device) -> std::result::Result<Value, String> {
-    let script = crate::memcheck::torch_script().ok_or("benches/torch/memcheck.py not found")?;
+    let script = torch_script().ok_or("benches/torch/memcheck.py not found")?;
     match Command::new(&a.python).args(["-c", "import torch"]).output() {
         Err(_) => return Err(format!("{} not found", a.python)),
         Ok(o) if !o.status.success() => return Err(format!("{} cannot import torch", a.python)),

@@ -17,8 +17,8 @@
 //! operands in, the product in bf16 or f16, as one node.
 
 use tapir_tensor::backend::Backend;
-use tapir_tensor::ops::matmul::{fused_linear_sum_then, linear_sum_then, Then};
-use tapir_tensor::ops::{add_opt, Arity, InputGrads, Op, Saved};
+use tapir_tensor::ops::rules::matmul::{fused_linear_sum_then, linear_sum_then, Then};
+use tapir_tensor::ops::{add_opt, Arity, Derivative, InputGrads, Op, Saved};
 use tapir_tensor::{BinaryOps, DType, Diff, Error, MatmulOps, ReduceOps, Result, ShapeOps, Tensor, UnaryOps};
 
 use crate::backend::{AffinePlan, LowAffinePlan};
@@ -50,9 +50,6 @@ impl Op for Affine {
     fn arity(&self) -> Arity {
         arity(self.bias, self.residual)
     }
-    fn saves(&self) -> Saved {
-        saves(self.tanh)
-    }
     /// The device's fused kernel where it has one, else the composition.
     fn run(&self, _: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
         let plan = self.check(xs)?;
@@ -61,6 +58,12 @@ impl Op for Affine {
             Some(y) => Ok(y),
             None => self.composed(x, w, b, r),
         }
+    }
+}
+
+impl Derivative for Affine {
+    fn saves(&self) -> Saved {
+        saves(self.tanh)
     }
     fn vjp<T: Diff>(&self, xs: &[&T], y: &T, g: &T) -> Result<InputGrads<T>> {
         let (x, w) = (xs[0], xs[1]);
@@ -226,11 +229,6 @@ impl Op for LowPrecisionAffine {
     fn arity(&self) -> Arity {
         arity(self.bias, self.residual)
     }
-    /// The f32 x and weight, cast again by the rule; never their low
-    /// copies.
-    fn saves(&self) -> Saved {
-        saves(self.tanh)
-    }
     /// The device's fused kernel where it has one, else the composition,
     /// whose casts and product are dropped as `run` returns.
     fn run(&self, _: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
@@ -240,6 +238,14 @@ impl Op for LowPrecisionAffine {
             Some(y) => Ok(y),
             None => self.composed(x, w, b, r),
         }
+    }
+}
+
+impl Derivative for LowPrecisionAffine {
+    /// The f32 x and weight, cast again by the rule; never their low
+    /// copies.
+    fn saves(&self) -> Saved {
+        saves(self.tanh)
     }
     /// The composition's rules in reverse order: residual add (or tanh),
     /// bias add, matmul, transpose, casts; each input's gradient back in

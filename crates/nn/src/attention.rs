@@ -29,7 +29,7 @@
 use smallvec::SmallVec;
 use tapir_autograd::Var;
 use tapir_tensor::backend::Backend;
-use tapir_tensor::ops::{add_opt, one, Arity, InputGrads, Op, Saved};
+use tapir_tensor::ops::{add_opt, one, Arity, Derivative, InputGrads, Op, Saved};
 use tapir_tensor::{BinaryOps, DType, Diff, Error, MatmulOps, ReduceOps, Result, Rng, ShapeOps, Tensor, UnaryOps};
 
 use crate::backend::{AttentionPlan, CausalSoftmaxPlan};
@@ -54,13 +54,15 @@ impl Op for CausalSoftmax {
     fn arity(&self) -> Arity {
         Arity::exactly(1)
     }
-
-    fn saves(&self) -> Saved {
-        Saved::OUTPUT
-    }
     fn run(&self, _: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
         let plan = self.check(xs[0])?;
         backend_for(xs[0].device()).causal_softmax(&plan, xs[0])
+    }
+}
+
+impl Derivative for CausalSoftmax {
+    fn saves(&self) -> Saved {
+        Saved::OUTPUT
     }
     fn vjp<T: Diff>(&self, _: &[&T], y: &T, g: &T) -> Result<InputGrads<T>> {
         Ok(one(self.pushforward(y, g)?))
@@ -190,6 +192,9 @@ impl Op for CausalAttention {
             None => self.composed(xs[0], xs[1], xs[2]),
         }
     }
+}
+
+impl Derivative for CausalAttention {
     /// The fused backward kernel where it applies, else the composed rule.
     fn vjp_eager(&self, xs: SmallVec<[Tensor; 3]>, y: Tensor, g: Tensor) -> Result<InputGrads<Tensor>> {
         if let Some(d) = self.vjp_kernel([&xs[0], &xs[1], &xs[2]], &y, &g)? {

@@ -9,7 +9,7 @@
 
 use tapir_autograd::Var;
 use tapir_tensor::backend::Backend;
-use tapir_tensor::ops::{one, Arity, InputGrads, Op, Saved};
+use tapir_tensor::ops::{one, Arity, Derivative, InputGrads, Op, Saved};
 use tapir_tensor::{BinaryOps, Diff, Error, MatmulOps, ReduceOps, Result, ShapeOps, Tensor, UnaryOps};
 
 use crate::backend::SumSquaresPlan;
@@ -172,9 +172,6 @@ impl Op for SumSquaresMid {
     fn arity(&self) -> Arity {
         Arity::exactly(1)
     }
-    fn saves(&self) -> Saved {
-        Saved::input(0)
-    }
     /// The device's one-pass kernel where it has one, else square then sum.
     fn run(&self, _: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
         let plan = check_mid(xs[0])?;
@@ -182,6 +179,12 @@ impl Op for SumSquaresMid {
             Some(y) => Ok(y),
             None => xs[0].square()?.sum(&[1], false),
         }
+    }
+}
+
+impl Derivative for SumSquaresMid {
+    fn saves(&self) -> Saved {
+        Saved::input(0)
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
         Ok(one(xs[0].mul(&g.unsqueeze(1)?)?.mul_scalar(2.0)?))

@@ -14,7 +14,7 @@
 use smallvec::SmallVec;
 use tapir_autograd::Var;
 use tapir_tensor::backend::Backend;
-use tapir_tensor::ops::{add_opt, Arity, InputGrads, Op, Saved};
+use tapir_tensor::ops::{add_opt, Arity, Derivative, InputGrads, Op, Saved};
 use tapir_tensor::{BinaryOps, DType, Diff, Error, ReduceOps, Result, ShapeOps, Tensor, UnaryOps};
 
 use crate::backend::NormPlan;
@@ -247,15 +247,6 @@ impl Op for NormOp {
     fn arity(&self) -> Arity {
         Arity::exactly(1 + self.has_weight as usize + self.has_bias as usize)
     }
-
-    fn saves(&self) -> Saved {
-        // x and the weight (when there is one); never the bias or the output.
-        if self.has_weight {
-            Saved::input(0).and_input(1)
-        } else {
-            Saved::input(0)
-        }
-    }
     /// The device's fused kernel where it has one, else the composition.
     fn run(&self, _: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
         let plan = self.check(xs)?;
@@ -268,6 +259,17 @@ impl Op for NormOp {
         match self.out {
             Some(dtype) => y.cast(dtype),
             None => Ok(y),
+        }
+    }
+}
+
+impl Derivative for NormOp {
+    fn saves(&self) -> Saved {
+        // x and the weight (when there is one); never the bias or the output.
+        if self.has_weight {
+            Saved::input(0).and_input(1)
+        } else {
+            Saved::input(0)
         }
     }
     /// The fused backward kernel where it applies, else the differentiable rule.

@@ -9,7 +9,7 @@
 use smallvec::smallvec;
 use tapir_autograd::{check_grads, CheckOptions, Graph};
 use tapir_nn::{causal_attention, causal_softmax, CausalAttention};
-use tapir_tensor::ops::Op;
+use tapir_tensor::ops::Derivative;
 use tapir_tensor::prelude::*;
 use tapir_testing::{assert_close, test_device};
 

@@ -9,7 +9,7 @@ use smallvec::smallvec;
 use tapir_autograd::Graph;
 use tapir_nn::{causal_attention, CausalAttention};
 use tapir_tensor::max_memory_allocated;
-use tapir_tensor::ops::Op;
+use tapir_tensor::ops::Derivative;
 use tapir_tensor::prelude::*;
 use tapir_testing::cuda_or_skip;
 

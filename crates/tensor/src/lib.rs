@@ -39,8 +39,8 @@ pub use error::{Error, Result};
 pub use layout::{resolve_axis, Layout, Shape};
 pub use memory::{format_bytes, max_memory_allocated, memory_allocated, memory_stats, MemoryStats};
 pub use ops::{
-    Arity, BinaryOps, CrossEntropyOps, Diff, DynOp, IndexOps, MatmulOps, Op, ReduceOps, Saved, ShapeOps, SoftmaxOps,
-    Tape, Traced, UnaryOps,
+    Arity, BinaryOps, CrossEntropyOps, Derivative, Diff, DynOp, IndexOps, MatmulOps, Op, ReduceOps, Saved, ShapeOps,
+    SoftmaxOps, Tape, Traced, UnaryOps,
 };
 pub use rng::Rng;
 pub use storage::{CpuBuffer, CpuElement, Storage};

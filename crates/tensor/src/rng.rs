@@ -205,7 +205,7 @@ impl Rng {
         let blocks = n.div_ceil(draw.per_block(dtype)) as u64;
         let start = self.counter;
         let plan = RandomPlan { op, shape, dtype, draw, key: self.key, offset: start, device };
-        let out = crate::ops::backend_for(device).random(&plan)?;
+        let out = crate::tensor::backend_for(device).random(&plan)?;
         // A partly read block is never shared with a tensor draw.
         self.used = 4;
         self.counter = start.wrapping_add(blocks);

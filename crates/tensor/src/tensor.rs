@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use crate::backend::Src;
+use crate::backend::{Backend, Src};
 use crate::cpu::iter::{map1, Nd};
 use crate::storage::{try_filled, try_vec, CpuBuffer, CpuElement, Storage};
 use crate::{DType, Device, Element, Error, Layout, Result, Shape};
@@ -123,6 +123,17 @@ macro_rules! with_dtype {
             }
         }
     };
+}
+
+/// The backend of `device`'s kind: the one place a device is mapped to
+/// its kernels (a CUDA kernel finds its ordinal in its operands' buffers).
+/// Beside the handle, which knows the devices its storage may live on, so
+/// both the handle and every op above it reach a device's kernels here.
+pub(crate) fn backend_for(device: Device) -> &'static dyn Backend {
+    match device {
+        Device::Cpu => &crate::cpu::CpuBackend,
+        Device::Cuda(_) => &crate::cuda::CudaBackend,
+    }
 }
 
 /// The error of a narrow past its axis: it names `start` when that is
@@ -366,7 +377,7 @@ impl Tensor {
     }
 
     /// The whole storage as a typed slice (ignores the layout). Only CPU
-    /// kernels call this, and [`crate::ops::forward`] hands them CPU
+    /// kernels call this, and an op's forward hands them CPU
     /// tensors only.
     pub(crate) fn storage_slice<T: CpuElement>(&self) -> &[T] {
         let host = self.storage.host().expect("internal: a CPU kernel was given a device tensor");
@@ -498,7 +509,7 @@ impl Tensor {
             return Ok(self.clone());
         }
         // The device's copy kernel, as the Contiguous op runs it.
-        let copy = crate::ops::backend_for(self.device()).copy("contiguous", self.src())?;
+        let copy = backend_for(self.device()).copy("contiguous", self.src())?;
         Ok(Tensor::from_storage(copy, self.shape().clone()))
     }
 

@@ -255,7 +255,7 @@ fn cuda_matmul_makes_no_copy_of_transposed_views_or_broadcast_batches() {
 /// cuBLAS product and the elementwise kernels, to the same values.
 #[tapir_testing::cuda_test]
 fn cuda_fused_linear_sums_run_composed_to_the_cpus_values() {
-    use tapir_tensor::ops::matmul::{fused_linear_sum_then, Then};
+    use tapir_tensor::ops::rules::matmul::{fused_linear_sum_then, Then};
     let Some((dev, _g)) = cuda("cuda_fused_linear_sums_run_composed_to_the_cpus_values") else { return };
     let f = DType::F32;
     let (x, w, t, tw) =

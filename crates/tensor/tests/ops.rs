@@ -965,7 +965,7 @@ test_device! {
     /// ops.
     fn linear_sum_then_applies_its_epilogue_on_every_split(device: Device) -> R {
         let on = On(device);
-        use tapir_tensor::ops::matmul::{fused_linear_sum_then, linear_sum, Then};
+        use tapir_tensor::ops::rules::matmul::{fused_linear_sum_then, linear_sum, Then};
         for (m, k, n) in [(1000, 64, 64), (8, 512, 600), (32, 2048, 32), (5, 3, 7)] {
             let (a, b, bias, h) = (vals(m * k, 41), vals(k * n, 42), vals(n, 43), vals(m * n, 44));
             let (ta, tb, tbias) = (on.f64s(&a, &[m, k]), on.f64s(&b, &[k, n]), on.f64s(&bias, &[n]));
@@ -985,7 +985,7 @@ test_device! {
     /// rather than the gemm crate, alone or as terms of a sum.
     fn matmul_f32_transposed_left_operand_matches_naive(device: Device) -> R {
         let on = On(device);
-        use tapir_tensor::ops::matmul::Then;
+        use tapir_tensor::ops::rules::matmul::Then;
         for (m, k, n) in [(64, 1024, 64), (1, 1024, 64), (64, 1100, 2), (13, 70, 37), (100, 40, 130)] {
             let (a, b, a2) = (vals(m * k, 21), vals(k * n, 22), vals(m * k, 23));
             let want = naive_matmul(&a, &b, m, k, n);
@@ -995,7 +995,7 @@ test_device! {
             let a2t = on.f32s(&on.f64s(&a2, &[m, k]).t()?.to_vec_f64(), &[k, m]).t()?;
             let want2: Vec<f64> = want.iter().zip(naive_matmul(&a2, &b, m, k, n)).map(|(x, y)| x + y).collect();
             let tb = on.f32s(&b, &[k, n]);
-            let got = tapir_tensor::ops::matmul::fused_linear_sum_then(&[(&at, &tb), (&a2t, &tb)], None, Then::Nothing)?
+            let got = tapir_tensor::ops::rules::matmul::fused_linear_sum_then(&[(&at, &tb), (&a2t, &tb)], None, Then::Nothing)?
                 .expect("two terms");
             on.check(&got, &[m, n], &want2, 1e-4);
         }
@@ -1600,7 +1600,7 @@ test_device! {
     /// that take the row split and the inner-dimension split with accumulation.
     fn matmul_sum_accumulates_every_term(device: Device) -> R {
         let on = On(device);
-        use tapir_tensor::ops::matmul::{fused_linear_sum_then as fused, Then};
+        use tapir_tensor::ops::rules::matmul::{fused_linear_sum_then as fused, Then};
         // Row split, column split, inner-dimension split (also of a thin
         // output), and terms of different inner dimensions.
         for (m, k, n, k2) in
@@ -1613,7 +1613,7 @@ test_device! {
             let (ta1, tb1, ta2, tb2) = (on.f64s(&a1, &[m, k]), on.f64s(&b1, &[k, n]), on.f64s(&a2, &[m, k2]), on.f64s(&b2, &[k2, n]));
             let got = fused(&[(&ta1, &tb1), (&ta2, &tb2)], None, Then::Nothing)?.expect("two terms");
             on.check(&got, &[m, n], &want, 1e-12);
-            let composed = tapir_tensor::ops::matmul::matmul_sum(&[(&ta1, &tb1), (&ta2, &tb2)])?.expect("two terms");
+            let composed = tapir_tensor::ops::rules::matmul::matmul_sum(&[(&ta1, &tb1), (&ta2, &tb2)])?.expect("two terms");
             on.check(&composed, &[m, n], &want, 1e-12);
             // The bias, added to every row by the same job.
             let with_bias: Vec<f64> = want.iter().enumerate().map(|(i, w)| w + bias[i % n]).collect();
@@ -1626,7 +1626,7 @@ test_device! {
             let got = fused(&[(&ta1, &b1t)], Some(&tb), Then::Nothing)?.expect("a term");
             on.check(&got, &[m, n], &one, 1e-12);
         }
-        assert!(tapir_tensor::ops::matmul::linear_sum::<Tensor>(&[], None)?.is_none());
+        assert!(tapir_tensor::ops::rules::matmul::linear_sum::<Tensor>(&[], None)?.is_none());
         Ok(())
     }
 }

@@ -5,7 +5,7 @@
 
 use tapir_tensor::cpu::pool::{self, Disjoint};
 use tapir_tensor::cpu::simd;
-use tapir_tensor::ops::matmul::{fused_linear_sum_then, Then};
+use tapir_tensor::ops::rules::matmul::{fused_linear_sum_then, Then};
 use tapir_tensor::{BinaryOps, DType, Device, Error, Result, ShapeOps, Tensor, UnaryOps};
 
 use super::CpuBackend;

@@ -1,12 +1,14 @@
 //! Indexing: index_select (and embedding), gather, scatter_add, and their
 //! transposes. Index tensors are constants of the op (i32 or i64), checked
 //! once: a bad index is an error naming it, never an out-of-bounds read.
+//! Each op's derivative is another of them (`ops/rules/index.rs`); their
+//! methods are in `ops/methods/index.rs`.
 
 pub use crate::backend::index::{AxisPlan, SplitPlan};
 use crate::backend::Backend;
 use crate::layout::check_axis;
-use crate::ops::{one, Arity, Diff, InputGrads, Op, Saved};
-use crate::{resolve_axis, DType, Error, Result, Shape, Tensor};
+use crate::ops::op::{Arity, Op};
+use crate::{DType, Error, Result, Shape, Tensor};
 
 /// The indices' dtype checked: i32 or i64.
 fn index_dtype(op: &'static str, idx: &Tensor) -> Result<()> {
@@ -69,13 +71,8 @@ impl Op for IndexSelect {
     fn arity(&self) -> Arity {
         Arity::exactly(1)
     }
-
     fn operands(&self) -> smallvec::SmallVec<[&Tensor; 2]> {
         smallvec::smallvec![&self.idx]
-    }
-
-    fn saves(&self) -> Saved {
-        Saved::NOTHING
     }
     fn run(&self, backend: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
         let op = "index_select";
@@ -90,13 +87,6 @@ impl Op for IndexSelect {
         check_size_after_indices(backend, &x, &idx, &plan)?;
         let out = backend.index_select(&plan, x.src(), idx.src())?;
         Ok(Tensor::from_storage(out, plan.shape))
-    }
-    fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
-        let size = xs[0].shape().dims()[self.axis];
-        Ok(one(T::apply(IndexAdd { axis: self.axis, idx: self.idx.clone(), size }, &[g])?))
-    }
-    fn jvp<T: Diff>(&self, _: &[&T], _: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
-        ts[0].map(|t| T::apply(self.clone(), &[t])).transpose()
     }
 }
 
@@ -119,13 +109,8 @@ impl Op for IndexAdd {
     fn arity(&self) -> Arity {
         Arity::exactly(1)
     }
-
     fn operands(&self) -> smallvec::SmallVec<[&Tensor; 2]> {
         smallvec::smallvec![&self.idx]
-    }
-
-    fn saves(&self) -> Saved {
-        Saved::NOTHING
     }
     fn run(&self, backend: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
         let op = "index_add";
@@ -148,12 +133,6 @@ impl Op for IndexAdd {
         let out = backend.index_add(&plan, g.src(), idx.src())?;
         Ok(Tensor::from_storage(out, plan.shape))
     }
-    fn vjp<T: Diff>(&self, _: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
-        Ok(one(T::apply(IndexSelect { axis: self.axis, idx: self.idx.clone() }, &[g])?))
-    }
-    fn jvp<T: Diff>(&self, _: &[&T], _: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
-        ts[0].map(|t| T::apply(self.clone(), &[t])).transpose()
-    }
 }
 
 /// torch.gather: `out[i][j][k] = x[i][idx[i][j][k]][k]` for axis 1; `idx`
@@ -173,13 +152,8 @@ impl Op for Gather {
     fn arity(&self) -> Arity {
         Arity::exactly(1)
     }
-
     fn operands(&self) -> smallvec::SmallVec<[&Tensor; 2]> {
         smallvec::smallvec![&self.idx]
-    }
-
-    fn saves(&self) -> Saved {
-        Saved::NOTHING
     }
     /// `x` is read through its strides, so a view needs no copy.
     fn run(&self, backend: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
@@ -188,14 +162,6 @@ impl Op for Gather {
         let idx = self.idx.contiguous()?;
         let out = backend.gather(&plan, xs[0].src(), idx.src())?;
         Ok(Tensor::from_storage(out, idx.shape().clone()))
-    }
-    fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
-        // On the gradient's device (a host zeros would be a device mismatch on CUDA).
-        let zeros = g.full_like_shape(xs[0].shape(), 0.0)?;
-        Ok(one(T::apply(ScatterAdd { axis: self.axis, idx: self.idx.clone() }, &[&zeros, g])?))
-    }
-    fn jvp<T: Diff>(&self, _: &[&T], _: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
-        ts[0].map(|t| T::apply(self.clone(), &[t])).transpose()
     }
 }
 
@@ -216,13 +182,8 @@ impl Op for ScatterAdd {
     fn arity(&self) -> Arity {
         Arity::exactly(2)
     }
-
     fn operands(&self) -> smallvec::SmallVec<[&Tensor; 2]> {
         smallvec::smallvec![&self.idx]
-    }
-
-    fn saves(&self) -> Saved {
-        Saved::NOTHING
     }
     fn run(&self, backend: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
         let plan = AxisPlan { op: "scatter_add", axis: self.axis };
@@ -242,76 +203,10 @@ impl Op for ScatterAdd {
         let out = backend.scatter_add(&plan, base.src(), src.src(), idx.src())?;
         Ok(Tensor::from_storage(out, base.shape().clone()))
     }
-    fn vjp<T: Diff>(&self, _: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
-        let gsrc = T::apply(Gather { axis: self.axis, idx: self.idx.clone() }, &[g])?;
-        Ok(smallvec::smallvec![Some(g.clone()), Some(gsrc)])
-    }
-    fn jvp<T: Diff>(&self, xs: &[&T], _: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
-        if ts.iter().all(|t| t.is_none()) {
-            return Ok(None);
-        }
-        let tb = ts[0].cloned().map_or_else(|| xs[0].zeros_like(), Ok)?;
-        let tsrc = ts[1].cloned().map_or_else(|| xs[1].zeros_like(), Ok)?;
-        T::apply(self.clone(), &[&tb, &tsrc]).map(Some)
-    }
 }
-
-/// Indexing ops, on tensors and graph handles alike.
-pub trait IndexOps: Diff {
-    /// Entries `idx` (1-D, i32/i64) along `axis`.
-    fn index_select(&self, axis: isize, idx: &Tensor) -> Result<Self> {
-        let axis = resolve_axis("index_select", axis, self.rank())?;
-        if idx.rank() != 1 {
-            return Err(Error::InvalidShape {
-                op: "index_select",
-                shape: Box::new(idx.shape().clone()),
-                reason: "indices must be 1-D".into(),
-            });
-        }
-        Self::apply(IndexSelect { axis, idx: idx.clone() }, &[self])
-    }
-    /// Rows of an embedding table `[vocab, dim]` for integer `ids` of any
-    /// shape: the result is `[..ids.shape, dim]`.
-    fn embedding(&self, ids: &Tensor) -> Result<Self> {
-        if self.rank() != 2 {
-            return Err(Error::InvalidShape {
-                op: "embedding",
-                shape: Box::new(self.shape()),
-                reason: "table must be [vocab, dim]".into(),
-            });
-        }
-        let flat = ids.reshape_raw(Shape::from([ids.numel()]))?;
-        // The lookup is an index_select, but a bad id is reported as the
-        // embedding's, at its flat position in `ids`.
-        let rows = self.index_select(0, &flat).map_err(|e| match e {
-            Error::IndexOutOfRange { index, position, size, .. } => {
-                Error::IndexOutOfRange { op: "embedding", index, position, size }
-            }
-            Error::UnsupportedDType { dtype, expected, .. } => {
-                Error::UnsupportedDType { op: "embedding", dtype, expected }
-            }
-            e => e,
-        })?;
-        let mut shape = ids.shape().clone();
-        shape.0.push(self.shape().dims()[1]);
-        crate::ops::shape::ShapeOps::reshape(&rows, shape)
-    }
-    /// torch.gather along `axis`.
-    fn gather(&self, axis: isize, idx: &Tensor) -> Result<Self> {
-        let axis = resolve_axis("gather", axis, self.rank())?;
-        Self::apply(Gather { axis, idx: idx.clone() }, &[self])
-    }
-    /// torch.scatter_add along `axis`: `self` with `src` added at `idx`.
-    fn scatter_add(&self, axis: isize, idx: &Tensor, src: &Self) -> Result<Self> {
-        let axis = resolve_axis("scatter_add", axis, self.rank())?;
-        Self::apply(ScatterAdd { axis, idx: idx.clone() }, &[self, src])
-    }
-}
-
-impl<T: Diff> IndexOps for T {}
 
 /// This family's ops, each once (see [`crate::ops::registry`]).
-pub(crate) fn family() -> Vec<Box<dyn super::DynOp>> {
+pub(crate) fn family() -> Vec<Box<dyn crate::ops::op::DynOp>> {
     let idx = || Tensor::scalar_of(0.0, DType::I64);
     vec![
         Box::new(IndexSelect { axis: 0, idx: idx() }),

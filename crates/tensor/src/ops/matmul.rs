@@ -1,17 +1,13 @@
-//! Matrix products: `matmul` (2-D and batched, broadcasting batch dims),
-//! and the product sums the rules of linear layers and product rules are
-//! written with. Each device runs them through its
-//! [`MatmulKernels`](crate::backend::MatmulKernels).
-
-use smallvec::SmallVec;
+//! Matrix products: `matmul` (2-D and batched, broadcasting batch dims).
+//! Each device runs them through its
+//! [`MatmulKernels`](crate::backend::MatmulKernels). The product rule, and
+//! the product sums the rules of linear layers are written with, are in
+//! `ops/rules/matmul.rs`; the methods (`a.matmul(&b)`) in
+//! `ops/methods/matmul.rs`.
 
 pub use crate::backend::matmul::{Epilogue, MatmulPlan};
-use crate::backend::{Backend, Src};
-use crate::ops::binary::BinaryOps;
-use crate::ops::reduce::ReduceOps;
-use crate::ops::shape::ShapeOps;
-use crate::ops::unary::UnaryOps;
-use crate::ops::{add_opt, Arity, Diff, InputGrads, Op, Saved};
+use crate::backend::Backend;
+use crate::ops::op::{Arity, Op};
 use crate::{Error, Result, Shape, Tensor};
 
 /// `a @ b` for rank >= 2 operands: `[..., m, k] @ [..., k, n]`.
@@ -55,195 +51,14 @@ impl Op for Matmul {
     fn arity(&self) -> Arity {
         Arity::exactly(2)
     }
-
-    fn saves(&self) -> Saved {
-        Saved::INPUTS
-    }
     fn run(&self, backend: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
         let plan = checked(xs[0], xs[1])?;
         let out = backend.matmul(&plan, xs[0].src(), xs[1].src())?;
         Ok(Tensor::from_storage(out, plan.shape))
     }
-    fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
-        let (a, b) = (xs[0], xs[1]);
-        let ga = g.matmul(&b.t()?)?.sum_to(a.shape())?;
-        let gb = a.t()?.matmul(g)?.sum_to(b.shape())?;
-        Ok(smallvec::smallvec![Some(ga), Some(gb)])
-    }
-    fn jvp<T: Diff>(&self, xs: &[&T], _: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
-        product_rule(xs, ts, &|terms| matmul_sum(terms))
-    }
-    /// The tangent `ta @ b + a @ tb` as one product sum writing one buffer.
-    fn jvp_eager(&self, xs: &[&Tensor], _: &Tensor, ts: &[Option<&Tensor>]) -> Result<Option<Tensor>> {
-        product_rule(xs, ts, &|terms| fused_linear_sum_then(terms, None, Then::Nothing))
-    }
 }
-
-/// How a rule adds up its products (composed, or one fused job when eager).
-type ProductSum<'a, T> = &'a dyn Fn(&[(&T, &T)]) -> Result<Option<T>>;
-
-/// `ta @ b + a @ tb` over the tangents present.
-fn product_rule<T: Diff>(xs: &[&T], ts: &[Option<&T>], sum: ProductSum<'_, T>) -> Result<Option<T>> {
-    let (a, b) = (xs[0], xs[1]);
-    let mut terms: SmallVec<[(&T, &T); 2]> = SmallVec::new();
-    if let Some(t) = ts[0] {
-        terms.push((t, b));
-    }
-    if let Some(t) = ts[1] {
-        terms.push((a, t));
-    }
-    sum(&terms)
-}
-
-/// `a_1 @ b_1 + a_2 @ b_2 + ...` (`None` for no terms): the form of every
-/// product rule's tangent. See [`linear_sum`].
-pub fn matmul_sum<T: Diff>(terms: &[(&T, &T)]) -> Result<Option<T>> {
-    linear_sum(terms, None)
-}
-
-/// `a_1 @ b_1 + a_2 @ b_2 + ... + bias`, the bias (a row of the output's
-/// width) added to every row: a linear layer and its tangent. `None` for no
-/// terms (a bias alone has no row count). See [`linear_sum_then`].
-pub fn linear_sum<T: Diff>(terms: &[(&T, &T)], bias: Option<&T>) -> Result<Option<T>> {
-    linear_sum_then(terms, bias, Then::<T>::Nothing)
-}
-
-/// What [`linear_sum_then`] applies to the sum.
-pub enum Then<'a, T> {
-    /// The sum itself.
-    Nothing,
-    /// `tanh(sum)`: a tanh layer.
-    Tanh,
-    /// `h.tanh_backward(sum)`, that is `sum * (1 - h^2)`: the tangent of a
-    /// tanh layer whose output is `h`.
-    TanhBackward(&'a T),
-}
-
-impl<T> Clone for Then<'_, T> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-
-impl<T> Copy for Then<'_, T> {}
-
-/// `then(a_1 @ b_1 + a_2 @ b_2 + ... + bias)`, the bias broadcast over the
-/// rows as `add` would, composed of differentiable ops (`matmul`, `add`,
-/// `tanh` or `tanh_backward`): the form recorded rules use. `None` for no
-/// terms.
-///
-/// On plain tensors, [`fused_linear_sum_then`] computes the same as one
-/// split job when every operand is a 2-D CPU f32/f64 matrix (`h` of the
-/// sum's shape, contiguous, the bias `[n]`): each thread computes every
-/// term, the bias and `then` for its own rows (gemm adds each product into
-/// the block, `then` runs while the rows are in that core's cache), so
-/// there is no temporary product, no separate pass, and no row moves
-/// between cores.
-pub fn linear_sum_then<T: Diff>(terms: &[(&T, &T)], bias: Option<&T>, then: Then<'_, T>) -> Result<Option<T>> {
-    let mut acc: Option<T> = None;
-    for (a, b) in terms {
-        acc = add_opt(acc, Some(a.matmul(b)?))?;
-    }
-    let Some(sum) = add_opt(acc, bias.cloned())? else { return Ok(None) };
-    Ok(Some(match then {
-        Then::Nothing => sum,
-        Then::Tanh => sum.tanh()?,
-        Then::TanhBackward(h) => h.tanh_backward(&sum)?,
-    }))
-}
-
-/// [`linear_sum_then`] on plain tensors, as one split job writing one
-/// buffer where it applies (see there), composed otherwise: the form eager
-/// rules and forward kernels use.
-pub fn fused_linear_sum_then(
-    terms: &[(&Tensor, &Tensor)],
-    bias: Option<&Tensor>,
-    then: Then<'_, Tensor>,
-) -> Result<Option<Tensor>> {
-    if terms.is_empty() {
-        return Ok(None);
-    }
-    if terms.len() > 1 || bias.is_some() || !matches!(then, Then::Nothing) {
-        if let Some((m, n)) = linear_fits(terms, bias, then) {
-            let srcs: SmallVec<[(Src<'_>, Src<'_>); 2]> = terms.iter().map(|(a, b)| (a.src(), b.src())).collect();
-            let epilogue = match then {
-                Then::Nothing => Epilogue::Nothing,
-                Then::Tanh => Epilogue::Tanh,
-                Then::TanhBackward(h) => Epilogue::TanhBackward(h.src()),
-            };
-            let backend = super::backend_for(terms[0].0.device());
-            if let Some(out) = backend.linear_sum(&srcs, bias.map(Tensor::src), epilogue, (m, n))? {
-                return Ok(Some(Tensor::from_storage(out, Shape::from([m, n]))));
-            }
-        }
-    }
-    linear_sum_then(terms, bias, then)
-}
-
-/// The output's `(m, n)` when every operand of a fused linear sum is a
-/// matrix of one dtype and device that fits (`[m, k_i] @ [k_i, n]`, the
-/// bias `[n]`, `h` `[m, n]`), else `None` (the sum is then composed, and
-/// its ops report what does not fit).
-fn linear_fits(terms: &[(&Tensor, &Tensor)], bias: Option<&Tensor>, then: Then<'_, Tensor>) -> Option<(usize, usize)> {
-    let (a0, b0) = terms[0];
-    let (dtype, device) = (a0.dtype(), a0.device());
-    let (m, n) = (a0.dims().first().copied()?, b0.dims().get(1).copied()?);
-    let alike = |t: &Tensor| t.dtype() == dtype && t.device() == device;
-    let fits = terms.iter().all(|(a, b)| {
-        [a, b].iter().all(|t| t.rank() == 2 && alike(t))
-            && a.dims()[0] == m
-            && b.dims()[1] == n
-            && a.dims()[1] == b.dims()[0]
-    }) && bias.is_none_or(|b| alike(b) && b.dims() == [n])
-        && match then {
-            Then::TanhBackward(h) => alike(h) && h.dims() == [m, n],
-            _ => true,
-        };
-    fits.then_some((m, n))
-}
-
-/// Matrix products, on tensors and graph handles alike.
-pub trait MatmulOps: Diff {
-    /// torch.matmul: 1-D operands are promoted to matrices and the added
-    /// axis removed afterwards; batch dims broadcast.
-    fn matmul(&self, o: &Self) -> Result<Self> {
-        let (ra, rb) = (self.rank(), o.rank());
-        let mismatch = || Error::ShapeMismatch { op: "matmul", lhs: Box::new(self.shape()), rhs: Box::new(o.shape()) };
-        if ra == 0 || rb == 0 {
-            return Err(mismatch());
-        }
-        // Check the inner dims here, so the error names the shapes the user
-        // passed rather than the promoted ones.
-        let (sa, sb) = (self.shape(), o.shape());
-        if sa.dims()[ra - 1] != sb.dims()[rb.saturating_sub(2)] {
-            return Err(mismatch());
-        }
-        let a = if ra == 1 { self.unsqueeze(0)? } else { self.clone() };
-        let b = if rb == 1 { o.unsqueeze(-1)? } else { o.clone() };
-        let mut y = Self::apply(Matmul, &[&a, &b])?;
-        // y is [..., m, n]; drop the promoted row axis first, so that for
-        // vector . vector the promoted column axis is then last.
-        if ra == 1 {
-            y = y.squeeze(-2)?;
-        }
-        if rb == 1 {
-            y = y.squeeze(-1)?;
-        }
-        Ok(y)
-    }
-    /// `x @ w^T + b`, the affine map of a linear layer (`w` is `[out, in]`).
-    fn linear(&self, w: &Self, b: Option<&Self>) -> Result<Self> {
-        let y = self.matmul(&w.t()?)?;
-        match b {
-            Some(b) => y.add(b),
-            None => Ok(y),
-        }
-    }
-}
-
-impl<T: Diff> MatmulOps for T {}
 
 /// This family's ops, each once (see [`crate::ops::registry`]).
-pub(crate) fn family() -> Vec<Box<dyn super::DynOp>> {
+pub(crate) fn family() -> Vec<Box<dyn crate::ops::op::DynOp>> {
     vec![Box::new(Matmul)]
 }

@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use crate::backend::optim::check;
 pub use crate::backend::optim::{AdamStep, SgdStep};
-use crate::ops::backend_for;
 use crate::storage::Storage;
+use crate::tensor::backend_for;
 use crate::{DType, Error, Result, Tensor};
 
 /// Parameters a step updates are floats; the error names the optimizer

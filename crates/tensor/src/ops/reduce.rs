@@ -1,19 +1,17 @@
 //! Reductions over any set of axes: sum, mean, max, min, argmax, argmin,
 //! logsumexp, and `sum_to`, the reduction broadcasting's backward needs.
 //!
-//! This file holds what the reductions mean: their checks and plans (once,
-//! for every device), their derivative rules and the traits users call.
-//! Each device runs a plan through its
-//! [`ReduceKernels`](crate::backend::ReduceKernels).
+//! This file holds what the reductions compute: their checks and plans
+//! (once, for every device). Each device runs a plan through its
+//! [`ReduceKernels`](crate::backend::ReduceKernels). Their derivatives are in
+//! `ops/rules/reduce.rs`, their methods (`x.sum(..)`) in
+//! `ops/methods/reduce.rs`.
 
 use smallvec::SmallVec;
 
 pub use crate::backend::reduce::{ArgReducePlan, Axes, ReduceKind, ReducePlan, Rows};
 use crate::backend::Backend;
-use crate::ops::binary::BinaryOps;
-use crate::ops::shape::ShapeOps;
-use crate::ops::unary::UnaryOps;
-use crate::ops::{one, Arity, Diff, InputGrads, Op, Saved};
+use crate::ops::op::{Arity, Op};
 use crate::{resolve_axis, DType, Error, Result, Shape, Tensor};
 
 /// Resolves user axes (negative from the end; empty means all) for `rank`.
@@ -71,26 +69,6 @@ pub struct Reduce {
 }
 
 impl Reduce {
-    /// `y` (or a gradient of y's shape) with the reduced axes put back as 1s.
-    fn keep<T: Diff>(&self, y: &T, x_shape: &Shape) -> Result<T> {
-        if self.keepdim {
-            Ok(y.clone())
-        } else {
-            y.reshape(reduced_shape(x_shape, &self.axes, true))
-        }
-    }
-
-    /// For max/min: where the input attains the result, divided by the
-    /// number of ties, so the gradient is split evenly.
-    fn tie_weights<T: Diff>(&self, x: &T, y: &T) -> Result<T> {
-        let yk = self.keep(y, &x.shape())?;
-        let mask = x.eq(&yk)?;
-        let count = mask.sum(&self.axes.iter().map(|&a| a as isize).collect::<Vec<_>>(), true)?;
-        mask.div(&count)
-    }
-}
-
-impl Reduce {
     /// The checks of a reduction of `x`, in one order for every device
     /// (the axes, an empty axis for max and min, the output's size, a
     /// float dtype unless an integer sum), and what it makes.
@@ -131,47 +109,10 @@ impl Op for Reduce {
     fn arity(&self) -> Arity {
         Arity::exactly(1)
     }
-
-    fn saves(&self) -> Saved {
-        match self.kind {
-            ReduceKind::Sum => Saved::NOTHING,
-            ReduceKind::Max | ReduceKind::Min | ReduceKind::LogSumExp => Saved::ALL,
-        }
-    }
-
     fn run(&self, backend: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
         let plan = self.plan(xs[0])?;
         let out = backend.reduce(&plan, xs[0].src())?;
         Ok(Tensor::from_storage(out, plan.shape))
-    }
-
-    fn vjp<T: Diff>(&self, xs: &[&T], y: &T, g: &T) -> Result<InputGrads<T>> {
-        let x = xs[0];
-        if x.dtype().is_int() {
-            return Ok(smallvec::smallvec![None]);
-        }
-        let xs_shape = x.shape();
-        let gk = self.keep(g, &xs_shape)?;
-        Ok(one(match self.kind {
-            ReduceKind::Sum => gk.broadcast_to(xs_shape)?,
-            ReduceKind::Max | ReduceKind::Min => self.tie_weights(x, y)?.mul(&gk)?,
-            ReduceKind::LogSumExp => x.sub(&self.keep(y, &xs_shape)?)?.exp()?.mul(&gk)?,
-        }))
-    }
-
-    fn jvp<T: Diff>(&self, xs: &[&T], y: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
-        let Some(t) = ts[0] else { return Ok(None) };
-        let x = xs[0];
-        if x.dtype().is_int() {
-            return Ok(None);
-        }
-        let axes: Vec<isize> = self.axes.iter().map(|&a| a as isize).collect();
-        let weighted = match self.kind {
-            ReduceKind::Sum => t.clone(),
-            ReduceKind::Max | ReduceKind::Min => t.mul(&self.tie_weights(x, y)?)?,
-            ReduceKind::LogSumExp => t.mul(&x.sub(&self.keep(y, &x.shape())?)?.exp()?)?,
-        };
-        Ok(Some(weighted.sum(&axes, self.keepdim)?))
     }
 }
 
@@ -215,23 +156,10 @@ impl Op for ArgReduce {
     fn arity(&self) -> Arity {
         Arity::exactly(1)
     }
-
-    fn saves(&self) -> Saved {
-        Saved::NOTHING
-    }
     fn run(&self, backend: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
         let plan = self.plan(xs[0])?;
         let out = backend.arg_reduce(&plan, xs[0].src())?;
         Ok(Tensor::from_storage(out, plan.shape))
-    }
-    fn vjp<T: Diff>(&self, _: &[&T], _: &T, _: &T) -> Result<InputGrads<T>> {
-        Ok(smallvec::smallvec![None])
-    }
-    fn jvp<T: Diff>(&self, _: &[&T], _: &T, _: &[Option<&T>]) -> Result<Option<T>> {
-        Ok(None)
-    }
-    fn is_differentiable(&self) -> bool {
-        false
     }
 }
 
@@ -248,10 +176,6 @@ impl Op for SumTo {
     }
     fn arity(&self) -> Arity {
         Arity::exactly(1)
-    }
-
-    fn saves(&self) -> Saved {
-        Saved::NOTHING
     }
     /// The shape rule, then the sum on the input's device (none when no
     /// axis is summed) and a reshape, a view.
@@ -274,19 +198,15 @@ impl Op for SumTo {
         let s = Reduce { kind: ReduceKind::Sum, axes, keepdim: true }.run(backend, &[x])?;
         s.reshape_raw(self.shape.clone())
     }
-    fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
-        Ok(one(g.broadcast_to(xs[0].shape())?))
-    }
-    fn jvp<T: Diff>(&self, _: &[&T], _: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
-        ts[0].map(|t| t.sum_to(self.shape.clone())).transpose()
-    }
 }
 
 /// This family's ops, each once (see [`crate::ops::registry`]).
-pub(crate) fn family() -> Vec<Box<dyn super::DynOp>> {
-    let mut ops: Vec<Box<dyn super::DynOp>> = ReduceKind::ALL
+pub(crate) fn family() -> Vec<Box<dyn crate::ops::op::DynOp>> {
+    let mut ops: Vec<Box<dyn crate::ops::op::DynOp>> = ReduceKind::ALL
         .iter()
-        .map(|kind| Box::new(Reduce { kind: kind.clone(), axes: Axes::new(), keepdim: false }) as Box<dyn super::DynOp>)
+        .map(|kind| {
+            Box::new(Reduce { kind: kind.clone(), axes: Axes::new(), keepdim: false }) as Box<dyn crate::ops::op::DynOp>
+        })
         .collect();
     for min in [false, true] {
         ops.push(Box::new(ArgReduce { axis: 0, keepdim: false, min }));
@@ -294,74 +214,3 @@ pub(crate) fn family() -> Vec<Box<dyn super::DynOp>> {
     ops.push(Box::new(SumTo { shape: Shape::from(()) }));
     ops
 }
-
-/// Reductions, on tensors and graph handles alike. An empty `axes` slice
-/// means every axis.
-pub trait ReduceOps: Diff {
-    /// Sum over `axes` (an empty slice: every axis). PyTorch's
-    /// argument-free `x.sum()` is [`sum_all`](ReduceOps::sum_all).
-    fn sum(&self, axes: &[isize], keepdim: bool) -> Result<Self> {
-        let axes = normalize_axes("sum", axes, self.rank())?;
-        Self::apply(Reduce { kind: ReduceKind::Sum, axes, keepdim }, &[self])
-    }
-    /// Sum of every element, as a 0-d value: PyTorch's `x.sum()`.
-    #[doc(alias = "sum")]
-    fn sum_all(&self) -> Result<Self> {
-        self.sum(&[], false)
-    }
-    /// Mean over `axes` (an empty slice: every axis). PyTorch's
-    /// argument-free `x.mean()` is [`mean_all`](ReduceOps::mean_all).
-    fn mean(&self, axes: &[isize], keepdim: bool) -> Result<Self> {
-        if self.dtype().is_int() {
-            // torch refuses too: the mean of integers has no integer dtype.
-            return Err(Error::UnsupportedDType {
-                op: "mean",
-                dtype: self.dtype(),
-                expected: "a float dtype; cast first, e.g. x.cast(DType::F32)?.mean(..)",
-            });
-        }
-        let norm = normalize_axes("mean", axes, self.rank())?;
-        let n: usize = norm.iter().map(|&a| self.shape().dims()[a]).product();
-        self.sum(axes, keepdim)?.mul_scalar(1.0 / n as f64)
-    }
-    /// Mean of every element, as a 0-d value: PyTorch's `x.mean()`.
-    #[doc(alias = "mean")]
-    fn mean_all(&self) -> Result<Self> {
-        self.mean(&[], false)
-    }
-    /// Maximum over `axes`.
-    fn max(&self, axes: &[isize], keepdim: bool) -> Result<Self> {
-        let axes = normalize_axes("max", axes, self.rank())?;
-        Self::apply(Reduce { kind: ReduceKind::Max, axes, keepdim }, &[self])
-    }
-    /// Minimum over `axes`.
-    fn min(&self, axes: &[isize], keepdim: bool) -> Result<Self> {
-        let axes = normalize_axes("min", axes, self.rank())?;
-        Self::apply(Reduce { kind: ReduceKind::Min, axes, keepdim }, &[self])
-    }
-    /// log(sum(exp(x))) over `axes`, computed stably.
-    fn logsumexp(&self, axes: &[isize], keepdim: bool) -> Result<Self> {
-        let axes = normalize_axes("logsumexp", axes, self.rank())?;
-        Self::apply(Reduce { kind: ReduceKind::LogSumExp, axes, keepdim }, &[self])
-    }
-    /// Index of the maximum along `axis` (i64, first occurrence).
-    fn argmax(&self, axis: isize, keepdim: bool) -> Result<Self> {
-        let axis = resolve_axis("argmax", axis, self.rank())?;
-        Self::apply(ArgReduce { axis, keepdim, min: false }, &[self])
-    }
-    /// Index of the minimum along `axis` (i64, first occurrence).
-    fn argmin(&self, axis: isize, keepdim: bool) -> Result<Self> {
-        let axis = resolve_axis("argmin", axis, self.rank())?;
-        Self::apply(ArgReduce { axis, keepdim, min: true }, &[self])
-    }
-    /// Sums a broadcast value back down to `shape`.
-    fn sum_to(&self, shape: impl Into<Shape>) -> Result<Self> {
-        let shape = shape.into();
-        if shape == self.shape() {
-            return Ok(self.clone());
-        }
-        Self::apply(SumTo { shape }, &[self])
-    }
-}
-
-impl<T: Diff> ReduceOps for T {}

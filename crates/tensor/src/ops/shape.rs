@@ -1,16 +1,17 @@
 //! Layout ops: reshape, permute, narrow, broadcast, concat, cast. Views
 //! share storage (no copy) whenever the layout allows; the ops that copy
-//! check once, for every device, and hand the device's [`ShapeKernels`](crate::backend::ShapeKernels)
-//! their operands.
+//! check once, for every device, and hand the device's
+//! [`ShapeKernels`](crate::backend::ShapeKernels) their operands. Their
+//! derivatives are in `ops/rules/shape.rs`, their methods (`x.reshape(..)`)
+//! in `ops/methods/shape.rs`.
 
 use smallvec::SmallVec;
 
 use crate::backend::{Backend, Src};
 use crate::layout::check_axis;
-use crate::ops::reduce::ReduceOps;
-use crate::ops::{one, Arity, Diff, InputGrads, Op, Saved};
+use crate::ops::op::{Arity, Op};
 use crate::storage::{CpuBuffer, CpuElement};
-use crate::{resolve_axis, with_dtype, DType, Element, Error, Result, Shape, Tensor};
+use crate::{with_dtype, DType, Element, Error, Result, Shape, Tensor};
 
 /// A new shape with the same elements.
 #[derive(Debug, Clone)]
@@ -23,19 +24,9 @@ impl Op for Reshape {
     fn arity(&self) -> Arity {
         Arity::exactly(1)
     }
-
-    fn saves(&self) -> Saved {
-        Saved::NOTHING
-    }
     /// A view: the layout changes, the storage is shared, on any device.
     fn run(&self, _: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
         xs[0].reshape_raw(self.0.clone())
-    }
-    fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
-        Ok(one(g.reshape(xs[0].shape())?))
-    }
-    fn jvp<T: Diff>(&self, _: &[&T], _: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
-        ts[0].map(|t| t.reshape(self.0.clone())).transpose()
     }
 }
 
@@ -50,23 +41,9 @@ impl Op for Permute {
     fn arity(&self) -> Arity {
         Arity::exactly(1)
     }
-
-    fn saves(&self) -> Saved {
-        Saved::NOTHING
-    }
     /// A view: the layout changes, the storage is shared, on any device.
     fn run(&self, _: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
         xs[0].permute_raw(&self.0)
-    }
-    fn vjp<T: Diff>(&self, _: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
-        let mut inv = vec![0; self.0.len()];
-        for (i, &p) in self.0.iter().enumerate() {
-            inv[p] = i;
-        }
-        Ok(one(g.permute(&inv)?))
-    }
-    fn jvp<T: Diff>(&self, _: &[&T], _: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
-        ts[0].map(|t| t.permute(&self.0)).transpose()
     }
 }
 
@@ -88,20 +65,9 @@ impl Op for Narrow {
     fn arity(&self) -> Arity {
         Arity::exactly(1)
     }
-
-    fn saves(&self) -> Saved {
-        Saved::NOTHING
-    }
     /// A view: the layout changes, the storage is shared, on any device.
     fn run(&self, _: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
         xs[0].narrow_raw(self.axis, self.start, self.len)
-    }
-    fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
-        let size = xs[0].shape().dims()[self.axis];
-        Ok(one(T::apply(Pad { axis: self.axis, start: self.start, size }, &[g])?))
-    }
-    fn jvp<T: Diff>(&self, _: &[&T], _: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
-        ts[0].map(|t| T::apply(self.clone(), &[t])).transpose()
     }
 }
 
@@ -124,10 +90,6 @@ impl Op for Pad {
     fn arity(&self) -> Arity {
         Arity::exactly(1)
     }
-
-    fn saves(&self) -> Saved {
-        Saved::NOTHING
-    }
     fn run(&self, backend: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
         let x = xs[0];
         let mut shape = x.shape().clone();
@@ -143,13 +105,6 @@ impl Op for Pad {
         let offset = self.start * shape.contiguous_strides()[self.axis];
         Ok(Tensor::from_storage(backend.place("pad", &[(x.src(), offset)], &shape, true)?, shape))
     }
-    fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
-        let len = xs[0].shape().dims()[self.axis];
-        Ok(one(T::apply(Narrow { axis: self.axis, start: self.start, len }, &[g])?))
-    }
-    fn jvp<T: Diff>(&self, _: &[&T], _: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
-        ts[0].map(|t| T::apply(self.clone(), &[t])).transpose()
-    }
 }
 
 /// Broadcasts to a larger shape (a view with zero strides).
@@ -163,19 +118,9 @@ impl Op for BroadcastTo {
     fn arity(&self) -> Arity {
         Arity::exactly(1)
     }
-
-    fn saves(&self) -> Saved {
-        Saved::NOTHING
-    }
     /// A view: the layout changes, the storage is shared, on any device.
     fn run(&self, _: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
         xs[0].broadcast_raw(&self.0)
-    }
-    fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
-        Ok(one(g.sum_to(xs[0].shape())?))
-    }
-    fn jvp<T: Diff>(&self, _: &[&T], _: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
-        ts[0].map(|t| t.broadcast_to(self.0.clone())).transpose()
     }
 }
 
@@ -190,10 +135,6 @@ impl Op for Contiguous {
     fn arity(&self) -> Arity {
         Arity::exactly(1)
     }
-
-    fn saves(&self) -> Saved {
-        Saved::NOTHING
-    }
     /// The same handle when the input is contiguous already.
     fn run(&self, backend: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
         let x = xs[0];
@@ -201,12 +142,6 @@ impl Op for Contiguous {
             return Ok(x.clone());
         }
         Ok(Tensor::from_storage(backend.copy("contiguous", x.src())?, x.shape().clone()))
-    }
-    fn vjp<T: Diff>(&self, _: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
-        Ok(one(g.clone()))
-    }
-    fn jvp<T: Diff>(&self, _: &[&T], _: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
-        Ok(ts[0].cloned())
     }
 }
 
@@ -262,10 +197,6 @@ impl Op for Concat {
     fn arity(&self) -> Arity {
         Arity::at_least(1)
     }
-
-    fn saves(&self) -> Saved {
-        Saved::NOTHING
-    }
     fn run(&self, backend: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
         let shape = self.out_shape(xs)?;
         let stride = shape.contiguous_strides()[self.axis];
@@ -279,26 +210,6 @@ impl Op for Concat {
             })
             .collect();
         Ok(Tensor::from_storage(backend.place("concat", &parts, &shape, false)?, shape))
-    }
-    fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
-        let mut at = 0;
-        xs.iter()
-            .map(|x| {
-                let len = x.shape().dims()[self.axis];
-                let r = g.narrow(self.axis as isize, at, len).map(Some);
-                at += len;
-                r
-            })
-            .collect()
-    }
-    fn jvp<T: Diff>(&self, xs: &[&T], _: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
-        if ts.iter().all(|t| t.is_none()) {
-            return Ok(None);
-        }
-        let full: Vec<T> =
-            xs.iter().zip(ts).map(|(x, t)| t.cloned().map_or_else(|| x.zeros_like(), Ok)).collect::<Result<_>>()?;
-        let refs: Vec<&T> = full.iter().collect();
-        T::apply(self.clone(), &refs).map(Some)
     }
 }
 
@@ -314,10 +225,6 @@ impl Op for Cast {
     fn arity(&self) -> Arity {
         Arity::exactly(1)
     }
-
-    fn saves(&self) -> Saved {
-        Saved::NOTHING
-    }
     /// The same handle when the input has the dtype already.
     fn run(&self, backend: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
         let x = xs[0];
@@ -326,23 +233,10 @@ impl Op for Cast {
         }
         Ok(Tensor::from_storage(backend.cast(x.src(), self.0)?, x.shape().clone()))
     }
-    fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
-        let from = xs[0].dtype();
-        Ok(smallvec::smallvec![if from.is_float() && self.0.is_float() { Some(g.cast(from)?) } else { None }])
-    }
-    fn jvp<T: Diff>(&self, _: &[&T], _: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
-        if !self.0.is_float() {
-            return Ok(None);
-        }
-        ts[0].map(|t| t.cast(self.0)).transpose()
-    }
-    fn is_differentiable(&self) -> bool {
-        self.0.is_float()
-    }
 }
 
 /// This family's ops, each once (see [`crate::ops::registry`]).
-pub(crate) fn family() -> Vec<Box<dyn super::DynOp>> {
+pub(crate) fn family() -> Vec<Box<dyn crate::ops::op::DynOp>> {
     vec![
         Box::new(Reshape(Shape::from(()))),
         Box::new(Permute(SmallVec::new())),
@@ -354,130 +248,6 @@ pub(crate) fn family() -> Vec<Box<dyn super::DynOp>> {
         Box::new(Cast(DType::F32)),
     ]
 }
-
-/// Layout ops, on tensors and graph handles alike.
-pub trait ShapeOps: Diff {
-    /// Same elements, new shape (a view when the layout allows, else a copy).
-    fn reshape(&self, shape: impl Into<Shape>) -> Result<Self> {
-        let shape = shape.into();
-        if shape == self.shape() {
-            return Ok(self.clone());
-        }
-        if shape.numel() != self.numel() {
-            return Err(Error::ShapeMismatch { op: "reshape", lhs: Box::new(self.shape()), rhs: Box::new(shape) });
-        }
-        Self::apply(Reshape(shape), &[self])
-    }
-    /// Collapses to one dimension.
-    fn flatten(&self) -> Result<Self> {
-        self.reshape([self.numel()])
-    }
-    /// Reorders axes.
-    fn permute(&self, perm: &[usize]) -> Result<Self> {
-        Self::apply(Permute(perm.iter().copied().collect()), &[self])
-    }
-    /// Swaps two axes.
-    fn transpose(&self, a: isize, b: isize) -> Result<Self> {
-        let r = self.rank();
-        let (a, b) = (resolve_axis("transpose", a, r)?, resolve_axis("transpose", b, r)?);
-        let mut perm: Vec<usize> = (0..r).collect();
-        perm.swap(a, b);
-        self.permute(&perm)
-    }
-    /// Swaps the last two axes (matrix transpose).
-    fn t(&self) -> Result<Self> {
-        if self.rank() < 2 {
-            return Err(Error::InvalidShape {
-                op: "t",
-                shape: Box::new(self.shape()),
-                reason: "needs rank >= 2".into(),
-            });
-        }
-        self.transpose(-2, -1)
-    }
-    /// `len` elements of `axis` starting at `start` (a view).
-    fn narrow(&self, axis: isize, start: usize, len: usize) -> Result<Self> {
-        let axis = resolve_axis("narrow", axis, self.rank())?;
-        let size = self.shape().dims()[axis];
-        if start.checked_add(len).is_none_or(|e| e > size) {
-            return Err(crate::tensor::narrow_out_of_range(axis, start, len, size));
-        }
-        Self::apply(Narrow { axis, start, len }, &[self])
-    }
-    /// Broadcasts to `shape` (a view; numpy rules).
-    fn broadcast_to(&self, shape: impl Into<Shape>) -> Result<Self> {
-        let shape = shape.into();
-        if shape == self.shape() {
-            return Ok(self.clone());
-        }
-        Self::apply(BroadcastTo(shape), &[self])
-    }
-    /// Alias of `broadcast_to`, as torch's `expand`.
-    fn expand(&self, shape: impl Into<Shape>) -> Result<Self> {
-        self.broadcast_to(shape)
-    }
-    /// Inserts a size-1 axis at `axis` (`-1` appends).
-    fn unsqueeze(&self, axis: isize) -> Result<Self> {
-        let axis = resolve_axis("unsqueeze", axis, self.rank() + 1)?;
-        let mut d: Vec<usize> = self.shape().dims().to_vec();
-        d.insert(axis, 1);
-        self.reshape(d)
-    }
-    /// Removes axis `axis`, which must have size 1.
-    fn squeeze(&self, axis: isize) -> Result<Self> {
-        let axis = resolve_axis("squeeze", axis, self.rank())?;
-        let mut d: Vec<usize> = self.shape().dims().to_vec();
-        if d[axis] != 1 {
-            return Err(Error::InvalidShape {
-                op: "squeeze",
-                shape: Box::new(self.shape()),
-                reason: format!("axis {axis} is not of size 1"),
-            });
-        }
-        d.remove(axis);
-        self.reshape(d)
-    }
-    /// A contiguous copy if not already contiguous.
-    fn contiguous_(&self) -> Result<Self> {
-        Self::apply(Contiguous, &[self])
-    }
-    /// Converts to `dtype`.
-    fn cast(&self, dtype: DType) -> Result<Self> {
-        if dtype == self.dtype() {
-            return Ok(self.clone());
-        }
-        Self::apply(Cast(dtype), &[self])
-    }
-    /// Joins `xs` along `axis`.
-    fn concat(xs: &[&Self], axis: isize) -> Result<Self> {
-        let first = xs.first().ok_or_else(|| Error::invalid_arg("concat", "no tensors given"))?;
-        let axis = resolve_axis("concat", axis, first.rank())?;
-        Self::apply(Concat { axis }, xs)
-    }
-    /// Stacks equal-shaped `xs` along a new `axis`.
-    fn stack(xs: &[&Self], axis: isize) -> Result<Self> {
-        let first = xs.first().ok_or_else(|| Error::invalid_arg("stack", "no tensors given"))?;
-        let axis = resolve_axis("stack", axis, first.rank() + 1)?;
-        let shape = first.shape();
-        let parts = xs
-            .iter()
-            .map(|x| {
-                if x.shape() != shape {
-                    return Err(Error::ShapeMismatch {
-                        op: "stack",
-                        lhs: Box::new(shape.clone()),
-                        rhs: Box::new(x.shape()),
-                    });
-                }
-                x.unsqueeze(axis as isize)
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let refs: Vec<&Self> = parts.iter().collect();
-        Self::concat(&refs, axis as isize)
-    }
-}
-
-impl<T: Diff> ShapeOps for T {}
 
 /// Builds a host buffer of `dtype` from f64 values (used by tests and tools).
 pub fn buffer_from_f64(dtype: DType, v: &[f64]) -> CpuBuffer {

@@ -3,19 +3,10 @@
 
 use std::sync::Mutex;
 
-use smallvec::SmallVec;
-
-use super::{
-    check_labels, check_options, compute_dtype, label_dtype, lock, logits_jvp, row_scale, saved, tensors,
-    traced_logits_grad, CrossEntropyOptions, Reduction,
-};
-use crate::backend::cross_entropy::HeadPlan;
+use crate::backend::cross_entropy::{CrossEntropyOptions, HeadPlan, Reduction};
 use crate::backend::{Backend, Src};
-use crate::ops::binary::BinaryOps;
-use crate::ops::matmul::MatmulOps;
-use crate::ops::reduce::ReduceOps;
-use crate::ops::shape::ShapeOps;
-use crate::ops::{backend_for, Arity, Diff, InputGrads, Op, Saved};
+use crate::ops::cross_entropy::checks::{check_options, compute_dtype, label_dtype, lock, tensors};
+use crate::ops::op::{Arity, Op};
 use crate::{Error, Result, Shape, Tensor};
 
 /// The fused classifier head `cross_entropy(hidden @ weight^T + bias)`,
@@ -63,14 +54,14 @@ pub struct LinearCrossEntropy {
     /// Rows per chunk; `None` picks one automatically.
     pub chunk: Option<usize>,
     /// Whether the forward also makes the gradients (see above).
-    pub(super) precompute: bool,
-    pub(super) lse: Mutex<Option<Tensor>>,
+    pub(crate) precompute: bool,
+    pub(crate) lse: Mutex<Option<Tensor>>,
     /// The count of kept rows, saved by the forward (labels on a device
     /// stay there) for the mean's backward.
-    pub(super) valid: Mutex<Option<usize>>,
+    pub(crate) valid: Mutex<Option<usize>>,
     /// `[d_hidden, d_weight, d_bias?]` for a unit upstream gradient, in the
     /// compute dtype, from the forward until a backward takes them.
-    pub(super) grads: Mutex<Option<Vec<Tensor>>>,
+    pub(crate) grads: Mutex<Option<Vec<Tensor>>>,
 }
 
 /// The automatic chunk: rows whose logits take about 32 MiB, or as many
@@ -134,7 +125,7 @@ impl LinearCrossEntropy {
     /// The plan, once for every device: the shapes, dtypes, chunk and
     /// options, then the labels' dtype, then the inputs' compute dtype (the
     /// labels' values are the kernels').
-    fn plan(&self, xs: &[&Tensor]) -> Result<HeadPlan> {
+    pub(crate) fn plan(&self, xs: &[&Tensor]) -> Result<HeadPlan> {
         let op = self.name();
         let (n, d, v) = self.check_shapes(xs)?;
         label_dtype(op, &self.labels)?;
@@ -144,7 +135,7 @@ impl LinearCrossEntropy {
     }
 
     /// The shapes of `[d_hidden, d_weight, d_bias?]`.
-    fn grad_shapes(plan: &HeadPlan, bias: bool) -> Vec<Shape> {
+    pub(crate) fn grad_shapes(plan: &HeadPlan, bias: bool) -> Vec<Shape> {
         let mut out = vec![Shape::from([plan.n, plan.d]), Shape::from([plan.v, plan.d])];
         if bias {
             out.push(Shape::from([plan.v]));
@@ -154,7 +145,13 @@ impl LinearCrossEntropy {
 
     /// The chunked forward on `backend`. With `precompute`, each chunk's
     /// gradient is made too and the op keeps `[d_hidden, d_weight, d_bias?]`.
-    fn forward_on(&self, backend: &dyn Backend, plan: &HeadPlan, xs: &[&Tensor], precompute: bool) -> Result<Tensor> {
+    pub(crate) fn forward_on(
+        &self,
+        backend: &dyn Backend,
+        plan: &HeadPlan,
+        xs: &[&Tensor],
+        precompute: bool,
+    ) -> Result<Tensor> {
         let ins: Vec<Src<'_>> = xs.iter().map(|t| t.src()).collect();
         let f = backend.linear_ce(plan, &ins, self.labels.src(), precompute)?;
         *lock(&self.lse) = Some(Tensor::from_storage(f.lse, Shape::from([plan.n])));
@@ -177,102 +174,16 @@ impl Op for LinearCrossEntropy {
     fn arity(&self) -> Arity {
         Arity::between(2, 3)
     }
-
     fn operands(&self) -> smallvec::SmallVec<[&Tensor; 2]> {
         smallvec::smallvec![&self.labels]
     }
-
-    fn saves(&self) -> Saved {
-        Saved::INPUTS
-    }
-
     fn release(&self) {
         *lock(&self.lse) = None;
         *lock(&self.valid) = None;
         *lock(&self.grads) = None;
     }
-
     fn run(&self, backend: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
         let plan = self.plan(xs)?;
         self.forward_on(backend, &plan, xs, self.precompute && self.options.reduction != Reduction::None)
-    }
-
-    /// The differentiable formulation (`linear`, then the cross-entropy's
-    /// gradient in differentiable ops), which records the `[N, V]` logits.
-    fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
-        let (h, w) = (xs[0], xs[1]);
-        // The precomputed gradients are constants to a recorded rule; free
-        // them rather than hold them to the end of the scope.
-        drop(self.take_grads());
-        let n = h.shape().dims()[0];
-        let v = w.shape().dims()[0];
-        let labels = check_labels(self.name(), &self.labels, self.options.ignore_index, v)?;
-        let lead = Shape::from([n]);
-        let logits = h.linear(w, xs.get(2).copied())?;
-        let scale = h.lift(row_scale(&labels, self.options.reduction, lead.clone(), h.dtype(), h.device())?);
-        let gl = traced_logits_grad(&logits, &g.mul(&scale)?, &labels, &lead, self.options.label_smoothing)?;
-        let mut out: InputGrads<T> = smallvec::smallvec![Some(gl.matmul(w)?), Some(gl.t()?.matmul(h)?)];
-        if xs.len() > 2 {
-            out.push(Some(gl.sum(&[0], false)?));
-        }
-        Ok(out)
-    }
-
-    /// The chunked kernel: the forward's precomputed gradients scaled by
-    /// the upstream scalar, or each chunk's logits recomputed and turned
-    /// into its gradient in place.
-    fn vjp_eager(&self, xs: SmallVec<[Tensor; 3]>, _: Tensor, g: Tensor) -> Result<InputGrads<Tensor>> {
-        let backend = backend_for(xs[0].device());
-        let dt = xs[0].dtype();
-        if let Some(grads) = self.take_grads() {
-            // Made by the forward for a unit upstream gradient of a sum or
-            // mean; `g` is that scalar.
-            let s = g.item()?;
-            let shapes: Vec<Shape> = grads.iter().map(|t| t.shape().clone()).collect();
-            let own = grads
-                .into_iter()
-                .map(|t| t.into_sole_storage().unwrap_or_else(|_| panic!("internal: precomputed gradients are shared")))
-                .collect();
-            return Ok(tensors(backend.scale_ce_grads(own, s, dt)?, &shapes).into_iter().map(Some).collect());
-        }
-        let refs: Vec<&Tensor> = xs.iter().collect();
-        let plan = self.plan(&refs)?;
-        if saved(&self.lse).is_none() || lock(&self.valid).is_none() {
-            self.forward_on(backend, &plan, &refs, false)?;
-        }
-        let (lse, valid) = (saved(&self.lse).expect("internal: forward saves lse"), lock(&self.valid).unwrap_or(0));
-        let ins: Vec<Src<'_>> = xs.iter().map(|t| t.src()).collect();
-        let grads = backend.linear_ce_grad(&plan, &ins, (lse.src(), valid), self.labels.src(), g.src())?;
-        Ok(tensors(grads, &Self::grad_shapes(&plan, xs.len() > 2)).into_iter().map(Some).collect())
-    }
-
-    fn jvp<T: Diff>(&self, xs: &[&T], _: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
-        if ts.iter().all(|t| t.is_none()) {
-            return Ok(None);
-        }
-        let (h, w) = (xs[0], xs[1]);
-        let n = h.shape().dims()[0];
-        let v = w.shape().dims()[0];
-        let labels = check_labels(self.name(), &self.labels, self.options.ignore_index, v)?;
-        let logits = h.linear(w, xs.get(2).copied())?;
-        let mut t: Option<T> = None;
-        let mut add = |x: T| -> Result<()> {
-            t = Some(match t.take() {
-                Some(a) => a.add(&x)?,
-                None => x,
-            });
-            Ok(())
-        };
-        if let Some(th) = ts[0] {
-            add(th.matmul(&w.t()?)?)?;
-        }
-        if let Some(tw) = ts[1] {
-            add(h.matmul(&tw.t()?)?)?;
-        }
-        if let Some(Some(tb)) = ts.get(2) {
-            add(tb.broadcast_to([n, v])?)?;
-        }
-        let t = t.expect("internal: some tangent");
-        logits_jvp(&logits, &t, &labels, &Shape::from([n]), &self.options).map(Some)
     }
 }

@@ -3,16 +3,11 @@
 
 use std::sync::Mutex;
 
-use smallvec::SmallVec;
-
-use super::{
-    check_labels, check_options, compute_dtype, label_dtype, lock, logits_jvp, row_scale, saved, traced_logits_grad,
-    CrossEntropyOptions, Reduction,
-};
-use crate::backend::cross_entropy::{Logits, SparsePlan};
+use crate::backend::cross_entropy::{CrossEntropyOptions, Logits, Reduction, SparsePlan};
 use crate::backend::Backend;
-use crate::ops::binary::BinaryOps;
-use crate::ops::{backend_for, one, Arity, Diff, InputGrads, Op, Saved};
+use crate::ops::cross_entropy::checks::{check_options, compute_dtype, label_dtype, lock, saved};
+use crate::ops::op::{Arity, Op};
+use crate::tensor::backend_for;
 use crate::{Error, Result, Shape, Tensor};
 
 /// Sparse cross-entropy of logits `[..., V]` against integer labels `[...]`.
@@ -23,17 +18,17 @@ pub struct SparseCrossEntropy {
     /// Options.
     pub options: CrossEntropyOptions,
     /// The per-row log-sum-exp, saved by the forward (N floats).
-    pub(super) lse: Mutex<Option<Tensor>>,
+    pub(crate) lse: Mutex<Option<Tensor>>,
     /// The count of kept rows, saved by the forward (labels on a device
     /// stay there) for the mean's backward.
-    pub(super) valid: Mutex<Option<usize>>,
+    pub(crate) valid: Mutex<Option<usize>>,
 }
 
 impl SparseCrossEntropy {
     /// The checks, once for every device, in the order every device
     /// reports them: the shapes, the options, the labels' dtype, the
     /// logits' dtype (the labels' values are the kernels').
-    fn plan(&self, x: &Tensor) -> Result<SparsePlan> {
+    pub(crate) fn plan(&self, x: &Tensor) -> Result<SparsePlan> {
         let op = self.name();
         let (lead, v) = self.split(x.shape())?;
         check_options(op, &self.options)?;
@@ -43,7 +38,7 @@ impl SparseCrossEntropy {
     }
 
     /// The forward on `backend`: saves the lse and the count of kept rows.
-    fn forward_on(&self, backend: &dyn Backend, plan: &SparsePlan, x: &Tensor) -> Result<Tensor> {
+    pub(crate) fn forward_on(&self, backend: &dyn Backend, plan: &SparsePlan, x: &Tensor) -> Result<Tensor> {
         let f = backend.sparse_ce(plan, x.src(), self.labels.src())?;
         *lock(&self.lse) = Some(Tensor::from_storage(f.lse, plan.lead.clone()));
         *lock(&self.valid) = Some(f.valid);
@@ -59,7 +54,7 @@ impl SparseCrossEntropy {
     /// own buffer when `logits` is the last handle on it (a graph hands the
     /// value over when this loss was its last reader), else into a new
     /// buffer: the only N x V buffer of the backward either way.
-    fn fused_grad(&self, logits: Tensor, g: &Tensor) -> Result<Tensor> {
+    pub(crate) fn fused_grad(&self, logits: Tensor, g: &Tensor) -> Result<Tensor> {
         let plan = self.plan(&logits)?;
         let backend = backend_for(logits.device());
         if saved(&self.lse).is_none() || lock(&self.valid).is_none() {
@@ -103,47 +98,15 @@ impl Op for SparseCrossEntropy {
     fn arity(&self) -> Arity {
         Arity::exactly(1)
     }
-
     fn operands(&self) -> smallvec::SmallVec<[&Tensor; 2]> {
         smallvec::smallvec![&self.labels]
     }
-
-    fn saves(&self) -> Saved {
-        Saved::input(0)
-    }
-
     fn release(&self) {
         *lock(&self.lse) = None;
         *lock(&self.valid) = None;
     }
-
     fn run(&self, backend: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
         let plan = self.plan(xs[0])?;
         self.forward_on(backend, &plan, xs[0])
-    }
-
-    fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
-        let x = xs[0];
-        let (lead, v) = self.split(&x.shape())?;
-        let labels = check_labels(self.name(), &self.labels, self.options.ignore_index, v)?;
-        let scale = x.lift(row_scale(&labels, self.options.reduction, lead.clone(), x.dtype(), x.device())?);
-        let w_rows = g.mul(&scale)?;
-        Ok(one(traced_logits_grad(x, &w_rows, &labels, &lead, self.options.label_smoothing)?))
-    }
-
-    /// The fused kernel: `softmax - target` from the logits and the saved
-    /// log-sum-exp, written over the logits when this rule is their last
-    /// reader.
-    fn vjp_eager(&self, xs: SmallVec<[Tensor; 3]>, _: Tensor, g: Tensor) -> Result<InputGrads<Tensor>> {
-        let x = xs.into_iter().next().ok_or_else(|| Error::invalid_arg(self.name(), "no logits"))?;
-        Ok(one(self.fused_grad(x, &g)?))
-    }
-
-    fn jvp<T: Diff>(&self, xs: &[&T], _: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
-        let Some(t) = ts[0] else { return Ok(None) };
-        let x = xs[0];
-        let (lead, v) = self.split(&x.shape())?;
-        let labels = check_labels(self.name(), &self.labels, self.options.ignore_index, v)?;
-        logits_jvp(x, t, &labels, &lead, &self.options).map(Some)
     }
 }
