@@ -146,7 +146,7 @@ pub fn apply<T: Diff>(op: &OpStruct, xs: &[&T]) -> Result<T> {
             T::apply(op, xs)
         }
         OpStruct::Norm(eps, rms, has_weight, has_bias) => {
-            T::apply(NormOp { eps: *eps, rms: *rms, has_weight: *has_weight, has_bias: *has_bias }, xs)
+            T::apply(NormOp { eps: *eps, rms: *rms, has_weight: *has_weight, has_bias: *has_bias, out: None }, xs)
         }
         OpStruct::CausalAttention(heads, scale) => T::apply(CausalAttention { heads: heads.0, scale: *scale }, xs),
         OpStruct::CausalSoftmax(scale) => T::apply(CausalSoftmax { scale: *scale }, xs),
