@@ -169,7 +169,7 @@ impl RowsPlan {
             DType::F16 | DType::BF16 => 8,
             _ => return None,
         };
-        if inner == 0 || inner % e != 0 || gp % 16 != 0 || outer * n == 0 || size == 0 {
+        if inner == 0 || !inner.is_multiple_of(e) || !gp.is_multiple_of(16) || outer * n == 0 || size == 0 {
             return None;
         }
         let units = inner / e;
@@ -295,9 +295,9 @@ fn along_split(
     let inner = split[2];
     // gather_split's elements a thread (GatherVec of kernels/index.cu).
     let v = (16 / dtype.size_in_bytes().max(idx.dtype().size_in_bytes())).min(4);
-    let per_thread = if name == "gather_split" && inner % v == 0 {
+    let per_thread = if name == "gather_split" && inner.is_multiple_of(v) {
         v
-    } else if name != "gather_split" && matches!(dtype, DType::F16 | DType::BF16) && inner % 2 == 0 {
+    } else if name != "gather_split" && matches!(dtype, DType::F16 | DType::BF16) && inner.is_multiple_of(2) {
         2
     } else {
         1
