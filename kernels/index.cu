@@ -25,6 +25,10 @@
 //   strides and dims of `out` (which the host fills with the base tensor
 //   first):  out[p with its axis coordinate replaced by idx[p]] += src[p]
 //   (atomicAdd).
+// - index_add_rows, gather_split, scatter_add_split: the fast paths of
+//   index_add (f32, f16, bf16 rows of whole 16-byte units) and of gather
+//   and scatter_add (a contiguous tensor, an index with its dims off the
+//   axis); each is described above its code below.
 // - check_index(n, idx, size, bad): only the check, for the calls whose
 //   main kernel would not visit every index (an empty operand).
 //
@@ -136,6 +140,145 @@ __device__ __forceinline__ void index_add(i64 outer, i64 size, i64 inner, i64 n,
     }
 }
 
+// index_add's row kernel, for f32, f16 and bf16 rows whose bytes are a
+// multiple of 16 on 16-byte aligned bases (the host picks it; other calls
+// take the element loop above):
+//   index_add_rows(outer, size, inner, n, chunk, group, g, idx, out, bad).
+// A block takes `chunk` consecutive ids of one `o` and a tile of columns
+// (blockDim.x threads x 16 bytes each), reads each id's row of g in
+// 16-byte loads and sums it in shared memory, then adds each sum to its
+// output row with one atomic a column (lanes on consecutive columns: 4
+// sectors a request, no two lanes on one address). The sums are by slot:
+// - group > 0 (few output rows, `group` slots): the block owns `group`
+//   output rows (one group of them: blocks cover every group) for its
+//   ids, skipping ids of other rows, so each output element receives one
+//   atomic a block however many ids hit it (many rows into few: no
+//   same-address storm); groups keep a block's sums small, so blocks of
+//   256 threads fit 8 an SM;
+// - group = 0 (`chunk` slots, chunk <= IA_IDS): an id's slot is the first
+//   id of the chunk with the same target, so repeats within a chunk are
+//   summed before their one atomic.
+// f16 and bf16 add a pair of columns a lane with one 32-bit
+// compare-and-swap (first assuming the zero the host filled), where the
+// element loop spent a compare-and-swap an element on a word its
+// neighbour lane was also swapping.
+#define IA_ACC 6144
+#define IA_IDS 256
+#define IA_SLOTS 64
+
+__device__ __forceinline__ void flush_add(float* p, float v) { atomicAdd(p, v); }
+template <typename H> __device__ __forceinline__ void flush_add_pair(H* p, float lo, float hi) {
+    unsigned* word = (unsigned*)p;
+    unsigned assumed = 0u;
+    while (true) {
+        float a[2];
+        Pack16Half<H>::unpack_word(assumed, a);
+        a[0] += lo;
+        a[1] += hi;
+        const unsigned old = atomicCAS(word, assumed, Pack16Half<H>::pack_word(a));
+        if (old == assumed) break;
+        assumed = old;
+    }
+}
+
+// Adds the `w` summed columns of one slot (`a`, laid out as the threads
+// hold them: float4 q of thread u at (q * nt + u)) to the output row `row`.
+template <typename T> __device__ __forceinline__ void flush_row(T* row, const float* a, i64 w, int nt, int tid);
+template <> __device__ __forceinline__ void flush_row<float>(float* row, const float* a, i64 w, int nt, int tid) {
+    // One float4 a thread: column e is a[e] (a tile's columns fit in an int).
+    for (int e = tid; e < (int)w; e += nt) flush_add(row + e, a[e]);
+}
+template <typename H> __device__ __forceinline__ void flush_row_half(H* row, const float* a, i64 w, int nt, int tid) {
+    // Two float4 a thread: the pair of columns 2p, 2p + 1 is thread p / 4's,
+    // in its part (2p % 8) / 4.
+    const int w2 = (int)(w / 2);
+    for (int p = tid; p < w2; p += nt) {
+        const int u = p >> 2, r = (2 * p) & 7;
+        const float* s = a + (((r >> 2) * nt + u) << 2) + (r & 3);
+        flush_add_pair(row + 2 * p, s[0], s[1]);
+    }
+}
+template <>
+__device__ __forceinline__ void flush_row<tapir_f16>(tapir_f16* row, const float* a, i64 w, int nt, int tid) {
+    flush_row_half(row, a, w, nt, tid);
+}
+template <>
+__device__ __forceinline__ void flush_row<tapir_bf16>(tapir_bf16* row, const float* a, i64 w, int nt, int tid) {
+    flush_row_half(row, a, w, nt, tid);
+}
+
+template <typename T, typename L>
+__device__ __forceinline__ void index_add_rows(i64 outer, i64 size, i64 inner, i64 n, i64 chunk, int group,
+                                               const T* g, const L* idx, T* out, u64* bad) {
+    typedef Pack16<T> P;
+    const int E = P::N, Q = P::N / 4;
+    __shared__ __align__(16) float acc[IA_ACC];
+    __shared__ i64 sid[IA_IDS];
+    __shared__ int slot[IA_IDS];
+    __shared__ int used[IA_SLOTS];
+    float4* acc4 = (float4*)acc;
+    const int tid = threadIdx.x, nt = blockDim.x;
+    const bool owned = group > 0;
+    const int nslots = owned ? group : (int)chunk;
+    const i64 tile_w = (i64)nt * E, tiles = (inner + tile_w - 1) / tile_w, chunks = (n + chunk - 1) / chunk;
+    const i64 groups = owned ? (size + group - 1) / group : 1;
+    for (i64 ty = blockIdx.y; ty < tiles; ty += gridDim.y) {
+        const i64 col0 = ty * tile_w, c = col0 + (i64)tid * E, w = min(tile_w, inner - col0);
+        const bool mine = c < inner;
+        for (i64 b = blockIdx.x; b < outer * chunks * groups; b += gridDim.x) {
+            // Owned rows r0 .. r0 + group of this block (all ids, for chunks).
+            const i64 r0 = (b % groups) * group, bc = b / groups;
+            const i64 o = bc / chunks, k0 = (bc % chunks) * chunk, k1 = min(k0 + chunk, n);
+            __syncthreads();  // the last flush has read the sums
+            for (int s = tid; s < nslots * Q * nt; s += nt) acc4[s] = make_float4(0.f, 0.f, 0.f, 0.f);
+            for (int s = tid; s < nslots; s += nt) used[s] = 0;
+            for (i64 kb = k0; kb < k1; kb += IA_IDS) {
+                const int m = (int)min((i64)IA_IDS, k1 - kb);
+                __syncthreads();  // zeroed, and the last batch's ids are read
+                for (int t = tid; t < m; t += nt) sid[t] = checked(idx, kb + t, size, ty == 0 ? bad : (u64*)0);
+                __syncthreads();
+                for (int t = tid; t < m; t += nt) {
+                    const i64 j = sid[t];
+                    // -1: a bad id, or (owned) a row of another group.
+                    int s = owned ? (j >= r0 && j < r0 + group ? (int)(j - r0) : -1) : t;
+                    if (!owned && j >= 0)
+                        for (int u = 0; u < t; ++u)
+                            if (sid[u] == j) {
+                                s = u;
+                                break;
+                            }
+                    slot[t] = s;
+                }
+                __syncthreads();
+                // Each slot's flag by one thread: does an id of this batch land there?
+                for (int s = tid; s < nslots; s += nt)
+                    for (int t = 0; t < m && !used[s]; ++t)
+                        if (sid[t] >= 0 && slot[t] == s) used[s] = 1;
+                if (mine)
+                    for (int t = 0; t < m; ++t) {
+                        if (sid[t] < 0 || slot[t] < 0) continue;
+                        const uint4 r = *(const uint4*)(g + (o * n + kb + t) * inner + c);
+                        float v[P::N];
+                        P::unpack(r, v);
+                        for (int q = 0; q < Q; ++q) {
+                            float4& a = acc4[(slot[t] * Q + q) * nt + tid];
+                            a.x += v[4 * q];
+                            a.y += v[4 * q + 1];
+                            a.z += v[4 * q + 2];
+                            a.w += v[4 * q + 3];
+                        }
+                    }
+            }
+            __syncthreads();
+            for (int s = 0; s < nslots; ++s) {
+                if (!used[s]) continue;
+                const i64 j = owned ? r0 + s : sid[s];
+                flush_row<T>(out + (o * size + j) * inner + col0, acc + (i64)s * Q * nt * 4, w, nt, tid);
+            }
+        }
+    }
+}
+
 // The offset in a tensor of strides `strides` (and extents `dims` along
 // `axis`) of the element at contiguous position `p` of a tensor of dims
 // `idims`, with its `axis` coordinate replaced by the checked index taken
@@ -154,11 +297,20 @@ __device__ __forceinline__ i64 axis_offset(i64 p, int ndim, int axis, const i64*
     return off;
 }
 
+// The strided kernels' `info` (3 x ndim values), copied once a block into
+// shared memory: read per element from global memory, each of its values
+// was a one-sector request of its own.
+#define SHARED_INFO(info, ndim)                                                   \
+    __shared__ i64 sinfo[3 * TAPIR_MAX_DIMS];                                     \
+    for (int d = threadIdx.x; d < 3 * (ndim); d += blockDim.x) sinfo[d] = info[d]; \
+    __syncthreads();
+
 template <typename T, typename L>
 __device__ __forceinline__ void gather(i64 n, int ndim, int axis, const i64* info, const T* x, const L* idx, T* out,
                                        u64* bad) {
+    SHARED_INFO(info, ndim)
     for (i64 p = global_id(); p < n; p += global_stride()) {
-        i64 off = axis_offset(p, ndim, axis, info, info + ndim, info + 2 * ndim, idx, bad);
+        i64 off = axis_offset(p, ndim, axis, sinfo, sinfo + ndim, sinfo + 2 * ndim, idx, bad);
         out[p] = off < 0 ? zero<T>() : x[off];
     }
 }
@@ -166,11 +318,157 @@ __device__ __forceinline__ void gather(i64 n, int ndim, int axis, const i64* inf
 template <typename T, typename L>
 __device__ __forceinline__ void scatter_add(i64 n, int ndim, int axis, const i64* info, const T* src, const L* idx,
                                             T* out, u64* bad) {
+    SHARED_INFO(info, ndim)
     for (i64 p = global_id(); p < n; p += global_stride()) {
-        i64 off = axis_offset(p, ndim, axis, info, info + ndim, info + 2 * ndim, idx, bad);
+        i64 off = axis_offset(p, ndim, axis, sinfo, sinfo + ndim, sinfo + 2 * ndim, idx, bad);
         if (off >= 0) atomic_add(out + off, src[p]);
     }
 }
+
+// gather and scatter_add on a contiguous indexed tensor whose index has
+// its dims except along the axis (the host picks these; others take the
+// strided kernels above), split as (outer, size, inner) with `nax` ids
+// along the axis:
+//   gather_split(outer, size, inner, nax, x, idx, out, bad):
+//     out[o, k, i] = x[o, idx[o, k, i], i];
+//   scatter_add_split(outer, size, inner, nax, src, idx, out, bad):
+//     out[o, idx[o, k, i], i] += src[o, k, i].
+// gather takes V consecutive elements a thread (V = 2 or 4, so no access
+// passes 16 bytes) when `inner` is a multiple of V and the bases allow:
+// the ids and out in one vector access each, x too when the V ids are
+// equal (a gather of whole rows), else V scalar loads.
+// scatter_add adds with lanes on consecutive elements (coalesced atomics);
+// f16 and bf16 take a pair of elements a lane, one compare-and-swap for
+// the pair when both ids are equal (their targets share a word).
+// V elements of T in one access of V x sizeof(T) bytes (4, 8 or 16).
+template <int B> struct Word;
+template <> struct Word<2> { typedef u16 type; };
+template <> struct Word<4> { typedef unsigned type; };
+template <> struct Word<8> { typedef uint2 type; };
+template <> struct Word<16> { typedef uint4 type; };
+template <typename T, int V> struct alignas(V * sizeof(T)) Vec {
+    T e[V];
+};
+template <typename T, int V> __device__ __forceinline__ Vec<T, V> load_vec(const T* p) {
+    typedef typename Word<V * sizeof(T)>::type W;
+    Vec<T, V> r;
+    *(W*)&r = *(const W*)p;
+    return r;
+}
+template <typename T, int V> __device__ __forceinline__ void store_vec(T* p, const Vec<T, V>& r) {
+    typedef typename Word<V * sizeof(T)>::type W;
+    *(W*)p = *(const W*)&r;
+}
+
+// gather's elements a thread: as many as keep every access within 16
+// bytes (2 for i64 indices or f64/i64 values, else 4).
+template <typename T, typename L> struct GatherVec {
+    enum { N = (sizeof(T) > sizeof(L) ? 16 / sizeof(T) : 16 / sizeof(L)) > 4
+                   ? 4
+                   : (sizeof(T) > sizeof(L) ? 16 / sizeof(T) : 16 / sizeof(L)) };
+};
+
+template <typename T, typename L>
+__device__ __forceinline__ void gather_split(i64 outer, i64 size, i64 inner, i64 nax, const T* x, const L* idx, T* out,
+                                             u64* bad) {
+    const int V = GatherVec<T, L>::N;
+    const i64 n = outer * nax * inner;
+    const u64 vx = V * sizeof(T) - 1, vi = V * sizeof(L) - 1;
+    if (inner % V == 0 && ((u64)x & vx) == 0 && ((u64)idx & vi) == 0 && ((u64)out & vx) == 0) {
+        for (i64 q = global_id(); q < n / V; q += global_stride()) {
+            const i64 p = V * q, i = p % inner, o = p / (inner * nax);
+            const Vec<L, V> ids = load_vec<L, V>(idx + p);
+            Vec<T, V> v;
+            const i64 j0 = (i64)ids.e[0];
+            bool same = j0 >= 0 && j0 < size;
+            for (int u = 1; u < V; ++u) same = same && (i64)ids.e[u] == j0;
+            if (same) {
+                v = load_vec<T, V>(x + (o * size + j0) * inner + i);
+            } else {
+                for (int u = 0; u < V; ++u) {
+                    const i64 j = checked(ids.e + u, 0, size, (u64*)0);
+                    if (j < 0 && bad) atomicMin(bad, (u64)(p + u));
+                    v.e[u] = j < 0 ? zero<T>() : x[(o * size + j) * inner + i + u];
+                }
+            }
+            store_vec<T, V>(out + p, v);
+        }
+        return;
+    }
+    for (i64 p = global_id(); p < n; p += global_stride()) {
+        const i64 i = p % inner, o = p / (inner * nax);
+        const i64 j = checked(idx, p, size, bad);
+        out[p] = j < 0 ? zero<T>() : x[(o * size + j) * inner + i];
+    }
+}
+
+template <typename T, typename L>
+__device__ __forceinline__ void scatter_add_split(i64 outer, i64 size, i64 inner, i64 nax, const T* src, const L* idx,
+                                                  T* out, u64* bad) {
+    const i64 n = outer * nax * inner;
+    for (i64 p = global_id(); p < n; p += global_stride()) {
+        const i64 i = p % inner, o = p / (inner * nax);
+        const i64 j = checked(idx, p, size, bad);
+        if (j >= 0) atomic_add(out + (o * size + j) * inner + i, src[p]);
+    }
+}
+
+// The 16-bit scatter: a pair of elements a lane (inner even, bases 4-byte
+// aligned), added to their one word with one compare-and-swap when their
+// ids are equal.
+template <typename H, typename L>
+__device__ __forceinline__ void scatter_add_split_half(i64 outer, i64 size, i64 inner, i64 nax, const H* src,
+                                                       const L* idx, H* out, u64* bad) {
+    const i64 n = outer * nax * inner;
+    if ((inner & 1) != 0 || ((u64)src & 3) != 0 || ((u64)out & 3) != 0 || ((u64)idx & (2 * sizeof(L) - 1)) != 0) {
+        scatter_add_split<H, L>(outer, size, inner, nax, src, idx, out, bad);
+        return;
+    }
+    for (i64 q = global_id(); q < n / 2; q += global_stride()) {
+        const i64 p = 2 * q, i = p % inner, o = p / (inner * nax);
+        // The pair's ids in one access.
+        const Vec<L, 2> ids = load_vec<L, 2>(idx + p);
+        const i64 j0 = checked(ids.e, 0, size, (u64*)0), j1 = checked(ids.e + 1, 0, size, (u64*)0);
+        if (j0 < 0 && bad) atomicMin(bad, (u64)p);
+        if (j1 < 0 && bad) atomicMin(bad, (u64)(p + 1));
+        float v[2];
+        Pack16Half<H>::unpack_word(*(const unsigned*)(src + p), v);
+        if (j0 >= 0 && j0 == j1) {
+            unsigned* word = (unsigned*)(out + (o * size + j0) * inner + i);
+            unsigned assumed = *word;
+            while (true) {
+                float a[2];
+                Pack16Half<H>::unpack_word(assumed, a);
+                a[0] += v[0];
+                a[1] += v[1];
+                const unsigned old = atomicCAS(word, assumed, Pack16Half<H>::pack_word(a));
+                if (old == assumed) break;
+                assumed = old;
+            }
+        } else {
+            if (j0 >= 0) atomic_add_16(out + (o * size + j0) * inner + i, v[0]);
+            if (j1 >= 0) atomic_add_16(out + (o * size + j1) * inner + i + 1, v[1]);
+        }
+    }
+}
+
+// The 16-bit types take scatter_add_split's pair loop.
+template <typename T> struct ScatterSplit {
+    template <typename L>
+    __device__ static __forceinline__ void run(i64 outer, i64 size, i64 inner, i64 nax, const T* src, const L* idx,
+                                               T* out, u64* bad) {
+        scatter_add_split<T, L>(outer, size, inner, nax, src, idx, out, bad);
+    }
+};
+template <typename H> struct ScatterSplitHalf {
+    template <typename L>
+    __device__ static __forceinline__ void run(i64 outer, i64 size, i64 inner, i64 nax, const H* src, const L* idx,
+                                               H* out, u64* bad) {
+        scatter_add_split_half<H, L>(outer, size, inner, nax, src, idx, out, bad);
+    }
+};
+template <> struct ScatterSplit<tapir_f16> : ScatterSplitHalf<tapir_f16> {};
+template <> struct ScatterSplit<tapir_bf16> : ScatterSplitHalf<tapir_bf16> {};
 
 #define INDEX_KERNELS(T, S, L, LS)                                                                                  \
     extern "C" __global__ void index_select_##S##_##LS(i64 outer, i64 size, i64 inner, i64 n, const T* x,          \
@@ -192,6 +490,19 @@ __device__ __forceinline__ void scatter_add(i64 n, int ndim, int axis, const i64
     extern "C" __global__ void scatter_add_##S##_##LS(i64 n, int ndim, int axis, const i64* info, const T* src,    \
                                                        const L* idx, T* out, u64* bad) {                            \
         scatter_add<T, L>(n, ndim, axis, info, src, idx, out, bad);                                                 \
+    }                                                                                                               \
+    extern "C" __global__ void gather_split_##S##_##LS(i64 outer, i64 size, i64 inner, i64 nax, const T* x,        \
+                                                        const L* idx, T* out, u64* bad) {                           \
+        gather_split<T, L>(outer, size, inner, nax, x, idx, out, bad);                                              \
+    }                                                                                                               \
+    extern "C" __global__ void scatter_add_split_##S##_##LS(i64 outer, i64 size, i64 inner, i64 nax, const T* src, \
+                                                             const L* idx, T* out, u64* bad) {                      \
+        ScatterSplit<T>::template run<L>(outer, size, inner, nax, src, idx, out, bad);                                        \
+    }
+#define INDEX_ADD_ROWS(T, S, L, LS)                                                                                 \
+    extern "C" __global__ void index_add_rows_##S##_##LS(i64 outer, i64 size, i64 inner, i64 n, i64 chunk, int group, \
+                                                          const T* g, const L* idx, T* out, u64* bad) {             \
+        index_add_rows<T, L>(outer, size, inner, n, chunk, group, g, idx, out, bad);                                \
     }
 #define INDEX_ALL(L, LS)                      \
     INDEX_KERNELS(float, f32, L, LS)          \
@@ -200,6 +511,9 @@ __device__ __forceinline__ void scatter_add(i64 n, int ndim, int axis, const i64
     INDEX_KERNELS(tapir_bf16, bf16, L, LS)   \
     INDEX_KERNELS(int, i32, L, LS)           \
     INDEX_KERNELS(i64, i64, L, LS)           \
+    INDEX_ADD_ROWS(float, f32, L, LS)        \
+    INDEX_ADD_ROWS(tapir_f16, f16, L, LS)    \
+    INDEX_ADD_ROWS(tapir_bf16, bf16, L, LS)  \
     extern "C" __global__ void check_index_##LS(i64 n, const L* idx, i64 size, u64* bad) { \
         for (i64 p = global_id(); p < n; p += global_stride()) checked(idx, p, size, bad);  \
     }

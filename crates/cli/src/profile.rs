@@ -35,6 +35,17 @@ pub const CASES: &[(&str, &str)] = &[
         "lookup of rows ids in a [rows, cols] table, and its gradient (index_add); rows of fewer than 128 elements \
          take index_select's kernel",
     ),
+    ("index-add-hot", "index_add of a [rows, cols] gradient into 16 rows (many rows into few: the same-address case)"),
+    (
+        "gather",
+        "gather along axis 0 of a [rows, cols] tensor by a [rows, cols] index whose rows each repeat one random row \
+         (rows picked through gather), and its gradient (scatter_add)",
+    ),
+    (
+        "gather-last",
+        "gather along the last axis of a [rows, cols] tensor by random [rows, cols] indices, and its gradient \
+         (scatter_add)",
+    ),
     (
         "attention",
         "fused causal attention forward of q, k, v [1, rows, cols] in heads of 64 (the tensor-core kernel for bf16 \
@@ -51,7 +62,7 @@ pub const CASES: &[(&str, &str)] = &[
 #[derive(Parser, Debug, Clone)]
 pub struct Args {
     /// The case: sparse-ce, softmax, sum, add, cast, adam, sgd, embedding,
-    /// attention or gpt-step.
+    /// index-add-hot, gather, gather-last, attention or gpt-step.
     #[arg(long, default_value = "sparse-ce")]
     pub case: String,
     /// Rows of the case's input.
@@ -136,6 +147,26 @@ pub fn run_case(a: &Args, device: Device) -> anyhow::Result<()> {
                 let table = g.leaf(x.clone());
                 let loss = table.embedding(&ids)?.sum_all()?;
                 std::hint::black_box(g.grad(loss, &[table])?);
+                Ok::<_, Error>(())
+            })?;
+        }
+        "index-add-hot" => {
+            let ids = rng.randint([n], 16, DType::I64)?.to_device(device)?;
+            let op = tapir::tensor::ops::index::IndexAdd { axis: 0, idx: ids, size: 16 };
+            drop(std::hint::black_box(tapir::tensor::ops::forward(&op, &[&x])?));
+        }
+        "gather" | "gather-last" => {
+            let idx = if a.case == "gather" {
+                rng.randint([n, 1], n as u64, DType::I64)?.expand([n, v])?.contiguous()?
+            } else {
+                rng.randint([n, v], v as u64, DType::I64)?
+            }
+            .to_device(device)?;
+            let axis = if a.case == "gather" { 0 } else { 1 };
+            Graph::scope(|g| {
+                let xv = g.leaf(x.clone());
+                let loss = xv.gather(axis, &idx)?.sum_all()?;
+                std::hint::black_box(g.grad(loss, &[xv])?);
                 Ok::<_, Error>(())
             })?;
         }

@@ -213,6 +213,52 @@ fn cuda_index_add_matches_the_cpu_with_duplicate_indices() {
     }
 }
 
+/// index_add's row kernel (f32, f16, bf16 rows a multiple of 16 bytes on
+/// an aligned base): its two modes (a block owning every output row when
+/// ids outnumber few rows; ids in chunks of a few, repeats summed within
+/// a chunk, otherwise), rows wider than a block's tile, rows along a
+/// middle axis, bad ids among good ones (the CPU's error), and a g one
+/// element into its buffer (the element loop). Small integers: exact.
+#[tapir_testing::cuda_test]
+fn cuda_index_add_rows_match_the_cpu_in_both_modes_and_every_width() {
+    let _g = shared();
+    let Some(dev) = cuda("cuda_index_add_rows_match_the_cpu_in_both_modes_and_every_width") else { return };
+    // (outer, n, inner, size): few targets (owned), many (chunks), one
+    // target, rows over two tiles, a middle axis.
+    let cases = [(1, 24, 8, 3), (1, 9, 64, 40), (1, 12, 16, 1), (1, 7, 2056, 5), (2, 5, 24, 70), (3, 50, 8, 48)];
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        for (outer, n, inner, size) in cases {
+            let g = tensor(ints(outer * n * inner, 5), &[outer, n, inner], dtype);
+            for ld in INDEX_DTYPES {
+                // Every target hit, and some many times (at most 10: exact sums).
+                let ids: Vec<i64> = (0..n).map(|k| ((k * 7 + k / 3) % size.min(n.div_ceil(2)).max(1)) as i64).collect();
+                let idx = index(&ids, &[n], ld);
+                let op = IndexAdd { axis: 1, idx: idx.clone(), size };
+                let dop = IndexAdd { axis: 1, idx: on(dev, &idx), size };
+                let what = format!("index_add rows {dtype:?} [{outer}, {n}, {inner}] into {size} {ld:?}");
+                assert_same(&what, &forward(&op, &[&g]).unwrap(), &forward(&dop, &[&on(dev, &g)]).unwrap());
+                // g one element into its buffer: not 16-byte aligned.
+                let flat = tensor(ints(outer * n * inner + 1, 6), &[outer * n * inner + 1], dtype);
+                let shifted =
+                    |f: &Tensor| f.narrow(0, 1, outer * n * inner).unwrap().reshape([outer, n, inner]).unwrap();
+                assert_same(
+                    &format!("{what} odd offset"),
+                    &forward(&op, &[&shifted(&flat)]).unwrap(),
+                    &forward(&dop, &[&shifted(&on(dev, &flat))]).unwrap(),
+                );
+                // A bad id among good ones: the CPU's error, with its position and value.
+                let mut bad_ids = ids.clone();
+                bad_ids[n / 2] = size as i64 + 3;
+                let bad = index(&bad_ids, &[n], ld);
+                let cpu = forward(&IndexAdd { axis: 1, idx: bad.clone(), size }, &[&g]).unwrap_err();
+                let gpu = forward(&IndexAdd { axis: 1, idx: on(dev, &bad), size }, &[&on(dev, &g)]).unwrap_err();
+                assert_eq!(cpu.to_string(), gpu.to_string(), "{what}: bad id");
+                assert!(matches!(gpu, Error::IndexOutOfRange { position, .. } if position == n / 2), "{what}: {gpu}");
+            }
+        }
+    }
+}
+
 #[tapir_testing::cuda_test]
 fn cuda_index_add_and_scatter_add_sum_many_duplicates_within_rounding() {
     let _g = shared();
@@ -266,6 +312,70 @@ fn cuda_gather_matches_the_cpu_on_every_dtype_axis_and_view() {
                     assert_same(&what, &cpu, &dx.gather(axis as isize, &on(dev, &idx)).unwrap());
                     let ds = spread(&on(dev, &idx), false);
                     assert_same(&format!("{what}, strided idx"), &cpu, &dx.gather(axis as isize, &ds).unwrap());
+                }
+            }
+        }
+    }
+}
+
+/// gather and scatter_add whose index has the input's dims off the axis
+/// take the split kernels: every dtype and axis, rows whose length is and
+/// is not a multiple of 4 (gather's 4 elements a thread) or of 2 (the
+/// 16-bit scatter's pairs), ids equal in runs (whole rows, one vector
+/// load of x) or mixed, with repeats, an input one element into its
+/// buffer, and a bad id among good ones (the CPU's error).
+#[tapir_testing::cuda_test]
+fn cuda_gather_and_scatter_add_split_match_the_cpu() {
+    let _g = shared();
+    let Some(dev) = cuda("cuda_gather_and_scatter_add_split_match_the_cpu") else { return };
+    for dtype in DTYPES {
+        for dims in [[3usize, 5, 8], [2, 4, 6], [3, 4, 5]] {
+            let numel: usize = dims.iter().product();
+            let flat = tensor(ints(numel + 1, 8), &[numel + 1], dtype);
+            for axis in 0..3 {
+                let mut id = dims;
+                id[axis] = 7;
+                let n: usize = id.iter().product();
+                let size = dims[axis];
+                let inner: usize = dims[axis + 1..].iter().product();
+                // Mixed ids, and ids constant along each run of `inner`.
+                let mixed = indices(n, size, 2 + axis as u64);
+                let rows: Vec<i64> = (0..n).map(|p| ((p / inner * 5 + 1) % size) as i64).collect();
+                for (kind, ids) in [("mixed", mixed), ("rows", rows)] {
+                    for ld in INDEX_DTYPES {
+                        let what = format!("split {dtype:?} {dims:?} axis {axis} {kind} {ld:?}");
+                        let idx = index(&ids, &id, ld);
+                        let di = on(dev, &idx);
+                        for start in [0, 1] {
+                            let view = |f: &Tensor| f.narrow(0, start, numel).unwrap().reshape(dims).unwrap();
+                            let (x, dx) = (view(&flat), view(&on(dev, &flat)));
+                            assert_same(
+                                &format!("gather {what} offset {start}"),
+                                &x.gather(axis as isize, &idx).unwrap(),
+                                &dx.gather(axis as isize, &di).unwrap(),
+                            );
+                            let src = tensor(ints(n + 1, 9), &[n + 1], dtype);
+                            let sv = |f: &Tensor| f.narrow(0, start, n).unwrap().reshape(id).unwrap();
+                            assert_same(
+                                &format!("scatter_add {what} offset {start}"),
+                                &x.scatter_add(axis as isize, &idx, &sv(&src)).unwrap(),
+                                &dx.scatter_add(axis as isize, &di, &sv(&on(dev, &src))).unwrap(),
+                            );
+                        }
+                        let mut bad_ids = ids.clone();
+                        bad_ids[n - 3] = -1;
+                        bad_ids[n - 2] = size as i64;
+                        let (bad, dbad) = (index(&bad_ids, &id, ld), on(dev, &index(&bad_ids, &id, ld)));
+                        let x = flat.narrow(0, 0, numel).unwrap().reshape(dims).unwrap();
+                        let dx = on(dev, &x);
+                        let cpu = x.gather(axis as isize, &bad).unwrap_err();
+                        let gpu = dx.gather(axis as isize, &dbad).unwrap_err();
+                        assert_eq!(cpu.to_string(), gpu.to_string(), "gather {what}: bad id");
+                        assert!(matches!(gpu, Error::IndexOutOfRange { position, .. } if position == n - 3), "{gpu}");
+                        let src = on(dev, &tensor(ints(n, 9), &id, dtype));
+                        let gpu = dx.scatter_add(axis as isize, &dbad, &src).unwrap_err();
+                        assert_eq!(cpu.to_string().replace("gather", "scatter_add"), gpu.to_string(), "{what}");
+                    }
                 }
             }
         }
