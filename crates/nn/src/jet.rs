@@ -94,8 +94,12 @@ impl Mlp {
             let fused = hidden && self.activation == Activation::Tanh;
             h = if fused { layer.forward_tanh(p, h)? } else { layer.forward(p, h)? };
             jac = Some(match jac {
-                // d(x W^T)/dx = W^T for every point.
-                None => w.t()?.unsqueeze(0)?.broadcast_to([n, d, out])?,
+                // d(x W^T)/dx = W^T for every point. Copied out of the
+                // weight's layout first (d x out elements): broadcast from
+                // the transposed view, every elementwise op on the Jacobian
+                // and on its gradient walked it with a stride of d, one
+                // element at a time (a tenth of a Poisson step at d = 2).
+                None => w.t()?.contiguous_()?.unsqueeze(0)?.broadcast_to([n, d, out])?,
                 Some(j) => {
                     let width = j.shape().dims()[2];
                     j.reshape([n * d, width])?.matmul(&w.t()?)?.reshape([n, d, out])?

@@ -1489,6 +1489,32 @@ test_device! {
     }
 }
 
+// Host only: the CPU's one-job linear layer (the bias, the product, then
+// tanh or `1 - h^2` on each thread's rows) rounds as the composed ops do,
+// `acc + b` once, so a fused tanh layer has their bits (other devices
+// round as they like).
+#[test]
+fn f32_linear_tanh_epilogue_has_the_composed_ops_bits() -> R {
+    use tapir_tensor::ops::matmul::{fused_linear_sum_then, Then};
+    let on = On(Device::Cpu);
+    // Row-split (1000 x 64 x 64), a first layer's inner dimension of 2 and
+    // a strided right operand (x @ w^T), one block of 512, a small one.
+    for (m, k, n) in [(1000, 64, 64), (1024, 2, 64), (8, 512, 600), (5, 3, 7)] {
+        let x = on.f32s(&vals(m * k, 51), &[m, k]);
+        let w = on.f32s(&vals(n * k, 52), &[n, k]);
+        let (b, h) = (on.f32s(&vals(n, 53), &[n]), on.f32s(&vals(m * n, 54), &[m, n]).mul_scalar(0.01)?);
+        let wt = w.t()?;
+        let z = x.matmul(&wt)?.add(&b)?;
+        let bits =
+            |t: &Tensor| -> anyhow::Result<Vec<u32>> { Ok(t.to_vec::<f32>()?.iter().map(|v| v.to_bits()).collect()) };
+        let got = fused_linear_sum_then(&[(&x, &wt)], Some(&b), Then::Tanh)?.expect("a term");
+        assert_eq!(bits(&got)?, bits(&z.tanh()?)?, "tanh, {m} x {k} x {n}");
+        let got = fused_linear_sum_then(&[(&x, &wt)], Some(&b), Then::TanhBackward(&h))?.expect("a term");
+        assert_eq!(bits(&got)?, bits(&h.tanh_backward(&z)?)?, "1 - h^2, {m} x {k} x {n}");
+    }
+    Ok(())
+}
+
 // Host only: as_slice views host memory.
 #[test]
 fn as_slice_views_contiguous_ranges_only() -> R {

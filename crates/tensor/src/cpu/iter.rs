@@ -62,7 +62,10 @@ impl<const K: usize> Nd<K> {
     }
 
     /// Calls `f(out_start, offsets, len, inner_strides)` for each innermost run
-    /// covering the linear output range `start..end`.
+    /// covering the linear output range `start..end`. Inlined, so that a
+    /// kernel calling it inside [`crate::cpu::simd::run`] gets the walk and
+    /// `f` compiled in the vector copy.
+    #[inline(always)]
     pub fn runs(&self, start: usize, end: usize, mut f: impl FnMut(usize, [usize; K], usize, [usize; K])) {
         if start >= end {
             return;
@@ -238,6 +241,13 @@ pub fn map1<S: Copy + Sync, D: Send>(src: &[S], nd: &Nd<1>, f: impl Fn(S) -> D +
 }
 
 /// Maps two strided operands (already broadcast to one shape) through `f`.
+///
+/// Each part's whole walk runs inside one [`crate::cpu::simd::run`], not
+/// one per run: an operand broadcast along a middle axis (`[N, 1, w]`
+/// against `[N, d, w]`, a Jacobian times an activation's derivative) cuts
+/// the walk into runs of `w`, and at `w = 64` entering the vector copy for
+/// each run cost as much as the run's arithmetic (a twentieth of a Poisson
+/// PINN step).
 pub fn map2<A: Copy + Sync, B: Copy + Sync, D: Send>(
     a: &[A],
     b: &[B],
@@ -245,49 +255,43 @@ pub fn map2<A: Copy + Sync, B: Copy + Sync, D: Send>(
     f: impl Fn(A, B) -> D + Sync,
 ) -> Result<Vec<D>> {
     fill_vec(nd.numel(), |start, out| {
-        nd.runs(start, start + out.len(), |pos, [oa, ob], len, [sa, sb]| {
-            let out = &mut out[pos - start..pos - start + len];
-            match (sa, sb) {
-                (1, 1) => {
-                    let (a, b) = (&a[oa..oa + len], &b[ob..ob + len]);
-                    crate::cpu::simd::run(
-                        #[inline(always)]
-                        || {
-                            for ((d, &x), &y) in out.iter_mut().zip(a).zip(b) {
-                                d.write(f(x, y));
+        crate::cpu::simd::run(
+            #[inline(always)]
+            || {
+                nd.runs(
+                    start,
+                    start + out.len(),
+                    #[inline(always)]
+                    |pos, [oa, ob], len, [sa, sb]| {
+                        let out = &mut out[pos - start..pos - start + len];
+                        match (sa, sb) {
+                            (1, 1) => {
+                                for ((d, &x), &y) in out.iter_mut().zip(&a[oa..oa + len]).zip(&b[ob..ob + len]) {
+                                    d.write(f(x, y));
+                                }
                             }
-                        },
-                    );
-                }
-                (1, 0) => {
-                    let (a, y) = (&a[oa..oa + len], b[ob]);
-                    crate::cpu::simd::run(
-                        #[inline(always)]
-                        || {
-                            for (d, &x) in out.iter_mut().zip(a) {
-                                d.write(f(x, y));
+                            (1, 0) => {
+                                let y = b[ob];
+                                for (d, &x) in out.iter_mut().zip(&a[oa..oa + len]) {
+                                    d.write(f(x, y));
+                                }
                             }
-                        },
-                    );
-                }
-                (0, 1) => {
-                    let (x, b) = (a[oa], &b[ob..ob + len]);
-                    crate::cpu::simd::run(
-                        #[inline(always)]
-                        || {
-                            for (d, &y) in out.iter_mut().zip(b) {
-                                d.write(f(x, y));
+                            (0, 1) => {
+                                let x = a[oa];
+                                for (d, &y) in out.iter_mut().zip(&b[ob..ob + len]) {
+                                    d.write(f(x, y));
+                                }
                             }
-                        },
-                    );
-                }
-                _ => {
-                    for (i, d) in out.iter_mut().enumerate() {
-                        d.write(f(a[oa + i * sa], b[ob + i * sb]));
-                    }
-                }
-            }
-        })
+                            _ => {
+                                for (i, d) in out.iter_mut().enumerate() {
+                                    d.write(f(a[oa + i * sa], b[ob + i * sb]));
+                                }
+                            }
+                        }
+                    },
+                )
+            },
+        )
     })
 }
 

@@ -240,15 +240,18 @@ impl<T: Float> Gemm<T> {
                 for i in 0..m {
                     // SAFETY: row i of `dst` (the caller's contract).
                     let row = unsafe { std::slice::from_raw_parts_mut(self.dst.add(i * self.dst_rs), n) };
-                    for (j, o) in row.iter_mut().enumerate() {
-                        let mut acc = if self.accumulate { *o } else { T::ZERO };
-                        if let Some(b) = bias {
-                            acc += b[j];
-                        }
-                        for c in 0..chunks {
-                            acc += partial[c * m * n + i * n + j];
-                        }
-                        *o = acc;
+                    // Each element gets its start, the bias, then the
+                    // chunks in order: the loops run along the row, so
+                    // they are vector loops.
+                    if !self.accumulate {
+                        row.fill(T::ZERO);
+                    }
+                    if let Some(b) = bias {
+                        row.iter_mut().zip(b).for_each(|(o, &b)| *o += b);
+                    }
+                    for c in 0..chunks {
+                        let part = &partial[c * m * n + i * n..][..n];
+                        row.iter_mut().zip(part).for_each(|(o, &p)| *o += p);
                     }
                 }
             },
