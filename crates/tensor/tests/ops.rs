@@ -1495,7 +1495,7 @@ test_device! {
 // round as they like).
 #[test]
 fn f32_linear_tanh_epilogue_has_the_composed_ops_bits() -> R {
-    use tapir_tensor::ops::matmul::{fused_linear_sum_then, Then};
+    use tapir_tensor::ops::rules::matmul::{fused_linear_sum_then, Then};
     let on = On(Device::Cpu);
     // Row-split (1000 x 64 x 64), a first layer's inner dimension of 2 and
     // a strided right operand (x @ w^T), one block of 512, a small one.
