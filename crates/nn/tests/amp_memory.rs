@@ -67,6 +67,32 @@ fn gpt_step_peak(device: Device, precision: Precision) -> usize {
     max_memory_allocated(device) - base
 }
 
+/// For each precision with its bytes an element (f32 4, bf16 and f16 2),
+/// the bytes a layer keeps between its forward and its backward: `layer`
+/// runs on a leaf holding `x` with the parameters of `store` bound, and
+/// its output must hold exactly `elements` times that many bytes.
+fn kept_bytes_per_precision(
+    device: Device,
+    store: &ParamStore,
+    x: &Tensor,
+    elements: usize,
+    layer: &dyn for<'g> Fn(&tapir_nn::Bound<'g>, tapir_autograd::Var<'g>) -> Result<tapir_autograd::Var<'g>>,
+) {
+    for (precision, bytes) in [(Precision::Full, 4), (Precision::Bf16, 2), (Precision::F16, 2)] {
+        Graph::scope(|g| {
+            let p = store.bind(g).with_precision(precision);
+            let xv = g.leaf(x.clone());
+            synchronize(device);
+            let before = memory_allocated(device);
+            let y = layer(&p, xv)?;
+            synchronize(device);
+            assert_eq!(memory_allocated(device) - before, elements * bytes, "{precision:?}: kept bytes");
+            p.grads(y.cast(DType::F32)?.sum_all()?).map(drop)
+        })
+        .expect("step");
+    }
+}
+
 test_device! {
     /// Between its forward and its backward a Linear keeps its output and
     /// nothing else: 2 bytes an element in bf16 and f16, 4 in f32. (The
@@ -81,20 +107,11 @@ test_device! {
         store.to_device(device).expect("to device");
         let x = Rng::new(2).normal_tensor([2, rows / 2, input], 0.0, 1.0, DType::F32).and_then(|t| t.to_device(device));
         let x = x.expect("input");
-        for (precision, bytes) in [(Precision::Full, 4), (Precision::Bf16, 2), (Precision::F16, 2)] {
-            Graph::scope(|g| {
-                let p = store.bind(g).with_precision(precision);
-                let xv = g.leaf(x.clone());
-                synchronize(device);
-                let before = memory_allocated(device);
-                let y = lin.forward(&p, xv)?;
-                synchronize(device);
-                assert_eq!(memory_allocated(device) - before, rows * out * bytes, "{precision:?}: kept bytes");
-                assert_eq!(y.shape().dims(), [2, rows / 2, out]);
-                p.grads(y.cast(DType::F32)?.sum_all()?).map(drop)
-            })
-            .expect("step");
-        }
+        kept_bytes_per_precision(device, &store, &x, rows * out, &|p, xv| {
+            let y = lin.forward(p, xv)?;
+            assert_eq!(y.shape().dims(), [2, rows / 2, out]);
+            Ok(y)
+        });
     }
 
     /// The gpt model's forward and backward peaks lower in bf16 than in
@@ -121,18 +138,6 @@ test_device! {
         store.to_device(device).expect("to device");
         let x = Rng::new(2).normal_tensor([rows, dim], 0.0, 1.0, DType::F32).and_then(|t| t.to_device(device));
         let x = x.expect("input");
-        for (precision, bytes) in [(Precision::Full, 4), (Precision::Bf16, 2), (Precision::F16, 2)] {
-            Graph::scope(|g| {
-                let p = store.bind(g).with_precision(precision);
-                let xv = g.leaf(x.clone());
-                synchronize(device);
-                let before = memory_allocated(device);
-                let h = ln.forward_into_linear(&p, xv)?;
-                synchronize(device);
-                assert_eq!(memory_allocated(device) - before, rows * dim * bytes, "{precision:?}: kept bytes");
-                p.grads(h.cast(DType::F32)?.sum_all()?).map(drop)
-            })
-            .expect("step");
-        }
+        kept_bytes_per_precision(device, &store, &x, rows * dim, &|p, xv| ln.forward_into_linear(p, xv));
     }
 }
