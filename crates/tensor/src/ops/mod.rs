@@ -2,7 +2,7 @@
 //!
 //! - `op.rs`: what an op is. [`Op`] (a name, an arity, `run` on a
 //!   device's backend), [`Derivative`] (its VJP and JVP rules), the
-//!   [`Diff`] values rules are written over ([`Tensor`], eager, nothing
+//!   [`Diff`] values rules are written over ([`Tensor`](crate::Tensor), eager, nothing
 //!   recorded; [`Traced`], a recording handle, so a rule is itself
 //!   differentiated for higher orders), and [`forward`], the one place a
 //!   device is chosen.
@@ -13,7 +13,7 @@
 //!   (`backend/`). A family file imports no device (`cpu/`, `cuda/`), no
 //!   method trait and no rule.
 //! - `methods/`: the method traits users call ([`UnaryOps`],
-//!   [`BinaryOps`], ...), one file per family, shared by [`Tensor`] and
+//!   [`BinaryOps`], ...), one file per family, shared by [`Tensor`](crate::Tensor) and
 //!   tapir-autograd's `Var`.
 //! - `rules/`: each family's [`Derivative`], written in those methods,
 //!   so a rule may use any family's ops. The autograd crate holds no
