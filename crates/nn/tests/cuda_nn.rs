@@ -98,6 +98,43 @@ fn cuda_gpt_layers_match_the_cpu() -> Result<()> {
     compare("gpt logits", &store, dev, 1e-4, &|b, d| gpt.logits(b, &ids.to_device(d)?, None))
 }
 
+/// The same model at a shape where every fused CUDA path does real work:
+/// heads of 64 (the tensor-core attention kernels in bf16, a block of
+/// queries wider than one warp's rows in f32), a context of 100 tokens
+/// (more than one 64-row tile, and not a multiple of it), a vocabulary row
+/// of 65 logits per token and two layers, so gradients flow through a
+/// residual stream into the embeddings. Cheap since the interpreter runs
+/// about a billion thread-instructions a second (crates/cuda-emu, "Speed").
+#[tapir_testing::cuda_test]
+fn cuda_gpt_at_a_training_shape_matches_the_cpu() -> Result<()> {
+    let Some((dev, _serial)) = cuda("cuda_gpt_at_a_training_shape_matches_the_cpu") else { return Ok(()) };
+    let cfg = GptConfig {
+        vocab: 65,
+        block_size: 100,
+        d_model: 128,
+        n_layer: 2,
+        n_head: 2,
+        mlp_ratio: 4,
+        dropout: 0.0,
+        tie_weights: true,
+    };
+    let mut rng = Rng::new(11);
+    let ids = rng.randint([2, 100], 65, DType::I64)?;
+    // f32 differs only by summation order (the two devices agree to 1e-6
+    // here); bf16 by where each device rounds (the CPU's attention rounds
+    // its f32 result once, the tensor-core kernels round P and the
+    // products' inputs to bf16, as on hardware), a few of bf16's 2^-8
+    // steps through two layers: 5e-3 fails, 1e-2 passes at this seed.
+    for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 2e-2)] {
+        let mut store = ParamStore::new();
+        let gpt = Gpt::new(&mut store, cfg.clone(), &mut Rng::new(3), dtype)?;
+        compare(&format!("gpt {dtype:?} [2, 100] d_model 128"), &store, dev, tol, &|b, d| {
+            gpt.logits(b, &ids.to_device(d)?, None)
+        })?;
+    }
+    Ok(())
+}
+
 #[tapir_testing::cuda_test]
 fn cuda_mlp_linear_and_rms_norm_match_the_cpu() -> Result<()> {
     let Some((dev, _serial)) = cuda("cuda_mlp_linear_and_rms_norm_match_the_cpu") else { return Ok(()) };
