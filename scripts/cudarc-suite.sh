@@ -22,9 +22,6 @@ EXCLUDED_TESTS=(
     "driver::safe::core::tests::test_pinned_copy_is_faster|hardware timing: asserts pinned copies beat pageable ones"
     "driver::safe::core::tests::test_default_pinned_host_reads_are_faster_than_write_combined|hardware timing: compares host read speeds of two pinned kinds"
     "driver::safe::launch::tests::test_par_launch|hardware timing: asserts two streams halve the time of one, by event timings"
-    "driver::safe::launch::tests::test_multi_stream_concurrent_reads|hardware timing: event timings between streams; its kernel (10^6 serial iterations) takes minutes in the interpreter"
-    "driver::safe::launch::tests::test_multi_stream_writes_block|hardware timing: event timings between streams; same slow kernel"
-    "driver::safe::launch::tests::test_peer_memcpy_waits_for_src_stream|same slow kernel (10^6 serial iterations: minutes in the interpreter)"
 )
 # Tests cudarc marks #[ignore] ("must be executed by itself" or "with
 # multiple gpus"), each run alone here (the emulator has two devices).
@@ -33,6 +30,7 @@ ALONE_TESTS=(
     driver::result::tests::re_associate_context_for_memory_op
     driver::safe::core::tests::test_post_alloc_memory
     driver::safe::launch::tests::test_device_side_assert
+    driver::safe::launch::tests::test_peer_memcpy_waits_for_src_stream
 )
 # name|reason: ignored tests not run alone.
 EXCLUDED_ALONE=()
