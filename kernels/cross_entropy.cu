@@ -229,11 +229,79 @@ CE_FINISH(tapir_bf16, bf16)
     CE_KERNELS(tapir_f16, f16, L, LSUFFIX)       \
     CE_KERNELS(tapir_bf16, bf16, L, LSUFFIX)
 
+// x *= s in place: 16 bytes a thread when x is aligned (a fresh buffer
+// always is), the few elements past the last whole unit one a thread.
+template <typename T> __device__ void ce_scale(i64 n, T* x, double s_d) {
+    typedef typename Acc<T>::type A;
+    const A s = (A)s_d;
+    const int N = Pack16<T>::N;
+    i64 head = 0;
+    if (aligned16(x)) {
+        head = n / N * N;
+        uint4* u = reinterpret_cast<uint4*>(x);
+        for (i64 i = global_id(); i < n / N; i += global_stride()) {
+            A e[N];
+            Pack16<T>::unpack(u[i], e);
+#pragma unroll
+            for (int j = 0; j < N; ++j) e[j] = e[j] * s;
+            u[i] = Pack16<T>::pack(e);
+        }
+    }
+    for (i64 i = head + global_id(); i < n; i += global_stride()) x[i] = from_acc<T>(to_acc(x[i]) * s);
+}
+
+// Column sums of g [rows, v] added to db [v], for rows of whole 16-byte
+// units on aligned bases: a block takes 32 units of columns (a warp's
+// 512-byte row segment) and splits the rows among its 8 warps, each
+// summing every 8th row in registers; the 8 partial sums meet in shared
+// memory in warp order, so the result does not depend on scheduling.
+// One thread a column (the plain kernel below) reads 2 or 4 bytes a lane,
+// and a vocabulary of 32,000 gives it only 125 blocks.
+#define BIAS_WARPS 8
+template <typename T> __device__ void ce_bias_grad16(i64 rows, i64 v, const T* g, T* db) {
+    typedef typename Acc<T>::type A;
+    const int N = Pack16<T>::N;
+    __shared__ A part[BIAS_WARPS][N][32];
+    const int lane = threadIdx.x % 32, w = threadIdx.x / 32;
+    const i64 units = v / N;
+    for (i64 tile = blockIdx.x; tile * 32 < units; tile += gridDim.x) {
+        const i64 unit = tile * 32 + lane;
+        A acc[N];
+#pragma unroll
+        for (int j = 0; j < N; ++j) acc[j] = A(0);
+        if (unit < units) {
+            const uint4* col = reinterpret_cast<const uint4*>(g) + unit;
+            for (i64 r = w; r < rows; r += BIAS_WARPS) {
+                A e[N];
+                Pack16<T>::unpack(col[r * units], e);
+#pragma unroll
+                for (int j = 0; j < N; ++j) acc[j] += e[j];
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < N; ++j) part[w][j][lane] = acc[j];
+        __syncthreads();
+        if (w == 0 && unit < units) {
+            for (int k = 1; k < BIAS_WARPS; ++k) {
+#pragma unroll
+                for (int j = 0; j < N; ++j) acc[j] += part[k][j][lane];
+            }
+            uint4* out = reinterpret_cast<uint4*>(db) + unit;
+            A d[N];
+            Pack16<T>::unpack(*out, d);
+#pragma unroll
+            for (int j = 0; j < N; ++j) d[j] = d[j] + acc[j];
+            *out = Pack16<T>::pack(d);
+        }
+        __syncthreads();
+    }
+}
+
 #define CE_INPLACE(T, SUFFIX)                                                                    \
-    extern "C" __global__ void ce_scale_##SUFFIX(i64 n, T* x, double s) {                        \
-        typedef Acc<T>::type A;                                                                  \
-        for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) \
-            x[i] = from_acc<T>(to_acc(x[i]) * (A)s);                                             \
+    extern "C" __global__ void ce_scale_##SUFFIX(i64 n, T* x, double s) { ce_scale<T>(n, x, s); } \
+    extern "C" __global__ void __launch_bounds__(32 * BIAS_WARPS)                                \
+        ce_bias_grad16_##SUFFIX(i64 rows, i64 v, const T* g, T* db) {                            \
+        ce_bias_grad16<T>(rows, v, g, db);                                                       \
     }                                                                                            \
     extern "C" __global__ void ce_bias_grad_##SUFFIX(i64 rows, i64 v, const T* g, T* db) {      \
         typedef Acc<T>::type A;                                                                  \

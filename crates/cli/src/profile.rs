@@ -46,6 +46,12 @@ pub const CASES: &[(&str, &str)] = &[
         "gather along the last axis of a [rows, cols] tensor by random [rows, cols] indices, and its gradient \
          (scatter_add)",
     ),
+    ("random", "uniform then normal draws of [rows, cols] in the case's dtype, generated on the device"),
+    (
+        "linear-ce",
+        "fused linear cross-entropy of hidden states [rows, 256] through a [cols, 256] head with a bias, forward and \
+         backward (the logits in chunks, never whole)",
+    ),
     (
         "attention",
         "fused causal attention forward of q, k, v [1, rows, cols] in heads of 64 (the tensor-core kernel for bf16 \
@@ -62,7 +68,8 @@ pub const CASES: &[(&str, &str)] = &[
 #[derive(Parser, Debug, Clone)]
 pub struct Args {
     /// The case: sparse-ce, softmax, sum, add, cast, adam, sgd, embedding,
-    /// index-add-hot, gather, gather-last, attention or gpt-step.
+    /// index-add-hot, gather, gather-last, random, linear-ce, attention or
+    /// gpt-step.
     #[arg(long, default_value = "sparse-ce")]
     pub case: String,
     /// Rows of the case's input.
@@ -167,6 +174,23 @@ pub fn run_case(a: &Args, device: Device) -> anyhow::Result<()> {
                 let xv = g.leaf(x.clone());
                 let loss = xv.gather(axis, &idx)?.sum_all()?;
                 std::hint::black_box(g.grad(loss, &[xv])?);
+                Ok::<_, Error>(())
+            })?;
+        }
+        "random" => {
+            drop(std::hint::black_box(rng.uniform_on([n, v], -1.0, 1.0, dt, device)?));
+            drop(std::hint::black_box(rng.normal_tensor_on([n, v], 0.0, 1.0, dt, device)?));
+        }
+        "linear-ce" => {
+            const D: usize = 256;
+            let h = rng.normal_tensor([n, D], 0.0, 1.0, DType::F32)?.cast(dt)?.to_device(device)?;
+            let w = rng.normal_tensor([v, D], 0.0, 0.05, DType::F32)?.cast(dt)?.to_device(device)?;
+            let b = rng.uniform([v], -0.1, 0.1, DType::F32)?.cast(dt)?.to_device(device)?;
+            let labels = rng.randint([n], v as u64, DType::I64)?.to_device(device)?;
+            Graph::scope(|g| {
+                let (hv, wv, bv) = (g.leaf(h.clone()), g.leaf(w.clone()), g.leaf(b.clone()));
+                let loss = hv.linear_cross_entropy(&wv, Some(&bv), &labels, CrossEntropyOptions::default(), None)?;
+                std::hint::black_box(g.grad(loss, &[hv, wv, bv])?);
                 Ok::<_, Error>(())
             })?;
         }

@@ -75,6 +75,7 @@ pub(crate) fn kernels() -> Vec<(&'static str, String)> {
         out.push((FILE, inplace_kernel("scale", dt)));
         out.push((FILE, inplace_kernel("finish", dt)));
         out.push((FILE, inplace_kernel("bias_grad", dt)));
+        out.push((FILE, inplace_kernel("bias_grad16", dt)));
     }
     out
 }
@@ -255,7 +256,16 @@ fn add_column_sums(db: Src<'_>, g: Src<'_>) -> Result<()> {
         return Ok(());
     }
     let (dev, _) = device_of_src("bias_grad", db)?;
-    let args = [Arg::I64(rows as i64), Arg::I64(v as i64), Arg::Ptr(ptr(g)?), Arg::Ptr(ptr(db)?)];
+    let (gp, dbp) = (ptr(g)?, ptr(db)?);
+    let args = [Arg::I64(rows as i64), Arg::I64(v as i64), Arg::Ptr(gp), Arg::Ptr(dbp)];
+    // Rows of whole 16-byte units on aligned bases take the vector kernel,
+    // a block for each 32 units of columns (its 8 warps, `BIAS_WARPS` in
+    // kernels/cross_entropy.cu, are the launch's block of 256 threads).
+    let unit = 16 / db.dtype().size_in_bytes();
+    if v % unit == 0 && gp % 16 == 0 && dbp % 16 == 0 {
+        let blocks = (v / unit).div_ceil(32);
+        return launch(&dev, FILE, &inplace_kernel("bias_grad16", db.dtype()), blocks * BLOCK as usize, &args);
+    }
     launch(&dev, FILE, &inplace_kernel("bias_grad", db.dtype()), v, &args)
 }
 
