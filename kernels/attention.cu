@@ -467,6 +467,236 @@ __device__ __forceinline__ void flash_dkv(i64 t, i64 heads, i64 c, i64 d, double
     }
 }
 
+// The tensor-core backward of f16 and bf16 (sm_80 and newer), in the
+// manner of FlashAttention-2's: the same two kernels as the scalar
+// backward (one for dq, one for dk and dv, so each gradient is summed in
+// one fixed order and the bits repeat; atomics into an f32 dq would add a
+// [B, T, C] f32 scratch and an order that changes from run to run), every
+// product as mma.sync m16n8k16 with f32 accumulators and fragments from
+// ldmatrix (.trans where the product's reduction runs down a tile's rows).
+// P and dS are rounded to T before their products, as the forward's P is,
+// two values an instruction by the packed cvt; the scale is applied once
+// to the finished dq and dk rather than to every dS.
+//   flash_dq_tc_SUFFIX_DR: as flash_dq_SUFFIX_DR, grid (ceil(T / TQ), B * H).
+//       A warp takes 16 query rows (Q's and dO's fragments in registers)
+//       and streams KT-key tiles: S = Q K^T and dP = dO V^T (B fragments
+//       from the K and V tiles), dS = P (dP - dsum) repacked as the A
+//       operand of dq += dS K (K's fragments transposed).
+//   flash_dkv_tc_SUFFIX_DR: as flash_dkv_SUFFIX_DR, grid (ceil(T / TK), B * H).
+//       A warp takes 16 keys (K's and V's fragments in registers) and
+//       streams QC-query chunks, computing the transposes: S^T = K Q^T and
+//       dP^T = V dO^T, so that P^T and dS^T are, as accumulators, the A
+//       operands of dv += P^T dO and dk += dS^T Q (dO and Q transposed).
+// Each kernel's tiles share one buffer of 2 TQ rows: the fragments kept in
+// registers are read from it first, then it holds the streamed tiles (for
+// DR 4, 34 KiB rather than 52 under the static 48 KiB).
+#define TK 64  // keys a tensor-core dk/dv block (16 a warp)
+#define QC 32  // query rows a chunk of the tensor-core dk/dv kernel
+
+// T's values of (lo, hi) packed as one 32-bit word, lo in the low half.
+__device__ __forceinline__ unsigned tc_pack2(float lo, float hi, tapir_f16) {
+    unsigned r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+__device__ __forceinline__ unsigned tc_pack2(float lo, float hi, tapir_bf16) {
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// The accumulators of two 8-column blocks (16 columns) as an A fragment.
+template <typename T> __device__ __forceinline__ void tc_afrag(unsigned (&a)[4], const float (&lo)[4], const float (&hi)[4]) {
+    a[0] = tc_pack2(lo[0], lo[1], T());
+    a[1] = tc_pack2(lo[2], lo[3], T());
+    a[2] = tc_pack2(hi[0], hi[1], T());
+    a[3] = tc_pack2(hi[2], hi[3], T());
+}
+
+// acc[N / 8][4] += A (16 x W, fragments a) times the N rows of tile s as B
+// (s[n][channel], so B = s^T): 16 x N, the layout of S = Q K^T.
+template <typename T, int W, int N, int S>
+__device__ __forceinline__ void tc_rows_t(float (&acc)[N / 8][4], const unsigned (&a)[W / 16][4], const u16 (*s)[S],
+                                          int lane) {
+#pragma unroll
+    for (int nb = 0; nb < N / 8; nb++) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < W / 16; ks++) {
+#pragma unroll
+        for (int nb = 0; nb < N / 8; nb += 2) {
+            unsigned f[4];
+            tc_ldsm_x4(f, &s[nb * 8 + lane % 8 + 8 * (lane / 16)][ks * 16 + 8 * ((lane / 8) % 2)]);
+            tc_mma(acc[nb], a[ks], f[0], f[1], T());
+            tc_mma(acc[nb + 1], a[ks], f[2], f[3], T());
+        }
+    }
+}
+
+// acc[W / 8][4] += P (16 x N, accumulators p rounded to T) times the N rows
+// of tile s (s[k][channel] as B, transposed by ldmatrix): the O += P V form.
+template <typename T, int W, int N, int S>
+__device__ __forceinline__ void tc_acc_rows(float (&acc)[W / 8][4], const float (&p)[N / 8][4], const u16 (*s)[S],
+                                            int lane) {
+#pragma unroll
+    for (int kk = 0; kk < N / 16; kk++) {
+        unsigned pa[4];
+        tc_afrag<T>(pa, p[2 * kk], p[2 * kk + 1]);
+#pragma unroll
+        for (int nd = 0; nd < W / 8; nd += 2) {
+            unsigned f[4];
+            tc_ldsm_x4_trans(f, &s[kk * 16 + lane % 8 + 8 * ((lane / 8) % 2)][nd * 8 + 8 * (lane / 16)]);
+            tc_mma(acc[nd], pa, f[0], f[1], T());
+            tc_mma(acc[nd + 1], pa, f[2], f[3], T());
+        }
+    }
+}
+
+// Writes a warp's 16 x W accumulators (scaled by mul) to rows r0.. of x.
+template <typename T, int W>
+__device__ __forceinline__ void tc_store(T* x, const float (&acc)[W / 8][4], float mul, i64 base, i64 r0, i64 t, i64 c,
+                                         i64 d, int lane) {
+    const int g = lane / 4, tq = lane % 4;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const i64 i = r0 + g + 8 * r;
+        if (i >= t) continue;
+#pragma unroll
+        for (int nd = 0; nd < W / 8; nd++) {
+            const i64 col = nd * 8 + 2 * tq;
+            if (col < d) x[base + i * c + col] = from_acc<T>(acc[nd][2 * r] * mul);
+            if (col + 1 < d) x[base + i * c + col + 1] = from_acc<T>(acc[nd][2 * r + 1] * mul);
+        }
+    }
+}
+
+template <typename T, int DR>
+__device__ __forceinline__ void flash_dq_tc(i64 t, i64 heads, i64 c, i64 d, double scale_, const T* q, const T* k,
+                                            const T* v, const T* g, const float* lse, const float* dsum, T* dq) {
+#if __CUDA_ARCH__ >= 800
+    const int W = 32 * DR, S = W + 8;
+    __shared__ __align__(16) u16 buf[2 * TQ][S];
+    u16(*Ks)[S] = buf;
+    u16(*Vs)[S] = buf + KT;
+    const float scale = (float)scale_;
+    const i64 bh = blockIdx.y, b = bh / heads, h = bh % heads;
+    const i64 base = b * t * c + h * d;
+    const i64 q0 = (i64)blockIdx.x * TQ;
+    const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP, gr = lane / 4, tq = lane % 4;
+    const bool vec = d % 8 == 0 && c % 8 == 0 && ((u64)q & 15) == 0 && ((u64)k & 15) == 0 && ((u64)v & 15) == 0 &&
+                     ((u64)g & 15) == 0;
+    const i64 r0 = q0 + w * 16;
+    tc_load<T, TQ, W, S>(buf, q, base, q0, t, c, d, vec);
+    tc_load<T, TQ, W, S>(buf + TQ, g, base, q0, t, c, d, vec);
+    __syncthreads();
+    unsigned qf[W / 16][4], gf[W / 16][4];
+#pragma unroll
+    for (int ks = 0; ks < W / 16; ks++) {
+        tc_ldsm_x4(qf[ks], &buf[w * 16 + lane % 16][ks * 16 + 8 * (lane / 16)]);
+        tc_ldsm_x4(gf[ks], &buf[TQ + w * 16 + lane % 16][ks * 16 + 8 * (lane / 16)]);
+    }
+    float li[2], di[2];  // rows gr, gr + 8
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const i64 i = r0 + gr + 8 * r;
+        li[r] = i < t ? lse[bh * t + i] : 0.f;
+        di[r] = i < t ? dsum[bh * t + i] : 0.f;
+    }
+    float acc[W / 8][4];
+#pragma unroll
+    for (int nd = 0; nd < W / 8; nd++) acc[nd][0] = acc[nd][1] = acc[nd][2] = acc[nd][3] = 0.f;
+    const i64 kend = q0 + TQ < t ? q0 + TQ : t;
+    for (i64 k0 = 0; k0 < kend; k0 += KT) {
+        __syncthreads();  // the fragments, or the previous tile, are read
+        tc_load<T, KT, W, S>(Ks, k, base, k0, t, c, d, vec);
+        tc_load<T, KT, W, S>(Vs, v, base, k0, t, c, d, vec);
+        __syncthreads();
+        if (r0 >= t || k0 > r0 + 15) continue;  // uniform over the warp
+        float s[KT / 8][4], dp[KT / 8][4];
+        tc_rows_t<T, W, KT, S>(s, qf, Ks, lane);
+        tc_rows_t<T, W, KT, S>(dp, gf, Vs, lane);
+#pragma unroll
+        for (int nb = 0; nb < KT / 8; nb++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const i64 j = k0 + nb * 8 + 2 * tq + (e & 1), i = r0 + gr + 8 * (e >> 1);
+                const float p = j <= i && i < t ? t_exp(s[nb][e] * scale - li[e >> 1]) : 0.f;
+                s[nb][e] = p * (dp[nb][e] - di[e >> 1]);  // dS / scale
+            }
+        }
+        tc_acc_rows<T, W, KT, S>(acc, s, Ks, lane);
+    }
+    tc_store<T, W>(dq, acc, scale, base, r0, t, c, d, lane);
+#endif
+}
+
+template <typename T, int DR>
+__device__ __forceinline__ void flash_dkv_tc(i64 t, i64 heads, i64 c, i64 d, double scale_, const T* q, const T* k,
+                                             const T* v, const T* g, const float* lse, const float* dsum, T* dk,
+                                             T* dv) {
+#if __CUDA_ARCH__ >= 800
+    const int W = 32 * DR, S = W + 8;
+    __shared__ __align__(16) u16 buf[2 * TK][S];
+    __shared__ float Ls[QC], Ds[QC];
+    u16(*Qs)[S] = buf;
+    u16(*Gs)[S] = buf + QC;
+    const float scale = (float)scale_;
+    const i64 bh = blockIdx.y, b = bh / heads, h = bh % heads;
+    const i64 base = b * t * c + h * d;
+    const i64 k0 = (i64)blockIdx.x * TK;
+    const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP, gr = lane / 4, tq = lane % 4;
+    const bool vec = d % 8 == 0 && c % 8 == 0 && ((u64)q & 15) == 0 && ((u64)k & 15) == 0 && ((u64)v & 15) == 0 &&
+                     ((u64)g & 15) == 0;
+    const i64 j0 = k0 + w * 16;  // the warp's first key
+    tc_load<T, TK, W, S>(buf, k, base, k0, t, c, d, vec);
+    tc_load<T, TK, W, S>(buf + TK, v, base, k0, t, c, d, vec);
+    __syncthreads();
+    unsigned kf[W / 16][4], vf[W / 16][4];
+#pragma unroll
+    for (int ks = 0; ks < W / 16; ks++) {
+        tc_ldsm_x4(kf[ks], &buf[w * 16 + lane % 16][ks * 16 + 8 * (lane / 16)]);
+        tc_ldsm_x4(vf[ks], &buf[TK + w * 16 + lane % 16][ks * 16 + 8 * (lane / 16)]);
+    }
+    float ak[W / 8][4], av[W / 8][4];
+#pragma unroll
+    for (int nd = 0; nd < W / 8; nd++) {
+        ak[nd][0] = ak[nd][1] = ak[nd][2] = ak[nd][3] = 0.f;
+        av[nd][0] = av[nd][1] = av[nd][2] = av[nd][3] = 0.f;
+    }
+    // Queries before the block's first key attend to none of its keys.
+    for (i64 i0 = k0; i0 < t; i0 += QC) {
+        __syncthreads();  // the fragments, or the previous chunk, are read
+        tc_load<T, QC, W, S>(Qs, q, base, i0, t, c, d, vec);
+        tc_load<T, QC, W, S>(Gs, g, base, i0, t, c, d, vec);
+        if (threadIdx.x < QC) {
+            const i64 i = i0 + threadIdx.x;
+            Ls[threadIdx.x] = i < t ? lse[bh * t + i] : 0.f;
+            Ds[threadIdx.x] = i < t ? dsum[bh * t + i] : 0.f;
+        }
+        __syncthreads();
+        if (j0 >= t || i0 + QC - 1 < j0) continue;  // uniform: no query of the chunk sees a key of the warp
+        float s[QC / 8][4], dp[QC / 8][4];  // S^T and dP^T: rows keys, columns queries
+        tc_rows_t<T, W, QC, S>(s, kf, Qs, lane);
+        tc_rows_t<T, W, QC, S>(dp, vf, Gs, lane);
+#pragma unroll
+        for (int nb = 0; nb < QC / 8; nb++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int col = nb * 8 + 2 * tq + (e & 1);
+                const i64 i = i0 + col, j = j0 + gr + 8 * (e >> 1);
+                const float p = j <= i && i < t ? t_exp(s[nb][e] * scale - Ls[col]) : 0.f;
+                s[nb][e] = p;
+                dp[nb][e] = p * (dp[nb][e] - Ds[col]);  // dS^T / scale
+            }
+        }
+        tc_acc_rows<T, W, QC, S>(av, s, Gs, lane);
+        tc_acc_rows<T, W, QC, S>(ak, dp, Qs, lane);
+    }
+    tc_store<T, W>(dk, ak, scale, base, j0, t, c, d, lane);
+    tc_store<T, W>(dv, av, 1.f, base, j0, t, c, d, lane);
+#endif
+}
+
 #define FLASH_KERNELS(T, SUFFIX, DR)                                                                              \
     extern "C" __global__ void __launch_bounds__(ATT_THREADS)                                                    \
         flash_fwd_##SUFFIX##_##DR(i64 t, i64 heads, i64 c, i64 d, double scale, const T* q, const T* k,           \
@@ -502,6 +732,16 @@ __device__ __forceinline__ void flash_dkv(i64 t, i64 heads, i64 c, i64 d, double
         flash_fwd_tc_##SUFFIX##_##DR(i64 t, i64 heads, i64 c, i64 d, double scale, const T* q, const T* k,        \
                                      const T* v, T* y, float* lse) {                                             \
         flash_fwd_tc<T, DR>(t, heads, c, d, scale, q, k, v, y, lse);                                             \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(ATT_THREADS)                                                    \
+        flash_dq_tc_##SUFFIX##_##DR(i64 t, i64 heads, i64 c, i64 d, double scale, const T* q, const T* k,         \
+                                    const T* v, const T* g, const float* lse, const float* dsum, T* dq) {        \
+        flash_dq_tc<T, DR>(t, heads, c, d, scale, q, k, v, g, lse, dsum, dq);                                    \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(ATT_THREADS)                                                    \
+        flash_dkv_tc_##SUFFIX##_##DR(i64 t, i64 heads, i64 c, i64 d, double scale, const T* q, const T* k,        \
+                                     const T* v, const T* g, const float* lse, const float* dsum, T* dk, T* dv) { \
+        flash_dkv_tc<T, DR>(t, heads, c, d, scale, q, k, v, g, lse, dsum, dk, dv);                               \
     }
 
 FLASH_ALL(float, f32)

@@ -58,6 +58,11 @@ pub const CASES: &[(&str, &str)] = &[
          and f16)",
     ),
     (
+        "attention-grad",
+        "the attention case's forward and then its fused backward (the log-sum-exp recomputed, g . y, dq, dk and dv) \
+         for a random upstream gradient (tensor-core kernels for bf16 and f16)",
+    ),
+    (
         "gpt-step",
         "one training step (loss, gradients, Adam) of the default mini-GPT (2 layers, d_model 64, 16 positions) with \
          a vocabulary of cols, on rows sequences",
@@ -68,8 +73,8 @@ pub const CASES: &[(&str, &str)] = &[
 #[derive(Parser, Debug, Clone)]
 pub struct Args {
     /// The case: sparse-ce, softmax, sum, add, cast, adam, sgd, embedding,
-    /// index-add-hot, gather, gather-last, random, linear-ce, attention or
-    /// gpt-step.
+    /// index-add-hot, gather, gather-last, random, linear-ce, attention,
+    /// attention-grad or gpt-step.
     #[arg(long, default_value = "sparse-ce")]
     pub case: String,
     /// Rows of the case's input.
@@ -194,15 +199,23 @@ pub fn run_case(a: &Args, device: Device) -> anyhow::Result<()> {
                 Ok::<_, Error>(())
             })?;
         }
-        "attention" => {
+        "attention" | "attention-grad" => {
             if v == 0 || v % 64 != 0 {
-                bail!("--case attention takes --cols a multiple of 64 (heads 64 wide), not {v}");
+                bail!("--case {} takes --cols a multiple of 64 (heads 64 wide), not {v}", a.case);
             }
             let mut qkv = Vec::new();
             for _ in 0..3 {
                 qkv.push(rng.normal_tensor([1, n, v], 0.0, 1.0, DType::F32)?.cast(dt)?.to_device(device)?);
             }
-            drop(std::hint::black_box(tapir::nn::causal_attention(&qkv[0], &qkv[1], &qkv[2], v / 64)?));
+            let y = tapir::nn::causal_attention(&qkv[0], &qkv[1], &qkv[2], v / 64)?;
+            if a.case == "attention-grad" {
+                use tapir::tensor::ops::Derivative;
+                let g = rng.normal_tensor([1, n, v], 0.0, 1.0, DType::F32)?.cast(dt)?.to_device(device)?;
+                let op = tapir::nn::CausalAttention { heads: v / 64, scale: 0.125 };
+                std::hint::black_box(op.vjp_eager(qkv.into(), y, g)?);
+            } else {
+                drop(std::hint::black_box(y));
+            }
         }
         "gpt-step" => {
             let cfg = GptConfig { vocab: v, ..GptConfig::default() };

@@ -156,6 +156,56 @@ test_device! {
         Ok(())
     }
 
+    /// The f16/bf16 backward's tensor-core kernels (on CUDA devices of
+    /// compute capability 8.0 and newer, the emulated one included; the CPU
+    /// runs the same checks on its own kernels): all three gradients
+    /// against the f32 composition of the same rounded inputs, for heads 32,
+    /// 64 and 128 wide (DR 1, 2, 4) and T = 1, 17, 100, 129 (one row; less
+    /// than one 32-query chunk; several 64-key blocks with a partial last
+    /// one; one past two 64-row blocks), over B * H = 4 (batch, head)
+    /// pairs. The kernels round P and dS to the input dtype before their
+    /// products, as FlashAttention does, besides the output's own rounding:
+    /// each gradient is then a sum of terms each off by a few units of
+    /// rounding u (2^-8 for bf16, 2^-11 for f16) of its size, and the bound
+    /// is 2e-2 (5 u) for bf16 and 4e-3 (8 u) for f16 of 1 + |reference|,
+    /// the existing half tests' bound; the observed worst on the emulated
+    /// device is 6.7e-3 (bf16) and 9.4e-4 (f16), printed per case. The
+    /// gradients are the same bits on a second run (no atomics).
+    fn fused_attention_backward_half_on_the_tensor_cores(device: Device) -> Result<()> {
+        for (dtype, tol) in [(DType::BF16, 2e-2), (DType::F16, 4e-3)] {
+            for d in [32, 64, 128] {
+                for t in [1, 17, 100, 129] {
+                    let (b, heads) = (2, 2);
+                    let c = heads * d;
+                    let op = CausalAttention { heads, scale: 1.0 / (d as f64).sqrt() };
+                    let [q, k, v, g] = [1, 2, 3, 4].map(|s| rnd(&[b, t, c], s, dtype, device));
+                    let up = |x: &Tensor| x.cast(DType::F32).expect("cast");
+                    let y = causal_attention(&q, &k, &v, heads)?;
+                    let grads = || op.vjp_eager(smallvec![q.clone(), k.clone(), v.clone()], y.clone(), g.clone());
+                    let (first, second) = (grads()?, grads()?);
+                    let (qf, kf, vf, gf) = (up(&q), up(&k), up(&v), up(&g));
+                    let yc = op.composed(&qf, &kf, &vf)?;
+                    let want = op.vjp(&[&qf, &kf, &vf], &yc, &gf)?;
+                    for i in 0..3 {
+                        let what = format!("[{b}, {t}, {c}] / {heads} {dtype} {}", PARTS[i + 1]);
+                        let got = first[i].as_ref().expect("grad");
+                        assert_eq!(got.dtype(), dtype, "{what}");
+                        let (got, want) = (host(got), host(want[i].as_ref().expect("grad")));
+                        assert_eq!(got, host(second[i].as_ref().expect("grad")), "{what}: a second run's bits");
+                        assert_close(&what, &got, &want, tol);
+                        // With one key the softmax is constant: dq and dk are zero (up to rounding).
+                        if t > 1 || i == 2 {
+                            assert!(got.iter().any(|&x| x != 0.0), "{what} is not all zero");
+                        }
+                        let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs() / (1.0 + b.abs())).fold(0.0, f64::max);
+                        println!("{device:?} {what}: worst |error| / (1 + |reference|) {worst:.2e}");
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Recording through the fused op uses the composed rules: forward mode
     /// (a JVP) and second order (the gradient of a gradient's norm) match
     /// the composition's on the same device, and the gradient checker

@@ -48,12 +48,13 @@ fn fused_step(op: CausalAttention, [q, k, v, g]: &[Tensor; 4]) {
     assert!(d.iter().all(|x| x.is_some()));
 }
 
-/// The fused path's peak above q, k, v and g, in bytes, for f32:
-/// the output y [B, T, C] (alive through the backward, which reads it),
-/// dq, dk, dv [B, T, C], and two f32 rows of statistics per (batch, head)
-/// (the log-sum-exp the backward recomputes, and g . y per query).
-fn fused_peak_formula(b: usize, t: usize, c: usize, heads: usize) -> usize {
-    4 * (4 * b * t * c + 2 * b * heads * t)
+/// The fused path's peak above q, k, v and g, in bytes, for elements of
+/// `size` bytes (f32, f16, bf16; all three accumulate in f32): the output
+/// y [B, T, C] (alive through the backward, which reads it), dq, dk, dv
+/// [B, T, C], and two f32 rows of statistics per (batch, head) (the
+/// log-sum-exp the backward recomputes, and g . y per query).
+fn fused_peak_formula(b: usize, t: usize, c: usize, heads: usize, size: usize) -> usize {
+    size * 4 * b * t * c + 4 * 2 * b * heads * t
 }
 
 #[test]
@@ -62,11 +63,16 @@ fn cuda_fused_attention_peak_is_linear_in_t() {
     let Some(dev) = cuda_or_skip("cuda_fused_attention_peak_is_linear_in_t", Device::cuda(0)) else { return };
     let (b, c, heads) = (1, 64, 4);
     let op = CausalAttention { heads, scale: 1.0 / ((c / heads) as f64).sqrt() };
-    for t in [40, 97] {
-        let xs = inputs(b, t, c, dev);
-        let peak = peak_of(dev, || fused_step(op, &xs));
-        println!("fused causal attention, B={b} T={t} C={c} H={heads}: peak {peak} bytes above the inputs");
-        assert_eq!(peak, fused_peak_formula(b, t, c, heads), "T = {t}");
+    // bf16 and f16 run the tensor-core kernels (compute capability 8.0
+    // and newer, the emulated device's), which keep nothing beyond the
+    // scalar kernels' in device memory: their tiles are in shared memory.
+    for dtype in [DType::F32, DType::BF16, DType::F16] {
+        for t in [40, 97, 130] {
+            let xs = inputs(b, t, c, dev).map(|x| x.cast(dtype).expect("cast"));
+            let peak = peak_of(dev, || fused_step(op, &xs));
+            println!("fused causal attention {dtype}, B={b} T={t} C={c} H={heads}: peak {peak} bytes above the inputs");
+            assert_eq!(peak, fused_peak_formula(b, t, c, heads, dtype.size_in_bytes()), "{dtype} T = {t}");
+        }
     }
 }
 
@@ -118,7 +124,7 @@ fn cuda_attention_peak_at_t_512() {
         assert!(d.iter().all(|x| x.is_some()));
     });
     println!("B={b} T={t} C={c} H={heads}: peak above the inputs, fused {fused} bytes, composed {composed} bytes");
-    assert_eq!(fused, fused_peak_formula(b, t, c, heads));
+    assert_eq!(fused, fused_peak_formula(b, t, c, heads, 4));
     assert!(composed >= 6 * 4 * b * heads * t * t, "the composed step holds six [B, H, T, T] tensors");
 }
 

@@ -2,9 +2,10 @@
 //! of `kernels/softmax.cu` (the mask is computed in the kernel, never a
 //! tensor) and the fused attention of `kernels/attention.cu` (queries in
 //! tiles, keys and values streamed through shared memory, an online
-//! softmax (for f16 and bf16 on compute capability 8.0 and newer, both
-//! products on the tensor cores), and a backward that recomputes the probabilities tile by tile
-//! from the per-row log-sum-exp; no `[T, T]` tensor exists).
+//! softmax, and a backward that recomputes the probabilities tile by tile
+//! from the per-row log-sum-exp; for f16 and bf16 on compute capability
+//! 8.0 and newer every product of both directions runs on the tensor
+//! cores; no `[T, T]` tensor exists).
 //!
 //! tapir-nn's `CausalSoftmax` and `CausalAttention` hold the meaning, the
 //! shape checks and the derivative rules; this module sees only tensors
@@ -33,6 +34,9 @@ const TQ: usize = 64;
 const BQ: usize = 8;
 /// Keys a tile, and a block of the key/value-gradient kernel (`KT`).
 const KT: usize = 32;
+/// Keys a block of the tensor-core key/value-gradient kernel (`TK`); its
+/// query-gradient kernel takes [`TQ`] rows a block, as the forward does.
+const TK: usize = 64;
 /// The widest head the fused kernels take (`32 * DR` with DR at most 4).
 pub const MAX_HEAD_DIM: usize = 128;
 /// Threads a block of the causal softmax: a row a block, or a row a warp
@@ -65,7 +69,9 @@ pub(crate) fn kernels() -> Vec<(&'static str, String)> {
                 out.push((ATTENTION, format!("flash_{k}_{s}_{dr}")));
             }
             if matches!(dt, DType::F16 | DType::BF16) {
-                out.push((ATTENTION, format!("flash_fwd_tc_{s}_{dr}")));
+                for k in ["fwd", "dq", "dkv"] {
+                    out.push((ATTENTION, format!("flash_{k}_tc_{s}_{dr}")));
+                }
             }
         }
     }
@@ -107,7 +113,7 @@ fn launch(
     Ok(())
 }
 
-/// Whether `dev` runs the tensor-core forward for `dtype`: f16 and bf16 on
+/// Whether `dev` runs the tensor-core forward and backward for `dtype`: f16 and bf16 on
 /// compute capability 8.0 and newer, which have `mma.sync` m16n8k16 (the
 /// kernels are compiled for the device's own architecture).
 fn tensor_cores(dev: &CudaDevice, dtype: DType) -> bool {
@@ -335,13 +341,16 @@ pub fn flash_backward(
             Arg::Ptr(first_element(OP, &dsum)?),
         ]);
         let bh = grid_dim(OP, geo.b * geo.heads)?;
+        // The tensor-core kernels take the same arguments in larger blocks.
+        let ((dq_kind, dq_rows), (dkv_kind, dkv_keys)) =
+            if tensor_cores(&dev, q.dtype()) { (("dq_tc", TQ), ("dkv_tc", TK)) } else { (("dq", BQ), ("dkv", KT)) };
         let (mut dq_args, mut dkv_args) = (common.clone(), common);
         dq_args.push(Arg::Ptr(dq.ptr()));
         launch(
             &dev,
             ATTENTION,
-            &geo.kernel("dq", q.dtype()),
-            (grid_dim(OP, geo.t.div_ceil(BQ))?, bh),
+            &geo.kernel(dq_kind, q.dtype()),
+            (grid_dim(OP, geo.t.div_ceil(dq_rows))?, bh),
             THREADS,
             &dq_args,
         )?;
@@ -349,8 +358,8 @@ pub fn flash_backward(
         launch(
             &dev,
             ATTENTION,
-            &geo.kernel("dkv", q.dtype()),
-            (grid_dim(OP, geo.t.div_ceil(KT))?, bh),
+            &geo.kernel(dkv_kind, q.dtype()),
+            (grid_dim(OP, geo.t.div_ceil(dkv_keys))?, bh),
             THREADS,
             &dkv_args,
         )?;
