@@ -84,8 +84,8 @@ pub struct Args {
     /// Precision of the L-BFGS phase: the parameters, points and grid are
     /// cast when it starts (default: the Adam phase's precision). For
     /// L-BFGS past where f32 rounding stops it: on burgers, f32 L-BFGS
-    /// stalls near a loss of 4e-6, while an f64 iteration costs about 2.2x
-    /// an f32 one on a Zen 4 CPU (docs/performance.md, "PINN accuracy").
+    /// stalls near a loss of 4e-6, while an f64 iteration costs 2-3x an
+    /// f32 one on a Zen 4 CPU (docs/performance.md, "PINN accuracy").
     #[arg(long, value_enum)]
     pub lbfgs_precision: Option<Precision>,
     /// Seed for points and weights.
