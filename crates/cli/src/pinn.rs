@@ -31,6 +31,24 @@ pub enum Problem {
     Burgers,
 }
 
+/// A floating-point precision for one phase of the training.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Precision {
+    /// 32-bit floats.
+    F32,
+    /// 64-bit floats.
+    F64,
+}
+
+impl Precision {
+    fn dtype(self) -> DType {
+        match self {
+            Precision::F32 => DType::F32,
+            Precision::F64 => DType::F64,
+        }
+    }
+}
+
 /// Arguments of `tapir pinn`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct Args {
@@ -63,6 +81,13 @@ pub struct Args {
     /// Compute in f64 instead of f32.
     #[arg(long)]
     pub f64: bool,
+    /// Precision of the L-BFGS phase: the parameters, points and grid are
+    /// cast when it starts (default: the Adam phase's precision). For
+    /// L-BFGS past where f32 rounding stops it: on burgers, f32 L-BFGS
+    /// stalls near a loss of 4e-6, while an f64 iteration costs 2-3x an
+    /// f32 one on a Zen 4 CPU (docs/performance.md, "PINN accuracy").
+    #[arg(long, value_enum)]
+    pub lbfgs_precision: Option<Precision>,
     /// Seed for points and weights.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -418,19 +443,38 @@ struct Grid {
 
 impl Grid {
     fn new(p: Problem, dtype: DType, device: Device, gh: &GaussHermite) -> Result<Self> {
-        let n = 101;
         let ((x0, x1), (y0, y1)) = domain(p);
-        let mut pts = Vec::with_capacity(n * n * 2);
-        let mut ex = Vec::with_capacity(n * n);
-        for j in 0..n {
-            for i in 0..n {
-                let (x, y) = (x0 + (x1 - x0) * i as f64 / (n - 1) as f64, y0 + (y1 - y0) * j as f64 / (n - 1) as f64);
+        Self::linspace(p, dtype, device, gh, (x0, x1, 101), (y0, y1, 101))
+    }
+
+    /// Raissi et al.'s evaluation grid for burgers (their `burgers_shock.mat`):
+    /// 256 x from -1 to 1 (so none at the shock, x = 0) by 100 t from 0 to
+    /// 0.99.
+    fn paper(p: Problem, dtype: DType, device: Device, gh: &GaussHermite) -> Result<Self> {
+        Self::linspace(p, dtype, device, gh, (-1.0, 1.0, 256), (0.0, 0.99, 100))
+    }
+
+    /// `nx` evenly spaced x from `x0` to `x1` by `ny` y from `y0` to `y1`,
+    /// x fastest.
+    fn linspace(
+        p: Problem,
+        dtype: DType,
+        device: Device,
+        gh: &GaussHermite,
+        (x0, x1, nx): (f64, f64, usize),
+        (y0, y1, ny): (f64, f64, usize),
+    ) -> Result<Self> {
+        let mut pts = Vec::with_capacity(nx * ny * 2);
+        let mut ex = Vec::with_capacity(nx * ny);
+        for j in 0..ny {
+            for i in 0..nx {
+                let (x, y) = (x0 + (x1 - x0) * i as f64 / (nx - 1) as f64, y0 + (y1 - y0) * j as f64 / (ny - 1) as f64);
                 pts.push(x);
                 pts.push(y);
                 ex.push(exact(p, x, y, gh));
             }
         }
-        Ok(Grid { pts: Tensor::from_vec(pts, [n * n, 2])?.cast(dtype)?.to_device(device)?, exact: ex, n })
+        Ok(Grid { pts: Tensor::from_vec(pts, [nx * ny, 2])?.cast(dtype)?.to_device(device)?, exact: ex, n: nx })
     }
 
     fn predict(&self, net: &Mlp, store: &ParamStore, mirror: Option<&Tensor>) -> Result<Vec<f64>> {
@@ -465,6 +509,26 @@ pub struct Outcome {
     pub world: usize,
     /// Seconds this rank spent in the gradients' all-reduces.
     pub allreduce_s: f64,
+    /// Burgers only: the relative L2 error on the grid Raissi et al. (2019)
+    /// report theirs on (x at 256 even steps of [-1, 1], t = 0, 0.01, ..,
+    /// 0.99), against the same Cole-Hopf solution.
+    pub paper_grid_rel_l2: Option<f64>,
+    /// The index in `live` where the L-BFGS phase starts when it runs in
+    /// another dtype than Adam (its parameters, points and grid are cast and
+    /// Adam's moments freed, so the level changes there once).
+    pub phase_switch: Option<usize>,
+}
+
+impl Outcome {
+    /// Whether live memory is identical at every step boundary after the
+    /// first, within each phase (see [`Outcome::phase_switch`]).
+    pub fn live_flat(&self) -> bool {
+        let flat = |v: &[usize]| v.iter().skip(1).all(|&b| b == v[1.min(v.len().saturating_sub(1))]);
+        match self.phase_switch {
+            Some(k) if k <= self.live.len() => flat(&self.live[..k]) && flat(&self.live[k..]),
+            _ => flat(&self.live),
+        }
+    }
 }
 
 /// Trains and evaluates; the CLI and the tests share this.
@@ -528,9 +592,16 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
     };
     let gh = GaussHermite::new(200);
     // Every rank draws every point from the seed, then keeps its share.
-    let pts = sample(prob, a, dtype, device, &gh)?;
-    let pts = if world > 1 { pts.shard(rank, world)? } else { pts };
-    let grid = Grid::new(prob, dtype, device, &gh)?;
+    let points = |dtype: DType| -> Result<Points> {
+        let pts = sample(prob, a, dtype, device, &gh)?;
+        if world > 1 {
+            pts.shard(rank, world)
+        } else {
+            Ok(pts)
+        }
+    };
+    let mut pts = points(dtype)?;
+    let mut grid = Grid::new(prob, dtype, device, &gh)?;
     let mut rng = Rng::new(a.seed.wrapping_add(1));
     let mut store = ParamStore::new();
     let mut widths = vec![2];
@@ -544,8 +615,7 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
     // made here, once.
     let mut ddp = if world > 1 { Some(DataParallel::new(comm, &mut store, DdpOptions::default())?) } else { None };
     let odd = odd_in_x(a);
-    let mirror = odd.then_some(&pts.mirror);
-    let initial_rel_l2 = grid.rel_l2(&grid.predict(&net, &store, mirror)?);
+    let initial_rel_l2 = grid.rel_l2(&grid.predict(&net, &store, odd.then_some(&pts.mirror))?);
     let mut adam = Adam::new(a.lr);
     let schedule = Schedule::Exponential { total: a.steps, final_factor: a.lr_final / a.lr };
     let bar = if a.quiet || !speak { ProgressBar::hidden() } else { ProgressBar::new((a.steps + lbfgs_iters) as u64) };
@@ -558,7 +628,9 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
     let mut losses = Vec::with_capacity(a.steps + lbfgs_iters);
     let mut err = initial_rel_l2;
     let mut errors = vec![(0, initial_rel_l2)];
-    let evaluate = |store: &ParamStore| -> Result<f64> { Ok(grid.rel_l2(&grid.predict(&net, store, mirror)?)) };
+    let evaluate = |grid: &Grid, pts: &Points, store: &ParamStore| -> Result<f64> {
+        Ok(grid.rel_l2(&grid.predict(&net, store, odd.then_some(&pts.mirror))?))
+    };
     for step in 0..a.steps {
         let lr = schedule.lr(a.lr, step);
         let (l, grads) = loss_and_grads(prob, &net, &pts, odd, &store, comm, ddp.as_mut())?;
@@ -568,7 +640,7 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
         live.push(memory_allocated(device));
         losses.push(l);
         if (step + 1) % a.eval_every == 0 || step + 1 == a.steps {
-            err = evaluate(&store)?;
+            err = evaluate(&grid, &pts, &store)?;
             errors.push((step + 1, err));
             if speak {
                 bar.suspend(|| {
@@ -585,6 +657,28 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
         bar.set_message(format!("adam loss {} rel L2 {}", num(l), num(err)));
         bar.inc(1);
     }
+    let lbfgs_dtype = a.lbfgs_precision.map_or(dtype, Precision::dtype);
+    // Where the live memory's level may change: the L-BFGS phase holds
+    // other dtypes and no Adam state.
+    let mut phase_switch = None;
+    if lbfgs_iters > 0 && lbfgs_dtype != dtype {
+        // Adam's moments are no longer needed; the parameters, the points
+        // (drawn again from the same seed: the same points) and the grid
+        // are rebuilt in the L-BFGS phase's dtype.
+        drop(adam);
+        let ids: Vec<_> = store.ids().collect();
+        for id in ids {
+            let t = store.get_mut(id);
+            *t = t.cast(lbfgs_dtype)?;
+        }
+        pts = points(lbfgs_dtype)?;
+        grid = Grid::new(prob, lbfgs_dtype, device, &gh)?;
+        if world > 1 {
+            // The gradient buckets hold the old dtype.
+            ddp = Some(DataParallel::new(comm, &mut store, DdpOptions::default())?);
+        }
+        phase_switch = Some(a.steps);
+    }
     let mut lbfgs = Lbfgs::new(50);
     for it in 0..lbfgs_iters {
         let st =
@@ -593,7 +687,7 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
         losses.push(st.loss);
         let last = it + 1 == lbfgs_iters || st.converged;
         if (it + 1) % 50 == 0 || last {
-            err = evaluate(&store)?;
+            err = evaluate(&grid, &pts, &store)?;
             errors.push((a.steps + it + 1, err));
             if speak {
                 bar.suspend(|| {
@@ -619,12 +713,32 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
         }
     }
     bar.finish();
+    let mirror = odd.then_some(&pts.mirror);
     let u = grid.predict(&net, &store, mirror)?;
     let rel_l2 = grid.rel_l2(&u);
     let seconds = started.elapsed().as_secs_f64();
+    // After the clock stops: the paper's grid is an extra 25,600 points.
+    let paper_grid_rel_l2 = if prob == Problem::Burgers && speak {
+        let paper = Grid::paper(prob, if phase_switch.is_some() { lbfgs_dtype } else { dtype }, device, &gh)?;
+        Some(paper.rel_l2(&paper.predict(&net, &store, mirror)?))
+    } else {
+        None
+    };
     let allreduce_s = ddp.as_ref().map_or(Ok(0.0), DataParallel::comm_seconds)?;
     if !speak {
-        return Ok(Outcome { rel_l2, initial_rel_l2, live, losses, errors, seconds, rank, world, allreduce_s });
+        return Ok(Outcome {
+            rel_l2,
+            initial_rel_l2,
+            live,
+            losses,
+            errors,
+            seconds,
+            rank,
+            world,
+            allreduce_s,
+            phase_switch,
+            paper_grid_rel_l2,
+        });
     }
     if !a.plot.as_os_str().is_empty() {
         let ((x0, x1), (y0, y1)) = domain(prob);
@@ -690,13 +804,25 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
             ],
         )?;
     }
-    Ok(Outcome { rel_l2, initial_rel_l2, live, losses, errors, seconds, rank, world, allreduce_s })
+    Ok(Outcome {
+        rel_l2,
+        initial_rel_l2,
+        live,
+        losses,
+        errors,
+        seconds,
+        rank,
+        world,
+        allreduce_s,
+        phase_switch,
+        paper_grid_rel_l2,
+    })
 }
 
 /// Runs the command.
 pub fn run(a: Args) -> anyhow::Result<()> {
     let o = train(&a).context("training")?;
-    let flat = o.live.iter().skip(1).all(|&b| b == o.live[1.min(o.live.len() - 1)]);
+    let flat = o.live_flat();
     if o.world > 1 {
         rank_report(o.rank, o.world, "", o.allreduce_s, o.seconds);
     }
@@ -714,15 +840,26 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             "live": o.live,
             "world": o.world,
             "allreduce_s": o.allreduce_s,
+            "phase_switch": o.phase_switch,
+            "paper_grid_rel_l2": o.paper_grid_rel_l2,
         });
         std::fs::write(path, serde_json::to_string_pretty(&v)? + "\n")
             .with_context(|| format!("writing {}", path.display()))?;
     }
     println!("relative L2 error on a 101 x 101 grid: {} (initially {})", num(o.rel_l2), num(o.initial_rel_l2));
+    if let Some(e) = o.paper_grid_rel_l2 {
+        println!("relative L2 error on Raissi et al.'s 256 x 100 grid (t = 0, 0.01, .., 0.99): {}", num(e));
+    }
+    let lbfgs_live = match o.phase_switch {
+        Some(k) => format!(", L-BFGS phase {}", bytes(o.live.get(k + 1).copied().unwrap_or(0) as f64)),
+        None => String::new(),
+    };
     println!(
-        "live memory at every step boundary after the first: {} ({}, {} boundaries)",
+        "live memory at every step boundary after the first{}: {} ({}{}, {} boundaries)",
+        if o.phase_switch.is_some() { " of each phase" } else { "" },
         if flat { "identical" } else { "NOT identical" },
         bytes(o.live.get(1).copied().unwrap_or(0) as f64),
+        lbfgs_live,
         o.live.len()
     );
     println!(

@@ -6,7 +6,7 @@ use std::f64::consts::PI;
 
 use tapir::nn::{Activation, Mlp, ParamStore};
 use tapir::prelude::*;
-use tapir_cli::pinn::{burgers_cole_hopf, residual, solution, train, values, Args, GaussHermite, Problem};
+use tapir_cli::pinn::{burgers_cole_hopf, residual, solution, train, values, Args, GaussHermite, Precision, Problem};
 
 /// The memory counters are process-wide and tests run in parallel: every
 /// test here that makes tensors holds this lock, so the flat-memory check
@@ -105,6 +105,7 @@ fn a_short_poisson_run_lowers_the_error_with_flat_memory() {
         interior: 256,
         boundary: 64,
         f64: false,
+        lbfgs_precision: None,
         seed: 1,
         eval_every: 1000,
         plot: dir.join("p.png"),
@@ -154,4 +155,49 @@ fn odd_network_derivatives_match_nested_autodiff() {
         Ok::<_, Error>(())
     })
     .unwrap();
+}
+
+/// `--lbfgs-precision f64` after an f32 Adam phase: the parameters, points
+/// and grid are cast once, live memory is flat within each phase (and the
+/// L-BFGS phase, without Adam's moments, holds f64 copies), and L-BFGS
+/// keeps lowering the loss from where Adam left it.
+#[test]
+fn a_burgers_run_switches_to_f64_for_lbfgs_with_flat_memory_in_each_phase() {
+    let _s = serial();
+    let dir = std::env::temp_dir().join(format!("tapir-pinn-f64-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let a = Args {
+        problem: Problem::Burgers,
+        steps: 40,
+        lbfgs: Some(30),
+        lr: 1e-2,
+        lr_final: 1e-3,
+        hidden: vec![12, 12],
+        interior: 128,
+        boundary: 48,
+        f64: false,
+        lbfgs_precision: Some(Precision::F64),
+        seed: 2,
+        eval_every: 1000,
+        plot: dir.join("p.png"),
+        curves: dir.join("c.png"),
+        quiet: true,
+        plain: false,
+        device: Default::default(),
+        dist: Default::default(),
+        devices: vec![],
+        json: None,
+    };
+    let o = train(&a).unwrap();
+    assert_eq!(o.phase_switch, Some(40));
+    assert!(o.live_flat(), "live memory moved within a phase: {:?}", o.live);
+    let (adam, lbfgs) = (o.live[10], o.live[50]);
+    assert_ne!(adam, lbfgs, "the phases hold different dtypes and state, yet the same bytes");
+    let adam_end = o.losses[39];
+    let end = *o.losses.last().unwrap();
+    assert!(end < 0.5 * adam_end, "L-BFGS in f64: loss {adam_end} -> {end}");
+    assert!(o.rel_l2 < o.initial_rel_l2, "error {} -> {}", o.initial_rel_l2, o.rel_l2);
+    let paper = o.paper_grid_rel_l2.expect("burgers reports the paper's grid");
+    assert!(paper.is_finite() && (paper / o.rel_l2 - 1.0).abs() < 1.0, "paper grid {paper} vs {}", o.rel_l2);
+    std::fs::remove_dir_all(&dir).ok();
 }

@@ -32,6 +32,7 @@ fn tiny(device: DeviceArg) -> Args {
         interior: 48,
         boundary: 24,
         f64: false,
+        lbfgs_precision: None,
         seed: 3,
         eval_every: 1000,
         plot: "".into(),
