@@ -165,7 +165,7 @@ __device__ __forceinline__ void tc_mma(float (&d)[4], const unsigned (&a)[4], un
 }
 
 template <typename T> __device__ __forceinline__ unsigned tc_pack(float lo, float hi) {
-    return (unsigned)from_acc<T>(lo).x | ((unsigned)from_acc<T>(hi).x << 16);
+    return pack_half2<T>(lo, hi);
 }
 
 // Rows [r0, r0 + N) of one head as raw 16-bit values into s[N][S], zeros

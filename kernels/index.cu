@@ -10,8 +10,9 @@
 // - index_select(outer, size, inner, n, x, idx, out, bad):
 //     out[o, k, i] = x[o, idx[k], i] for k < n (idx 1-D).
 // - embedding(rows, dim, n, table, ids, out, bad): out[k, :] = table[ids[k], :],
-//   one block per id at a time (the index_select of axis 0, with no
-//   division per element); any grid size is correct.
+//   a group of threads per id (`embedding_span`: a block holds one or
+//   more groups), the index_select of axis 0 with no division per
+//   element; any grid size is correct.
 // - index_add(outer, size, inner, n, g, idx, out, bad): out[o, idx[k], i] +=
 //   g[o, k, i] (the transpose of index_select and embedding; atomicAdd, on
 //   an output the host zeroes first).
@@ -108,23 +109,42 @@ __device__ __forceinline__ void index_select(i64 outer, i64 size, i64 inner, i64
     }
 }
 
+// The threads that copy one id's row in the embedding kernel: the row's
+// units (16-byte units, or elements when it cannot take them) rounded up
+// to a power of two, at least a warp and at most the block, so a block of
+// 256 threads copies 256 / span rows at once (2 rows of 1,024 bf16,
+// where one left half the block idle). The host sizes the grid by the
+// same rule (`embedding_span` in crates/tensor/src/cuda/index.rs).
+__device__ __forceinline__ int embedding_span(i64 units) {
+    const int u = (int)(units < (i64)blockDim.x ? units : (i64)blockDim.x);
+    const int pow2 = u <= WARP ? WARP : 1 << (32 - __clz(u - 1));
+    return pow2 < (int)blockDim.x ? pow2 : (int)blockDim.x;
+}
+
 template <typename T, typename L>
 __device__ __forceinline__ void embedding(i64 rows, i64 dim, i64 n, const T* table, const L* ids, T* out, u64* bad) {
     const bool vec = runs16(dim, table, out);
     const i64 dim16 = dim * (i64)sizeof(T) / 16;
-    for (i64 k = blockIdx.x; k < n; k += gridDim.x) {
-        i64 j = checked(ids, k, rows, threadIdx.x == 0 ? bad : (u64*)0);
+    const int span = embedding_span(vec ? dim16 : dim), per = (int)blockDim.x / span;
+    const int lane = (int)threadIdx.x % span;
+    for (i64 k = (i64)blockIdx.x * per + (int)threadIdx.x / span; k < n; k += (i64)gridDim.x * per) {
+        i64 j = checked(ids, k, rows, lane == 0 ? bad : (u64*)0);
         T* o = out + k * dim;
+        // Not unrolled: the compiler's unrolling of these loops (a 64-bit
+        // division for the trip count, and a remainder loop) made more
+        // instructions than the one or two units a thread copies.
         if (vec) {
             uint4* o16 = (uint4*)o;
             const uint4* src16 = (const uint4*)(table + (j < 0 ? 0 : j) * dim);
-            for (i64 c = threadIdx.x; c < dim16; c += blockDim.x)
-                o16[c] = j < 0 ? make_uint4(0u, 0u, 0u, 0u) : src16[c];
+#pragma unroll 1
+            for (i64 c = lane; c < dim16; c += span) o16[c] = j < 0 ? make_uint4(0u, 0u, 0u, 0u) : src16[c];
         } else if (j < 0) {
-            for (i64 c = threadIdx.x; c < dim; c += blockDim.x) o[c] = zero<T>();
+#pragma unroll 1
+            for (i64 c = lane; c < dim; c += span) o[c] = zero<T>();
         } else {
             const T* src = table + j * dim;
-            for (i64 c = threadIdx.x; c < dim; c += blockDim.x) o[c] = src[c];
+#pragma unroll 1
+            for (i64 c = lane; c < dim; c += span) o[c] = src[c];
         }
     }
 }
@@ -158,16 +178,36 @@ __device__ __forceinline__ void index_add(i64 outer, i64 size, i64 inner, i64 n,
 // - group = 0 (`chunk` slots, chunk <= IA_IDS): an id's slot is the first
 //   id of the chunk with the same target, so repeats within a chunk are
 //   summed before their one atomic.
-// f16 and bf16 add a pair of columns a lane with one 32-bit
-// compare-and-swap (first assuming the zero the host filled), where the
-// element loop spent a compare-and-swap an element on a word its
-// neighbour lane was also swapping.
+// f16 and bf16 add a pair of columns a lane with one packed atomic
+// (`red.global.add.noftz.bf16x2` on sm_90; a 32-bit compare-and-swap
+// before), where the element loop spent a compare-and-swap an element on
+// a word its neighbour lane was also swapping.
 #define IA_ACC 6144
 #define IA_IDS 256
 #define IA_SLOTS 64
 
 __device__ __forceinline__ void flush_add(float* p, float v) { atomicAdd(p, v); }
+// The packed 16-bit atomic add: each half of the word at `p` gets its half
+// of `w` added, rounded once (`red.global.add.noftz.{f16x2,bf16x2}`,
+// bf16x2 from sm_90, f16x2 from sm_60; the kernels use it from sm_90).
+template <typename H> __device__ __forceinline__ void red_add_half2(H* p, unsigned w);
+template <> __device__ __forceinline__ void red_add_half2<tapir_f16>(tapir_f16* p, unsigned w) {
+    asm volatile("red.global.add.noftz.f16x2 [%0], %1;" ::"l"(p), "r"(w) : "memory");
+}
+template <> __device__ __forceinline__ void red_add_half2<tapir_bf16>(tapir_bf16* p, unsigned w) {
+    asm volatile("red.global.add.noftz.bf16x2 [%0], %1;" ::"l"(p), "r"(w) : "memory");
+}
+// Adds the pair (lo, hi) to the two 16-bit elements at `p` (4-byte
+// aligned). On sm_90 one packed conversion and one packed `red`: the sums
+// are rounded to the element type before the add, so an element that
+// several blocks add to rounds twice an add where the compare-and-swap
+// below rounds once (hardware orders the atomics at random either way).
+// Older devices: a compare-and-swap loop on the word, first assuming the
+// zero the host filled.
 template <typename H> __device__ __forceinline__ void flush_add_pair(H* p, float lo, float hi) {
+#if __CUDA_ARCH__ >= 900
+    red_add_half2<H>(p, pack_half2<H>(lo, hi));
+#else
     unsigned* word = (unsigned*)p;
     unsigned assumed = 0u;
     while (true) {
@@ -179,6 +219,7 @@ template <typename H> __device__ __forceinline__ void flush_add_pair(H* p, float
         if (old == assumed) break;
         assumed = old;
     }
+#endif
 }
 
 // Adds the `w` summed columns of one slot (`a`, laid out as the threads
@@ -338,8 +379,9 @@ __device__ __forceinline__ void scatter_add(i64 n, int ndim, int axis, const i64
 // the ids and out in one vector access each, x too when the V ids are
 // equal (a gather of whole rows), else V scalar loads.
 // scatter_add adds with lanes on consecutive elements (coalesced atomics);
-// f16 and bf16 take a pair of elements a lane, one compare-and-swap for
-// the pair when both ids are equal (their targets share a word).
+// f16 and bf16 take a pair of elements a lane, one packed atomic for the
+// pair (sm_90's red.bf16x2, else a compare-and-swap) when both ids are
+// equal (their targets share a word).
 // V elements of T in one access of V x sizeof(T) bytes (4, 8 or 16).
 template <int B> struct Word;
 template <> struct Word<2> { typedef u16 type; };
@@ -414,8 +456,8 @@ __device__ __forceinline__ void scatter_add_split(i64 outer, i64 size, i64 inner
 }
 
 // The 16-bit scatter: a pair of elements a lane (inner even, bases 4-byte
-// aligned), added to their one word with one compare-and-swap when their
-// ids are equal.
+// aligned), added to their one word with one packed atomic (sm_90) or
+// compare-and-swap when their ids are equal.
 template <typename H, typename L>
 __device__ __forceinline__ void scatter_add_split_half(i64 outer, i64 size, i64 inner, i64 nax, const H* src,
                                                        const L* idx, H* out, u64* bad) {
@@ -431,9 +473,14 @@ __device__ __forceinline__ void scatter_add_split_half(i64 outer, i64 size, i64 
         const i64 j0 = checked(ids.e, 0, size, (u64*)0), j1 = checked(ids.e + 1, 0, size, (u64*)0);
         if (j0 < 0 && bad) atomicMin(bad, (u64)p);
         if (j1 < 0 && bad) atomicMin(bad, (u64)(p + 1));
+        const unsigned pair = *(const unsigned*)(src + p);
         float v[2];
-        Pack16Half<H>::unpack_word(*(const unsigned*)(src + p), v);
+        Pack16Half<H>::unpack_word(pair, v);
         if (j0 >= 0 && j0 == j1) {
+#if __CUDA_ARCH__ >= 900
+            // The pair is already of H: the packed add rounds once, as the loop does.
+            red_add_half2<H>(out + (o * size + j0) * inner + i, pair);
+#else
             unsigned* word = (unsigned*)(out + (o * size + j0) * inner + i);
             unsigned assumed = *word;
             while (true) {
@@ -445,6 +492,7 @@ __device__ __forceinline__ void scatter_add_split_half(i64 outer, i64 size, i64 
                 if (old == assumed) break;
                 assumed = old;
             }
+#endif
         } else {
             if (j0 >= 0) atomic_add_16(out + (o * size + j0) * inner + i, v[0]);
             if (j1 >= 0) atomic_add_16(out + (o * size + j1) * inner + i + 1, v[1]);

@@ -16,7 +16,7 @@ use smallvec::SmallVec;
 
 use super::buffer::{storage_of, CudaBuffer};
 use super::context::{driver_error, CudaDevice};
-use super::launch::{device_of_src, dims_i64, info_array, launch, Arg};
+use super::launch::{device_of_src, dims_i64, info_array, launch, Arg, BLOCK};
 use super::shape::{fill_bytes, first_element_src, place_src};
 use super::CudaBackend;
 use crate::backend::index::{AxisPlan, SplitPlan};
@@ -33,6 +33,14 @@ const DTYPES: [DType; 6] = [DType::F32, DType::F64, DType::F16, DType::BF16, DTy
 /// row, no division per element); shorter ones would leave most of a
 /// block idle, so they go through index_select's flat loop.
 const EMBEDDING_ROW: usize = 128;
+
+/// The threads of a block that copy one row of `units` 16-byte units (or
+/// elements) in the embedding kernel: `embedding_span` of
+/// `kernels/index.cu`, which the grid is sized by (a block takes
+/// [`BLOCK`] / span rows at once).
+fn embedding_span(units: usize) -> usize {
+    units.next_power_of_two().clamp(32, BLOCK as usize)
+}
 
 /// The indexing kernel `name` for values of `dtype` and indices of `idx`.
 fn kernel(name: &str, dtype: DType, idx: DType) -> String {
@@ -324,7 +332,12 @@ impl IndexKernels for CudaBackend {
         let main = |bad: u64| {
             let ptrs = [xp, ip, out.ptr(), bad];
             if axis == 0 && inner >= EMBEDDING_ROW {
-                launch_split(&dev, &kernel("embedding", x.dtype(), idx.dtype()), count, &[size, inner, n], ptrs)
+                // Threads for a block a group of ids (`embedding_span`), not a block an id.
+                let bytes = inner * x.dtype().size_in_bytes();
+                let vec16 = bytes.is_multiple_of(16) && xp.is_multiple_of(16) && out.ptr().is_multiple_of(16);
+                let units = if vec16 { bytes / 16 } else { inner };
+                let threads = n.div_ceil(BLOCK as usize / embedding_span(units)) * BLOCK as usize;
+                launch_split(&dev, &kernel("embedding", x.dtype(), idx.dtype()), threads, &[size, inner, n], ptrs)
             } else {
                 let sizes = [outer, size, inner, n];
                 launch_split(&dev, &kernel("index_select", x.dtype(), idx.dtype()), count, &sizes, ptrs)
