@@ -391,7 +391,13 @@ impl<'g> Value<'g> for Tensor {
                 (input_ids.iter().map(|&i| value(i)).collect::<Result<_>>()?, value(n)?)
             }
         };
-        op.vjp_eager(xs, y, g)
+        // The walk accumulates only the gradients of inputs that require
+        // one and drops the rest, so the rule need not compute those.
+        let wanted: SmallVec<[bool; 3]> = {
+            let nodes = graph.nodes.borrow();
+            input_ids.iter().map(|&i| nodes[i].requires_grad).collect()
+        };
+        op.vjp_eager_wanted(xs, y, g, &wanted)
     }
 
     fn forward(

@@ -170,3 +170,57 @@ test_device! {
         .unwrap();
     }
 }
+
+/// A first-order backward tells each rule which inputs need a gradient
+/// (`Derivative::vjp_eager_wanted`): `tanh_backward(y, ones)` with a
+/// constant `ones` skips the constant's gradient (a pass and a sum down to
+/// its scalar). What it still computes, `y`'s gradient, must have the same
+/// bits as when both gradients are asked for, in f32 and f64, and the
+/// constant must get nothing.
+#[test]
+fn tanh_backward_skips_a_constant_operands_gradient_and_keeps_the_others_bits() {
+    for dtype in [DType::F32, DType::F64] {
+        let y0 = Tensor::from_vec(vec![0.3f64, -0.8, 0.55, 0.0, 0.9, -0.1], [2, 3]).unwrap().cast(dtype).unwrap();
+        let gbar = Tensor::from_vec(vec![1.5f64, -0.25, 2.0, 0.75, -3.0, 0.5], [2, 3]).unwrap().cast(dtype).unwrap();
+        let (only_y, both) = Graph::scope(|g| {
+            let y = g.leaf(y0.clone());
+            let ones = g.constant(Tensor::full_on((), 1.0, dtype, Device::Cpu)?);
+            let loss = y.tanh_backward(&ones)?.mul(&g.constant(gbar.clone()))?.sum_all()?;
+            let only_y = g.grad(loss, &[y])?.remove(0);
+            // The same expression with `ones` a leaf: both gradients wanted.
+            let y2 = g.leaf(y0.clone());
+            let ones2 = g.leaf(Tensor::full_on((), 1.0, dtype, Device::Cpu)?);
+            let loss2 = y2.tanh_backward(&ones2)?.mul(&g.constant(gbar.clone()))?.sum_all()?;
+            let both = g.grad(loss2, &[y2, ones2])?;
+            Ok::<_, Error>((only_y, both))
+        })
+        .unwrap();
+        assert_eq!(
+            only_y.cast(DType::F64).unwrap().to_vec::<f64>().unwrap(),
+            both[0].cast(DType::F64).unwrap().to_vec::<f64>().unwrap(),
+            "{dtype:?}"
+        );
+        // d/dy of ones * (1 - y^2) * gbar is -2 y gbar, and the constant's
+        // gradient (sum of (1 - y^2) gbar) arrived where it was wanted.
+        let want: Vec<f64> = y0
+            .cast(DType::F64)
+            .unwrap()
+            .to_vec::<f64>()
+            .unwrap()
+            .iter()
+            .zip(gbar.cast(DType::F64).unwrap().to_vec::<f64>().unwrap())
+            .map(|(y, g)| -2.0 * y * g)
+            .collect();
+        close(&only_y.cast(DType::F64).unwrap().to_vec::<f64>().unwrap(), &want, 1e-6);
+        let s: f64 = y0
+            .cast(DType::F64)
+            .unwrap()
+            .to_vec::<f64>()
+            .unwrap()
+            .iter()
+            .zip(gbar.cast(DType::F64).unwrap().to_vec::<f64>().unwrap())
+            .map(|(y, g)| (1.0 - y * y) * g)
+            .sum();
+        close(&both[1].cast(DType::F64).unwrap().to_vec::<f64>().unwrap(), &[s], 1e-6);
+    }
+}

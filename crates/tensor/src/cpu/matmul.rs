@@ -364,14 +364,19 @@ impl<T: Float> Gemm<T> {
             // block's (the caller's contract).
             let b = unsafe { std::slice::from_raw_parts(b, self.n) };
             // Vector stores in the loop: `copy_from_slice` called memcpy
-            // once a row, 2% of a Hessian-vector product.
+            // once a row, 2% of a Hessian-vector product. `acc` is a copy
+            // taken by value: borrowed, `written` was read again for every
+            // element (a store to the row might have changed it), so each
+            // row began with alias checks and the plain fill read the row
+            // and blended its sum away.
+            let acc = written;
             crate::cpu::simd::run(
                 #[inline(always)]
-                || {
+                move || {
                     for i in 0..self.m {
                         let row = unsafe { std::slice::from_raw_parts_mut(self.dst.add(i * self.dst_rs), self.n) };
                         for (o, &b) in row.iter_mut().zip(b) {
-                            *o = if written { *o + b } else { b };
+                            *o = if acc { *o + b } else { b };
                         }
                     }
                 },

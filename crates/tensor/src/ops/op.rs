@@ -161,6 +161,23 @@ pub trait Derivative: Op {
         let refs: SmallVec<[&Tensor; 3]> = xs.iter().collect();
         self.vjp(&refs, &y, &g)
     }
+    /// [`Derivative::vjp_eager`] told which inputs need a gradient
+    /// (`wanted[i]`, false for a constant or data): a first-order backward
+    /// drops the others, so an op whose rule spends a pass per input may
+    /// skip theirs and return `None` in their place. The default computes
+    /// every input's gradient. (A constant operand's gradient can cost
+    /// more than the wanted one: `tanh_backward(y, ones)` summed a whole
+    /// `[N, w]` pass down to the scalar `ones`, every layer of a jet.)
+    fn vjp_eager_wanted(
+        &self,
+        xs: SmallVec<[Tensor; 3]>,
+        y: Tensor,
+        g: Tensor,
+        wanted: &[bool],
+    ) -> Result<InputGrads<Tensor>> {
+        let _ = wanted;
+        self.vjp_eager(xs, y, g)
+    }
     /// The eager forward rule: [`Derivative::jvp`] on plain tensors, where
     /// nothing is recorded (a Hessian-vector product's tangent pass).
     /// Overridden, like [`Derivative::vjp_eager`], only by ops with a fused
@@ -224,6 +241,14 @@ pub trait DynOp: Debug + Send + Sync + 'static {
     fn forward(&self, inputs: &[&Tensor]) -> Result<Tensor>;
     /// See [`Derivative::vjp_eager`].
     fn vjp_eager(&self, xs: SmallVec<[Tensor; 3]>, y: Tensor, g: Tensor) -> Result<InputGrads<Tensor>>;
+    /// See [`Derivative::vjp_eager_wanted`].
+    fn vjp_eager_wanted(
+        &self,
+        xs: SmallVec<[Tensor; 3]>,
+        y: Tensor,
+        g: Tensor,
+        wanted: &[bool],
+    ) -> Result<InputGrads<Tensor>>;
     /// [`Derivative::vjp`] recorded on a tape.
     fn vjp_traced<'t>(&self, xs: &[&Traced<'t>], y: &Traced<'t>, g: &Traced<'t>) -> Result<InputGrads<Traced<'t>>>;
     /// See [`Derivative::jvp_eager`].
@@ -252,6 +277,15 @@ impl<O: Derivative> DynOp for O {
     }
     fn vjp_eager(&self, xs: SmallVec<[Tensor; 3]>, y: Tensor, g: Tensor) -> Result<InputGrads<Tensor>> {
         Derivative::vjp_eager(self, xs, y, g)
+    }
+    fn vjp_eager_wanted(
+        &self,
+        xs: SmallVec<[Tensor; 3]>,
+        y: Tensor,
+        g: Tensor,
+        wanted: &[bool],
+    ) -> Result<InputGrads<Tensor>> {
+        Derivative::vjp_eager_wanted(self, xs, y, g, wanted)
     }
     fn vjp_traced<'t>(&self, xs: &[&Traced<'t>], y: &Traced<'t>, g: &Traced<'t>) -> Result<InputGrads<Traced<'t>>> {
         self.vjp(xs, y, g)

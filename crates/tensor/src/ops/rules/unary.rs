@@ -96,10 +96,23 @@ impl Derivative for TanhBackward {
         Saved::INPUTS
     }
     fn vjp_eager(&self, xs: SmallVec<[Tensor; 3]>, _: Tensor, gbar: Tensor) -> Result<InputGrads<Tensor>> {
-        self.rule(&xs[0], &xs[1], &gbar, &tanh_second)
+        self.rule(&xs[0], &xs[1], &gbar, &tanh_second, [true, true])
+    }
+    /// Each input's gradient is its own pass (and `g`'s a reduction too
+    /// when `g` was broadcast): a constant `g`, as the jet's `1 - y^2`
+    /// (`tanh_backward(y, ones)`), costs neither.
+    fn vjp_eager_wanted(
+        &self,
+        xs: SmallVec<[Tensor; 3]>,
+        _: Tensor,
+        gbar: Tensor,
+        wanted: &[bool],
+    ) -> Result<InputGrads<Tensor>> {
+        let want = |i: usize| wanted.get(i).copied().unwrap_or(true);
+        self.rule(&xs[0], &xs[1], &gbar, &tanh_second, [want(0), want(1)])
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, gbar: &T) -> Result<InputGrads<T>> {
-        self.rule(xs[0], xs[1], gbar, &|_, _, _, _| Ok(None))
+        self.rule(xs[0], xs[1], gbar, &|_, _, _, _| Ok(None), [true, true])
     }
     fn jvp_eager(&self, xs: &[&Tensor], out: &Tensor, ts: &[Option<&Tensor>]) -> Result<Option<Tensor>> {
         self.tangent(xs, out, ts, &tanh_second)
@@ -184,13 +197,20 @@ fn tanh_second(y: &Tensor, g: &Tensor, s: &Tensor, tg: Option<&Tensor>) -> Resul
 
 impl TanhBackward {
     /// The reverse rule; `fused` may compute `-2 y g gbar` in one pass.
-    fn rule<T: Diff>(self, y: &T, g: &T, gbar: &T, fused: Second<'_, T>) -> Result<InputGrads<T>> {
-        let gg = y.tanh_backward(gbar)?.sum_to(g.shape())?;
-        let gy = match fused(y, g, gbar, None)? {
-            Some(d) => d,
-            None => y.mul(g)?.mul(gbar)?.mul_scalar(-2.0)?,
+    /// `want` says which of `y`'s and `g`'s gradients to compute (the
+    /// other is `None`).
+    fn rule<T: Diff>(self, y: &T, g: &T, gbar: &T, fused: Second<'_, T>, want: [bool; 2]) -> Result<InputGrads<T>> {
+        let gg = if want[1] { Some(y.tanh_backward(gbar)?.sum_to(g.shape())?) } else { None };
+        let gy = if want[0] {
+            let d = match fused(y, g, gbar, None)? {
+                Some(d) => d,
+                None => y.mul(g)?.mul(gbar)?.mul_scalar(-2.0)?,
+            };
+            Some(d.sum_to(y.shape())?)
+        } else {
+            None
         };
-        Ok(smallvec::smallvec![Some(gy.sum_to(y.shape())?), Some(gg)])
+        Ok(smallvec::smallvec![gy, gg])
     }
 
     /// The forward rule; `fused` may compute `-2 y g ty + tg (1 - y^2)` in
