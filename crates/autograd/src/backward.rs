@@ -392,11 +392,17 @@ impl<'g> Value<'g> for Tensor {
             }
         };
         // The walk accumulates only the gradients of inputs that require
-        // one and drops the rest, so the rule need not compute those.
-        let wanted: SmallVec<[bool; 3]> = {
-            let nodes = graph.nodes.borrow();
-            input_ids.iter().map(|&i| nodes[i].requires_grad).collect()
-        };
+        // one and drops the rest, so the rule need not compute those. Most
+        // nodes have every input wanted: they take the plain rule, without
+        // building the mask (a chain of scalar ops is this walk's overhead
+        // alone, where building it cost a few percent).
+        let nodes = graph.nodes.borrow();
+        if input_ids.iter().all(|&i| nodes[i].requires_grad) {
+            drop(nodes);
+            return op.vjp_eager(xs, y, g);
+        }
+        let wanted: SmallVec<[bool; 3]> = input_ids.iter().map(|&i| nodes[i].requires_grad).collect();
+        drop(nodes);
         op.vjp_eager_wanted(xs, y, g, &wanted)
     }
 
