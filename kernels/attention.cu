@@ -190,6 +190,25 @@ __device__ __forceinline__ void tc_load(u16 (*s)[S], const T* x, i64 base, i64 r
     }
 }
 
+// acc[N / 8][4] += A (16 x W, fragments a) times the N rows of tile s as B
+// (s[n][channel], so B = s^T): 16 x N, the layout of S = Q K^T.
+template <typename T, int W, int N, int S>
+__device__ __forceinline__ void tc_rows_t(float (&acc)[N / 8][4], const unsigned (&a)[W / 16][4], const u16 (*s)[S],
+                                          int lane) {
+#pragma unroll
+    for (int nb = 0; nb < N / 8; nb++) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < W / 16; ks++) {
+#pragma unroll
+        for (int nb = 0; nb < N / 8; nb += 2) {
+            unsigned f[4];
+            tc_ldsm_x4(f, &s[nb * 8 + lane % 8 + 8 * (lane / 16)][ks * 16 + 8 * ((lane / 8) % 2)]);
+            tc_mma(acc[nb], a[ks], f[0], f[1], T());
+            tc_mma(acc[nb + 1], a[ks], f[2], f[3], T());
+        }
+    }
+}
+
 template <typename T, int DR>
 __device__ __forceinline__ void flash_fwd_tc(i64 t, i64 heads, i64 c, i64 d, double scale_, const T* q, const T* k,
                                              const T* v, T* y, float* lse) {
@@ -225,19 +244,7 @@ __device__ __forceinline__ void flash_fwd_tc(i64 t, i64 heads, i64 c, i64 d, dou
         __syncthreads();
         if (r0 >= t || k0 > r0 + 15) continue;  // uniform over the warp: no row of it sees a key of the tile
         float s[KT / 8][4];
-#pragma unroll
-        for (int nb = 0; nb < KT / 8; nb++) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
-#pragma unroll
-        for (int ks = 0; ks < W / 16; ks++) {
-#pragma unroll
-            for (int nb = 0; nb < KT / 8; nb += 2) {
-                // Keys 8 nb.. and 8 (nb + 1).., channels 16 ks.. and 16 ks + 8..
-                unsigned kf[4];
-                tc_ldsm_x4(kf, &Ks[nb * 8 + lane % 8 + 8 * (lane / 16)][ks * 16 + 8 * ((lane / 8) % 2)]);
-                tc_mma(s[nb], qf[ks], kf[0], kf[1], T());
-                tc_mma(s[nb + 1], qf[ks], kf[2], kf[3], T());
-            }
-        }
+        tc_rows_t<T, W, KT, S>(s, qf, Ks, lane);
         float mt[2] = {m[0], m[1]};
 #pragma unroll
         for (int nb = 0; nb < KT / 8; nb++) {
@@ -512,25 +519,6 @@ template <typename T> __device__ __forceinline__ void tc_afrag(unsigned (&a)[4],
     a[1] = tc_pack2(lo[2], lo[3], T());
     a[2] = tc_pack2(hi[0], hi[1], T());
     a[3] = tc_pack2(hi[2], hi[3], T());
-}
-
-// acc[N / 8][4] += A (16 x W, fragments a) times the N rows of tile s as B
-// (s[n][channel], so B = s^T): 16 x N, the layout of S = Q K^T.
-template <typename T, int W, int N, int S>
-__device__ __forceinline__ void tc_rows_t(float (&acc)[N / 8][4], const unsigned (&a)[W / 16][4], const u16 (*s)[S],
-                                          int lane) {
-#pragma unroll
-    for (int nb = 0; nb < N / 8; nb++) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.f;
-#pragma unroll
-    for (int ks = 0; ks < W / 16; ks++) {
-#pragma unroll
-        for (int nb = 0; nb < N / 8; nb += 2) {
-            unsigned f[4];
-            tc_ldsm_x4(f, &s[nb * 8 + lane % 8 + 8 * (lane / 16)][ks * 16 + 8 * ((lane / 8) % 2)]);
-            tc_mma(acc[nb], a[ks], f[0], f[1], T());
-            tc_mma(acc[nb + 1], a[ks], f[2], f[3], T());
-        }
-    }
 }
 
 // acc[W / 8][4] += P (16 x N, accumulators p rounded to T) times the N rows
