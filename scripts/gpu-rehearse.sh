@@ -25,7 +25,9 @@
 #    machine's, so tapir picks its libraries as it will there; the library
 #    selection step runs whole, the suite a few CUDA tests
 #    (GPU_REHEARSE_FILTER), since CI ran every CUDA test on the emulator
-#    already, and bench and memcheck run small;
+#    already, and bench and memcheck run small; each step's own limit
+#    is tripled (GPU_REHEARSE_LIMIT_SCALE), since two busy cores interpret
+#    what the device runs on a GPU (the deadline stays the device's);
 # 4. what comes back is checked against the device tool's limits: at most
 #    8 files of at most 16 MiB (64 MiB together), no deeper than two
 #    folders under $OUT, names of letters, digits, '.', '_' and '-'.
@@ -111,7 +113,7 @@ rc=0
     cd "$STAGE/tree"
     env -u TAPIR_NVRTC_LIB -u TAPIR_CUDA -u TAPIR_CUDA_EMU_LIB -u CARGO_TARGET_DIR -u VIRTUAL_ENV \
         PATH="$SAFE" OUT="$OUT" PIP_NO_INDEX=1 PIP_INDEX_URL=http://127.0.0.1:9/ \
-        GPU_CHECK_REHEARSAL=1 HOME="$STAGE/home" TAPIR_CUDA_EMU_DRIVER_VERSION=13000 \
+        GPU_CHECK_REHEARSAL=1 GPU_CHECK_LIMIT_SCALE="${GPU_REHEARSE_LIMIT_SCALE:-3}" HOME="$STAGE/home" TAPIR_CUDA_EMU_DRIVER_VERSION=13000 \
         GPU_CHECK_TEST_FILTER="${GPU_REHEARSE_FILTER:-cuda_add cuda_matmul_f32}" \
         GPU_CHECK_BENCH_ARGS="--only scalar_chain --reps 1 --no-torch" \
         GPU_CHECK_MEMCHECK_ARGS="--only create_graph_cycle --iters 2 --size 0.05 --no-torch" \
