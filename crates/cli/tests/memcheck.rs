@@ -177,7 +177,7 @@ fn dtype_flag_parses_and_refuses_what_it_cannot_run() {
     assert_eq!(parse(&[]).unwrap().dtype, DType::F32);
     assert_eq!(parse(&["--dtype", "bf16"]).unwrap().dtype, DType::BF16);
     assert_eq!(parse(&["--dtype", "F16"]).unwrap().dtype, DType::F16);
-    let e = parse(&["--dtype", "f64"]).err().expect("f64 is refused").to_string();
+    let e = parse(&["--dtype", "f64"]).expect_err("f64 is refused").to_string();
     assert!(e.contains("f32, bf16 or f16"), "{e}");
     // A dtype other than f32 without the attention scenario is an error
     // that says where it applies, not a silently f32 run.
