@@ -257,12 +257,14 @@ def _figure(dev, step, reps, before=None):
 
 def scale_attention(dev, a):
     """Causal attention forward and backward on q, k, v [B, T, C]: eager
-    (scores, mask, softmax, matmul) and F.scaled_dot_product_attention."""
+    (scores, mask, softmax, matmul) and F.scaled_dot_product_attention,
+    in --dtype (q, k, v and the output's gradient drawn in f32 and cast)."""
     b, h, d = a.batch, a.heads, a.head_dim
+    dtype = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[a.dtype]
     out = {}
     for t in a.t:
         torch.manual_seed(0)
-        q, k, v, g = (torch.randn(b, t, h * d, device=dev) for _ in range(4))
+        q, k, v, g = (torch.randn(b, t, h * d, device=dev).to(dtype) for _ in range(4))
         for x in (q, k, v):
             x.requires_grad_()
         mask = None
@@ -374,6 +376,7 @@ def main():
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--head-dim", type=int, default=64)
+    ap.add_argument("--dtype", default="f32", choices=["f32", "bf16", "f16"], help="attention's dtype")
     ap.add_argument("--eager-max-t", type=int, default=8192)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0)

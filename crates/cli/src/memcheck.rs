@@ -446,6 +446,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
     }
     scale.dedup();
+    if a.dtype != DType::F32 && !scale.contains(&"attention") {
+        anyhow::bail!(
+            "--dtype {} applies to the attention scenario (--scenario attention, or scale, which runs it); \
+             the others run in f32 (amp compares f32 with bf16 itself)",
+            a.dtype.cuda_suffix()
+        );
+    }
     if leaks {
         run_leaks(&a)?;
     }

@@ -4,6 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
+use tapir::prelude::DType;
+
 use crate::device::DeviceArg;
 
 /// Arguments of `tapir memcheck`.
@@ -49,6 +51,14 @@ pub struct Args {
     /// CPU, 256 on CUDA, where the emulated device takes minutes past 1024).
     #[arg(long, value_delimiter = ',')]
     pub t: Vec<usize>,
+    /// attention: the dtype of q, k, v, the output and the gradients, on
+    /// tapir's side and PyTorch's: f32, bf16 or f16 (all three accumulate
+    /// in f32). On CUDA devices of compute capability 8.0 and newer (the
+    /// emulated device is one) bf16 and f16 run the tensor-core kernels,
+    /// which the emulator interprets far faster than the f32 scalar ones.
+    /// The other scenarios run in f32 (`amp` compares bf16 itself).
+    #[arg(long, default_value = "f32", value_parser = attention_dtype)]
+    pub dtype: DType,
     /// attention: batch.
     #[arg(long, default_value_t = 1)]
     pub batch: usize,
@@ -62,6 +72,11 @@ pub struct Args {
     /// [B, H, T, T] tensors take 1 GiB each at T = 8192, H = 4).
     #[arg(long, default_value_t = 8192)]
     pub eager_max_t: usize,
+    /// attention: tapir's composed path (scores from a matmul, the causal
+    /// softmax, a matmul: [B, H, T, T] tensors) runs beside the fused op up
+    /// to this T (0: never; past it the table gives the floor of its peak).
+    #[arg(long, default_value_t = 0)]
+    pub composed_max_t: usize,
     /// Timed steps per variant (the median is reported), after one warm-up
     /// step and one measured for bytes; 0: the step measured for bytes
     /// alone (the emulated device, where a long step takes minutes).
@@ -97,6 +112,16 @@ pub struct Args {
     /// context: contexts are multiples of this.
     #[arg(long, default_value_t = 64)]
     pub context_unit: usize,
+}
+
+/// `--dtype`: the floating dtypes the attention scenario runs in.
+fn attention_dtype(s: &str) -> Result<DType, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "f32" => Ok(DType::F32),
+        "bf16" => Ok(DType::BF16),
+        "f16" => Ok(DType::F16),
+        _ => Err(format!("unknown --dtype `{s}`: the attention scenario runs in f32, bf16 or f16")),
+    }
 }
 
 impl Default for Args {

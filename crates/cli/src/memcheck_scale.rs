@@ -25,7 +25,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use serde_json::{json, Value};
-use tapir::nn::{causal_attention, Adam, Gpt, GptConfig, Optimizer, ParamStore, Precision};
+use tapir::nn::{causal_attention, Adam, CausalAttention, Gpt, GptConfig, Optimizer, ParamStore, Precision};
 use tapir::prelude::*;
 
 use crate::memcheck_args::{torch_script, Args};
@@ -86,24 +86,46 @@ pub fn measure(dev: Device, reps: usize, mut step: impl FnMut() -> Result<()>) -
     Ok(Figure { peak, live, seconds })
 }
 
-/// The fused attention step's peak above q, k, v and the seed, in bytes
-/// (f32): the output and the three gradients `[B, T, C]`, and two f32 rows
-/// per (batch, head) (crates/nn/tests/attention_memory.rs asserts it).
-pub fn fused_attention_formula(b: usize, t: usize, c: usize, heads: usize) -> usize {
-    4 * (4 * b * t * c + 2 * b * heads * t)
+/// The fused attention step's peak above q, k, v and the seed, in bytes,
+/// for elements of `size` bytes (4 for f32, 2 for bf16 and f16): the
+/// output and the three gradients `[B, T, C]`, and two f32 rows per
+/// (batch, head) (crates/nn/tests/attention_memory.rs asserts it).
+pub fn fused_attention_formula(b: usize, t: usize, c: usize, heads: usize, size: usize) -> usize {
+    size * 4 * b * t * c + 4 * 2 * b * heads * t
 }
 
-/// Forward and backward of tapir's fused causal attention, the output's
-/// gradient given (PyTorch's `y.backward(g)`).
-pub fn attention_figure(dev: Device, b: usize, t: usize, heads: usize, d: usize, reps: usize) -> Result<Figure> {
+/// What the composed path (scores from a matmul, the causal softmax, a
+/// matmul) would hold at least: its scores and probabilities, two
+/// `[B, H, T, T]` tensors of `size`-byte elements, alive together in the
+/// forward (the backward holds more of that shape).
+pub fn composed_attention_floor(b: usize, t: usize, heads: usize, size: usize) -> usize {
+    2 * size * b * heads * t * t
+}
+
+/// Forward and backward of tapir's causal attention in `dtype`, the
+/// output's gradient given (PyTorch's `y.backward(g)`): the fused op, or
+/// with `composed` the composition from matmuls and the causal softmax.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_figure(
+    dev: Device,
+    dtype: DType,
+    b: usize,
+    t: usize,
+    heads: usize,
+    d: usize,
+    reps: usize,
+    composed: bool,
+) -> Result<Figure> {
     let c = heads * d;
-    let [q, k, v, gy] = [1u64, 2, 3, 4]
-        .map(|s| Rng::new(s).normal_tensor([b, t, c], 0.0, 1.0, DType::F32).and_then(|x| x.to_device(dev)));
+    let [q, k, v, gy] = [1u64, 2, 3, 4].map(|s| {
+        Rng::new(s).normal_tensor([b, t, c], 0.0, 1.0, DType::F32).and_then(|x| x.cast(dtype)?.to_device(dev))
+    });
     let (q, k, v, gy) = (q?, k?, v?, gy?);
+    let op = CausalAttention { heads, scale: 1.0 / (d as f64).sqrt() };
     measure(dev, reps, || {
         Graph::scope(|g| {
             let [ql, kl, vl] = [&q, &k, &v].map(|x| g.leaf(x.clone()));
-            let y = causal_attention(&ql, &kl, &vl, heads)?;
+            let y = if composed { op.composed(&ql, &kl, &vl)? } else { causal_attention(&ql, &kl, &vl, heads)? };
             let opts = GradOptions { grad_outputs: Some(vec![gy.clone()]), ..Default::default() };
             let d = g.grad_with(&[y], &[ql, kl, vl], opts)?;
             debug_assert_eq!(d.len(), 3);
@@ -338,6 +360,7 @@ fn run_torch(a: &Args, names: &[&str], dev: Device) -> std::result::Result<Value
         .args(["--t", &list(&attention_ts(a, dev))])
         .args(["--batch", &a.batch.to_string(), "--heads", &a.heads.to_string()])
         .args(["--head-dim", &a.head_dim.to_string(), "--reps", &a.reps.to_string()])
+        .args(["--dtype", a.dtype.cuda_suffix()])
         .args(["--eager-max-t", &a.eager_max_t.to_string(), "--vocab", &a.vocab.to_string()])
         .args(["--gpt-t", &a.gpt_t.to_string(), "--gpt-batch", &a.gpt_batch.to_string()])
         .args(["--d-model", &a.d_model.to_string(), "--layers", &a.layers.to_string()]);
@@ -444,14 +467,17 @@ pub fn run(a: &Args, names: &[&str], dev: Device) -> anyhow::Result<Value> {
         println!();
         match name {
             "attention" => {
-                let (b, h, d) = (a.batch, a.heads, a.head_dim);
-                println!("attention: causal, forward + backward, B={b}, H={h}, D={d} (C={}), f32", h * d);
+                let (b, h, d, dt) = (a.batch, a.heads, a.head_dim, a.dtype);
+                let dts = dt.cuda_suffix();
+                println!("attention: causal, forward + backward, B={b}, H={h}, D={d} (C={}), {dts}", h * d);
                 println!(
-                    "{:>6} {:>12} {:>14} {:>9} {:>10} | {:>12} {:>10} {:>7} | {:>12} {:>10} {:>7}",
+                    "{:>6} {:>12} {:>14} {:>9} {:>10} | {:>14} {:>10} | {:>12} {:>10} {:>7} | {:>12} {:>10} {:>7}",
                     "T",
                     "tapir peak",
                     "CUDA formula",
                     "live",
+                    "time",
+                    "composed peak",
                     "time",
                     "eager peak",
                     "time",
@@ -463,15 +489,31 @@ pub fn run(a: &Args, names: &[&str], dev: Device) -> anyhow::Result<Value> {
                 let tt = tv("attention");
                 let mut rows = Vec::new();
                 for t in attention_ts(a, dev) {
-                    let f = attention_figure(dev, b, t, h, d, a.reps).with_context(|| format!("attention T={t}"))?;
-                    let formula = fused_attention_formula(b, t, h * d, h);
+                    let f = attention_figure(dev, dt, b, t, h, d, a.reps, false)
+                        .with_context(|| format!("attention T={t}"))?;
+                    let formula = fused_attention_formula(b, t, h * d, h, dt.size_in_bytes());
+                    let composed = if t <= a.composed_max_t {
+                        Some(
+                            attention_figure(dev, dt, b, t, h, d, a.reps, true)
+                                .with_context(|| format!("composed attention T={t}"))?,
+                        )
+                    } else {
+                        None
+                    };
+                    let (cp, ct) = match &composed {
+                        Some(c) => (mib(c.peak as f64), ms(c.seconds)),
+                        None => (
+                            format!(">{}", mib(composed_attention_floor(b, t, h, dt.size_in_bytes()) as f64)),
+                            "-".to_string(),
+                        ),
+                    };
                     let tr = tt.as_ref().and_then(|v| v.get(t.to_string()));
                     let (e, s) = (tr.and_then(|r| r.get("eager")), tr.and_then(|r| r.get("sdpa")));
                     let (ep, _, et) = torch_fig(e);
                     let (sp, _, st) = torch_fig(s);
                     let peak_of = |v: Option<&Value>| v.and_then(|v| v.get("peak_bytes")).and_then(Value::as_f64);
                     println!(
-                        "{t:>6} {:>12} {:>14} {:>9} {:>10} | {ep:>12} {et:>10} {:>7} | {sp:>12} {st:>10} {:>7}",
+                        "{t:>6} {:>12} {:>14} {:>9} {:>10} | {cp:>14} {ct:>10} | {ep:>12} {et:>10} {:>7} | {sp:>12} {st:>10} {:>7}",
                         mib(f.peak as f64),
                         if f.peak == formula { "= formula".to_string() } else { format!("{formula} B") },
                         format!("{} B", f.live),
@@ -479,10 +521,19 @@ pub fn run(a: &Args, names: &[&str], dev: Device) -> anyhow::Result<Value> {
                         ratio(f.peak as f64, peak_of(e)),
                         ratio(f.peak as f64, peak_of(s)),
                     );
-                    rows.push(json!({"t": t, "tapir": f.json(), "formula_bytes": formula, "torch": tr.cloned()}));
+                    rows.push(json!({"t": t, "tapir": f.json(), "formula_bytes": formula,
+                                     "composed": composed.map(|c| c.json()),
+                                     "composed_floor_bytes": composed_attention_floor(b, t, h, dt.size_in_bytes()),
+                                     "torch": tr.cloned()}));
                 }
-                println!("(formula: 16 B T C + 8 B H T bytes above q, k, v and the output's gradient; 'peak x' is PyTorch's peak over tapir's)");
-                doc.insert(name.into(), json!({"batch": b, "heads": h, "head_dim": d, "rows": rows}));
+                println!(
+                    "(formula: {} B T C + 8 B H T bytes above q, k, v and the output's gradient ({dts}); the composed \
+                     path runs up to --composed-max-t {}, past it '>' is its floor, two [B, H, T, T] {dts} tensors; \
+                     'peak x' is PyTorch's peak over tapir's fused one)",
+                    4 * dt.size_in_bytes(),
+                    a.composed_max_t
+                );
+                doc.insert(name.into(), json!({"batch": b, "heads": h, "head_dim": d, "dtype": dts, "rows": rows}));
             }
             "checkpoint" | "amp" => {
                 let s = GptShape {

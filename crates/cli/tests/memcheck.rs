@@ -159,3 +159,61 @@ fn context_scenario_finds_a_longer_context_for_fused_attention() {
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// `--dtype` as the command line gives it.
+fn parse(args: &[&str]) -> Result<Args, clap::Error> {
+    use clap::Parser;
+    #[derive(Parser)]
+    struct Wrap {
+        #[command(flatten)]
+        args: Args,
+    }
+    Wrap::try_parse_from(std::iter::once("memcheck").chain(args.iter().copied())).map(|w| w.args)
+}
+
+#[test]
+fn dtype_flag_parses_and_refuses_what_it_cannot_run() {
+    use tapir::prelude::DType;
+    assert_eq!(parse(&[]).unwrap().dtype, DType::F32);
+    assert_eq!(parse(&["--dtype", "bf16"]).unwrap().dtype, DType::BF16);
+    assert_eq!(parse(&["--dtype", "F16"]).unwrap().dtype, DType::F16);
+    let e = parse(&["--dtype", "f64"]).expect_err("f64 is refused").to_string();
+    assert!(e.contains("f32, bf16 or f16"), "{e}");
+    // A dtype other than f32 without the attention scenario is an error
+    // that says where it applies, not a silently f32 run.
+    for scenario in ["leaks", "checkpoint", "amp", "context"] {
+        let e = run(Args { scenario: vec![scenario.into()], dtype: DType::BF16, no_torch: true, ..Args::default() })
+            .expect_err(scenario)
+            .to_string();
+        assert!(e.contains("applies to the attention scenario"), "{scenario}: {e}");
+    }
+}
+
+#[test]
+fn attention_scenario_in_bf16_on_the_cpu() {
+    // The attention scenario in bf16 without PyTorch: the step leaves
+    // nothing live, and the report names the dtype; the composed path runs
+    // beside the fused one up to --composed-max-t and holds more.
+    let _s = LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = std::env::temp_dir().join(format!("tapir-memcheck-bf16-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut args = parse(&["--scenario", "attention", "--dtype", "bf16", "--t", "40,64", "--head-dim", "8"]).unwrap();
+    args.composed_max_t = 40;
+    args.reps = 0;
+    args.no_torch = true;
+    args.json = dir.join("a.json");
+    run(args).unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("a.json")).unwrap()).unwrap();
+    let att = &doc["scenarios"]["attention"];
+    assert_eq!(att["dtype"], "bf16");
+    let rows = att["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    for r in rows {
+        assert_eq!(r["tapir"]["live_bytes"], 0, "T={}", r["t"]);
+        assert!(r["tapir"]["peak_bytes"].as_u64().unwrap() > 0, "T={}", r["t"]);
+    }
+    let composed = rows[0]["composed"]["peak_bytes"].as_u64().expect("composed ran at T = 40");
+    assert!(composed > rows[0]["tapir"]["peak_bytes"].as_u64().unwrap(), "{}", rows[0]);
+    assert!(rows[1]["composed"].is_null(), "T = 64 is past --composed-max-t");
+    std::fs::remove_dir_all(&dir).ok();
+}

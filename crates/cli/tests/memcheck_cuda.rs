@@ -57,8 +57,33 @@ fn memcheck_attention_scenario_on_cuda_matches_the_formula() {
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     use tapir_cli::memcheck_scale::{attention_figure, fused_attention_formula};
     for (t, h, d) in [(40, 2, 32), (97, 4, 16)] {
-        let f = attention_figure(dev, 1, t, h, d, 1).unwrap();
-        assert_eq!(f.peak, fused_attention_formula(1, t, h * d, h), "T={t} H={h} D={d}");
+        let f = attention_figure(dev, DType::F32, 1, t, h, d, 1, false).unwrap();
+        assert_eq!(f.peak, fused_attention_formula(1, t, h * d, h, 4), "T={t} H={h} D={d}");
         assert_eq!(f.live, 0);
     }
+}
+
+#[tapir_testing::cuda_test]
+fn memcheck_attention_scenario_in_bf16_and_f16_on_cuda_matches_the_formula() {
+    // `--dtype bf16|f16`: the tensor-core kernels (compute capability 8.0
+    // and newer, the emulated device's) peak at exactly 8 B T C + 8 B H T
+    // bytes above the inputs, half of f32's activations, the statistics
+    // still f32; the composed path holds its [B, H, T, T] scores and
+    // probabilities beyond that floor.
+    let Some(dev) = cuda_or_skip("memcheck_attention_scenario_in_bf16_and_f16_on_cuda_matches_the_formula") else {
+        return;
+    };
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    use tapir_cli::memcheck_scale::{attention_figure, composed_attention_floor, fused_attention_formula};
+    for dtype in [DType::BF16, DType::F16] {
+        for (t, h, d) in [(40, 2, 32), (97, 4, 16)] {
+            let f = attention_figure(dev, dtype, 1, t, h, d, 0, false).unwrap();
+            assert_eq!(f.peak, fused_attention_formula(1, t, h * d, h, 2), "{dtype} T={t} H={h} D={d}");
+            assert_eq!(f.live, 0);
+        }
+    }
+    let (t, h, d) = (64, 2, 32);
+    let composed = attention_figure(dev, DType::BF16, 1, t, h, d, 0, true).unwrap();
+    assert!(composed.peak >= composed_attention_floor(1, t, h, 2), "composed peak {}", composed.peak);
+    assert_eq!(composed.live, 0);
 }
