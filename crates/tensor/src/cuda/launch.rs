@@ -101,7 +101,12 @@ const WARP_ROW_MIN_ROWS: usize = 1024;
 pub(crate) fn warp_rows(dtype: DType, x: u64, out: u64, dims: (usize, usize)) -> bool {
     let (rows, cols) = dims;
     let bytes = cols.saturating_mul(dtype.size_in_bytes());
-    rows >= WARP_ROW_MIN_ROWS && bytes > 0 && bytes <= WARP_ROW_BYTES && bytes % 16 == 0 && x % 16 == 0 && out % 16 == 0
+    rows >= WARP_ROW_MIN_ROWS
+        && bytes > 0
+        && bytes <= WARP_ROW_BYTES
+        && bytes.is_multiple_of(16)
+        && x.is_multiple_of(16)
+        && out.is_multiple_of(16)
 }
 
 /// Launches a `(rows, cols, x, out)` `*_warp_*` kernel of `file` (see
