@@ -131,15 +131,23 @@ template <> struct Pack16<double> {
     }
 };
 // Two 16-bit elements per word, the lower address in the low half.
+// A word splits into its halves with one `mov` (f16: then a conversion
+// each); a bf16 is the upper half of a float, so its pair is a shift and an
+// and, no split (the same bits as to_acc of each half).
+template <typename H> __device__ __forceinline__ void unpack_half2(unsigned w, float* o);
+template <> __device__ __forceinline__ void unpack_half2<tapir_f16>(unsigned w, float* o) {
+    u16 lo, hi;
+    asm("mov.b32 {%0, %1}, %2;" : "=h"(lo), "=h"(hi) : "r"(w));
+    asm("cvt.f32.f16 %0, %1;" : "=f"(o[0]) : "h"(lo));
+    asm("cvt.f32.f16 %0, %1;" : "=f"(o[1]) : "h"(hi));
+}
+template <> __device__ __forceinline__ void unpack_half2<tapir_bf16>(unsigned w, float* o) {
+    o[0] = __uint_as_float(w << 16);
+    o[1] = __uint_as_float(w & 0xffff0000u);
+}
 template <typename H> struct Pack16Half {
     enum { N = 8 };
-    __device__ static __forceinline__ void unpack_word(unsigned w, float* o) {
-        H lo, hi;
-        lo.x = (u16)(w & 0xffffu);
-        hi.x = (u16)(w >> 16);
-        o[0] = to_acc(lo);
-        o[1] = to_acc(hi);
-    }
+    __device__ static __forceinline__ void unpack_word(unsigned w, float* o) { unpack_half2<H>(w, o); }
     __device__ static __forceinline__ void unpack(uint4 r, float* o) {
         unpack_word(r.x, o);
         unpack_word(r.y, o + 2);
@@ -367,6 +375,42 @@ template <typename A> __device__ Lse<A> block_lse(Lse<A> v) {
 template <typename A> __device__ __forceinline__ A lse_value(Lse<A> a) {
     if (a.m == neg_inf<A>() || a.m == pos_inf<A>() || t_isnan(a.m)) return a.m;
     return a.m + t_log(a.s);
+}
+
+// Rows held in registers, a warp a row (the `*_warp_<dtype>` kernels of
+// softmax.cu and reduce.cu): a row of `units` 16-byte units, at most
+// WARP_ROW_UNITS a lane (8 KiB: 4,096 f16/bf16, 2,048 f32, 1,024 f64), from
+// a 16-byte aligned base. Lane l holds units l, l + 32, ... in u[0..U): U is
+// a power of two with units > 32 * U / 2, so the first U / 2 of them exist
+// in every lane and only the rest are tested (`rem` = units - lane). The
+// rows go warp by warp, blockDim.x / 32 a block, grid-strided; the host
+// launches these for many rows (crates/tensor/src/cuda/launch.rs,
+// `warp_rows`), the block-per-row kernels otherwise.
+#define WARP_ROW_UNITS 16
+template <int U> __device__ __forceinline__ bool wrow_has(int j, int rem) { return j < U / 2 || WARP * j < rem; }
+template <int U> __device__ __forceinline__ void wrow_load(uint4 (&u)[U], const uint4* row, int lane, int rem) {
+#pragma unroll
+    for (int j = 0; j < U; ++j)
+        if (wrow_has<U>(j, rem)) u[j] = row[lane + WARP * j];
+}
+// Calls BODY(U) with U the power of two for `units` (at most
+// 32 * WARP_ROW_UNITS); BODY is a macro that instantiates the row loop.
+#define WROW_DISPATCH(units, BODY)    \
+    do {                              \
+        if ((units) <= WARP)          \
+            BODY(1);                  \
+        else if ((units) <= 2 * WARP) \
+            BODY(2);                  \
+        else if ((units) <= 4 * WARP) \
+            BODY(4);                  \
+        else if ((units) <= 8 * WARP) \
+            BODY(8);                  \
+        else                          \
+            BODY(16);                 \
+    } while (0)
+template <typename A> __device__ __forceinline__ A warp_fmax(A v) {
+    for (int o = WARP / 2; o > 0; o /= 2) v = fmax(v, __shfl_xor_sync(FULL_MASK, v, o));
+    return v;
 }
 
 // How the rows of a `[rows, cols]` row kernel map onto threads: a block of

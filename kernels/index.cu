@@ -231,12 +231,19 @@ template <> __device__ __forceinline__ void flush_row<float>(float* row, const f
 }
 template <typename H> __device__ __forceinline__ void flush_row_half(H* row, const float* a, i64 w, int nt, int tid) {
     // Two float4 a thread: the pair of columns 2p, 2p + 1 is thread p / 4's,
-    // in its part (2p % 8) / 4.
-    const int w2 = (int)(w / 2);
-    for (int p = tid; p < w2; p += nt) {
+    // in its part (2p % 8) / 4, read as one float2. A warp takes 32
+    // consecutive pairs a turn (the 64 columns of 8 threads), lane l the
+    // pair 4 (l % 16 / 2) + 2 (l / 16) + l % 2: the first half-warp reads
+    // part 0 of the 8 threads, the second part 1, so each half-warp's
+    // 8-byte reads are 128 consecutive bytes, one wavefront (lanes in
+    // order put both parts, 4 KiB apart, in one half-warp's banks: 2-way
+    // conflicts). The atomics still cover the warp's 128 output bytes.
+    const int w2 = (int)(w / 2), lane = tid & (WARP - 1);
+    const int first = tid - lane + ((lane & 15) >> 1) * 4 + (lane >> 4) * 2 + (lane & 1);
+    for (int p = first; p < w2; p += nt) {
         const int u = p >> 2, r = (2 * p) & 7;
-        const float* s = a + (((r >> 2) * nt + u) << 2) + (r & 3);
-        flush_add_pair(row + 2 * p, s[0], s[1]);
+        const float2 s = *(const float2*)(a + (((r >> 2) * nt + u) << 2) + (r & 3));
+        flush_add_pair(row + 2 * p, s.x, s.y);
     }
 }
 template <>

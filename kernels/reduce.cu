@@ -8,6 +8,7 @@
 //   op is sum, max, min (NaN-propagating, as torch) or logsumexp. f16/bf16
 //   accumulate in float, f32 in float, f64 in double. `sum_last_i32` and
 //   `sum_last_i64` write i64 sums that wrap past 2^63, as the CPU's do.
+//   Many rows of at most 8 KiB take `sum_warp_<dtype>` instead (below).
 // - `sum_cols_<dtype>(rows, cols, x, out)`: out[c] = sum over r of x[r, c]
 //   (the gradient of a broadcast bias), the block's threads counted flat
 //   (t = threadIdx.y * blockDim.x + threadIdx.x, so a 1-D block of 256 or a
@@ -129,6 +130,48 @@ FOR_FLOATS(ROW_KERNELS, sum, 0)
 FOR_FLOATS(ROW_KERNELS, max, 1)
 FOR_FLOATS(ROW_KERNELS, min, 2)
 FOR_FLOATS(ROW_KERNELS, logsumexp, 3)
+
+// The sum of each row held in registers, a warp a row (WARP_ROW_UNITS,
+// kernels/common.cuh): `sum_warp_<dtype>(rows, cols, x, out)` for rows of
+// whole 16-byte units, at most 8 KiB, from a 16-byte aligned x, when the
+// rows fill the device (the host chooses). Each lane adds its units in
+// order, shuffles add the lanes' sums: no shared memory, no barrier.
+template <typename T, int U>
+__device__ __forceinline__ void sum_warp_rows(i64 rows, i64 cols, const T* x, T* out) {
+    typedef typename Acc<T>::type A;
+    const int N = Pack16<T>::N;
+    const int units = (int)(cols / N), lane = threadIdx.x % WARP, rem = units - lane;
+    const i64 per = blockDim.x / WARP;
+    for (i64 r = blockIdx.x * per + threadIdx.x / WARP; r < rows; r += gridDim.x * per) {
+        uint4 u[U];
+        wrow_load<U>(u, (const uint4*)(x + r * cols), lane, rem);
+        A s = A(0);
+#pragma unroll
+        for (int j = 0; j < U; ++j) {
+            if (!wrow_has<U>(j, rem)) continue;
+            A v[N];
+            Pack16<T>::unpack(u[j], v);
+#pragma unroll
+            for (int i = 0; i < N; ++i) s += v[i];
+        }
+        s = warp_sum(s);
+        if (lane == 0) out[r] = from_acc<T>(s);
+    }
+}
+template <typename T> __device__ __forceinline__ void sum_warp(i64 rows, i64 cols, const T* x, T* out) {
+    const i64 units = cols / Pack16<T>::N;
+#define SUM_WARP_U(U) sum_warp_rows<T, U>(rows, cols, x, out)
+    WROW_DISPATCH(units, SUM_WARP_U);
+#undef SUM_WARP_U
+}
+#define SUM_WARP_KERNEL(T, SUFFIX)                                                                 \
+    extern "C" __global__ void sum_warp_##SUFFIX(i64 rows, i64 cols, const T* x, T* out) {         \
+        sum_warp<T>(rows, cols, x, out);                                                           \
+    }
+SUM_WARP_KERNEL(float, f32)
+SUM_WARP_KERNEL(double, f64)
+SUM_WARP_KERNEL(tapir_f16, f16)
+SUM_WARP_KERNEL(tapir_bf16, bf16)
 
 // Integer sums in 64 bits. The adds are unsigned, so overflow wraps (as
 // the CPU's wrapping_add) instead of being undefined.

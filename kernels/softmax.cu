@@ -1,7 +1,8 @@
 // softmax and log_softmax over the last axis of a contiguous [rows, cols]
 // buffer (crates/tensor/src/ops/softmax.rs): a block per row, or a warp
 // per row of at most SHORT_ROW elements (`row_split`), grid-strided,
-// blockDim a multiple of 32.
+// blockDim a multiple of 32; or, for many rows of at most 8 KiB, a warp
+// per row held in registers (`softmax_warp_rows` below).
 //
 // One pass keeps an online (max, sum of exp(x - max)) per thread; warp
 // shuffles, then shared memory, merge the pairs; a second pass writes
@@ -82,6 +83,82 @@ __device__ __forceinline__ void softmax_rows(i64 rows, i64 cols, const T* x, T* 
 
 SOFTMAX_ALL(softmax, false)
 SOFTMAX_ALL(log_softmax, true)
+
+// A warp a row, the row in registers (WARP_ROW_UNITS, kernels/common.cuh):
+// `softmax_warp_<dtype>` / `log_softmax_warp_<dtype>(rows, cols, x, out)`
+// for rows of whole 16-byte units, at most 8 KiB, from 16-byte aligned x
+// and out, when the rows fill the device (the host chooses). Each lane
+// loads its units once; a pass over the registers takes the maximum
+// (fmax, which skips NaN), shuffles merge it, a second pass sums
+// term_exp(x - m), shuffles merge the sums, and a third writes exp(x - m)
+// / s or (x - m) - log s from the registers: no shared memory, no barrier,
+// no second read of the row. A NaN makes the sum, and so the row, NaN; an
+// all -inf row is NaN through -inf - -inf; a +inf maximum makes the sum
+// NaN as in softmax_rows.
+template <bool LOG, typename T, int U>
+__device__ __forceinline__ void softmax_warp_rows(i64 rows, i64 cols, const T* x, T* out) {
+    typedef typename Acc<T>::type A;
+    const int N = Pack16<T>::N;
+    const int units = (int)(cols / N), lane = threadIdx.x % WARP, rem = units - lane;
+    const i64 per = blockDim.x / WARP;
+    for (i64 r = blockIdx.x * per + threadIdx.x / WARP; r < rows; r += gridDim.x * per) {
+        uint4 u[U];
+        wrow_load<U>(u, (const uint4*)(x + r * cols), lane, rem);
+        A m = neg_inf<A>();
+#pragma unroll
+        for (int j = 0; j < U; ++j) {
+            if (!wrow_has<U>(j, rem)) continue;
+            A v[N];
+            Pack16<T>::unpack(u[j], v);
+#pragma unroll
+            for (int i = 0; i < N; ++i) m = fmax(m, v[i]);
+        }
+        m = warp_fmax(m);
+        A s = A(0);
+#pragma unroll
+        for (int j = 0; j < U; ++j) {
+            if (!wrow_has<U>(j, rem)) continue;
+            A v[N];
+            Pack16<T>::unpack(u[j], v);
+#pragma unroll
+            for (int i = 0; i < N; ++i) s += term_exp(v[i] - m);
+        }
+        s = warp_sum(s);
+        if (m == pos_inf<A>()) s = quiet_nan<A>();
+        const A ls = LOG ? t_log(s) : A(0), inv = LOG ? A(0) : A(1) / s;
+        uint4* orow = (uint4*)(out + r * cols);
+#pragma unroll
+        for (int j = 0; j < U; ++j) {
+            if (!wrow_has<U>(j, rem)) continue;
+            A v[N];
+            Pack16<T>::unpack(u[j], v);
+#pragma unroll
+            for (int i = 0; i < N; ++i) v[i] = LOG ? (v[i] - m) - ls : term_exp(v[i] - m) * inv;
+            orow[lane + WARP * j] = Pack16<T>::pack(v);
+        }
+    }
+}
+
+template <bool LOG, typename T>
+__device__ __forceinline__ void softmax_warp(i64 rows, i64 cols, const T* x, T* out) {
+    const i64 units = cols / Pack16<T>::N;
+#define SOFTMAX_WARP_U(U) softmax_warp_rows<LOG, T, U>(rows, cols, x, out)
+    WROW_DISPATCH(units, SOFTMAX_WARP_U);
+#undef SOFTMAX_WARP_U
+}
+
+#define SOFTMAX_WARP_KERNEL(NAME, LOG, T, SUFFIX)                                               \
+    extern "C" __global__ void NAME##_warp_##SUFFIX(i64 rows, i64 cols, const T* x, T* out) {   \
+        softmax_warp<LOG, T>(rows, cols, x, out);                                               \
+    }
+#define SOFTMAX_WARP_ALL(NAME, LOG)                   \
+    SOFTMAX_WARP_KERNEL(NAME, LOG, float, f32)        \
+    SOFTMAX_WARP_KERNEL(NAME, LOG, double, f64)       \
+    SOFTMAX_WARP_KERNEL(NAME, LOG, tapir_f16, f16)    \
+    SOFTMAX_WARP_KERNEL(NAME, LOG, tapir_bf16, bf16)
+
+SOFTMAX_WARP_ALL(softmax, false)
+SOFTMAX_WARP_ALL(log_softmax, true)
 
 // softmax(scale * x) of each row of a contiguous [rows, tk] buffer of
 // scores [..., tq, tk], where row r is query i = r % tq and sees keys

@@ -25,6 +25,7 @@ use tapir::prelude::*;
 pub const CASES: &[(&str, &str)] = &[
     ("sparse-ce", "sparse cross-entropy forward and backward over [rows, cols] logits"),
     ("softmax", "softmax over the last axis of [rows, cols]"),
+    ("log-softmax", "log_softmax over the last axis of [rows, cols]"),
     ("sum", "sum over the last axis of [rows, cols]"),
     ("add", "elementwise sum of two [rows, cols] tensors"),
     ("cast", "cast of [rows, cols] f32 to the case's dtype"),
@@ -124,6 +125,7 @@ pub fn run_case(a: &Args, device: Device) -> anyhow::Result<()> {
             })?;
         }
         "softmax" => drop(std::hint::black_box(x.softmax(-1)?)),
+        "log-softmax" => drop(std::hint::black_box(x.log_softmax(-1)?)),
         "sum" => drop(std::hint::black_box(x.sum(&[-1], false)?)),
         "add" => {
             let y = rng.uniform([n, v], -3.0, 3.0, DType::F32)?.cast(dt)?.to_device(device)?;

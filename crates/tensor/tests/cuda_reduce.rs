@@ -530,3 +530,101 @@ fn cuda_reductions_free_every_temporary_exactly() {
     assert!(x.cast(DType::I32).unwrap().logsumexp(&[0], false).is_err());
     assert_eq!(memory_stats(dev).allocated, before, "after errors");
 }
+
+/// Rows past the threshold of the warp-per-row kernels (1,024 rows of at
+/// most 8 KiB, whole 16-byte units): 1,029 of them, not a multiple of the
+/// eight rows a block. `cols` spans one unit a row, a lane's last unit
+/// partial (units not a multiple of 32), each power of two of units a lane
+/// (1, 2, 4, 8, 16) and 8 KiB exactly; the lengths that are not whole units
+/// (1, 7, 9, 31, 255, 1023) and the ones past 8 KiB keep the block kernels
+/// and are checked beside them.
+fn warp_row_lengths(dtype: DType) -> Vec<usize> {
+    match dtype {
+        DType::F64 => vec![1, 2, 7, 66, 1022, 1024, 1026],
+        DType::F32 => vec![1, 4, 7, 9, 31, 132, 255, 1023, 1028, 2048, 2052],
+        _ => vec![1, 7, 8, 9, 31, 255, 264, 1023, 1024, 2056, 4096, 4104],
+    }
+}
+
+#[tapir_testing::cuda_test]
+fn cuda_many_rows_of_at_most_8_kib_take_a_warp_each_and_match_the_cpu() {
+    let _g = serial();
+    let Some(dev) = cuda("cuda_many_rows_of_at_most_8_kib_take_a_warp_each_and_match_the_cpu") else { return };
+    let rows = 1029;
+    for dtype in FLOATS {
+        for cols in warp_row_lengths(dtype) {
+            let x = tensor(noise(rows * cols, 4.0, cols as u64, false), &[rows, cols], dtype);
+            let dx = x.to_device(dev).unwrap();
+            let tol = tolerance(dtype);
+            let what = format!("{dtype:?} [{rows}, {cols}]");
+            assert_matches(&format!("softmax {what}"), &x.softmax(1).unwrap(), &dx.softmax(1).unwrap(), tol);
+            assert_matches(
+                &format!("log_softmax {what}"),
+                &x.log_softmax(1).unwrap(),
+                &dx.log_softmax(1).unwrap(),
+                tol,
+            );
+            // Sums of up to 4,096 terms of either sign: the absolute error
+            // of either order grows with the terms, so relative to the
+            // row's scale (4), not to a result near 0.
+            let (cpu, gpu) = (x.sum(&[1], false).unwrap(), dx.sum(&[1], false).unwrap());
+            let (a, b) = (cpu.to_vec_f64(), gpu.to_vec_f64());
+            let bound = tol * 4.0 * (cols as f64).sqrt().max(1.0);
+            for (i, (p, q)) in a.iter().zip(&b).enumerate() {
+                assert!((p - q).abs() <= bound * (1.0 + p.abs()), "sum {what}: row {i}: cpu {p} vs cuda {q}");
+            }
+        }
+    }
+}
+
+#[tapir_testing::cuda_test]
+fn cuda_warp_rows_handle_views_specials_and_large_values_as_on_the_cpu() {
+    let _g = serial();
+    let Some(dev) = cuda("cuda_warp_rows_handle_views_specials_and_large_values_as_on_the_cpu") else { return };
+    // The nine rows of `specials`, padded to 16 columns with finite values
+    // (the all -inf row with -inf) and repeated to 1,035 rows; a tenth row
+    // of values near 1e4.
+    let sp = specials().to_vec_f64();
+    let cols = 16;
+    let mut v = Vec::new();
+    for r in 0..1035 {
+        let k = r % 10;
+        for c in 0..cols {
+            v.push(if k == 9 {
+                1e4 + (c as f64) * 0.37
+            } else if c < 5 {
+                sp[k * 5 + c]
+            } else if k == 5 {
+                f64::NEG_INFINITY
+            } else {
+                (c as f64 - 8.0) * 0.25
+            });
+        }
+    }
+    for dtype in FLOATS {
+        let base = tensor(v.clone(), &[1035, cols], dtype);
+        // Rows 3.. at an offset (16 elements: still 16-byte aligned), and
+        // the transpose of a transpose (a copy first).
+        for (what, view) in [
+            ("contiguous", (|t: &Tensor| t.clone()) as fn(&Tensor) -> Tensor),
+            ("offset", |t| t.narrow(0, 3, 1030).unwrap()),
+            ("transposed back", |t| t.t().unwrap().contiguous().unwrap().t().unwrap()),
+        ] {
+            let (x, dx) = pair(&base, dev, view);
+            let tol = tolerance(dtype);
+            let msg = format!("{dtype:?} specials, {what}");
+            assert_matches(&format!("softmax {msg}"), &x.softmax(1).unwrap(), &dx.softmax(1).unwrap(), tol);
+            assert_matches(&format!("log_softmax {msg}"), &x.log_softmax(1).unwrap(), &dx.log_softmax(1).unwrap(), tol);
+            assert_matches(&format!("sum {msg}"), &x.sum(&[1], false).unwrap(), &dx.sum(&[1], false).unwrap(), tol);
+        }
+    }
+    // The NaN row, the all -inf row and the +inf rows are NaN throughout;
+    // the 1e4 row is finite and sums to 1.
+    let dx = tensor(v, &[1035, cols], DType::F32).to_device(dev).unwrap();
+    let sm = dx.softmax(1).unwrap().to_vec_f64();
+    let row = |r: usize| &sm[r * cols..(r + 1) * cols];
+    for r in [0, 3, 5, 8, 1030] {
+        assert!(row(r).iter().all(|p| p.is_nan()), "row {r}: {:?}", row(r));
+    }
+    assert!((row(9).iter().sum::<f64>() - 1.0).abs() < 1e-5, "{:?}", row(9));
+}

@@ -85,6 +85,45 @@ pub(crate) fn launch_rows(
     launch(&out.dev, file, name, rows.saturating_mul(per_row), &args)
 }
 
+/// The longest row, in bytes, the warp-per-row kernels that hold a row in
+/// registers take (`WARP_ROW_UNITS` 16-byte units a lane of
+/// `kernels/common.cuh`: 4,096 f16 or bf16, 2,048 f32, 1,024 f64).
+const WARP_ROW_BYTES: usize = 32 * 16 * 16;
+/// Rows at least for them: a block of [`BLOCK`] / 32 rows for about each
+/// of the 132 multiprocessors of an H100 or H200. Fewer rows keep a block
+/// a row, which spreads them over more of the device.
+const WARP_ROW_MIN_ROWS: usize = 1024;
+
+/// Whether `dims` rows of `dtype` read from device address `x` and written
+/// to `out` take a `*_warp_*` kernel ([`launch_warp_rows`]) instead of the
+/// block-per-row one: many rows of whole 16-byte units, at most
+/// [`WARP_ROW_BYTES`] long, from 16-byte aligned addresses.
+pub(crate) fn warp_rows(dtype: DType, x: u64, out: u64, dims: (usize, usize)) -> bool {
+    let (rows, cols) = dims;
+    let bytes = cols.saturating_mul(dtype.size_in_bytes());
+    rows >= WARP_ROW_MIN_ROWS
+        && bytes > 0
+        && bytes <= WARP_ROW_BYTES
+        && bytes.is_multiple_of(16)
+        && x.is_multiple_of(16)
+        && out.is_multiple_of(16)
+}
+
+/// Launches a `(rows, cols, x, out)` `*_warp_*` kernel of `file` (see
+/// [`warp_rows`]): a warp a row, [`BLOCK`] / 32 rows a block, the blocks
+/// striding on past [`MAX_BLOCKS`].
+pub(crate) fn launch_warp_rows(
+    file: &'static str,
+    name: &str,
+    x: u64,
+    dims: (usize, usize),
+    out: &CudaBuffer,
+) -> Result<()> {
+    let (rows, cols) = dims;
+    let args = [Arg::I64(rows as i64), Arg::I64(cols as i64), Arg::Ptr(x), Arg::Ptr(out.ptr())];
+    launch(&out.dev, file, name, rows.saturating_mul(32), &args)
+}
+
 /// The kernel-name suffix of a float dtype.
 pub(crate) fn float_suffix(op: &'static str, dtype: DType) -> Result<&'static str> {
     match dtype {

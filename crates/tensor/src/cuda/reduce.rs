@@ -12,7 +12,7 @@
 //! CPU's, checked element by element in the tests.
 
 use super::buffer::{storage_of, CudaBuffer};
-use super::launch::{device_of_src, launch, launch_rows, Arg, BLOCK};
+use super::launch::{device_of_src, launch, launch_rows, launch_warp_rows, warp_rows, Arg, BLOCK};
 use super::shape::{cast_src, copy, first_element_src};
 use super::CudaBackend;
 use crate::backend::reduce::{ArgReducePlan, ReduceKind, ReducePlan, Rows};
@@ -49,6 +49,11 @@ fn sum_cols_kernel(stage: &str, dtype: DType) -> String {
     format!("sum_cols_{stage}{}", dtype.cuda_suffix())
 }
 
+/// The warp-per-row sum of many rows of at most 8 KiB (`warp_rows`).
+fn sum_warp_kernel(dtype: DType) -> String {
+    format!("sum_warp_{}", dtype.cuda_suffix())
+}
+
 fn arg_kernel(min: bool, dtype: DType) -> String {
     format!("{}_last_{}", if min { "argmin" } else { "argmax" }, dtype.cuda_suffix())
 }
@@ -63,6 +68,7 @@ pub(crate) fn kernels() -> Vec<(&'static str, String)> {
         }
         out.extend(["", "part_", "merge_"].map(|stage| (REDUCE, sum_cols_kernel(stage, dt))));
         out.extend([false, true].map(|min| (REDUCE, arg_kernel(min, dt))));
+        out.push((REDUCE, sum_warp_kernel(dt)));
     }
     out.extend([DType::I32, DType::I64].map(|dt| (REDUCE, reduce_kernel(&ReduceKind::Sum, "last", dt))));
     out
@@ -149,8 +155,11 @@ impl ReduceKernels for CudaBackend {
             sum_leading(x, (cols, rows), &out)?;
         } else {
             let (at, _dense) = rows_last(name, x, &plan.rows)?;
+            let dims = (rows, cols);
             if !plan.int_sum && rows <= SPLIT_ROWS && cols >= 2 * CHUNK {
                 reduce_split(&plan.kind, x.dtype(), at, (rows, cols), &out)?;
+            } else if plan.kind == ReduceKind::Sum && !plan.int_sum && warp_rows(x.dtype(), at, out.ptr(), dims) {
+                launch_warp_rows(REDUCE, &sum_warp_kernel(x.dtype()), at, (rows, cols), &out)?;
             } else {
                 launch_rows(REDUCE, &reduce_kernel(&plan.kind, "last", x.dtype()), at, (rows, cols), &out)?;
             }

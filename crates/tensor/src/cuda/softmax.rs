@@ -1,8 +1,10 @@
 //! The CUDA launch of softmax and log_softmax ([`crate::backend::softmax`]):
-//! one warp or block per row of `kernels/softmax.cu`.
+//! one warp or block per row of `kernels/softmax.cu`, or, for many rows of
+//! at most 8 KiB, a warp per row held in registers (`softmax_warp_*`,
+//! chosen by [`warp_rows`]).
 
 use super::buffer::{storage_of, CudaBuffer};
-use super::launch::{device_of_src, launch_rows};
+use super::launch::{device_of_src, launch_rows, launch_warp_rows, warp_rows};
 use super::CudaBackend;
 use crate::backend::{SoftmaxKernels, Src};
 use crate::storage::Storage;
@@ -10,14 +12,21 @@ use crate::{DType, Result};
 
 const SOFTMAX: &str = "softmax.cu";
 
-fn softmax_kernel(log: bool, dtype: DType) -> String {
-    format!("{}_{}", if log { "log_softmax" } else { "softmax" }, dtype.cuda_suffix())
+/// `stage` is "" for the block-per-row kernel, "warp_" for the warp-per-row one.
+fn softmax_kernel(log: bool, stage: &str, dtype: DType) -> String {
+    format!("{}_{stage}{}", if log { "log_softmax" } else { "softmax" }, dtype.cuda_suffix())
 }
 
 /// Every kernel this module launches, as `(file, entry)`.
 pub(crate) fn kernels() -> Vec<(&'static str, String)> {
     let floats = [DType::F32, DType::F64, DType::F16, DType::BF16];
-    floats.into_iter().flat_map(|dt| [false, true].map(|log| (SOFTMAX, softmax_kernel(log, dt)))).collect()
+    floats
+        .into_iter()
+        .flat_map(|dt| {
+            [(false, ""), (true, ""), (false, "warp_"), (true, "warp_")]
+                .map(|(log, stage)| (SOFTMAX, softmax_kernel(log, stage, dt)))
+        })
+        .collect()
 }
 
 impl SoftmaxKernels for CudaBackend {
@@ -27,7 +36,11 @@ impl SoftmaxKernels for CudaBackend {
         let (dev, p) = device_of_src(name, x)?;
         let (out, _) = CudaBuffer::alloc(&dev, x.dtype(), x.numel())?;
         let first = p + (x.layout.offset * x.dtype().size_in_bytes()) as u64;
-        launch_rows(SOFTMAX, &softmax_kernel(log, x.dtype()), first, (rows, cols), &out)?;
+        if warp_rows(x.dtype(), first, out.ptr(), (rows, cols)) {
+            launch_warp_rows(SOFTMAX, &softmax_kernel(log, "warp_", x.dtype()), first, (rows, cols), &out)?;
+        } else {
+            launch_rows(SOFTMAX, &softmax_kernel(log, "", x.dtype()), first, (rows, cols), &out)?;
+        }
         Ok(storage_of(out))
     }
 }
