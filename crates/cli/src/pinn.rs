@@ -38,12 +38,16 @@ pub enum Precision {
     F32,
     /// 64-bit floats.
     F64,
+    /// For L-BFGS: f32 until its line search finds no decrease along the
+    /// gradient (f32 rounding), then f64 from there.
+    F32ThenF64,
 }
 
 impl Precision {
+    /// The dtype the phase starts in.
     fn dtype(self) -> DType {
         match self {
-            Precision::F32 => DType::F32,
+            Precision::F32 | Precision::F32ThenF64 => DType::F32,
             Precision::F64 => DType::F64,
         }
     }
@@ -75,9 +79,20 @@ pub struct Args {
     /// Interior collocation points.
     #[arg(long, default_value_t = 2000)]
     pub interior: usize,
-    /// Boundary (and initial-condition) points.
+    /// Boundary (and initial-condition) points: for heat and burgers, a
+    /// third each on the initial line t = 0 and on the two spatial
+    /// boundaries.
     #[arg(long, default_value_t = 400)]
     pub boundary: usize,
+    /// Extra points on the initial line t = 0 (heat, burgers), drawn after
+    /// --boundary's and fitted in the same mean misfit.
+    #[arg(long, default_value_t = 0)]
+    pub ic_points: usize,
+    /// Weight of the initial line's squared misfits (all of its points,
+    /// --boundary's and --ic-points') in the mean misfit; the spatial
+    /// boundaries keep weight 1 (heat, burgers).
+    #[arg(long, default_value_t = 1.0)]
+    pub ic_weight: f64,
     /// Compute in f64 instead of f32.
     #[arg(long)]
     pub f64: bool,
@@ -86,6 +101,9 @@ pub struct Args {
     /// L-BFGS past where f32 rounding stops it: on burgers, f32 L-BFGS
     /// stalls near a loss of 4e-6, while an f64 iteration costs 2-3x an
     /// f32 one on a Zen 4 CPU (docs/performance.md, "PINN accuracy").
+    /// `f32-then-f64` runs f32 L-BFGS until it stalls (its line search
+    /// finds no decrease along the gradient), then casts once and goes on
+    /// in f64 for the iterations left; without it, a stall ends L-BFGS.
     #[arg(long, value_enum)]
     pub lbfgs_precision: Option<Precision>,
     /// Seed for points and weights.
@@ -253,6 +271,8 @@ struct Points {
     /// Boundary and initial points [M, 2] and their target values [M, 1].
     edge: Tensor,
     edge_u: Tensor,
+    /// Each edge point's weight in the mean misfit [M, 1], when not all 1.
+    edge_w: Option<Tensor>,
     /// `[-1, 1]`, to mirror points in x (for the odd network).
     mirror: Tensor,
     /// The source term at the interior points [N, 1] (Poisson).
@@ -270,6 +290,7 @@ impl Points {
             interior: part(&self.interior)?,
             edge: part(&self.edge)?,
             edge_u: part(&self.edge_u)?,
+            edge_w: self.edge_w.as_ref().map(part).transpose()?,
             source: part(&self.source)?,
             mirror: self.mirror,
         })
@@ -301,6 +322,15 @@ fn sample(p: Problem, a: &Args, dtype: DType, device: Device, gh: &GaussHermite)
         edge.push(x);
         edge.push(y);
     }
+    // Extra initial-line points, drawn after the others so that the
+    // default (none) draws the same points as before.
+    for _ in 0..a.ic_points {
+        edge.push(x0 + (x1 - x0) * rng.next_f64());
+        edge.push(y0);
+    }
+    let m = m + a.ic_points;
+    let edge_w = (a.ic_weight != 1.0)
+        .then(|| edge.chunks(2).map(|c| if c[1] == y0 { a.ic_weight } else { 1.0 }).collect::<Vec<f64>>());
     let edge_u: Vec<f64> = edge.chunks(2).map(|c| exact(p, c[0], c[1], gh)).collect();
     let source: Vec<f64> = inner.chunks(2).map(|c| 2.0 * PI * PI * (PI * c[0]).sin() * (PI * c[1]).sin()).collect();
     // The points are drawn on the host (the same ones on every device) and
@@ -310,6 +340,7 @@ fn sample(p: Problem, a: &Args, dtype: DType, device: Device, gh: &GaussHermite)
         interior: put(inner, [n, 2])?,
         edge: put(edge, [m, 2])?,
         edge_u: put(edge_u, [m, 1])?,
+        edge_w: edge_w.map(|w| put(w, [m, 1])).transpose()?,
         source: put(source, [n, 1])?,
         mirror: put(vec![-1.0f64, 1.0], [1, 2])?,
     })
@@ -391,14 +422,19 @@ pub fn values<'g>(net: &Mlp, p: &Bound<'g>, pts: &Tensor, mirror: Option<&Tensor
 }
 
 /// The PINN loss of `net` at the points: mean squared residual plus mean
-/// squared boundary/initial misfit.
+/// squared boundary/initial misfit (each point's square weighted, with
+/// `--ic-weight`).
 fn loss<'g>(prob: Problem, net: &Mlp, p: &Bound<'g>, pts: &Points, odd: bool) -> Result<Var<'g>> {
     let g = p.graph();
     let mirror = odd.then_some(&pts.mirror);
     let [u, grad, second] = solution(net, p, &pts.interior, diffusion_dims(prob), mirror)?;
     let r = residual(prob, &u, &grad, &second, &g.constant(pts.source.clone()))?;
     let misfit = values(net, p, &pts.edge, mirror)?.sub(&g.constant(pts.edge_u.clone()))?;
-    r.square()?.mean_all()?.add(&misfit.square()?.mean_all()?)
+    let sq = match &pts.edge_w {
+        Some(w) => misfit.square()?.mul(&g.constant(w.clone()))?,
+        None => misfit.square()?,
+    };
+    r.square()?.mean_all()?.add(&sq.mean_all()?)
 }
 
 /// The loss and its parameters' gradients at `store`; over several ranks
@@ -574,12 +610,29 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
             if world > 1 { format!(", {world} ranks (MPI), each with 1/{world} of the points") } else { String::new() }
         );
     }
-    if world > 1 && !(a.interior.is_multiple_of(world) && a.boundary.is_multiple_of(world)) {
+    if prob == Problem::Poisson && (a.ic_points > 0 || a.ic_weight != 1.0) {
+        bail!(
+            "--ic-points and --ic-weight are for the evolution problems (heat, burgers): poisson has no initial line"
+        );
+    }
+    if a.f64 && a.lbfgs_precision == Some(Precision::F32ThenF64) {
+        bail!("--lbfgs-precision f32-then-f64 follows an f32 Adam phase (without --f64)");
+    }
+    if !(a.ic_weight.is_finite() && a.ic_weight >= 0.0) {
+        bail!("--ic-weight must be a finite weight >= 0, not {}", a.ic_weight);
+    }
+    let edges = a.boundary + a.ic_points;
+    if world > 1 && !(a.interior.is_multiple_of(world) && edges.is_multiple_of(world)) {
         anyhow::bail!(
-            "--dist mpi on {world} ranks: --interior ({}) and --boundary ({}) must be multiples of {world}, so that \
-             every rank's mean is over as many points and their average is the whole mean",
+            "--dist mpi on {world} ranks: --interior ({}) and --boundary plus --ic-points ({edges}) must be multiples \
+             of {world}, so that every rank's mean is over as many points and their average is the whole mean",
             a.interior,
-            a.boundary
+        );
+    }
+    if speak && (a.ic_points > 0 || a.ic_weight != 1.0) {
+        println!(
+            "initial line t = 0: {} extra points beside --boundary's, its squared misfits weighted {}",
+            a.ic_points, a.ic_weight
         );
     }
     let lbfgs_iters = match a.lbfgs {
@@ -616,7 +669,8 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
     let mut ddp = if world > 1 { Some(DataParallel::new(comm, &mut store, DdpOptions::default())?) } else { None };
     let odd = odd_in_x(a);
     let initial_rel_l2 = grid.rel_l2(&grid.predict(&net, &store, odd.then_some(&pts.mirror))?);
-    let mut adam = Adam::new(a.lr);
+    // An Option: it is dropped where L-BFGS changes dtype.
+    let mut adam = Some(Adam::new(a.lr));
     let schedule = Schedule::Exponential { total: a.steps, final_factor: a.lr_final / a.lr };
     let bar = if a.quiet || !speak { ProgressBar::hidden() } else { ProgressBar::new((a.steps + lbfgs_iters) as u64) };
     bar.set_style(
@@ -634,8 +688,9 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
     for step in 0..a.steps {
         let lr = schedule.lr(a.lr, step);
         let (l, grads) = loss_and_grads(prob, &net, &pts, odd, &store, comm, ddp.as_mut())?;
-        adam.set_lr(lr);
-        adam.step(&mut store, &grads)?;
+        let opt = adam.as_mut().expect("Adam lives through its phase");
+        opt.set_lr(lr);
+        opt.step(&mut store, &grads)?;
         drop(grads);
         live.push(memory_allocated(device));
         losses.push(l);
@@ -657,26 +712,33 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
         bar.set_message(format!("adam loss {} rel L2 {}", num(l), num(err)));
         bar.inc(1);
     }
-    let lbfgs_dtype = a.lbfgs_precision.map_or(dtype, Precision::dtype);
+    let mut lbfgs_dtype = a.lbfgs_precision.map_or(dtype, Precision::dtype);
+    let then_f64 = a.lbfgs_precision == Some(Precision::F32ThenF64);
     // Where the live memory's level may change: the L-BFGS phase holds
     // other dtypes and no Adam state.
     let mut phase_switch = None;
+    // Adam's moments are no longer needed; the parameters, the points
+    // (drawn again from the same seed: the same points) and the grid are
+    // rebuilt in the new dtype.
+    macro_rules! switch_dtype {
+        ($to:expr) => {{
+            let to: DType = $to;
+            drop(adam.take());
+            let ids: Vec<_> = store.ids().collect();
+            for id in ids {
+                let t = store.get_mut(id);
+                *t = t.cast(to)?;
+            }
+            pts = points(to)?;
+            grid = Grid::new(prob, to, device, &gh)?;
+            if world > 1 {
+                // The gradient buckets hold the old dtype.
+                ddp = Some(DataParallel::new(comm, &mut store, DdpOptions::default())?);
+            }
+        }};
+    }
     if lbfgs_iters > 0 && lbfgs_dtype != dtype {
-        // Adam's moments are no longer needed; the parameters, the points
-        // (drawn again from the same seed: the same points) and the grid
-        // are rebuilt in the L-BFGS phase's dtype.
-        drop(adam);
-        let ids: Vec<_> = store.ids().collect();
-        for id in ids {
-            let t = store.get_mut(id);
-            *t = t.cast(lbfgs_dtype)?;
-        }
-        pts = points(lbfgs_dtype)?;
-        grid = Grid::new(prob, lbfgs_dtype, device, &gh)?;
-        if world > 1 {
-            // The gradient buckets hold the old dtype.
-            ddp = Some(DataParallel::new(comm, &mut store, DdpOptions::default())?);
-        }
+        switch_dtype!(lbfgs_dtype);
         phase_switch = Some(a.steps);
     }
     let mut lbfgs = Lbfgs::new(50);
@@ -685,7 +747,8 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
             lbfgs.step(&mut store, |s: &ParamStore| loss_and_grads(prob, &net, &pts, odd, s, comm, ddp.as_mut()))?;
         live.push(memory_allocated(device));
         losses.push(st.loss);
-        let last = it + 1 == lbfgs_iters || st.converged;
+        let stalled = st.stalled && !(then_f64 && lbfgs_dtype == DType::F32);
+        let last = it + 1 == lbfgs_iters || st.converged || stalled;
         if (it + 1) % 50 == 0 || last {
             err = evaluate(&grid, &pts, &store)?;
             errors.push((a.steps + it + 1, err));
@@ -703,11 +766,35 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
         }
         bar.set_message(format!("lbfgs loss {} rel L2 {}", num(st.loss), num(err)));
         bar.inc(1);
-        if st.converged {
+        if st.stalled && !stalled {
+            // f32 rounding stops the progress: on in f64 from here. The
+            // history and the last evaluation are f32's, so they go.
+            if speak {
+                bar.suspend(|| println!("lbfgs {:>6}  stalled in f32 at loss {}: on in f64", it + 1, num(st.loss)));
+            }
+            if phase_switch.is_none() {
+                phase_switch = Some(a.steps + it + 1);
+            }
+            lbfgs_dtype = DType::F64;
+            switch_dtype!(lbfgs_dtype);
+            lbfgs.reset();
+        }
+        if st.converged || stalled {
             // The bar's end is where training ended, so it reads complete.
             bar.set_length(bar.position());
             if speak {
-                bar.suspend(|| println!("lbfgs converged after {} iterations", it + 1));
+                bar.suspend(|| {
+                    if st.converged {
+                        println!("lbfgs converged after {} iterations", it + 1)
+                    } else {
+                        println!(
+                            "lbfgs stopped after {} iterations: no decrease along the gradient at loss {} ({} rounding)",
+                            it + 1,
+                            num(st.loss),
+                            if lbfgs_dtype == DType::F32 { "f32" } else { "f64" }
+                        )
+                    }
+                });
             }
             break;
         }
@@ -842,6 +929,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             "allreduce_s": o.allreduce_s,
             "phase_switch": o.phase_switch,
             "paper_grid_rel_l2": o.paper_grid_rel_l2,
+            "adam_steps": a.steps,
+            "lbfgs_iterations": o.losses.len().saturating_sub(a.steps),
         });
         std::fs::write(path, serde_json::to_string_pretty(&v)? + "\n")
             .with_context(|| format!("writing {}", path.display()))?;

@@ -104,6 +104,8 @@ fn a_short_poisson_run_lowers_the_error_with_flat_memory() {
         hidden: vec![16, 16],
         interior: 256,
         boundary: 64,
+        ic_points: 0,
+        ic_weight: 1.0,
         f64: false,
         lbfgs_precision: None,
         seed: 1,
@@ -175,6 +177,8 @@ fn a_burgers_run_switches_to_f64_for_lbfgs_with_flat_memory_in_each_phase() {
         hidden: vec![12, 12],
         interior: 128,
         boundary: 48,
+        ic_points: 0,
+        ic_weight: 1.0,
         f64: false,
         lbfgs_precision: Some(Precision::F64),
         seed: 2,
@@ -200,4 +204,62 @@ fn a_burgers_run_switches_to_f64_for_lbfgs_with_flat_memory_in_each_phase() {
     let paper = o.paper_grid_rel_l2.expect("burgers reports the paper's grid");
     assert!(paper.is_finite() && (paper / o.rel_l2 - 1.0).abs() < 1.0, "paper grid {paper} vs {}", o.rel_l2);
     std::fs::remove_dir_all(&dir).ok();
+}
+
+fn tiny_burgers() -> Args {
+    Args {
+        problem: Problem::Burgers,
+        steps: 30,
+        lbfgs: Some(20),
+        lr: 1e-2,
+        lr_final: 1e-3,
+        hidden: vec![8, 8],
+        interior: 96,
+        boundary: 30,
+        ic_points: 0,
+        ic_weight: 1.0,
+        f64: false,
+        lbfgs_precision: None,
+        seed: 4,
+        eval_every: 1000,
+        plot: "".into(),
+        curves: "".into(),
+        quiet: true,
+        plain: false,
+        device: Default::default(),
+        dist: Default::default(),
+        devices: vec![],
+        json: None,
+    }
+}
+
+/// `--ic-points` and `--ic-weight` change the loss (and only where asked:
+/// weight 1 and no extra points is the plain run), train with flat memory,
+/// and are refused where they mean nothing.
+#[test]
+fn the_initial_line_flags_change_the_loss_and_are_checked() {
+    let _s = serial();
+    let plain = train(&tiny_burgers()).unwrap();
+    let same = train(&Args { ic_weight: 1.0, ic_points: 0, ..tiny_burgers() }).unwrap();
+    assert_eq!(plain.losses, same.losses);
+    for a in [
+        Args { ic_weight: 10.0, ..tiny_burgers() },
+        Args { ic_points: 24, ..tiny_burgers() },
+        Args { ic_points: 24, ic_weight: 10.0, lbfgs_precision: Some(Precision::F32ThenF64), ..tiny_burgers() },
+    ] {
+        let o = train(&a).unwrap();
+        assert_ne!(o.losses[0], plain.losses[0], "{} {}", a.ic_points, a.ic_weight);
+        assert!(o.live_flat(), "live memory moved: {:?}", o.live);
+        assert!(o.rel_l2 < o.initial_rel_l2, "error {} -> {}", o.initial_rel_l2, o.rel_l2);
+    }
+    let refused = [
+        Args { problem: Problem::Poisson, ic_points: 4, ..tiny_burgers() },
+        Args { problem: Problem::Poisson, ic_weight: 2.0, ..tiny_burgers() },
+        Args { ic_weight: -1.0, ..tiny_burgers() },
+        Args { ic_weight: f64::NAN, ..tiny_burgers() },
+        Args { f64: true, lbfgs_precision: Some(Precision::F32ThenF64), ..tiny_burgers() },
+    ];
+    for a in refused {
+        assert!(train(&a).is_err(), "{:?} {} {}", a.problem, a.ic_points, a.ic_weight);
+    }
 }

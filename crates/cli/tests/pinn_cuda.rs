@@ -31,6 +31,8 @@ fn tiny(device: DeviceArg) -> Args {
         hidden: vec![8, 8],
         interior: 48,
         boundary: 24,
+        ic_points: 0,
+        ic_weight: 1.0,
         f64: false,
         lbfgs_precision: None,
         seed: 3,

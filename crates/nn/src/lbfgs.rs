@@ -38,6 +38,15 @@ pub struct LbfgsStep {
     pub evals: usize,
     /// True when the gradient was already below tolerance (no step taken).
     pub converged: bool,
+    /// True when the line search found no decrease along the plain
+    /// (steepest-descent) direction, with no curvature history to try
+    /// instead: the parameters are where the step began, and every further
+    /// step from here would repeat the same search, so the caller should
+    /// stop. This is where rounding ends the progress (an f32 loss near
+    /// its floor); a failure along a quasi-Newton direction only drops the
+    /// history and is not reported here, since the next step tries the
+    /// gradient.
+    pub stalled: bool,
 }
 
 fn flatten(ts: impl Iterator<Item = Tensor>) -> Vec<f64> {
@@ -128,7 +137,7 @@ impl Lbfgs {
             return Err(Error::NonFinite { op: "Lbfgs::step", value: f0, position: 0 });
         }
         if g0.iter().fold(0.0f64, |m, g| m.max(g.abs())) <= self.tolerance_grad {
-            return Ok(LbfgsStep { loss_before: f0, loss: f0, evals, converged: true });
+            return Ok(LbfgsStep { loss_before: f0, loss: f0, evals, converged: true, stalled: false });
         }
         // Two-loop recursion: d = -H g.
         let mut q = g0.clone();
@@ -150,6 +159,8 @@ impl Lbfgs {
         }
         let mut dir: Vec<f64> = q.iter().map(|v| -v).collect();
         let mut slope = dot(&g0, &dir);
+        // Whether the direction is the plain gradient's (no history).
+        let mut plain = self.s.is_empty();
         if slope >= 0.0 {
             // Not a descent direction (stale curvature): restart from -g.
             self.s.clear();
@@ -157,6 +168,7 @@ impl Lbfgs {
             let k = (1.0 / g0.iter().map(|g| g.abs()).sum::<f64>()).min(1.0) * self.lr;
             dir = g0.iter().map(|g| -k * g).collect();
             slope = dot(&g0, &dir);
+            plain = true;
         }
         // Backtracking line search with the Armijo condition.
         // Without history the direction is already scaled (torch's first step).
@@ -188,15 +200,113 @@ impl Lbfgs {
                 // As stored (f32 parameters round `x`).
                 let stored = flatten(store.ids().map(|id| store.get(id).clone()));
                 self.last = Some((stored, ft, g1));
-                return Ok(LbfgsStep { loss_before: f0, loss: ft, evals, converged: false });
+                return Ok(LbfgsStep { loss_before: f0, loss: ft, evals, converged: false, stalled: false });
             }
             if evals >= self.max_evals {
                 unflatten(store, &x0)?;
                 self.s.clear();
                 self.y.clear();
-                return Ok(LbfgsStep { loss_before: f0, loss: f0, evals, converged: false });
+                // The parameters are back at x0 exactly (f32 values survive
+                // the round trip through f64), so the next step reuses this
+                // evaluation instead of repeating it.
+                self.last = Some((x0, f0, g0));
+                return Ok(LbfgsStep { loss_before: f0, loss: f0, evals, converged: false, stalled: plain });
             }
             t *= 0.5;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store(w: Vec<f64>) -> ParamStore {
+        let mut s = ParamStore::new();
+        let n = w.len();
+        s.add("w", Tensor::from_vec(w, [n]).expect("w")).expect("param");
+        s
+    }
+
+    fn w(s: &ParamStore) -> Vec<f64> {
+        s.get(s.id("w").expect("id")).to_vec::<f64>().expect("w")
+    }
+
+    /// sum c_i (w_i - 3)^2, c_i = 10^i, and its gradient.
+    fn quad(s: &ParamStore) -> Result<(f64, Grads)> {
+        let v = w(s);
+        let c = |i: usize| 10f64.powi(i as i32);
+        let loss = v.iter().enumerate().map(|(i, x)| c(i) * (x - 3.0) * (x - 3.0)).sum();
+        let g = v.iter().enumerate().map(|(i, x)| 2.0 * c(i) * (x - 3.0)).collect::<Vec<_>>();
+        Ok((loss, Grads::from_tensors(vec![Tensor::from_vec(g, [v.len()])?])))
+    }
+
+    #[test]
+    fn stops_when_no_decrease_is_possible() {
+        // A loss no step can lower (its gradient points nowhere useful):
+        // the search along the plain gradient fails, which is reported, and
+        // the parameters stay where they were.
+        let mut s = store(vec![1.0, -2.0, 0.5]);
+        let mut opt = Lbfgs::new(5);
+        let calls = std::cell::Cell::new(0usize);
+        let flat = |_: &ParamStore| -> Result<(f64, Grads)> {
+            calls.set(calls.get() + 1);
+            Ok((1.0, Grads::from_tensors(vec![Tensor::ones([3], DType::F64)?])))
+        };
+        let st = opt.step(&mut s, flat).expect("step");
+        assert!(st.stalled && !st.converged, "{st:?}");
+        assert_eq!((st.loss, st.loss_before), (1.0, 1.0));
+        assert_eq!(st.evals, opt.max_evals);
+        assert_eq!(calls.get(), opt.max_evals);
+        assert_eq!(w(&s), [1.0, -2.0, 0.5]);
+        // Another step repeats the same search (so a caller stops), but not
+        // the evaluation at the start point: it is reused.
+        let st = opt.step(&mut s, flat).expect("step");
+        assert!(st.stalled, "{st:?}");
+        assert_eq!(st.evals, opt.max_evals);
+        assert_eq!(calls.get(), 2 * opt.max_evals);
+        assert_eq!(w(&s), [1.0, -2.0, 0.5]);
+    }
+
+    #[test]
+    fn a_failed_quasi_newton_search_is_not_a_stall() {
+        // Two good steps build a history; then the loss rises everywhere
+        // off the current point. The first failure, along the quasi-Newton
+        // direction, drops the history and is not a stall; the next search,
+        // along the gradient, fails too and is.
+        let mut s = store(vec![1.0, -2.0, 0.5]);
+        let mut opt = Lbfgs::new(5);
+        for _ in 0..2 {
+            let st = opt.step(&mut s, quad).expect("step");
+            assert!(!st.stalled && st.loss < st.loss_before, "{st:?}");
+        }
+        let at = w(&s);
+        let walled = |s: &ParamStore| -> Result<(f64, Grads)> {
+            let (l, g) = quad(s)?;
+            Ok((if w(s) == at { l } else { l + 1e3 }, g))
+        };
+        let st = opt.step(&mut s, walled).expect("step");
+        assert!(!st.stalled && !st.converged, "{st:?}");
+        assert_eq!(w(&s), at);
+        let st = opt.step(&mut s, walled).expect("step");
+        assert!(st.stalled, "{st:?}");
+        assert_eq!(w(&s), at);
+        // Where progress is possible again, the steps go on.
+        let st = opt.step(&mut s, quad).expect("step");
+        assert!(!st.stalled && st.loss < st.loss_before, "{st:?}");
+    }
+
+    #[test]
+    fn progress_is_never_a_stall() {
+        let mut s = store(vec![1.0, -2.0, 0.5]);
+        let mut opt = Lbfgs::new(5);
+        for _ in 0..100 {
+            let st = opt.step(&mut s, quad).expect("step");
+            assert!(!st.stalled, "{st:?}");
+            if st.converged {
+                break;
+            }
+        }
+        assert!(w(&s).iter().all(|x| (x - 3.0).abs() < 1e-9), "{:?}", w(&s));
     }
 }
