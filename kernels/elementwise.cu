@@ -11,8 +11,8 @@
 // axes), or is null when both are contiguous with the output's shape.
 //
 // Derivative kernels `<op>_bwd_<dtype>(n, ndim, info, x, x_offset, g,
-// g_offset, out)` fuse the first-order derivative the CPU fuses (relu,
-// gelu, gelu_tanh take x; tanh and sigmoid take the output y).
+// g_offset, out)` fuse the first-order derivative the CPU fuses (gelu and
+// gelu_tanh take x; relu, tanh and sigmoid the output y: cuda/unary.rs).
 
 #define SQRT_2_OVER_PI 0.7978845608028654
 #define GELU_C 0.044715

@@ -8,7 +8,7 @@
 
 use std::sync::{Mutex, MutexGuard};
 
-use tapir_autograd::{GradOptions, Graph};
+use tapir_autograd::{GradOptions, Graph, Var};
 use tapir_tensor::max_memory_allocated;
 use tapir_tensor::prelude::*;
 use tapir_testing::{assert_close, test_device};
@@ -352,6 +352,57 @@ test_device! {
         })?;
         assert_eq!(g1[0].to_vec::<f64>()?, k1[0].to_vec::<f64>()?);
         assert_eq!(g2[0].to_vec::<f64>()?, k2[0].to_vec::<f64>()?);
+        Ok(())
+    }
+
+    /// An activation's first-order backward is one pass on every device:
+    /// relu, tanh, sigmoid and both GELUs hold, beside what the forward
+    /// left live, at most the seed gradient and the input's gradient
+    /// (2 B), where their composed derivative lines keep three to eight
+    /// temporaries of B at once (a GELU over a transformer's MLP set a
+    /// CUDA training step's peak 9 MiB above the CPU's this way); f32 and
+    /// bf16, the gradients against the CPU's.
+    fn activation_backward_is_one_pass(device: Device) -> Result<()> {
+        let _s = serial();
+        type Act = for<'g> fn(&Var<'g>) -> Result<Var<'g>>;
+        let acts: [(&str, Act); 5] = [
+            ("relu", |x| x.relu()),
+            ("tanh", |x| x.tanh()),
+            ("sigmoid", |x| x.sigmoid()),
+            ("gelu", |x| x.gelu()),
+            ("gelu_tanh", |x| x.gelu_tanh()),
+        ];
+        const N: usize = 4096;
+        for dtype in [DType::F32, DType::BF16] {
+            let host = Rng::new(12).randn([N], DType::F32)?.mul_scalar(2.0)?.cast(dtype)?;
+            let x0 = host.to_device(device)?;
+            let b = N * dtype.size_in_bytes();
+            for (name, act) in acts {
+                let grad_on = |x0: &Tensor, measure: bool| -> Result<Tensor> {
+                    let dev = x0.device();
+                    let base = live(dev);
+                    Graph::scope(|g| {
+                        let x = g.leaf(x0.clone());
+                        let s = act(&x)?.sum_all()?;
+                        let forward = live(dev) - base;
+                        reset_peak_memory_stats(dev);
+                        let gx = g.grad(s, &[x])?.remove(0);
+                        let peak = max_memory_allocated(dev) - base;
+                        if measure {
+                            assert!(
+                                peak <= forward + 2 * b + 64,
+                                "{name} {dtype:?}: backward peak {peak} above the forward's {forward} + 2 x {b}"
+                            );
+                        }
+                        Ok(gx)
+                    })
+                };
+                let got = grad_on(&x0, true)?.to_vec_f64();
+                let want = grad_on(&host, false)?.to_vec_f64();
+                let tol = if dtype == DType::BF16 { 1e-2 } else { 1e-5 };
+                assert_close(&format!("{name} {dtype:?}"), &got, &want, tol);
+            }
+        }
         Ok(())
     }
 }

@@ -1,7 +1,8 @@
 //! The CUDA kernels of the elementwise functions of one tensor
 //! ([`crate::backend::unary`]): one launch of `kernels/elementwise.cu` per
-//! call. The fused derivative passes are the CPU's alone: here the rules
-//! compose them from these kernels.
+//! call, the first-order derivative passes of the activations included
+//! (`<op>_bwd`, as the CPU fuses them); the second-order tanh pass is the
+//! CPU's alone, composed here from these kernels.
 
 use super::buffer::{storage_of, CudaBuffer};
 use super::launch::{device_of_src, dims_i64, float_suffix, info_array, launch, pair, Arg};
@@ -20,8 +21,8 @@ impl UnaryKernels for CudaBackend {
         tanh_backward(y, g, shape)
     }
 
-    fn unary_grad(&self, _: Unary, _: Src<'_>, _: Src<'_>, _: Src<'_>) -> Result<Option<Storage>> {
-        Ok(None)
+    fn unary_grad(&self, f: Unary, x: Src<'_>, y: Src<'_>, g: Src<'_>) -> Result<Option<Storage>> {
+        unary_grad(f, x, y, g)
     }
 
     fn tanh_second(&self, _: Src<'_>, _: Src<'_>, _: Src<'_>, _: Option<Src<'_>>) -> Result<Option<Storage>> {
@@ -63,6 +64,30 @@ fn unary(op: Unary, x: Src<'_>) -> Result<Storage> {
         launch(&dev, "elementwise.cu", &format!("{name}_{suffix}"), n, &args)?;
     }
     Ok(storage_of(out))
+}
+
+/// `g * dy/dx` in one launch for the activations whose derivative line
+/// would take several launches and as many temporaries of the
+/// activation's size (a GELU over a transformer's MLP: about eight, which
+/// set a training step's peak); f16 and bf16 computed in f32 and rounded
+/// once, as on the CPU. `None` for the other functions and for integers.
+fn unary_grad(f: Unary, x: Src<'_>, y: Src<'_>, g: Src<'_>) -> Result<Option<Storage>> {
+    if !x.dtype().is_float() {
+        return Ok(None);
+    }
+    // Each reads what its rule saves (`Derivative::saves`): gelu and
+    // gelu_tanh their input x; relu, tanh and sigmoid their output y (x is
+    // then a stand-in the backward left in place of the freed value).
+    let (kernel, a) = match f {
+        Unary::Relu => ("relu_bwd", y),
+        Unary::GeluTanh => ("gelu_tanh_bwd", x),
+        Unary::GeluErf => ("gelu_bwd", x),
+        Unary::Tanh => ("tanh_bwd", y),
+        Unary::Sigmoid => ("sigmoid_bwd", y),
+        _ => return Ok(None),
+    };
+    let name = f.name();
+    Ok(Some(pair(name, kernel, float_suffix(name, x.dtype())?, a, g, g.shape())?))
 }
 
 /// `g * (1 - y^2)`, broadcast to `shape`.
