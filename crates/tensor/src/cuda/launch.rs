@@ -76,11 +76,23 @@ pub(crate) fn launch_rows(
     dims: (usize, usize),
     out: &CudaBuffer,
 ) -> Result<()> {
+    let per_row = if dims.1 <= SHORT_ROW { 32 } else { BLOCK as usize };
+    launch_rows_of(file, name, x, dims, out, per_row)
+}
+
+/// A `(rows, cols, x, out)` kernel of `file` with `per_row` threads a row.
+fn launch_rows_of(
+    file: &'static str,
+    name: &str,
+    x: u64,
+    dims: (usize, usize),
+    out: &CudaBuffer,
+    per_row: usize,
+) -> Result<()> {
     let (rows, cols) = dims;
     if rows == 0 {
         return Ok(());
     }
-    let per_row = if cols <= SHORT_ROW { 32 } else { BLOCK as usize };
     let args = [Arg::I64(rows as i64), Arg::I64(cols as i64), Arg::Ptr(x), Arg::Ptr(out.ptr())];
     launch(&out.dev, file, name, rows.saturating_mul(per_row), &args)
 }
@@ -119,9 +131,7 @@ pub(crate) fn launch_warp_rows(
     dims: (usize, usize),
     out: &CudaBuffer,
 ) -> Result<()> {
-    let (rows, cols) = dims;
-    let args = [Arg::I64(rows as i64), Arg::I64(cols as i64), Arg::Ptr(x), Arg::Ptr(out.ptr())];
-    launch(&out.dev, file, name, rows.saturating_mul(32), &args)
+    launch_rows_of(file, name, x, dims, out, 32)
 }
 
 /// The kernel-name suffix of a float dtype.
