@@ -197,6 +197,23 @@ template <> __device__ __forceinline__ void red_add_half2<tapir_f16>(tapir_f16* 
 template <> __device__ __forceinline__ void red_add_half2<tapir_bf16>(tapir_bf16* p, unsigned w) {
     asm volatile("red.global.add.noftz.bf16x2 [%0], %1;" ::"l"(p), "r"(w) : "memory");
 }
+#if __CUDA_ARCH__ >= 900
+// sm_90's vector form: four packed words (eight 16-bit elements) added at
+// the 16-byte aligned `p` with one `red.global.add.noftz.v4.{f16x2,bf16x2}`,
+// each half rounded once an add as by the scalar form; a warp's request
+// covers 512 bytes where the scalar form's covers 128.
+template <typename H> __device__ __forceinline__ void red_add_half2x4(H* p, uint4 w);
+template <> __device__ __forceinline__ void red_add_half2x4<tapir_f16>(tapir_f16* p, uint4 w) {
+    asm volatile("red.global.add.noftz.v4.f16x2 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(w.x), "r"(w.y), "r"(w.z),
+                 "r"(w.w)
+                 : "memory");
+}
+template <> __device__ __forceinline__ void red_add_half2x4<tapir_bf16>(tapir_bf16* p, uint4 w) {
+    asm volatile("red.global.add.noftz.v4.bf16x2 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(w.x), "r"(w.y), "r"(w.z),
+                 "r"(w.w)
+                 : "memory");
+}
+#endif
 // Adds the pair (lo, hi) to the two 16-bit elements at `p` (4-byte
 // aligned). On sm_90 one packed conversion and one packed `red`: the sums
 // are rounded to the element type before the add, so an element that
@@ -230,6 +247,18 @@ template <> __device__ __forceinline__ void flush_row<float>(float* row, const f
     for (int e = tid; e < (int)w; e += nt) flush_add(row + e, a[e]);
 }
 template <typename H> __device__ __forceinline__ void flush_row_half(H* row, const float* a, i64 w, int nt, int tid) {
+#if __CUDA_ARCH__ >= 900
+    // A thread's eight columns (its two float4, conflict-free: lanes read
+    // consecutive float4) in one 16-byte vector `red`: the tile's columns
+    // start at a multiple of eight elements of a row of whole 16-byte
+    // units, in an output the host allocated fresh (512-byte granules).
+    for (int u = tid; u < (int)(w / 8); u += nt) {
+        const float4 lo = *(const float4*)(a + (u << 2)), hi = *(const float4*)(a + ((nt + u) << 2));
+        const uint4 v = make_uint4(pack_half2<H>(lo.x, lo.y), pack_half2<H>(lo.z, lo.w), pack_half2<H>(hi.x, hi.y),
+                                   pack_half2<H>(hi.z, hi.w));
+        red_add_half2x4<H>(row + 8 * u, v);
+    }
+#else
     // Two float4 a thread: the pair of columns 2p, 2p + 1 is thread p / 4's,
     // in its part (2p % 8) / 4, read as one float2. A warp takes 32
     // consecutive pairs a turn (the 64 columns of 8 threads), lane l the
@@ -245,6 +274,7 @@ template <typename H> __device__ __forceinline__ void flush_row_half(H* row, con
         const float2 s = *(const float2*)(a + (((r >> 2) * nt + u) << 2) + (r & 3));
         flush_add_pair(row + 2 * p, s.x, s.y);
     }
+#endif
 }
 template <>
 __device__ __forceinline__ void flush_row<tapir_f16>(tapir_f16* row, const float* a, i64 w, int nt, int tid) {

@@ -712,3 +712,39 @@ fn red_add_noftz_bf16x2_rounds_each_half_once_per_add() {
         assert_eq!(word(34 + l), 0x3F80_3B80, "lane {l}: atom returns the old word");
     }
 }
+
+#[test]
+fn vector_red_add_noftz_bf16x2_adds_each_word_in_lane_order() {
+    // sm_90's `red.global.add.noftz.v4.bf16x2`: 32 lanes add four packed
+    // words each to one 16-byte vector (starting at zero), one request of
+    // 16 bytes a lane; each word's halves sum in lane order, rounded once
+    // an add, as four scalar `red.add.noftz.bf16x2` would.
+    let body = "mov.u32 %r1, %tid.x;\ncvt.rn.f32.u32 %f1, %r1;\nmul.f32 %f2, %f1, 0f3FAF5C29;\n\
+                mul.f32 %f3, %f1, 0fBF3B22D1;\ncvt.rn.bf16x2.f32 %r2, %f2, %f3;\n\
+                mov.f32 %f4, 0f3F000000;\ncvt.rn.bf16x2.f32 %r3, %f1, %f4;\n\
+                mul.f32 %f5, %f1, 0fBE800000;\nmov.f32 %f6, 0f40400000;\ncvt.rn.bf16x2.f32 %r4, %f5, %f6;\n\
+                mov.f32 %f7, 0f3E000000;\ncvt.rn.bf16x2.f32 %r5, %f7, %f1;\n\
+                mov.b32 %r6, 0;\nsetp.eq.u32 %p1, %r1, 0;\n\
+                @%p1 st.global.v4.b32 [%rd0], {%r6, %r6, %r6, %r6};\nbar.sync 0;\n\
+                red.global.add.noftz.v4.bf16x2 [%rd0], {%r2, %r3, %r4, %r5};\n";
+    exec::set_profiling(true);
+    let (r, stats) = launch("", body, 32, 2).unwrap_or_else(|f| panic!("{}", f.message));
+    let word = |k: usize| (r[k / 2] >> (32 * (k % 2))) as u32;
+    let add = |x: u16, y: u16| {
+        let s = half::bf16::from_bits(x).to_f64() + half::bf16::from_bits(y).to_f64();
+        half::bf16::from_f64(s).to_bits()
+    };
+    let mut acc = [0u32; 4];
+    for l in 0..32 {
+        let x = l as f32;
+        let v = [bf16x2(x * 1.37, x * -0.731), bf16x2(x, 0.5), bf16x2(x * -0.25, 3.0), bf16x2(0.125, x)];
+        for (a, v) in acc.iter_mut().zip(v) {
+            *a = u32::from(add((*a >> 16) as u16, (v >> 16) as u16)) << 16 | u32::from(add(*a as u16, v as u16));
+        }
+    }
+    for (k, want) in acc.iter().enumerate() {
+        assert_eq!(word(k), *want, "word {k}: 32 packed adds in lane order");
+    }
+    let c = stats.counters;
+    assert_eq!((c.atomic_requests, c.atomic_lanes, c.atomic_bytes), (1, 32, 16), "one 16-byte request a lane");
+}
