@@ -18,6 +18,9 @@ use tapir_nn::dist::{Communicator, DataParallel, DdpEvent, DdpOptions, ReduceOp,
 use tapir_nn::{Activation, Adam, DataLoader, Gpt, GptConfig, Grads, Mlp, Optimizer, ParamStore};
 use tapir_tensor::prelude::*;
 
+/// Every test that makes tensors holds this: the live-byte checks read a
+/// process-wide counter, so another test's tensors made meanwhile (the
+/// threads of one test binary) would look like a leak.
 static LOCK: Mutex<()> = Mutex::new(());
 
 fn serial() -> MutexGuard<'static, ()> {
@@ -212,6 +215,7 @@ fn one_rank_sharded_adam_is_adam() {
 
 #[test]
 fn collectives_check_their_arguments() {
+    let _s = serial();
     let comm = Communicator::single();
     let mut t = Tensor::from_vec(vec![1i64, 2], [2]).unwrap();
     assert!(matches!(comm.all_reduce(&mut t, ReduceOp::Sum), Err(Error::UnsupportedDType { .. })));
@@ -228,6 +232,7 @@ fn collectives_check_their_arguments() {
 
 #[test]
 fn shards_of_an_epoch_are_disjoint_and_cover_it() {
+    let _s = serial();
     let x = Tensor::from_vec((0..10).map(|i| i as f32).collect(), [10]).unwrap();
     let whole = DataLoader::new(&[&x], 4).unwrap().shuffle(3);
     for world in [1, 2, 3, 4] {
