@@ -59,12 +59,14 @@ pub struct Args {
     /// The problem to solve.
     #[arg(value_enum)]
     pub problem: Problem,
-    /// Adam steps.
-    #[arg(long, default_value_t = 10_000)]
-    pub steps: usize,
+    /// Adam steps (default: 10,000; 2,000 for burgers).
+    #[arg(long)]
+    pub steps: Option<usize>,
     /// L-BFGS iterations after Adam, on any device (default: 2,500 for
-    /// poisson, 2,000 for burgers, 300 for heat; PINN practice is Adam,
-    /// then L-BFGS).
+    /// poisson, 300 for heat, 7,100 for burgers; PINN practice is Adam,
+    /// then L-BFGS). With `--lbfgs-precision f32-then-f64` this is a budget
+    /// in f32 iterations: each f64 iteration after the switch counts as
+    /// --lbfgs-f64-cost of them.
     #[arg(long)]
     pub lbfgs: Option<usize>,
     /// Initial Adam learning rate.
@@ -90,22 +92,34 @@ pub struct Args {
     pub ic_points: usize,
     /// Weight of the initial line's squared misfits (all of its points,
     /// --boundary's and --ic-points') in the mean misfit; the spatial
-    /// boundaries keep weight 1 (heat, burgers).
-    #[arg(long, default_value_t = 1.0)]
-    pub ic_weight: f64,
+    /// boundaries keep weight 1 (heat, burgers; default: 1 for heat, 10
+    /// for burgers).
+    #[arg(long)]
+    pub ic_weight: Option<f64>,
     /// Compute in f64 instead of f32.
     #[arg(long)]
     pub f64: bool,
     /// Precision of the L-BFGS phase: the parameters, points and grid are
-    /// cast when it starts (default: the Adam phase's precision). For
+    /// cast when it starts. For
     /// L-BFGS past where f32 rounding stops it: on burgers, f32 L-BFGS
     /// stalls near a loss of 4e-6, while an f64 iteration costs 2-3x an
     /// f32 one on a Zen 4 CPU (docs/performance.md, "PINN accuracy").
     /// `f32-then-f64` runs f32 L-BFGS until it stalls (its line search
     /// finds no decrease along the gradient), then casts once and goes on
-    /// in f64 for the iterations left; without it, a stall ends L-BFGS.
+    /// in f64 for the budget left (see --lbfgs-f64-cost); without it, a
+    /// stall ends L-BFGS.
+    /// Default: `f32-then-f64` for burgers (without --f64), else the Adam
+    /// phase's precision.
     #[arg(long, value_enum)]
     pub lbfgs_precision: Option<Precision>,
+    /// With `--lbfgs-precision f32-then-f64`: how many of --lbfgs's
+    /// iterations one f64 iteration after the switch counts as. An f64
+    /// iteration costs about 2.7 f32 ones on burgers (0.072-0.074 CPU-s
+    /// against 0.027 on a Zen 4 CPU, docs/performance.md), so the default
+    /// makes the phase's cost about the same wherever f32 stalls; 1 counts
+    /// iterations alone.
+    #[arg(long, default_value_t = 2.7)]
+    pub lbfgs_f64_cost: f64,
     /// Seed for points and weights.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -148,6 +162,34 @@ pub struct Args {
     /// (rank 0's file).
     #[arg(long)]
     pub json: Option<PathBuf>,
+}
+
+impl Args {
+    /// Adam steps: --steps, or the problem's default.
+    pub fn adam_steps(&self) -> usize {
+        self.steps.unwrap_or(if self.problem == Problem::Burgers { 2_000 } else { 10_000 })
+    }
+
+    /// L-BFGS iterations (a budget in f32 iterations with f32-then-f64):
+    /// --lbfgs, or the problem's default.
+    pub fn lbfgs_iterations(&self) -> usize {
+        self.lbfgs.unwrap_or(match self.problem {
+            Problem::Heat => 300,
+            Problem::Poisson => 2500,
+            Problem::Burgers => 7100,
+        })
+    }
+
+    /// The initial line's weight: --ic-weight, or the problem's default.
+    pub fn initial_weight(&self) -> f64 {
+        self.ic_weight.unwrap_or(if self.problem == Problem::Burgers { 10.0 } else { 1.0 })
+    }
+
+    /// The L-BFGS phase's precision when it differs from Adam's:
+    /// --lbfgs-precision, or f32-then-f64 for burgers in f32.
+    pub fn lbfgs_phase_precision(&self) -> Option<Precision> {
+        self.lbfgs_precision.or((self.problem == Problem::Burgers && !self.f64).then_some(Precision::F32ThenF64))
+    }
 }
 
 /// Whether the network is made odd in x: `u(x, t) = (N(x, t) - N(-x, t)) / 2`.
@@ -329,8 +371,8 @@ fn sample(p: Problem, a: &Args, dtype: DType, device: Device, gh: &GaussHermite)
         edge.push(y0);
     }
     let m = m + a.ic_points;
-    let edge_w = (a.ic_weight != 1.0)
-        .then(|| edge.chunks(2).map(|c| if c[1] == y0 { a.ic_weight } else { 1.0 }).collect::<Vec<f64>>());
+    let w = a.initial_weight();
+    let edge_w = (w != 1.0).then(|| edge.chunks(2).map(|c| if c[1] == y0 { w } else { 1.0 }).collect::<Vec<f64>>());
     let edge_u: Vec<f64> = edge.chunks(2).map(|c| exact(p, c[0], c[1], gh)).collect();
     let source: Vec<f64> = inner.chunks(2).map(|c| 2.0 * PI * PI * (PI * c[0]).sin() * (PI * c[1]).sin()).collect();
     // The points are drawn on the host (the same ones on every device) and
@@ -595,6 +637,9 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
     let (rank, world) = (comm.rank(), comm.world_size());
     // Rank 0 speaks for the job.
     let speak = rank == 0;
+    let steps = a.adam_steps();
+    let ic_weight = a.initial_weight();
+    let precision = a.lbfgs_phase_precision();
     if speak {
         println!(
             "tapir pinn {:?}: MLP 2-{}-1 tanh, {} interior + {} boundary points, Adam {} -> {} over {} steps, {}, --device {}{}",
@@ -604,22 +649,25 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
             a.boundary,
             a.lr,
             a.lr_final,
-            a.steps,
+            steps,
             if a.f64 { "f64" } else { "f32" },
             a.device,
             if world > 1 { format!(", {world} ranks (MPI), each with 1/{world} of the points") } else { String::new() }
         );
     }
-    if prob == Problem::Poisson && (a.ic_points > 0 || a.ic_weight != 1.0) {
+    if prob == Problem::Poisson && (a.ic_points > 0 || ic_weight != 1.0) {
         bail!(
             "--ic-points and --ic-weight are for the evolution problems (heat, burgers): poisson has no initial line"
         );
     }
-    if a.f64 && a.lbfgs_precision == Some(Precision::F32ThenF64) {
+    if a.f64 && precision == Some(Precision::F32ThenF64) {
         bail!("--lbfgs-precision f32-then-f64 follows an f32 Adam phase (without --f64)");
     }
-    if !(a.ic_weight.is_finite() && a.ic_weight >= 0.0) {
-        bail!("--ic-weight must be a finite weight >= 0, not {}", a.ic_weight);
+    if !(ic_weight.is_finite() && ic_weight >= 0.0) {
+        bail!("--ic-weight must be a finite weight >= 0, not {ic_weight}");
+    }
+    if !(a.lbfgs_f64_cost.is_finite() && a.lbfgs_f64_cost > 0.0) {
+        bail!("--lbfgs-f64-cost must be a finite cost > 0, not {}", a.lbfgs_f64_cost);
     }
     let edges = a.boundary + a.ic_points;
     if world > 1 && !(a.interior.is_multiple_of(world) && edges.is_multiple_of(world)) {
@@ -629,20 +677,20 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
             a.interior,
         );
     }
-    if speak && (a.ic_points > 0 || a.ic_weight != 1.0) {
+    if speak && (a.ic_points > 0 || ic_weight != 1.0) {
         println!(
-            "initial line t = 0: {} extra points beside --boundary's, its squared misfits weighted {}",
-            a.ic_points, a.ic_weight
+            "initial line t = 0: {} extra points beside --boundary's, its squared misfits weighted {ic_weight}",
+            a.ic_points
         );
     }
-    let lbfgs_iters = match a.lbfgs {
-        Some(n) => n,
-        None => match prob {
-            Problem::Heat => 300,
-            Problem::Poisson => 2500,
-            Problem::Burgers => 2000,
-        },
-    };
+    let lbfgs_iters = a.lbfgs_iterations();
+    if speak && precision == Some(Precision::F32ThenF64) && lbfgs_iters > 0 {
+        println!(
+            "L-BFGS: a budget of {lbfgs_iters} f32 iterations, f32 until it stalls, then f64 with each iteration \
+             counted as {}",
+            a.lbfgs_f64_cost
+        );
+    }
     let gh = GaussHermite::new(200);
     // Every rank draws every point from the seed, then keeps its share.
     let points = |dtype: DType| -> Result<Points> {
@@ -671,21 +719,21 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
     let initial_rel_l2 = grid.rel_l2(&grid.predict(&net, &store, odd.then_some(&pts.mirror))?);
     // An Option: it is dropped where L-BFGS changes dtype.
     let mut adam = Some(Adam::new(a.lr));
-    let schedule = Schedule::Exponential { total: a.steps, final_factor: a.lr_final / a.lr };
-    let bar = if a.quiet || !speak { ProgressBar::hidden() } else { ProgressBar::new((a.steps + lbfgs_iters) as u64) };
+    let schedule = Schedule::Exponential { total: steps, final_factor: a.lr_final / a.lr };
+    let bar = if a.quiet || !speak { ProgressBar::hidden() } else { ProgressBar::new((steps + lbfgs_iters) as u64) };
     bar.set_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}")
             .expect("valid template"),
     );
     let started = Instant::now();
-    let mut live = Vec::with_capacity(a.steps + lbfgs_iters);
-    let mut losses = Vec::with_capacity(a.steps + lbfgs_iters);
+    let mut live = Vec::with_capacity(steps + lbfgs_iters);
+    let mut losses = Vec::with_capacity(steps + lbfgs_iters);
     let mut err = initial_rel_l2;
     let mut errors = vec![(0, initial_rel_l2)];
     let evaluate = |grid: &Grid, pts: &Points, store: &ParamStore| -> Result<f64> {
         Ok(grid.rel_l2(&grid.predict(&net, store, odd.then_some(&pts.mirror))?))
     };
-    for step in 0..a.steps {
+    for step in 0..steps {
         let lr = schedule.lr(a.lr, step);
         let (l, grads) = loss_and_grads(prob, &net, &pts, odd, &store, comm, ddp.as_mut())?;
         let opt = adam.as_mut().expect("Adam lives through its phase");
@@ -694,7 +742,7 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
         drop(grads);
         live.push(memory_allocated(device));
         losses.push(l);
-        if (step + 1) % a.eval_every == 0 || step + 1 == a.steps {
+        if (step + 1) % a.eval_every == 0 || step + 1 == steps {
             err = evaluate(&grid, &pts, &store)?;
             errors.push((step + 1, err));
             if speak {
@@ -712,8 +760,8 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
         bar.set_message(format!("adam loss {} rel L2 {}", num(l), num(err)));
         bar.inc(1);
     }
-    let mut lbfgs_dtype = a.lbfgs_precision.map_or(dtype, Precision::dtype);
-    let then_f64 = a.lbfgs_precision == Some(Precision::F32ThenF64);
+    let mut lbfgs_dtype = precision.map_or(dtype, Precision::dtype);
+    let then_f64 = precision == Some(Precision::F32ThenF64);
     // Where the live memory's level may change: the L-BFGS phase holds
     // other dtypes and no Adam state.
     let mut phase_switch = None;
@@ -739,19 +787,36 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
     }
     if lbfgs_iters > 0 && lbfgs_dtype != dtype {
         switch_dtype!(lbfgs_dtype);
-        phase_switch = Some(a.steps);
+        phase_switch = Some(steps);
     }
     let mut lbfgs = Lbfgs::new(50);
-    for it in 0..lbfgs_iters {
+    // The iterations are a budget: with f32-then-f64, an f64 iteration after
+    // the switch counts as --lbfgs-f64-cost f32 ones (about its cost), so
+    // that the phase's cost does not depend on where f32 stalls. An
+    // iteration runs only if it fits. Counted, not summed, so that no
+    // rounding decides the last one.
+    let (mut cheap, mut dear) = (0usize, 0usize);
+    let fits = |cheap: usize, dear: usize, dt: DType| {
+        let (cheap, dear) = if then_f64 && dt == DType::F64 { (cheap, dear + 1) } else { (cheap + 1, dear) };
+        cheap as f64 + dear as f64 * a.lbfgs_f64_cost <= lbfgs_iters as f64 + 1e-9
+    };
+    let mut it = 0;
+    while fits(cheap, dear, lbfgs_dtype) {
         let st =
             lbfgs.step(&mut store, |s: &ParamStore| loss_and_grads(prob, &net, &pts, odd, s, comm, ddp.as_mut()))?;
         live.push(memory_allocated(device));
         losses.push(st.loss);
+        if then_f64 && lbfgs_dtype == DType::F64 {
+            dear += 1;
+        } else {
+            cheap += 1;
+        }
         let stalled = st.stalled && !(then_f64 && lbfgs_dtype == DType::F32);
-        let last = it + 1 == lbfgs_iters || st.converged || stalled;
+        let next_dtype = if st.stalled && !stalled { DType::F64 } else { lbfgs_dtype };
+        let last = !fits(cheap, dear, next_dtype) || st.converged || stalled;
         if (it + 1) % 50 == 0 || last {
             err = evaluate(&grid, &pts, &store)?;
-            errors.push((a.steps + it + 1, err));
+            errors.push((steps + it + 1, err));
             if speak {
                 bar.suspend(|| {
                     println!(
@@ -773,7 +838,7 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
                 bar.suspend(|| println!("lbfgs {:>6}  stalled in f32 at loss {}: on in f64", it + 1, num(st.loss)));
             }
             if phase_switch.is_none() {
-                phase_switch = Some(a.steps + it + 1);
+                phase_switch = Some(steps + it + 1);
             }
             lbfgs_dtype = DType::F64;
             switch_dtype!(lbfgs_dtype);
@@ -798,7 +863,10 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
             }
             break;
         }
+        it += 1;
     }
+    // Ended by the budget, perhaps short of --lbfgs iterations.
+    bar.set_length(bar.position());
     bar.finish();
     let mirror = odd.then_some(&pts.mirror);
     let u = grid.predict(&net, &store, mirror)?;
@@ -850,8 +918,8 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
         let mem: Vec<f64> = live.iter().map(|&b| b as f64 / 1024.0).collect();
         // Where Adam ends and L-BFGS starts, on every panel.
         let switch = || {
-            (lbfgs_iters > 0 && a.steps > 0)
-                .then(|| Marker { x: a.steps as f64 + 0.5, label: "Adam ends, L-BFGS starts".into() })
+            (lbfgs_iters > 0 && steps > 0)
+                .then(|| Marker { x: steps as f64 + 0.5, label: "Adam ends, L-BFGS starts".into() })
                 .into_iter()
                 .collect::<Vec<_>>()
         };
@@ -929,8 +997,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             "allreduce_s": o.allreduce_s,
             "phase_switch": o.phase_switch,
             "paper_grid_rel_l2": o.paper_grid_rel_l2,
-            "adam_steps": a.steps,
-            "lbfgs_iterations": o.losses.len().saturating_sub(a.steps),
+            "adam_steps": a.adam_steps(),
+            "lbfgs_iterations": o.losses.len().saturating_sub(a.adam_steps()),
         });
         std::fs::write(path, serde_json::to_string_pretty(&v)? + "\n")
             .with_context(|| format!("writing {}", path.display()))?;

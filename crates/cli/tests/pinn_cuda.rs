@@ -24,7 +24,7 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 fn tiny(device: DeviceArg) -> Args {
     Args {
         problem: Problem::Poisson,
-        steps: 25,
+        steps: Some(25),
         lbfgs: Some(0),
         lr: 1e-2,
         lr_final: 1e-2,
@@ -32,9 +32,10 @@ fn tiny(device: DeviceArg) -> Args {
         interior: 48,
         boundary: 24,
         ic_points: 0,
-        ic_weight: 1.0,
+        ic_weight: None,
         f64: false,
         lbfgs_precision: None,
+        lbfgs_f64_cost: 2.7,
         seed: 3,
         eval_every: 1000,
         plot: "".into(),
@@ -72,7 +73,7 @@ fn pinn_on_cuda_and_cpu_agree_at_the_start() {
     // the first loss (before any update) agrees to f32 rounding.
     let _s = serial();
     let Some(_) = cuda_or_skip("pinn_on_cuda_and_cpu_agree_at_the_start") else { return };
-    let one = |d| train(&Args { steps: 1, ..tiny(d) }).unwrap().losses[0];
+    let one = |d| train(&Args { steps: Some(1), ..tiny(d) }).unwrap().losses[0];
     let (c, g) = (one(DeviceArg::Cpu), one(DeviceArg::Cuda(0)));
     assert!((c - g).abs() <= 1e-4 * c.abs(), "cpu {c} vs cuda {g}");
 }
@@ -86,7 +87,7 @@ fn pinn_adam_then_lbfgs_on_cuda_follows_the_cpu_with_flat_memory() {
     let _s = serial();
     let Some(dev) = cuda_or_skip("pinn_adam_then_lbfgs_on_cuda_follows_the_cpu_with_flat_memory") else { return };
     let before = memory_allocated(dev);
-    let args = |d| Args { steps: 5, lbfgs: Some(6), ..tiny(d) };
+    let args = |d| Args { steps: Some(5), lbfgs: Some(6), ..tiny(d) };
     let gpu = train(&args(DeviceArg::Cuda(0))).unwrap();
     let cpu = train(&args(DeviceArg::Cpu)).unwrap();
     assert_eq!(gpu.losses.len(), 11);
