@@ -140,28 +140,20 @@ template <typename T, int U>
 __device__ __forceinline__ void sum_warp_rows(i64 rows, i64 cols, const T* x, T* out) {
     typedef typename Acc<T>::type A;
     const int N = Pack16<T>::N;
-    const int units = (int)(cols / N), lane = threadIdx.x % WARP, rem = units - lane;
-    const i64 per = blockDim.x / WARP;
-    for (i64 r = blockIdx.x * per + threadIdx.x / WARP; r < rows; r += gridDim.x * per) {
-        uint4 u[U];
-        wrow_load<U>(u, (const uint4*)(x + r * cols), lane, rem);
+    wrow_each<false, U>(rows, cols, x, [&](i64 r, const uint4(&u)[U], int lane, int width, int rem) {
         A s = A(0);
-#pragma unroll
-        for (int j = 0; j < U; ++j) {
-            if (!wrow_has<U>(j, rem)) continue;
-            A v[N];
-            Pack16<T>::unpack(u[j], v);
+        wrow_units<T>(u, width, rem, [&](int, A(&v)[N]) {
 #pragma unroll
             for (int i = 0; i < N; ++i) s += v[i];
-        }
+        });
         s = warp_sum(s);
         if (lane == 0) out[r] = from_acc<T>(s);
-    }
+    });
 }
 template <typename T> __device__ __forceinline__ void sum_warp(i64 rows, i64 cols, const T* x, T* out) {
     const i64 units = cols / Pack16<T>::N;
 #define SUM_WARP_U(U) sum_warp_rows<T, U>(rows, cols, x, out)
-    WROW_DISPATCH(units, SUM_WARP_U);
+    WROW_DISPATCH(units, WARP, SUM_WARP_U);
 #undef SUM_WARP_U
 }
 #define SUM_WARP_KERNEL(T, SUFFIX)                                                                 \

@@ -95,70 +95,62 @@ SOFTMAX_ALL(log_softmax, true)
 // no second read of the row. A NaN makes the sum, and so the row, NaN; an
 // all -inf row is NaN through -inf - -inf; a +inf maximum makes the sum
 // NaN as in softmax_rows.
-template <bool LOG, typename T, int U>
-__device__ __forceinline__ void softmax_warp_rows(i64 rows, i64 cols, const T* x, T* out) {
+//
+// With BLOCK, a block a row (`softmax_block_<dtype>` /
+// `log_softmax_block_<dtype>`): for fewer rows than fill the device, the
+// row's units spread over the block's threads (a power of two the host
+// picks, at most WARP_ROW_UNITS units a thread: rows up to 256 KiB), the
+// same three passes, the maximum and the sum merged across the block by
+// block_reduce (shared memory, barriers; a NaN maximum makes the row NaN
+// as the NaN sum does).
+template <bool BLOCK, bool LOG, typename T, int U>
+__device__ __forceinline__ void softmax_reg_rows(i64 rows, i64 cols, const T* x, T* out) {
     typedef typename Acc<T>::type A;
     const int N = Pack16<T>::N;
-    const int units = (int)(cols / N), lane = threadIdx.x % WARP, rem = units - lane;
-    const i64 per = blockDim.x / WARP;
-    for (i64 r = blockIdx.x * per + threadIdx.x / WARP; r < rows; r += gridDim.x * per) {
-        uint4 u[U];
-        wrow_load<U>(u, (const uint4*)(x + r * cols), lane, rem);
+    wrow_each<BLOCK, U>(rows, cols, x, [&](i64 r, const uint4(&u)[U], int lane, int width, int rem) {
         A m = neg_inf<A>();
-#pragma unroll
-        for (int j = 0; j < U; ++j) {
-            if (!wrow_has<U>(j, rem)) continue;
-            A v[N];
-            Pack16<T>::unpack(u[j], v);
+        wrow_units<T>(u, width, rem, [&](int, A(&v)[N]) {
 #pragma unroll
             for (int i = 0; i < N; ++i) m = fmax(m, v[i]);
-        }
-        m = warp_fmax(m);
+        });
+        m = BLOCK ? block_reduce<1>(m, neg_inf<A>()) : warp_fmax(m);
         A s = A(0);
-#pragma unroll
-        for (int j = 0; j < U; ++j) {
-            if (!wrow_has<U>(j, rem)) continue;
-            A v[N];
-            Pack16<T>::unpack(u[j], v);
+        wrow_units<T>(u, width, rem, [&](int, A(&v)[N]) {
 #pragma unroll
             for (int i = 0; i < N; ++i) s += term_exp(v[i] - m);
-        }
-        s = warp_sum(s);
+        });
+        s = BLOCK ? block_reduce<0>(s, A(0)) : warp_sum(s);
         if (m == pos_inf<A>()) s = quiet_nan<A>();
         const A ls = LOG ? t_log(s) : A(0), inv = LOG ? A(0) : A(1) / s;
         uint4* orow = (uint4*)(out + r * cols);
-#pragma unroll
-        for (int j = 0; j < U; ++j) {
-            if (!wrow_has<U>(j, rem)) continue;
-            A v[N];
-            Pack16<T>::unpack(u[j], v);
+        wrow_units<T>(u, width, rem, [&](int j, A(&v)[N]) {
 #pragma unroll
             for (int i = 0; i < N; ++i) v[i] = LOG ? (v[i] - m) - ls : term_exp(v[i] - m) * inv;
-            orow[lane + WARP * j] = Pack16<T>::pack(v);
-        }
-    }
+            orow[lane + width * j] = Pack16<T>::pack(v);
+        });
+    });
 }
 
-template <bool LOG, typename T>
-__device__ __forceinline__ void softmax_warp(i64 rows, i64 cols, const T* x, T* out) {
+template <bool BLOCK, bool LOG, typename T>
+__device__ __forceinline__ void softmax_reg(i64 rows, i64 cols, const T* x, T* out) {
     const i64 units = cols / Pack16<T>::N;
-#define SOFTMAX_WARP_U(U) softmax_warp_rows<LOG, T, U>(rows, cols, x, out)
-    WROW_DISPATCH(units, SOFTMAX_WARP_U);
-#undef SOFTMAX_WARP_U
+#define SOFTMAX_REG_U(U) softmax_reg_rows<BLOCK, LOG, T, U>(rows, cols, x, out)
+    WROW_DISPATCH(units, BLOCK ? (i64)blockDim.x : (i64)WARP, SOFTMAX_REG_U);
+#undef SOFTMAX_REG_U
 }
 
-#define SOFTMAX_WARP_KERNEL(NAME, LOG, T, SUFFIX)                                               \
-    extern "C" __global__ void NAME##_warp_##SUFFIX(i64 rows, i64 cols, const T* x, T* out) {   \
-        softmax_warp<LOG, T>(rows, cols, x, out);                                               \
+#define SOFTMAX_REG_KERNEL(NAME, STAGE, BLOCK, LOG, T, SUFFIX)                                        \
+    extern "C" __global__ void NAME##_##STAGE##_##SUFFIX(i64 rows, i64 cols, const T* x, T* out) {    \
+        softmax_reg<BLOCK, LOG, T>(rows, cols, x, out);                                               \
     }
-#define SOFTMAX_WARP_ALL(NAME, LOG)                   \
-    SOFTMAX_WARP_KERNEL(NAME, LOG, float, f32)        \
-    SOFTMAX_WARP_KERNEL(NAME, LOG, double, f64)       \
-    SOFTMAX_WARP_KERNEL(NAME, LOG, tapir_f16, f16)    \
-    SOFTMAX_WARP_KERNEL(NAME, LOG, tapir_bf16, bf16)
+#define SOFTMAX_REG_ALL(NAME, STAGE, BLOCK, LOG)                   \
+    SOFTMAX_REG_KERNEL(NAME, STAGE, BLOCK, LOG, float, f32)        \
+    SOFTMAX_REG_KERNEL(NAME, STAGE, BLOCK, LOG, double, f64)       \
+    SOFTMAX_REG_KERNEL(NAME, STAGE, BLOCK, LOG, tapir_f16, f16)    \
+    SOFTMAX_REG_KERNEL(NAME, STAGE, BLOCK, LOG, tapir_bf16, bf16)
 
-SOFTMAX_WARP_ALL(softmax, false)
-SOFTMAX_WARP_ALL(log_softmax, true)
+SOFTMAX_REG_ALL(softmax, warp, false, false)
+SOFTMAX_REG_ALL(log_softmax, warp, false, true)
 
 // softmax(scale * x) of each row of a contiguous [rows, tk] buffer of
 // scores [..., tq, tk], where row r is query i = r % tq and sees keys
