@@ -377,6 +377,14 @@ template <typename A> __device__ __forceinline__ A lse_value(Lse<A> a) {
     return a.m + t_log(a.s);
 }
 
+// M(args..., T, SUFFIX) once for each float dtype (the kernels of
+// reduce.cu and softmax.cu).
+#define FOR_FLOATS(M, ...)         \
+    M(__VA_ARGS__, float, f32)     \
+    M(__VA_ARGS__, double, f64)    \
+    M(__VA_ARGS__, tapir_f16, f16) \
+    M(__VA_ARGS__, tapir_bf16, bf16)
+
 // Rows held in registers, a warp a row (the `*_warp_<dtype>` kernels of
 // softmax.cu and reduce.cu): a row of `units` 16-byte units, at most
 // WARP_ROW_UNITS a lane (8 KiB: 4,096 f16/bf16, 2,048 f32, 1,024 f64), from
@@ -387,7 +395,7 @@ template <typename A> __device__ __forceinline__ A lse_value(Lse<A> a) {
 // launches these for many rows (crates/tensor/src/cuda/launch.rs,
 // `warp_rows`), the block-per-row kernels otherwise.
 //
-// The same with a block a row (BLOCK true: the `*_block_<dtype>` kernels
+// The same with a block a row (BLOCK true: the `*_block<U>_<dtype>` kernels
 // of softmax.cu): the row's units are spread over the blockDim.x threads
 // (lane = threadIdx.x, `width` = blockDim.x, a power of two), a block a
 // row, grid-strided, with units > width * U / 2 likewise.

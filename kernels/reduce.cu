@@ -117,13 +117,6 @@ template <int K> struct RowReduce {
         R::last<typename Acc<T>::type, T>(rows, cols, x, out);                                       \
     }
 
-// M(args..., T, SUFFIX) once for each float dtype.
-#define FOR_FLOATS(M, ...)         \
-    M(__VA_ARGS__, float, f32)     \
-    M(__VA_ARGS__, double, f64)    \
-    M(__VA_ARGS__, tapir_f16, f16) \
-    M(__VA_ARGS__, tapir_bf16, bf16)
-
 #define ROW_KERNELS(NAME, K, T, SUFFIX) \
     STAGED_KERNELS(RowReduce<K>, NAME##_last_##SUFFIX, NAME##_part_##SUFFIX, NAME##_merge_##SUFFIX, T)
 FOR_FLOATS(ROW_KERNELS, sum, 0)

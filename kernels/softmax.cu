@@ -75,14 +75,8 @@ __device__ __forceinline__ void softmax_rows(i64 rows, i64 cols, const T* x, T* 
     extern "C" __global__ void NAME##_##SUFFIX(i64 rows, i64 cols, const T* x, T* out) {       \
         softmax_rows<LOG, T>(rows, cols, x, out);                                              \
     }
-#define SOFTMAX_ALL(NAME, LOG)                   \
-    SOFTMAX_KERNEL(NAME, LOG, float, f32)        \
-    SOFTMAX_KERNEL(NAME, LOG, double, f64)       \
-    SOFTMAX_KERNEL(NAME, LOG, tapir_f16, f16)    \
-    SOFTMAX_KERNEL(NAME, LOG, tapir_bf16, bf16)
-
-SOFTMAX_ALL(softmax, false)
-SOFTMAX_ALL(log_softmax, true)
+FOR_FLOATS(SOFTMAX_KERNEL, softmax, false)
+FOR_FLOATS(SOFTMAX_KERNEL, log_softmax, true)
 
 // A warp a row, the row in registers (WARP_ROW_UNITS, kernels/common.cuh):
 // `softmax_warp_<dtype>` / `log_softmax_warp_<dtype>(rows, cols, x, out)`
@@ -96,10 +90,10 @@ SOFTMAX_ALL(log_softmax, true)
 // all -inf row is NaN through -inf - -inf; a +inf maximum makes the sum
 // NaN as in softmax_rows.
 //
-// With BLOCK, a block a row (`softmax_block_<dtype>` /
-// `log_softmax_block_<dtype>`): for fewer rows than fill the device, the
-// row's units spread over the block's threads (a power of two the host
-// picks, at most WARP_ROW_UNITS units a thread: rows up to 256 KiB), the
+// With BLOCK, a block a row (`softmax_block<U>_<dtype>` /
+// `log_softmax_block<U>_<dtype>`): for fewer rows than fill the device,
+// the row's units spread over the block's threads (a power of two the
+// host picks with U, at most 8 units a thread: rows up to 128 KiB), the
 // same three passes, the maximum and the sum merged across the block by
 // block_reduce (shared memory, barriers; a NaN maximum makes the row NaN
 // as the NaN sum does).
@@ -131,26 +125,35 @@ __device__ __forceinline__ void softmax_reg_rows(i64 rows, i64 cols, const T* x,
     });
 }
 
-template <bool BLOCK, bool LOG, typename T>
-__device__ __forceinline__ void softmax_reg(i64 rows, i64 cols, const T* x, T* out) {
+template <bool LOG, typename T>
+__device__ __forceinline__ void softmax_warp(i64 rows, i64 cols, const T* x, T* out) {
     const i64 units = cols / Pack16<T>::N;
-#define SOFTMAX_REG_U(U) softmax_reg_rows<BLOCK, LOG, T, U>(rows, cols, x, out)
-    WROW_DISPATCH(units, BLOCK ? (i64)blockDim.x : (i64)WARP, SOFTMAX_REG_U);
-#undef SOFTMAX_REG_U
+#define SOFTMAX_WARP_U(U) softmax_reg_rows<false, LOG, T, U>(rows, cols, x, out)
+    WROW_DISPATCH(units, WARP, SOFTMAX_WARP_U);
+#undef SOFTMAX_WARP_U
 }
 
-#define SOFTMAX_REG_KERNEL(NAME, STAGE, BLOCK, LOG, T, SUFFIX)                                        \
-    extern "C" __global__ void NAME##_##STAGE##_##SUFFIX(i64 rows, i64 cols, const T* x, T* out) {    \
-        softmax_reg<BLOCK, LOG, T>(rows, cols, x, out);                                               \
+#define SOFTMAX_WARP_KERNEL(NAME, LOG, T, SUFFIX)                                               \
+    extern "C" __global__ void NAME##_warp_##SUFFIX(i64 rows, i64 cols, const T* x, T* out) {   \
+        softmax_warp<LOG, T>(rows, cols, x, out);                                                \
     }
-#define SOFTMAX_REG_ALL(NAME, STAGE, BLOCK, LOG)                   \
-    SOFTMAX_REG_KERNEL(NAME, STAGE, BLOCK, LOG, float, f32)        \
-    SOFTMAX_REG_KERNEL(NAME, STAGE, BLOCK, LOG, double, f64)       \
-    SOFTMAX_REG_KERNEL(NAME, STAGE, BLOCK, LOG, tapir_f16, f16)    \
-    SOFTMAX_REG_KERNEL(NAME, STAGE, BLOCK, LOG, tapir_bf16, bf16)
-
-SOFTMAX_REG_ALL(softmax, warp, false, false)
-SOFTMAX_REG_ALL(log_softmax, warp, false, true)
+// The block kernels, one for each U (`softmax_block<U>_<dtype>`, U = 1, 2,
+// 4, 8: the host picks it with the block size), so that each takes the
+// registers of its own U, and at most 64 (a block of 1,024 threads).
+#define SOFTMAX_BLOCK_KERNEL(NAME, LOG, U, T, SUFFIX)                                                     \
+    extern "C" __global__ void __launch_bounds__(1024)                                                    \
+        NAME##_block##U##_##SUFFIX(i64 rows, i64 cols, const T* x, T* out) {                              \
+        softmax_reg_rows<true, LOG, T, U>(rows, cols, x, out);                                            \
+    }
+#define SOFTMAX_BLOCK_US(NAME, LOG, T, SUFFIX)    \
+    SOFTMAX_BLOCK_KERNEL(NAME, LOG, 1, T, SUFFIX) \
+    SOFTMAX_BLOCK_KERNEL(NAME, LOG, 2, T, SUFFIX) \
+    SOFTMAX_BLOCK_KERNEL(NAME, LOG, 4, T, SUFFIX) \
+    SOFTMAX_BLOCK_KERNEL(NAME, LOG, 8, T, SUFFIX)
+FOR_FLOATS(SOFTMAX_WARP_KERNEL, softmax, false)
+FOR_FLOATS(SOFTMAX_WARP_KERNEL, log_softmax, true)
+FOR_FLOATS(SOFTMAX_BLOCK_US, softmax, false)
+FOR_FLOATS(SOFTMAX_BLOCK_US, log_softmax, true)
 
 // softmax(scale * x) of each row of a contiguous [rows, tk] buffer of
 // scores [..., tq, tk], where row r is query i = r % tq and sees keys
