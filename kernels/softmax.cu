@@ -80,7 +80,7 @@ FOR_FLOATS(SOFTMAX_KERNEL, log_softmax, true)
 
 // A warp a row, the row in registers (WARP_ROW_UNITS, kernels/common.cuh):
 // `softmax_warp_<dtype>` / `log_softmax_warp_<dtype>(rows, cols, x, out)`
-// for rows of whole 16-byte units, at most 8 KiB, from 16-byte aligned x
+// for rows of whole 16-byte units, at most 4 KiB, from 16-byte aligned x
 // and out, when the rows fill the device (the host chooses). Each lane
 // loads its units once; a pass over the registers takes the maximum
 // (fmax, which skips NaN), shuffles merge it, a second pass sums
@@ -92,7 +92,7 @@ FOR_FLOATS(SOFTMAX_KERNEL, log_softmax, true)
 //
 // With BLOCK, a block a row (`softmax_block<U>_<dtype>` /
 // `log_softmax_block<U>_<dtype>`): for fewer rows than fill the device,
-// the row's units spread over the block's threads (a power of two the
+// or rows past 4 KiB, the row's units spread over the block's threads (a power of two the
 // host picks with U, at most 8 units a thread: rows up to 128 KiB), the
 // same three passes, the maximum and the sum merged across the block by
 // block_reduce (shared memory, barriers; a NaN maximum makes the row NaN
@@ -128,7 +128,13 @@ __device__ __forceinline__ void softmax_reg_rows(i64 rows, i64 cols, const T* x,
 template <bool LOG, typename T>
 __device__ __forceinline__ void softmax_warp(i64 rows, i64 cols, const T* x, T* out) {
     const i64 units = cols / Pack16<T>::N;
-#define SOFTMAX_WARP_U(U) softmax_reg_rows<false, LOG, T, U>(rows, cols, x, out)
+// Rows of at most 4 KiB (U <= 8): longer ones take the block kernels
+// (`block_reg_rows`), whose registers the U = 16 loop would otherwise set
+// for every row of this kernel (128, 25% occupancy).
+#define SOFTMAX_WARP_U(U)                                                             \
+    do {                                                                              \
+        if constexpr (U <= 8) softmax_reg_rows<false, LOG, T, U>(rows, cols, x, out); \
+    } while (0)
     WROW_DISPATCH(units, WARP, SOFTMAX_WARP_U);
 #undef SOFTMAX_WARP_U
 }

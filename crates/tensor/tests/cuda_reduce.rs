@@ -537,7 +537,9 @@ fn cuda_reductions_free_every_temporary_exactly() {
 /// partial (units not a multiple of 32), each power of two of units a lane
 /// (1, 2, 4, 8, 16) and 8 KiB exactly; the lengths that are not whole units
 /// (1, 7, 9, 31, 255, 1023) and the ones past 8 KiB keep the block kernels
-/// and are checked beside them.
+/// and are checked beside them. The softmaxes take a warp a row up to 4
+/// KiB only (8 units a lane), the rows past it a block a row held in
+/// registers (`softmax_block<U>_*`) as fewer rows do.
 fn warp_row_lengths(dtype: DType) -> Vec<usize> {
     match dtype {
         DType::F64 => vec![1, 2, 7, 66, 1022, 1024, 1026],

@@ -125,11 +125,26 @@ const WARP_ROW_MIN_ROWS: usize = 1024;
 /// block-per-row one: many rows of whole 16-byte units, at most
 /// [`WARP_ROW_BYTES`] long, from 16-byte aligned addresses.
 pub(crate) fn warp_rows(dtype: DType, x: u64, out: u64, dims: (usize, usize)) -> bool {
+    warp_rows_of(dtype, x, out, dims, WARP_ROW_BYTES)
+}
+
+/// The longest row, in bytes, the softmax warp kernels take (8 units a
+/// lane: their U = 16 loop would set 128 registers for every row); longer
+/// rows take the block kernels ([`block_reg_rows`]).
+const SOFTMAX_WARP_ROW_BYTES: usize = WARP_ROW_BYTES / 2;
+
+/// [`warp_rows`] for the softmax warp kernels: rows of at most
+/// [`SOFTMAX_WARP_ROW_BYTES`].
+pub(crate) fn softmax_warp_rows(dtype: DType, x: u64, out: u64, dims: (usize, usize)) -> bool {
+    warp_rows_of(dtype, x, out, dims, SOFTMAX_WARP_ROW_BYTES)
+}
+
+fn warp_rows_of(dtype: DType, x: u64, out: u64, dims: (usize, usize), max_bytes: usize) -> bool {
     let (rows, cols) = dims;
     let bytes = cols.saturating_mul(dtype.size_in_bytes());
     rows >= WARP_ROW_MIN_ROWS
         && bytes > 0
-        && bytes <= WARP_ROW_BYTES
+        && bytes <= max_bytes
         && bytes.is_multiple_of(16)
         && x.is_multiple_of(16)
         && out.is_multiple_of(16)
@@ -160,8 +175,8 @@ const REG_ROW_TARGET_UNITS: usize = 4;
 /// block a row, the row in registers, `softmax_reg_rows` of
 /// `kernels/softmax.cu`) for `dims` rows of `dtype` read from `x` and
 /// written to `out`, or `None` where the block-per-row kernel that reads
-/// the row twice stays: fewer rows than [`warp_rows`] takes, longer than a
-/// short row, of whole 16-byte units from 16-byte aligned addresses, at
+/// the row twice stays: rows [`softmax_warp_rows`] does not take, longer
+/// than a short row, of whole 16-byte units from 16-byte aligned addresses, at
 /// most 1,024 x [`REG_ROW_UNITS`] units (128 KiB). The threads are the
 /// power of two, 32 to 1,024, that gives each about
 /// [`REG_ROW_TARGET_UNITS`] units; U the power of two that covers the row.
@@ -170,7 +185,7 @@ pub(crate) fn block_reg_rows(dtype: DType, x: u64, out: u64, dims: (usize, usize
     let bytes = cols.saturating_mul(dtype.size_in_bytes());
     let units = bytes / 16;
     let fits = rows > 0
-        && rows < WARP_ROW_MIN_ROWS
+        && !softmax_warp_rows(dtype, x, out, dims)
         && cols > SHORT_ROW
         && bytes.is_multiple_of(16)
         && units <= 1024 * REG_ROW_UNITS

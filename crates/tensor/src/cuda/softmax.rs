@@ -1,11 +1,14 @@
 //! The CUDA launch of softmax and log_softmax ([`crate::backend::softmax`]):
 //! one warp or block per row of `kernels/softmax.cu`, or, for many rows of
-//! at most 8 KiB, a warp per row held in registers (`softmax_warp_*`,
-//! chosen by [`warp_rows`]); for fewer rows of at most 128 KiB, a block per
-//! row held in registers (`softmax_block<U>_*`, [`block_reg_rows`]).
+//! at most 4 KiB, a warp per row held in registers (`softmax_warp_*`,
+//! chosen by [`softmax_warp_rows`]); for fewer rows, or longer ones, of at
+//! most 128 KiB, a block per row held in registers (`softmax_block<U>_*`,
+//! [`block_reg_rows`]).
 
 use super::buffer::{storage_of, CudaBuffer};
-use super::launch::{block_reg_rows, device_of_src, launch_block_reg_rows, launch_rows, launch_warp_rows, warp_rows};
+use super::launch::{
+    block_reg_rows, device_of_src, launch_block_reg_rows, launch_rows, launch_warp_rows, softmax_warp_rows,
+};
 use super::CudaBackend;
 use crate::backend::{SoftmaxKernels, Src};
 use crate::storage::Storage;
@@ -38,7 +41,7 @@ impl SoftmaxKernels for CudaBackend {
         let (dev, p) = device_of_src(name, x)?;
         let (out, _) = CudaBuffer::alloc(&dev, x.dtype(), x.numel())?;
         let first = p + (x.layout.offset * x.dtype().size_in_bytes()) as u64;
-        if warp_rows(x.dtype(), first, out.ptr(), (rows, cols)) {
+        if softmax_warp_rows(x.dtype(), first, out.ptr(), (rows, cols)) {
             launch_warp_rows(SOFTMAX, &softmax_kernel(log, "warp_", x.dtype()), first, (rows, cols), &out)?;
         } else if let Some((threads, units)) = block_reg_rows(x.dtype(), first, out.ptr(), (rows, cols)) {
             let name = softmax_kernel(log, &format!("block{units}_"), x.dtype());
