@@ -377,6 +377,14 @@ template <typename A> __device__ __forceinline__ A lse_value(Lse<A> a) {
     return a.m + t_log(a.s);
 }
 
+// M(args..., T, SUFFIX) once for each float dtype (the kernels of
+// reduce.cu and softmax.cu).
+#define FOR_FLOATS(M, ...)         \
+    M(__VA_ARGS__, float, f32)     \
+    M(__VA_ARGS__, double, f64)    \
+    M(__VA_ARGS__, tapir_f16, f16) \
+    M(__VA_ARGS__, tapir_bf16, bf16)
+
 // Rows held in registers, a warp a row (the `*_warp_<dtype>` kernels of
 // softmax.cu and reduce.cu): a row of `units` 16-byte units, at most
 // WARP_ROW_UNITS a lane (8 KiB: 4,096 f16/bf16, 2,048 f32, 1,024 f64), from
@@ -386,27 +394,57 @@ template <typename A> __device__ __forceinline__ A lse_value(Lse<A> a) {
 // rows go warp by warp, blockDim.x / 32 a block, grid-strided; the host
 // launches these for many rows (crates/tensor/src/cuda/launch.rs,
 // `warp_rows`), the block-per-row kernels otherwise.
+//
+// The same with a block a row (BLOCK true: the `*_block<U>_<dtype>` kernels
+// of softmax.cu): the row's units are spread over the blockDim.x threads
+// (lane = threadIdx.x, `width` = blockDim.x, a power of two), a block a
+// row, grid-strided, with units > width * U / 2 likewise.
 #define WARP_ROW_UNITS 16
-template <int U> __device__ __forceinline__ bool wrow_has(int j, int rem) { return j < U / 2 || WARP * j < rem; }
-template <int U> __device__ __forceinline__ void wrow_load(uint4 (&u)[U], const uint4* row, int lane, int rem) {
+template <int U> __device__ __forceinline__ bool wrow_has(int j, int width, int rem) {
+    return j < U / 2 || width * j < rem;
+}
+// The rows of this warp (or block) one by one: loads lane's units of row r
+// into u, then calls body(r, u, lane, width, rem).
+template <bool BLOCK, int U, typename T, typename F>
+__device__ __forceinline__ void wrow_each(i64 rows, i64 cols, const T* x, F body) {
+    const int width = BLOCK ? (int)blockDim.x : WARP;
+    const int lane = BLOCK ? (int)threadIdx.x : (int)(threadIdx.x % WARP), rem = (int)(cols / Pack16<T>::N) - lane;
+    const i64 per = BLOCK ? 1 : blockDim.x / WARP;
+    for (i64 r = blockIdx.x * per + (BLOCK ? 0 : threadIdx.x / WARP); r < rows; r += gridDim.x * per) {
+        const uint4* row = (const uint4*)(x + r * cols);
+        uint4 u[U];
 #pragma unroll
-    for (int j = 0; j < U; ++j)
-        if (wrow_has<U>(j, rem)) u[j] = row[lane + WARP * j];
+        for (int j = 0; j < U; ++j)
+            if (wrow_has<U>(j, width, rem)) u[j] = row[lane + width * j];
+        body(r, u, lane, width, rem);
+    }
+}
+// f(j, v) for each unit j this lane holds, unpacked into v (Acc<T>).
+template <typename T, int U, typename F>
+__device__ __forceinline__ void wrow_units(const uint4 (&u)[U], int width, int rem, F f) {
+#pragma unroll
+    for (int j = 0; j < U; ++j) {
+        if (!wrow_has<U>(j, width, rem)) continue;
+        typename Acc<T>::type v[Pack16<T>::N];
+        Pack16<T>::unpack(u[j], v);
+        f(j, v);
+    }
 }
 // Calls BODY(U) with U the power of two for `units` (at most
-// 32 * WARP_ROW_UNITS); BODY is a macro that instantiates the row loop.
-#define WROW_DISPATCH(units, BODY)    \
-    do {                              \
-        if ((units) <= WARP)          \
-            BODY(1);                  \
-        else if ((units) <= 2 * WARP) \
-            BODY(2);                  \
-        else if ((units) <= 4 * WARP) \
-            BODY(4);                  \
-        else if ((units) <= 8 * WARP) \
-            BODY(8);                  \
-        else                          \
-            BODY(16);                 \
+// WIDTH * WARP_ROW_UNITS, WIDTH the threads of a row); BODY is a macro
+// that instantiates the row loop.
+#define WROW_DISPATCH(units, WIDTH, BODY)   \
+    do {                                    \
+        if ((units) <= (WIDTH))             \
+            BODY(1);                        \
+        else if ((units) <= 2 * (WIDTH))    \
+            BODY(2);                        \
+        else if ((units) <= 4 * (WIDTH))    \
+            BODY(4);                        \
+        else if ((units) <= 8 * (WIDTH))    \
+            BODY(8);                        \
+        else                                \
+            BODY(16);                       \
     } while (0)
 template <typename A> __device__ __forceinline__ A warp_fmax(A v) {
     for (int o = WARP / 2; o > 0; o /= 2) v = fmax(v, __shfl_xor_sync(FULL_MASK, v, o));

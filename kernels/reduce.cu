@@ -117,13 +117,6 @@ template <int K> struct RowReduce {
         R::last<typename Acc<T>::type, T>(rows, cols, x, out);                                       \
     }
 
-// M(args..., T, SUFFIX) once for each float dtype.
-#define FOR_FLOATS(M, ...)         \
-    M(__VA_ARGS__, float, f32)     \
-    M(__VA_ARGS__, double, f64)    \
-    M(__VA_ARGS__, tapir_f16, f16) \
-    M(__VA_ARGS__, tapir_bf16, bf16)
-
 #define ROW_KERNELS(NAME, K, T, SUFFIX) \
     STAGED_KERNELS(RowReduce<K>, NAME##_last_##SUFFIX, NAME##_part_##SUFFIX, NAME##_merge_##SUFFIX, T)
 FOR_FLOATS(ROW_KERNELS, sum, 0)
@@ -140,28 +133,20 @@ template <typename T, int U>
 __device__ __forceinline__ void sum_warp_rows(i64 rows, i64 cols, const T* x, T* out) {
     typedef typename Acc<T>::type A;
     const int N = Pack16<T>::N;
-    const int units = (int)(cols / N), lane = threadIdx.x % WARP, rem = units - lane;
-    const i64 per = blockDim.x / WARP;
-    for (i64 r = blockIdx.x * per + threadIdx.x / WARP; r < rows; r += gridDim.x * per) {
-        uint4 u[U];
-        wrow_load<U>(u, (const uint4*)(x + r * cols), lane, rem);
+    wrow_each<false, U>(rows, cols, x, [&](i64 r, const uint4(&u)[U], int lane, int width, int rem) {
         A s = A(0);
-#pragma unroll
-        for (int j = 0; j < U; ++j) {
-            if (!wrow_has<U>(j, rem)) continue;
-            A v[N];
-            Pack16<T>::unpack(u[j], v);
+        wrow_units<T>(u, width, rem, [&](int, A(&v)[N]) {
 #pragma unroll
             for (int i = 0; i < N; ++i) s += v[i];
-        }
+        });
         s = warp_sum(s);
         if (lane == 0) out[r] = from_acc<T>(s);
-    }
+    });
 }
 template <typename T> __device__ __forceinline__ void sum_warp(i64 rows, i64 cols, const T* x, T* out) {
     const i64 units = cols / Pack16<T>::N;
 #define SUM_WARP_U(U) sum_warp_rows<T, U>(rows, cols, x, out)
-    WROW_DISPATCH(units, SUM_WARP_U);
+    WROW_DISPATCH(units, WARP, SUM_WARP_U);
 #undef SUM_WARP_U
 }
 #define SUM_WARP_KERNEL(T, SUFFIX)                                                                 \

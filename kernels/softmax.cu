@@ -75,18 +75,12 @@ __device__ __forceinline__ void softmax_rows(i64 rows, i64 cols, const T* x, T* 
     extern "C" __global__ void NAME##_##SUFFIX(i64 rows, i64 cols, const T* x, T* out) {       \
         softmax_rows<LOG, T>(rows, cols, x, out);                                              \
     }
-#define SOFTMAX_ALL(NAME, LOG)                   \
-    SOFTMAX_KERNEL(NAME, LOG, float, f32)        \
-    SOFTMAX_KERNEL(NAME, LOG, double, f64)       \
-    SOFTMAX_KERNEL(NAME, LOG, tapir_f16, f16)    \
-    SOFTMAX_KERNEL(NAME, LOG, tapir_bf16, bf16)
-
-SOFTMAX_ALL(softmax, false)
-SOFTMAX_ALL(log_softmax, true)
+FOR_FLOATS(SOFTMAX_KERNEL, softmax, false)
+FOR_FLOATS(SOFTMAX_KERNEL, log_softmax, true)
 
 // A warp a row, the row in registers (WARP_ROW_UNITS, kernels/common.cuh):
 // `softmax_warp_<dtype>` / `log_softmax_warp_<dtype>(rows, cols, x, out)`
-// for rows of whole 16-byte units, at most 8 KiB, from 16-byte aligned x
+// for rows of whole 16-byte units, at most 4 KiB, from 16-byte aligned x
 // and out, when the rows fill the device (the host chooses). Each lane
 // loads its units once; a pass over the registers takes the maximum
 // (fmax, which skips NaN), shuffles merge it, a second pass sums
@@ -95,70 +89,77 @@ SOFTMAX_ALL(log_softmax, true)
 // no second read of the row. A NaN makes the sum, and so the row, NaN; an
 // all -inf row is NaN through -inf - -inf; a +inf maximum makes the sum
 // NaN as in softmax_rows.
-template <bool LOG, typename T, int U>
-__device__ __forceinline__ void softmax_warp_rows(i64 rows, i64 cols, const T* x, T* out) {
+//
+// With BLOCK, a block a row (`softmax_block<U>_<dtype>` /
+// `log_softmax_block<U>_<dtype>`): for fewer rows than fill the device,
+// or rows past 4 KiB, the row's units spread over the block's threads (a power of two the
+// host picks with U, at most 8 units a thread: rows up to 128 KiB), the
+// same three passes, the maximum and the sum merged across the block by
+// block_reduce (shared memory, barriers; a NaN maximum makes the row NaN
+// as the NaN sum does).
+template <bool BLOCK, bool LOG, typename T, int U>
+__device__ __forceinline__ void softmax_reg_rows(i64 rows, i64 cols, const T* x, T* out) {
     typedef typename Acc<T>::type A;
     const int N = Pack16<T>::N;
-    const int units = (int)(cols / N), lane = threadIdx.x % WARP, rem = units - lane;
-    const i64 per = blockDim.x / WARP;
-    for (i64 r = blockIdx.x * per + threadIdx.x / WARP; r < rows; r += gridDim.x * per) {
-        uint4 u[U];
-        wrow_load<U>(u, (const uint4*)(x + r * cols), lane, rem);
+    wrow_each<BLOCK, U>(rows, cols, x, [&](i64 r, const uint4(&u)[U], int lane, int width, int rem) {
         A m = neg_inf<A>();
-#pragma unroll
-        for (int j = 0; j < U; ++j) {
-            if (!wrow_has<U>(j, rem)) continue;
-            A v[N];
-            Pack16<T>::unpack(u[j], v);
+        wrow_units<T>(u, width, rem, [&](int, A(&v)[N]) {
 #pragma unroll
             for (int i = 0; i < N; ++i) m = fmax(m, v[i]);
-        }
-        m = warp_fmax(m);
+        });
+        m = BLOCK ? block_reduce<1>(m, neg_inf<A>()) : warp_fmax(m);
         A s = A(0);
-#pragma unroll
-        for (int j = 0; j < U; ++j) {
-            if (!wrow_has<U>(j, rem)) continue;
-            A v[N];
-            Pack16<T>::unpack(u[j], v);
+        wrow_units<T>(u, width, rem, [&](int, A(&v)[N]) {
 #pragma unroll
             for (int i = 0; i < N; ++i) s += term_exp(v[i] - m);
-        }
-        s = warp_sum(s);
+        });
+        s = BLOCK ? block_reduce<0>(s, A(0)) : warp_sum(s);
         if (m == pos_inf<A>()) s = quiet_nan<A>();
         const A ls = LOG ? t_log(s) : A(0), inv = LOG ? A(0) : A(1) / s;
         uint4* orow = (uint4*)(out + r * cols);
-#pragma unroll
-        for (int j = 0; j < U; ++j) {
-            if (!wrow_has<U>(j, rem)) continue;
-            A v[N];
-            Pack16<T>::unpack(u[j], v);
+        wrow_units<T>(u, width, rem, [&](int j, A(&v)[N]) {
 #pragma unroll
             for (int i = 0; i < N; ++i) v[i] = LOG ? (v[i] - m) - ls : term_exp(v[i] - m) * inv;
-            orow[lane + WARP * j] = Pack16<T>::pack(v);
-        }
-    }
+            orow[lane + width * j] = Pack16<T>::pack(v);
+        });
+    });
 }
 
 template <bool LOG, typename T>
 __device__ __forceinline__ void softmax_warp(i64 rows, i64 cols, const T* x, T* out) {
     const i64 units = cols / Pack16<T>::N;
-#define SOFTMAX_WARP_U(U) softmax_warp_rows<LOG, T, U>(rows, cols, x, out)
-    WROW_DISPATCH(units, SOFTMAX_WARP_U);
+// Rows of at most 4 KiB (U <= 8): longer ones take the block kernels
+// (`block_reg_rows`), whose registers the U = 16 loop would otherwise set
+// for every row of this kernel (128, 25% occupancy).
+#define SOFTMAX_WARP_U(U)                                                             \
+    do {                                                                              \
+        if constexpr (U <= 8) softmax_reg_rows<false, LOG, T, U>(rows, cols, x, out); \
+    } while (0)
+    WROW_DISPATCH(units, WARP, SOFTMAX_WARP_U);
 #undef SOFTMAX_WARP_U
 }
 
 #define SOFTMAX_WARP_KERNEL(NAME, LOG, T, SUFFIX)                                               \
     extern "C" __global__ void NAME##_warp_##SUFFIX(i64 rows, i64 cols, const T* x, T* out) {   \
-        softmax_warp<LOG, T>(rows, cols, x, out);                                               \
+        softmax_warp<LOG, T>(rows, cols, x, out);                                                \
     }
-#define SOFTMAX_WARP_ALL(NAME, LOG)                   \
-    SOFTMAX_WARP_KERNEL(NAME, LOG, float, f32)        \
-    SOFTMAX_WARP_KERNEL(NAME, LOG, double, f64)       \
-    SOFTMAX_WARP_KERNEL(NAME, LOG, tapir_f16, f16)    \
-    SOFTMAX_WARP_KERNEL(NAME, LOG, tapir_bf16, bf16)
-
-SOFTMAX_WARP_ALL(softmax, false)
-SOFTMAX_WARP_ALL(log_softmax, true)
+// The block kernels, one for each U (`softmax_block<U>_<dtype>`, U = 1, 2,
+// 4, 8: the host picks it with the block size), so that each takes the
+// registers of its own U, and at most 64 (a block of 1,024 threads).
+#define SOFTMAX_BLOCK_KERNEL(NAME, LOG, U, T, SUFFIX)                                                     \
+    extern "C" __global__ void __launch_bounds__(1024)                                                    \
+        NAME##_block##U##_##SUFFIX(i64 rows, i64 cols, const T* x, T* out) {                              \
+        softmax_reg_rows<true, LOG, T, U>(rows, cols, x, out);                                            \
+    }
+#define SOFTMAX_BLOCK_US(NAME, LOG, T, SUFFIX)    \
+    SOFTMAX_BLOCK_KERNEL(NAME, LOG, 1, T, SUFFIX) \
+    SOFTMAX_BLOCK_KERNEL(NAME, LOG, 2, T, SUFFIX) \
+    SOFTMAX_BLOCK_KERNEL(NAME, LOG, 4, T, SUFFIX) \
+    SOFTMAX_BLOCK_KERNEL(NAME, LOG, 8, T, SUFFIX)
+FOR_FLOATS(SOFTMAX_WARP_KERNEL, softmax, false)
+FOR_FLOATS(SOFTMAX_WARP_KERNEL, log_softmax, true)
+FOR_FLOATS(SOFTMAX_BLOCK_US, softmax, false)
+FOR_FLOATS(SOFTMAX_BLOCK_US, log_softmax, true)
 
 // softmax(scale * x) of each row of a contiguous [rows, tk] buffer of
 // scores [..., tq, tk], where row r is query i = r % tq and sees keys

@@ -537,13 +537,27 @@ fn cuda_reductions_free_every_temporary_exactly() {
 /// partial (units not a multiple of 32), each power of two of units a lane
 /// (1, 2, 4, 8, 16) and 8 KiB exactly; the lengths that are not whole units
 /// (1, 7, 9, 31, 255, 1023) and the ones past 8 KiB keep the block kernels
-/// and are checked beside them.
+/// and are checked beside them. The softmaxes take a warp a row up to 4
+/// KiB only (8 units a lane), the rows past it a block a row held in
+/// registers (`softmax_block<U>_*`) as fewer rows do.
 fn warp_row_lengths(dtype: DType) -> Vec<usize> {
     match dtype {
         DType::F64 => vec![1, 2, 7, 66, 1022, 1024, 1026],
         DType::F32 => vec![1, 4, 7, 9, 31, 132, 255, 1023, 1028, 2048, 2052],
         _ => vec![1, 7, 8, 9, 31, 255, 264, 1023, 1024, 2056, 4096, 4104],
     }
+}
+
+/// Softmax and log-softmax of `dims` rows of noise (scale 4, `seed`) of
+/// `dtype` on `dev` match the CPU's; returns the CPU and device inputs.
+fn softmaxes_match(dev: Device, dtype: DType, (rows, cols): (usize, usize), seed: u64) -> (Tensor, Tensor) {
+    let x = tensor(noise(rows * cols, 4.0, seed, false), &[rows, cols], dtype);
+    let dx = x.to_device(dev).unwrap();
+    let tol = tolerance(dtype);
+    let what = format!("{dtype:?} [{rows}, {cols}]");
+    assert_matches(&format!("softmax {what}"), &x.softmax(1).unwrap(), &dx.softmax(1).unwrap(), tol);
+    assert_matches(&format!("log_softmax {what}"), &x.log_softmax(1).unwrap(), &dx.log_softmax(1).unwrap(), tol);
+    (x, dx)
 }
 
 #[tapir_testing::cuda_test]
@@ -553,17 +567,8 @@ fn cuda_many_rows_of_at_most_8_kib_take_a_warp_each_and_match_the_cpu() {
     let rows = 1029;
     for dtype in FLOATS {
         for cols in warp_row_lengths(dtype) {
-            let x = tensor(noise(rows * cols, 4.0, cols as u64, false), &[rows, cols], dtype);
-            let dx = x.to_device(dev).unwrap();
-            let tol = tolerance(dtype);
-            let what = format!("{dtype:?} [{rows}, {cols}]");
-            assert_matches(&format!("softmax {what}"), &x.softmax(1).unwrap(), &dx.softmax(1).unwrap(), tol);
-            assert_matches(
-                &format!("log_softmax {what}"),
-                &x.log_softmax(1).unwrap(),
-                &dx.log_softmax(1).unwrap(),
-                tol,
-            );
+            let (x, dx) = softmaxes_match(dev, dtype, (rows, cols), cols as u64);
+            let (tol, what) = (tolerance(dtype), format!("{dtype:?} [{rows}, {cols}]"));
             // Sums of up to 4,096 terms of either sign: the absolute error
             // of either order grows with the terms, so relative to the
             // row's scale (4), not to a result near 0.
@@ -578,16 +583,47 @@ fn cuda_many_rows_of_at_most_8_kib_take_a_warp_each_and_match_the_cpu() {
 }
 
 #[tapir_testing::cuda_test]
-fn cuda_warp_rows_handle_views_specials_and_large_values_as_on_the_cpu() {
+fn cuda_register_rows_handle_views_specials_and_large_values_as_on_the_cpu() {
     let _g = serial();
-    let Some(dev) = cuda("cuda_warp_rows_handle_views_specials_and_large_values_as_on_the_cpu") else { return };
-    // The nine rows of `specials`, padded to 16 columns with finite values
-    // (the all -inf row with -inf) and repeated to 1,035 rows; a tenth row
-    // of values near 1e4.
+    let Some(dev) = cuda("cuda_register_rows_handle_views_specials_and_large_values_as_on_the_cpu") else { return };
+    // 1,035 rows of 16 columns (a warp a row), then 10 rows of 200 (a
+    // block of 32 threads a row, `softmax_block_*`).
+    for (rows, cols, mid, step) in [(1035, 16, 8.0, 0.25), (10, 200, 100.0, 0.05)] {
+        let v = special_rows(rows, cols, |c| (c as f64 - mid) * step);
+        for dtype in FLOATS {
+            let base = tensor(v.clone(), &[rows, cols], dtype);
+            // Rows 3.. at an offset (still 16-byte aligned), and the
+            // transpose of a transpose (a copy first).
+            for (what, view) in [
+                ("contiguous", (|t: &Tensor| t.clone()) as fn(&Tensor) -> Tensor),
+                ("offset", |t| t.narrow(0, 3, t.dims()[0] - 5).unwrap()),
+                ("transposed back", |t| t.t().unwrap().contiguous().unwrap().t().unwrap()),
+            ] {
+                let (x, dx) = pair(&base, dev, view);
+                let tol = tolerance(dtype);
+                let msg = format!("{dtype:?} [{rows}, {cols}] specials, {what}");
+                assert_matches(&format!("softmax {msg}"), &x.softmax(1).unwrap(), &dx.softmax(1).unwrap(), tol);
+                assert_matches(
+                    &format!("log_softmax {msg}"),
+                    &x.log_softmax(1).unwrap(),
+                    &dx.log_softmax(1).unwrap(),
+                    tol,
+                );
+                assert_matches(&format!("sum {msg}"), &x.sum(&[1], false).unwrap(), &dx.sum(&[1], false).unwrap(), tol);
+            }
+        }
+        let nan_rows: Vec<usize> = (0..rows).filter(|r| [0, 3, 5, 8].contains(&(r % 10))).collect();
+        check_special_rows(dev, v, rows, cols, &nan_rows);
+    }
+}
+
+/// `rows` rows of `cols` columns: the nine rows of `specials` padded with
+/// `pad(c)` (the all -inf row with -inf), a tenth row of values near 1e4,
+/// repeated.
+fn special_rows(rows: usize, cols: usize, pad: impl Fn(usize) -> f64) -> Vec<f64> {
     let sp = specials().to_vec_f64();
-    let cols = 16;
     let mut v = Vec::new();
-    for r in 0..1035 {
+    for r in 0..rows {
         let k = r % 10;
         for c in 0..cols {
             v.push(if k == 9 {
@@ -597,34 +633,51 @@ fn cuda_warp_rows_handle_views_specials_and_large_values_as_on_the_cpu() {
             } else if k == 5 {
                 f64::NEG_INFINITY
             } else {
-                (c as f64 - 8.0) * 0.25
+                pad(c)
             });
         }
     }
-    for dtype in FLOATS {
-        let base = tensor(v.clone(), &[1035, cols], dtype);
-        // Rows 3.. at an offset (16 elements: still 16-byte aligned), and
-        // the transpose of a transpose (a copy first).
-        for (what, view) in [
-            ("contiguous", (|t: &Tensor| t.clone()) as fn(&Tensor) -> Tensor),
-            ("offset", |t| t.narrow(0, 3, 1030).unwrap()),
-            ("transposed back", |t| t.t().unwrap().contiguous().unwrap().t().unwrap()),
-        ] {
-            let (x, dx) = pair(&base, dev, view);
-            let tol = tolerance(dtype);
-            let msg = format!("{dtype:?} specials, {what}");
-            assert_matches(&format!("softmax {msg}"), &x.softmax(1).unwrap(), &dx.softmax(1).unwrap(), tol);
-            assert_matches(&format!("log_softmax {msg}"), &x.log_softmax(1).unwrap(), &dx.log_softmax(1).unwrap(), tol);
-            assert_matches(&format!("sum {msg}"), &x.sum(&[1], false).unwrap(), &dx.sum(&[1], false).unwrap(), tol);
-        }
-    }
-    // The NaN row, the all -inf row and the +inf rows are NaN throughout;
-    // the 1e4 row is finite and sums to 1.
-    let dx = tensor(v, &[1035, cols], DType::F32).to_device(dev).unwrap();
+    v
+}
+
+/// The f32 softmax of `special_rows` on `dev`: the NaN row, the all -inf
+/// row and the +inf rows (`nan_rows`) are NaN throughout; the 1e4 row is
+/// finite and sums to 1.
+fn check_special_rows(dev: Device, v: Vec<f64>, rows: usize, cols: usize, nan_rows: &[usize]) {
+    let dx = tensor(v, &[rows, cols], DType::F32).to_device(dev).unwrap();
     let sm = dx.softmax(1).unwrap().to_vec_f64();
     let row = |r: usize| &sm[r * cols..(r + 1) * cols];
-    for r in [0, 3, 5, 8, 1030] {
+    for &r in nan_rows {
         assert!(row(r).iter().all(|p| p.is_nan()), "row {r}: {:?}", row(r));
     }
     assert!((row(9).iter().sum::<f64>() - 1.0).abs() < 1e-5, "{:?}", row(9));
+}
+
+/// Fewer rows than the warp-per-row kernels take, of whole 16-byte units
+/// past a short row, at most 128 KiB: a block a row, the row in registers
+/// (`softmax_block<U>_*`), the block 32 to 1,024 threads (about 4 units
+/// each) and U = 1, 2, 4 or 8 units a thread. The lengths span one unit a
+/// thread, a thread's last unit partial, 1,024 threads of 4 and of 8 units
+/// (128 KiB exactly); the ones not whole units or past 128 KiB keep the
+/// block kernel that reads the row twice and are checked beside them.
+fn block_row_lengths(dtype: DType) -> Vec<usize> {
+    match dtype {
+        DType::F64 => vec![66, 250, 1026, 4002, 16384, 16386],
+        DType::F32 => vec![68, 500, 2052, 8001, 16000, 32768, 32772],
+        _ => vec![72, 1000, 1001, 4104, 32000, 65536, 65544],
+    }
+}
+
+#[tapir_testing::cuda_test]
+fn cuda_few_long_rows_take_a_block_each_and_match_the_cpu() {
+    let _g = serial();
+    let Some(dev) = cuda("cuda_few_long_rows_take_a_block_each_and_match_the_cpu") else { return };
+    for dtype in FLOATS {
+        for cols in block_row_lengths(dtype) {
+            let row_counts: &[usize] = if cols * dtype.size_in_bytes() > 65536 { &[1, 2] } else { &[1, 37] };
+            for &rows in row_counts {
+                softmaxes_match(dev, dtype, (rows, cols), (cols + rows) as u64);
+            }
+        }
+    }
 }

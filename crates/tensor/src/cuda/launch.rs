@@ -42,9 +42,22 @@ pub(crate) fn device_of_src(op: &'static str, x: Src<'_>) -> Result<(Arc<CudaDev
 
 /// Launches `name` of `file` over `n` elements with `args`.
 pub(crate) fn launch(dev: &CudaDevice, file: &'static str, name: &str, n: usize, args: &[Arg]) -> Result<()> {
+    launch_blocks(dev, file, name, n.div_ceil(BLOCK as usize), BLOCK, args)
+}
+
+/// Launches `name` of `file` on `blocks` blocks (at most [`MAX_BLOCKS`]:
+/// the kernels grid-stride) of `threads` threads with `args`.
+fn launch_blocks(
+    dev: &CudaDevice,
+    file: &'static str,
+    name: &str,
+    blocks: usize,
+    threads: u32,
+    args: &[Arg],
+) -> Result<()> {
     let f = dev.function(file, name)?;
-    let blocks = n.div_ceil(BLOCK as usize).clamp(1, MAX_BLOCKS) as u32;
-    let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
+    let blocks = blocks.clamp(1, MAX_BLOCKS) as u32;
+    let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
     let mut b = dev.stream.launch_builder(&f);
     for a in args {
         match a {
@@ -77,24 +90,25 @@ pub(crate) fn launch_rows(
     out: &CudaBuffer,
 ) -> Result<()> {
     let per_row = if dims.1 <= SHORT_ROW { 32 } else { BLOCK as usize };
-    launch_rows_of(file, name, x, dims, out, per_row)
+    launch_rows_of(file, name, x, dims, out, (per_row, BLOCK))
 }
 
-/// A `(rows, cols, x, out)` kernel of `file` with `per_row` threads a row.
+/// A `(rows, cols, x, out)` kernel of `file` with `per_row` threads a row,
+/// `threads` a block.
 fn launch_rows_of(
     file: &'static str,
     name: &str,
     x: u64,
     dims: (usize, usize),
     out: &CudaBuffer,
-    per_row: usize,
+    (per_row, threads): (usize, u32),
 ) -> Result<()> {
     let (rows, cols) = dims;
     if rows == 0 {
         return Ok(());
     }
     let args = [Arg::I64(rows as i64), Arg::I64(cols as i64), Arg::Ptr(x), Arg::Ptr(out.ptr())];
-    launch(&out.dev, file, name, rows.saturating_mul(per_row), &args)
+    launch_blocks(&out.dev, file, name, rows.saturating_mul(per_row).div_ceil(threads as usize), threads, &args)
 }
 
 /// The longest row, in bytes, the warp-per-row kernels that hold a row in
@@ -111,11 +125,26 @@ const WARP_ROW_MIN_ROWS: usize = 1024;
 /// block-per-row one: many rows of whole 16-byte units, at most
 /// [`WARP_ROW_BYTES`] long, from 16-byte aligned addresses.
 pub(crate) fn warp_rows(dtype: DType, x: u64, out: u64, dims: (usize, usize)) -> bool {
+    warp_rows_of(dtype, x, out, dims, WARP_ROW_BYTES)
+}
+
+/// The longest row, in bytes, the softmax warp kernels take (8 units a
+/// lane: their U = 16 loop would set 128 registers for every row); longer
+/// rows take the block kernels ([`block_reg_rows`]).
+const SOFTMAX_WARP_ROW_BYTES: usize = WARP_ROW_BYTES / 2;
+
+/// [`warp_rows`] for the softmax warp kernels: rows of at most
+/// [`SOFTMAX_WARP_ROW_BYTES`].
+pub(crate) fn softmax_warp_rows(dtype: DType, x: u64, out: u64, dims: (usize, usize)) -> bool {
+    warp_rows_of(dtype, x, out, dims, SOFTMAX_WARP_ROW_BYTES)
+}
+
+fn warp_rows_of(dtype: DType, x: u64, out: u64, dims: (usize, usize), max_bytes: usize) -> bool {
     let (rows, cols) = dims;
     let bytes = cols.saturating_mul(dtype.size_in_bytes());
     rows >= WARP_ROW_MIN_ROWS
         && bytes > 0
-        && bytes <= WARP_ROW_BYTES
+        && bytes <= max_bytes
         && bytes.is_multiple_of(16)
         && x.is_multiple_of(16)
         && out.is_multiple_of(16)
@@ -131,7 +160,54 @@ pub(crate) fn launch_warp_rows(
     dims: (usize, usize),
     out: &CudaBuffer,
 ) -> Result<()> {
-    launch_rows_of(file, name, x, dims, out, 32)
+    launch_rows_of(file, name, x, dims, out, (32, BLOCK))
+}
+
+/// Units (16 bytes) a thread at most of the block-per-row kernels that
+/// hold a row in registers (`softmax_block<U>_*` of `kernels/softmax.cu`,
+/// U = 1, 2, 4 or 8).
+const REG_ROW_UNITS: usize = 8;
+/// Units a thread those kernels aim at: enough to amortise the block's two
+/// reductions, few enough to spread a row over many warps.
+const REG_ROW_TARGET_UNITS: usize = 4;
+
+/// The threads a row and units a thread (U) of a `*_block<U>_*` kernel (a
+/// block a row, the row in registers, `softmax_reg_rows` of
+/// `kernels/softmax.cu`) for `dims` rows of `dtype` read from `x` and
+/// written to `out`, or `None` where the block-per-row kernel that reads
+/// the row twice stays: rows [`softmax_warp_rows`] does not take, longer
+/// than a short row, of whole 16-byte units from 16-byte aligned addresses, at
+/// most 1,024 x [`REG_ROW_UNITS`] units (128 KiB). The threads are the
+/// power of two, 32 to 1,024, that gives each about
+/// [`REG_ROW_TARGET_UNITS`] units; U the power of two that covers the row.
+pub(crate) fn block_reg_rows(dtype: DType, x: u64, out: u64, dims: (usize, usize)) -> Option<(usize, usize)> {
+    let (rows, cols) = dims;
+    let bytes = cols.saturating_mul(dtype.size_in_bytes());
+    let units = bytes / 16;
+    let fits = rows > 0
+        && !softmax_warp_rows(dtype, x, out, dims)
+        && cols > SHORT_ROW
+        && bytes.is_multiple_of(16)
+        && units <= 1024 * REG_ROW_UNITS
+        && x.is_multiple_of(16)
+        && out.is_multiple_of(16);
+    fits.then(|| {
+        let threads = units.div_ceil(REG_ROW_TARGET_UNITS).next_power_of_two().clamp(32, 1024);
+        (threads, units.div_ceil(threads).next_power_of_two())
+    })
+}
+
+/// Launches a `(rows, cols, x, out)` `*_block_*` kernel of `file` with
+/// `threads` a block (from [`block_reg_rows`]), a block a row.
+pub(crate) fn launch_block_reg_rows(
+    file: &'static str,
+    name: &str,
+    x: u64,
+    dims: (usize, usize),
+    out: &CudaBuffer,
+    threads: usize,
+) -> Result<()> {
+    launch_rows_of(file, name, x, dims, out, (threads, threads as u32))
 }
 
 /// The kernel-name suffix of a float dtype.
