@@ -160,7 +160,12 @@ impl Graph {
 
     /// Gradients as recorded values of this graph (torch's
     /// `create_graph=True`): they can be differentiated again, to any order.
-    /// Nothing is freed until the scope ends.
+    /// Nothing is freed until the scope ends. The products and sums the pass
+    /// records are computed when first read (by an op, a rule or
+    /// [`Var::value`]): a Hessian-vector product, which pushes tangents
+    /// through each weight's gradient `g^T x` and its bias's `g.sum(0)`,
+    /// never computes them. Their shapes are checked when recorded; only
+    /// what their kernel itself may fail on (memory) fails at the read.
     ///
     /// ```
     /// use tapir::prelude::*;
