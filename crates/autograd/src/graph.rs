@@ -74,6 +74,9 @@ pub struct Graph {
     /// tell their output's shape without running ([`DynOp::plan`]) are
     /// then computed only when something reads them.
     pub(crate) defer: Cell<u32>,
+    /// How many nodes are deferred now: with none (every graph that never
+    /// ran `grad_graph`), recording and backward skip looking for them.
+    pending: Cell<usize>,
     /// Pointer identity used to reject handles from another graph at run
     /// time (the lifetime brand already rejects them at compile time).
     id: usize,
@@ -116,6 +119,7 @@ impl Graph {
             nodes: RefCell::new(SlotMap::with_key()),
             blocks: RefCell::new(HashMap::new()),
             defer: Cell::new(0),
+            pending: Cell::new(0),
             id: NEXT_GRAPH.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             _not_sync: PhantomData,
         }
@@ -217,20 +221,23 @@ impl Graph {
     /// [`Graph::defer`] is set and the op can plan its output, records it
     /// to be computed when read).
     pub(crate) fn record_op(&self, op: Arc<dyn DynOp>, inputs: &[NodeId]) -> Result<NodeId> {
-        for &i in inputs {
-            if !self.nodes.borrow().contains_key(i) {
-                return Err(Error::Graph { reason: "a node id that is not in this graph".into() });
+        // A deferred node's inputs are always computed: its own
+        // computation never waits on another's.
+        if self.pending.get() > 0 {
+            for &i in inputs {
+                if self.nodes.borrow().contains_key(i) {
+                    self.force(i)?;
+                }
             }
-            // A deferred node's inputs are always computed: its own
-            // computation never waits on another's.
-            self.force(i)?;
         }
         let (value, meta, requires_grad) = {
             let nodes = self.nodes.borrow();
             let mut vals: SmallVec<[&Tensor; 4]> = SmallVec::new();
             let mut requires_grad = false;
             for &i in inputs {
-                let n = &nodes[i];
+                let n = nodes
+                    .get(i)
+                    .ok_or_else(|| Error::Graph { reason: "a node id that is not in this graph".into() })?;
                 vals.push(n.value.as_ref().ok_or_else(|| released(op.name()))?);
                 requires_grad |= n.requires_grad;
             }
@@ -245,6 +252,9 @@ impl Graph {
             }
         };
         let (shape, dtype, device) = meta;
+        if value.is_none() {
+            self.pending.set(self.pending.get() + 1);
+        }
         Ok(self.push(Node {
             shape,
             dtype,
@@ -278,12 +288,16 @@ impl Graph {
         let mut nodes = self.nodes.borrow_mut();
         nodes[id].value = Some(value);
         nodes[id].deferred = false;
+        self.pending.set(self.pending.get() - 1);
         Ok(())
     }
 
     /// Computes every deferred value: before a pass that releases values,
     /// which may be a deferred node's inputs.
     pub(crate) fn force_all(&self) -> Result<()> {
+        if self.pending.get() == 0 {
+            return Ok(());
+        }
         let ids: Vec<NodeId> = self.nodes.borrow().iter().filter(|(_, n)| n.deferred).map(|(id, _)| id).collect();
         ids.into_iter().try_for_each(|id| self.force(id))
     }
