@@ -160,7 +160,12 @@ impl Graph {
 
     /// Gradients as recorded values of this graph (torch's
     /// `create_graph=True`): they can be differentiated again, to any order.
-    /// Nothing is freed until the scope ends.
+    /// Nothing is freed until the scope ends. The products and sums the pass
+    /// records are computed when first read (by an op, a rule or
+    /// [`Var::value`]): a Hessian-vector product, which pushes tangents
+    /// through each weight's gradient `g^T x` and its bias's `g.sum(0)`,
+    /// never computes them. Their shapes are checked when recorded; only
+    /// what their kernel itself may fail on (memory) fails at the read.
     ///
     /// ```
     /// use tapir::prelude::*;
@@ -188,7 +193,13 @@ impl Graph {
         let out_ids: Vec<NodeId> = outputs.iter().map(|v| v.id).collect();
         let in_ids: Vec<NodeId> = inputs.iter().map(|v| v.id).collect();
         let order = path(self, &out_ids, &in_ids, Direction::Reverse);
-        let saved = if opts.retain_graph { None } else { Some(SavedValues::new(self, &order, &out_ids, &in_ids)) };
+        let saved = if opts.retain_graph {
+            None
+        } else {
+            // The values this pass releases may be a deferred value's inputs.
+            self.force_all()?;
+            Some(SavedValues::new(self, &order, &out_ids, &in_ids))
+        };
         self.backward(&order, &out_ids, inputs, seeds, saved, None)
     }
 
@@ -232,6 +243,7 @@ impl Graph {
         let out_ids = [output.id];
         let in_ids: Vec<NodeId> = inputs.iter().map(|v| v.id).collect();
         let order = path(self, &out_ids, &in_ids, Direction::Reverse);
+        self.force_all()?;
         let saved = Some(SavedValues::new(self, &order, &out_ids, &in_ids));
         self.backward(&order, &out_ids, inputs, seeds, saved, Some(on_ready))
     }
@@ -271,8 +283,13 @@ impl Graph {
                 None => o.traced().lift(Tensor::ones_on(o.shape(), o.dtype(), o.device())?),
             });
         }
-        let grads = self.backward(&order, &out_ids, inputs, seeds, None, None)?;
-        Ok(grads.into_iter().map(|t| self.var(from_raw(t.id))).collect())
+        // The products the rules record are computed when first read: the
+        // last ones (a weight's gradient `g^T x`) may never be, where only
+        // their tangents are wanted (a Hessian-vector product).
+        self.defer.set(self.defer.get() + 1);
+        let grads = self.backward(&order, &out_ids, inputs, seeds, None, None);
+        self.defer.set(self.defer.get() - 1);
+        Ok(grads?.into_iter().map(|t| self.var(from_raw(t.id))).collect())
     }
 
     /// The reverse walk both passes share: seeds the outputs, runs each
@@ -386,9 +403,13 @@ impl<'g> Value<'g> for Tensor {
         let (xs, y) = match saved {
             Some(s) => s.take_for(graph, n, input_ids, op.saves())?,
             None => {
+                if op.saves().reads_output() {
+                    graph.force(n)?;
+                }
                 let nodes = graph.nodes.borrow();
                 let value = |i: NodeId| nodes[i].value.clone().ok_or_else(|| released(op.name()));
-                (input_ids.iter().map(|&i| value(i)).collect::<Result<_>>()?, value(n)?)
+                let y = if nodes[n].deferred { stand_in(&mut Vec::new(), &nodes[n])? } else { value(n)? };
+                (input_ids.iter().map(|&i| value(i)).collect::<Result<_>>()?, y)
             }
         };
         // The walk accumulates only the gradients of inputs that require
@@ -413,12 +434,24 @@ impl<'g> Value<'g> for Tensor {
         input_ids: &[NodeId],
         ts: &[Option<&Tensor>],
     ) -> Result<Option<Tensor>> {
+        // A deferred output is computed only for a rule that reads it;
+        // one that does not gets a stand-in.
+        if op.jvp_reads_output() {
+            graph.force(n)?;
+        }
         // An eager rule records nothing, so the values can stay borrowed
         // from the graph while it runs.
         let nodes = graph.nodes.borrow();
         let value = |i: NodeId| nodes[i].value.as_ref().ok_or_else(|| released(op.name()));
         let xs = input_ids.iter().map(|&i| value(i)).collect::<Result<SmallVec<[&Tensor; 3]>>>()?;
-        op.jvp_eager(&xs, value(n)?, ts)
+        let stand;
+        let y = if nodes[n].deferred {
+            stand = stand_in(&mut Vec::new(), &nodes[n])?;
+            &stand
+        } else {
+            value(n)?
+        };
+        op.jvp_eager(&xs, y, ts)
     }
 
     fn zeros(_: &'g Graph, like: &Var<'_>) -> Result<Tensor> {

@@ -31,6 +31,10 @@ pub(crate) struct Node {
     /// True once a first-order backward without `retain_graph` has run this
     /// node's rule: it will read no value again.
     pub rule_spent: bool,
+    /// True while the value is not computed yet (`value` is `None`): a
+    /// product a recorded gradient made, computed from its inputs (which
+    /// are computed and kept) when first read ([`Graph::force`]).
+    pub deferred: bool,
 }
 
 /// The rules a recorded pass (`grad_graph`, `jvp_graph`) runs for a node
@@ -66,6 +70,13 @@ pub struct Graph {
     /// The blocks of checkpoint nodes ([`Graph::checkpoint`]), which a
     /// recorded pass runs again in this graph.
     pub(crate) blocks: RefCell<HashMap<NodeId, Arc<dyn Rerecorded>>>,
+    /// Above 0 while a recorded gradient is being recorded: ops that can
+    /// tell their output's shape without running ([`DynOp::plan`]) are
+    /// then computed only when something reads them.
+    pub(crate) defer: Cell<u32>,
+    /// How many nodes are deferred now: with none (every graph that never
+    /// ran `grad_graph`), recording and backward skip looking for them.
+    pending: Cell<usize>,
     /// Pointer identity used to reject handles from another graph at run
     /// time (the lifetime brand already rejects them at compile time).
     id: usize,
@@ -107,6 +118,8 @@ impl Graph {
         Graph {
             nodes: RefCell::new(SlotMap::with_key()),
             blocks: RefCell::new(HashMap::new()),
+            defer: Cell::new(0),
+            pending: Cell::new(0),
             id: NEXT_GRAPH.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             _not_sync: PhantomData,
         }
@@ -190,6 +203,7 @@ impl Graph {
             inputs: SmallVec::new(),
             requires_grad,
             rule_spent: false,
+            deferred: false,
         })
     }
 
@@ -203,9 +217,20 @@ impl Graph {
         self.var(self.insert_value(value, false))
     }
 
-    /// Runs `op` on the values of `inputs` and records the result.
+    /// Runs `op` on the values of `inputs` and records the result (while
+    /// [`Graph::defer`] is set and the op can plan its output, records it
+    /// to be computed when read).
     pub(crate) fn record_op(&self, op: Arc<dyn DynOp>, inputs: &[NodeId]) -> Result<NodeId> {
-        let (value, requires_grad) = {
+        // A deferred node's inputs are always computed: its own
+        // computation never waits on another's.
+        if self.pending.get() > 0 {
+            for &i in inputs {
+                if self.nodes.borrow().contains_key(i) {
+                    self.force(i)?;
+                }
+            }
+        }
+        let (value, meta, requires_grad) = {
             let nodes = self.nodes.borrow();
             let mut vals: SmallVec<[&Tensor; 4]> = SmallVec::new();
             let mut requires_grad = false;
@@ -216,13 +241,26 @@ impl Graph {
                 vals.push(n.value.as_ref().ok_or_else(|| released(op.name()))?);
                 requires_grad |= n.requires_grad;
             }
-            (op.forward(&vals)?, requires_grad && op.is_differentiable())
+            let requires_grad = requires_grad && op.is_differentiable();
+            match (self.defer.get() > 0).then(|| op.plan(&vals)).flatten() {
+                Some(meta) => (None, meta?, requires_grad),
+                None => {
+                    let v = op.forward(&vals)?;
+                    let meta = (v.shape().clone(), v.dtype(), v.device());
+                    (Some(v), meta, requires_grad)
+                }
+            }
         };
+        let (shape, dtype, device) = meta;
+        if value.is_none() {
+            self.pending.set(self.pending.get() + 1);
+        }
         Ok(self.push(Node {
-            shape: value.shape().clone(),
-            dtype: value.dtype(),
-            device: value.device(),
-            value: Some(value),
+            shape,
+            dtype,
+            device,
+            deferred: value.is_none(),
+            value,
             op: Some(op),
             inputs: inputs.iter().copied().collect(),
             requires_grad,
@@ -230,7 +268,42 @@ impl Graph {
         }))
     }
 
+    /// Computes the value of `id` if it was deferred (its inputs' values
+    /// are kept until then: see [`crate::backward`]'s `SavedValues`).
+    pub(crate) fn force(&self, id: NodeId) -> Result<()> {
+        let value = {
+            let nodes = self.nodes.borrow();
+            let n = &nodes[id];
+            if !n.deferred {
+                return Ok(());
+            }
+            let op = n.op.as_ref().expect("a deferred node has an op");
+            let vals = n
+                .inputs
+                .iter()
+                .map(|&i| nodes[i].value.as_ref().ok_or_else(|| released(op.name())))
+                .collect::<Result<SmallVec<[&Tensor; 4]>>>()?;
+            op.forward(&vals)?
+        };
+        let mut nodes = self.nodes.borrow_mut();
+        nodes[id].value = Some(value);
+        nodes[id].deferred = false;
+        self.pending.set(self.pending.get() - 1);
+        Ok(())
+    }
+
+    /// Computes every deferred value: before a pass that releases values,
+    /// which may be a deferred node's inputs.
+    pub(crate) fn force_all(&self) -> Result<()> {
+        if self.pending.get() == 0 {
+            return Ok(());
+        }
+        let ids: Vec<NodeId> = self.nodes.borrow().iter().filter(|(_, n)| n.deferred).map(|(id, _)| id).collect();
+        ids.into_iter().try_for_each(|id| self.force(id))
+    }
+
     pub(crate) fn value_of(&self, id: NodeId) -> Result<Tensor> {
+        self.force(id)?;
         let nodes = self.nodes.borrow();
         nodes[id].value.clone().ok_or_else(|| released("value"))
     }
@@ -284,7 +357,7 @@ impl Graph {
 
     /// Number of nodes whose values a backward pass has released.
     pub fn released_count(&self) -> usize {
-        self.nodes.borrow().values().filter(|n| n.value.is_none()).count()
+        self.nodes.borrow().values().filter(|n| n.value.is_none() && !n.deferred).count()
     }
 }
 

@@ -117,6 +117,54 @@ fn hvp_hessian_and_jacobian() {
     .unwrap();
 }
 
+/// A recorded gradient's last product (the weight's `x^T g`) is computed
+/// only when read: a Hessian-vector product pushes its tangent through it
+/// and never reads it. Read later, it is right, also after a first-order
+/// backward has released the values around it.
+#[test]
+fn a_recorded_weight_gradient_is_computed_when_read() {
+    let x0 = Tensor::from_vec((0..8).map(|i| 0.1 * i as f64 - 0.3).collect(), [4, 2]).unwrap();
+    let w0 = Tensor::from_vec(vec![0.5f64, -1.0, 0.25, 2.0, 0.75, -0.5], [2, 3]).unwrap();
+    let v0 = Tensor::from_vec(vec![1.0f64, 0.0, -1.0, 0.5, 2.0, 1.0], [2, 3]).unwrap();
+    let xv = x0.to_vec::<f64>().unwrap();
+    let xtx = |i: usize, j: usize| (0..4).map(|r| xv[r * 2 + i] * xv[r * 2 + j]).sum::<f64>();
+    // loss = sum((x w)^2): grad 2 x^T x w, Hessian-vector product 2 x^T x v.
+    let times_2xtx = |m: &Tensor| {
+        let m = m.to_vec::<f64>().unwrap();
+        (0..2)
+            .flat_map(|i| (0..3).map(move |j| (i, j)))
+            .map(|(i, j)| 2.0 * (0..2).map(|p| xtx(i, p) * m[p * 3 + j]).sum::<f64>())
+            .collect::<Vec<_>>()
+    };
+    Graph::scope(|g| {
+        let (x, w) = (g.constant(x0.clone()), g.leaf(w0.clone()));
+        let loss = x.matmul(&w)?.square()?.sum_all()?;
+        let before = g.saved_bytes();
+        let gw = g.grad_graph(loss, &[w])?[0];
+        let recorded = g.saved_bytes() - before;
+        let hv = g.jvp(&[gw], &[w], std::slice::from_ref(&v0))?.remove(0);
+        close(&hv.to_vec::<f64>()?, &times_2xtx(&v0), 1e-12);
+        assert_eq!(g.saved_bytes() - before, recorded, "the tangent pass computed no gradient");
+        assert_eq!(g.released_count(), 0, "a value not computed yet is not released");
+        // A first-order backward releases the values the product reads.
+        g.grad(loss, &[w])?;
+        close(&gw.value()?.to_vec::<f64>()?, &times_2xtx(&w0), 1e-12);
+        Ok::<_, Error>(())
+    })
+    .unwrap();
+    // Read at once, the same gradient.
+    Graph::scope(|g| {
+        let (x, w) = (g.constant(x0.clone()), g.leaf(w0.clone()));
+        let loss = x.matmul(&w)?.square()?.sum_all()?;
+        let gw = g.grad_graph(loss, &[w])?[0];
+        let before = g.saved_bytes();
+        close(&gw.value()?.to_vec::<f64>()?, &times_2xtx(&w0), 1e-12);
+        assert_eq!(g.saved_bytes() - before, 6 * 8, "read, the gradient is kept");
+        Ok::<_, Error>(())
+    })
+    .unwrap();
+}
+
 test_device! {
     /// The same body on every device (the ops are elementwise; a
     /// one-element output seeds its own gradient, no sum needed).

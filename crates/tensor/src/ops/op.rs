@@ -190,6 +190,24 @@ pub trait Derivative: Op {
     fn is_differentiable(&self) -> bool {
         true
     }
+    /// The output's shape and dtype from the input values without running
+    /// the op, after the checks [`Op::run`] makes first (its errors, in its
+    /// order), for an op whose output a recorded pass may compute only when
+    /// something reads it (`None`: the op runs when recorded, the
+    /// default). A recorded gradient's last products are such values: a
+    /// Hessian-vector product pushes tangents through them and never reads
+    /// them. What the kernel itself may fail on (memory) then fails when
+    /// the value is read.
+    fn planned(&self, xs: &[&Tensor]) -> Option<Result<(Shape, DType)>> {
+        let _ = xs;
+        None
+    }
+    /// Whether [`Derivative::jvp`] reads the output `y` (the default, true,
+    /// is always correct): a forward pass gives a rule that does not a
+    /// stand-in for an output not yet computed ([`Derivative::planned`]).
+    fn jvp_reads_output(&self) -> bool {
+        true
+    }
 }
 
 /// Checks that two operands share a device and returns their broadcast
@@ -222,13 +240,20 @@ pub(crate) fn result_dtype(a: &Tensor, b: &Tensor) -> DType {
 /// with that device's backend. This is the only way an op's forward is
 /// run, eagerly or on a graph.
 pub fn forward<O: Op + ?Sized>(op: &O, inputs: &[&Tensor]) -> Result<Tensor> {
+    let device = checked_device(op, inputs)?;
+    op.run(crate::tensor::backend_for(device), inputs)
+}
+
+/// What [`forward`] checks before the op's own checks: the input count,
+/// then one device for every input and operand, which it returns.
+fn checked_device<O: Op + ?Sized>(op: &O, inputs: &[&Tensor]) -> Result<Device> {
     op.arity().check(op.name(), inputs.len())?;
     let mut devices = inputs.iter().copied().chain(op.operands()).map(Tensor::device);
     let device = devices.next().unwrap_or(Device::Cpu);
     if let Some(other) = devices.find(|&d| d != device) {
         return Err(Error::DeviceMismatch { op: op.name(), lhs: device, rhs: other });
     }
-    op.run(crate::tensor::backend_for(device), inputs)
+    Ok(device)
 }
 
 /// The object-safe face of [`Op`], so a graph can store any op. Each rule is
@@ -262,6 +287,12 @@ pub trait DynOp: Debug + Send + Sync + 'static {
     ) -> Result<Option<Traced<'t>>>;
     /// See [`Derivative::is_differentiable`].
     fn is_differentiable(&self) -> bool;
+    /// [`Derivative::planned`] after the checks [`forward`] makes first
+    /// (the input count, one device): the output's shape, dtype and device
+    /// when the op may be computed later, `None` when it must run now.
+    fn plan(&self, inputs: &[&Tensor]) -> Option<Result<(Shape, DType, Device)>>;
+    /// See [`Derivative::jvp_reads_output`].
+    fn jvp_reads_output(&self) -> bool;
     /// See [`Derivative::saves`].
     fn saves(&self) -> Saved;
     /// See [`Op::release`].
@@ -303,6 +334,16 @@ impl<O: Derivative> DynOp for O {
     }
     fn is_differentiable(&self) -> bool {
         Derivative::is_differentiable(self)
+    }
+    fn plan(&self, inputs: &[&Tensor]) -> Option<Result<(Shape, DType, Device)>> {
+        match checked_device(self, inputs) {
+            Ok(device) => self.planned(inputs).map(|r| r.map(|(shape, dtype)| (shape, dtype, device))),
+            // `forward` would fail the same way: so fails the recording.
+            Err(e) => Some(Err(e)),
+        }
+    }
+    fn jvp_reads_output(&self) -> bool {
+        Derivative::jvp_reads_output(self)
     }
     fn saves(&self) -> Saved {
         Derivative::saves(self)

@@ -6,7 +6,7 @@
 use smallvec::SmallVec;
 
 use crate::backend::Src;
-use crate::ops::matmul::{Epilogue, Matmul};
+use crate::ops::matmul::{checked, Epilogue, Matmul};
 use crate::ops::methods::binary::add_opt;
 use crate::ops::methods::matmul::MatmulOps;
 use crate::ops::methods::reduce::ReduceOps;
@@ -14,7 +14,7 @@ use crate::ops::methods::shape::ShapeOps;
 use crate::ops::methods::unary::UnaryOps;
 use crate::ops::op::{Derivative, Diff, InputGrads, Saved};
 use crate::tensor::backend_for;
-use crate::{Result, Shape, Tensor};
+use crate::{DType, Result, Shape, Tensor};
 
 impl Derivative for Matmul {
     fn saves(&self) -> Saved {
@@ -32,6 +32,21 @@ impl Derivative for Matmul {
     /// The tangent `ta @ b + a @ tb` as one product sum writing one buffer.
     fn jvp_eager(&self, xs: &[&Tensor], _: &Tensor, ts: &[Option<&Tensor>]) -> Result<Option<Tensor>> {
         product_rule(xs, ts, &|terms| fused_linear_sum_then(terms, None, Then::Nothing))
+    }
+    /// The product's shape, after its checks, for f32 and f64 operands
+    /// (whose product has their dtype): a recorded gradient's weight
+    /// products (`g^T x`), which a Hessian-vector product only pushes
+    /// tangents through, are then computed only if read.
+    fn planned(&self, xs: &[&Tensor]) -> Option<Result<(Shape, DType)>> {
+        let (a, b) = (xs[0], xs[1]);
+        if !matches!(a.dtype(), DType::F32 | DType::F64) {
+            return None;
+        }
+        Some(checked(a, b).map(|plan| (plan.shape, a.dtype())))
+    }
+    /// `ta @ b + a @ tb` reads no output.
+    fn jvp_reads_output(&self) -> bool {
+        false
     }
 }
 

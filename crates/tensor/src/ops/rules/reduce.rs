@@ -8,7 +8,7 @@ use crate::ops::methods::shape::ShapeOps;
 use crate::ops::methods::unary::UnaryOps;
 use crate::ops::op::{one, Derivative, Diff, InputGrads, Saved};
 use crate::ops::reduce::{reduced_shape, ArgReduce, Reduce, ReduceKind, SumTo};
-use crate::{Result, Shape};
+use crate::{DType, Result, Shape, Tensor};
 
 impl Derivative for Reduce {
     fn saves(&self) -> Saved {
@@ -43,6 +43,16 @@ impl Derivative for Reduce {
             ReduceKind::LogSumExp => t.mul(&x.sub(&self.keep(y, &x.shape())?)?.exp()?)?,
         };
         Ok(Some(weighted.sum(&axes, self.keepdim)?))
+    }
+    /// A sum's shape and dtype, after its checks: a recorded gradient's
+    /// bias sums (`g.sum(0)`), which a Hessian-vector product only pushes
+    /// tangents through, are then computed only if read.
+    fn planned(&self, xs: &[&Tensor]) -> Option<Result<(Shape, DType)>> {
+        (self.kind == ReduceKind::Sum).then(|| self.plan(xs[0]).map(|p| (p.shape, p.dtype)))
+    }
+    /// A sum's tangent is the tangent summed.
+    fn jvp_reads_output(&self) -> bool {
+        self.kind != ReduceKind::Sum
     }
 }
 
