@@ -65,9 +65,9 @@ pub struct LinearCrossEntropy {
 }
 
 /// The automatic chunk: rows whose logits take about 128 MiB, or as many
-/// bytes as `hidden`'s gradient will take anyway if that is more. Each chunk
-/// makes three products that read all of `weight` (the gemm packs it anew
-/// each time) and one that adds into all of `weight`'s gradient, so fewer,
+/// bytes as `hidden`'s gradient will take anyway if that is more. Of each
+/// chunk's three products, two read all of `weight` (the gemm packs it anew
+/// each time) and one adds into all of `weight`'s gradient, so fewer,
 /// larger chunks are faster: at N = 4,096, V = 32,000, D = 768 on a 2-core
 /// Zen 4, 1,048-row chunks took 3.31-3.37 s a step where 32 MiB's 262 rows
 /// took 3.77-4.06 s (docs/performance.md), for 96 MiB more of logits.
