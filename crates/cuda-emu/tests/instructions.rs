@@ -359,7 +359,8 @@ fn bit_operations_and_vector_moves() {
 fn lop3_applies_its_truth_table_bit_by_bit_as_one_integer_instruction() {
     // Truth tables from the PTX ISA's rule: lut = f(0xF0, 0xCC, 0xAA).
     let (a, b, c) = (0xF0F0_A5A5u32, 0xCCCC_0FF0u32, 0xAAAA_3C3Cu32);
-    let luts: [(u32, fn(u32, u32, u32) -> u32); 7] = [
+    type Bitwise = fn(u32, u32, u32) -> u32;
+    let luts: [(u32, Bitwise); 7] = [
         (0x96, |a, b, c| a ^ b ^ c),
         (0xE8, |a, b, c| (a & b) | (a & c) | (b & c)),
         (0x80, |a, b, c| a & b & c),

@@ -16,7 +16,7 @@ use crate::{DType, Device, Error, Layout, Result};
 /// Blocks a draw launches at most: 132 SMs x 8 resident blocks of 256
 /// threads on an H100 or H200, one full wave. Each thread computes the
 /// ten round keys once and then grid-strides over its Philox blocks, so a
-/// large draw gives each thread many blocks (16 at 4,096 x 4,096 f32)
+/// large draw gives each thread many blocks (15 or 16 at 4,096 x 4,096 f32)
 /// rather than the 4 of the 4,096 blocks the elementwise launches take.
 const DRAW_GRID: usize = 1056;
 
