@@ -47,7 +47,8 @@
 // once to the loss dtype. It replaces the cast, sum, scale and cast
 // launches a mean took before.
 //
-// `ce_scale_<dtype>(n, x, s)` scales in place (x *= s), and
+// `ce_scale_<dtype>(n0, x0, n1, x1, n2, x2, s)` scales up to three buffers
+// in place (x_k *= s; n_k = 0 for none) in one launch, and
 // `ce_bias_grad_<dtype>(rows, v, g, db)` adds the column sums of the
 // [rows, v] block g to db (a thread per column, rows summed in the
 // accumulation type): the fused linear head scales its gradients and
@@ -297,8 +298,19 @@ template <typename T> __device__ void ce_bias_grad16(i64 rows, i64 v, const T* g
     }
 }
 
+// The fused head's two or three gradients scaled in one launch: a launch
+// each cost the model's 2 us apiece, more than the bias's and the hidden
+// states' bytes take. Each buffer is grid-strided in turn.
+template <typename T> __device__ void ce_scale3(i64 n0, T* x0, i64 n1, T* x1, i64 n2, T* x2, double s) {
+    ce_scale<T>(n0, x0, s);
+    ce_scale<T>(n1, x1, s);
+    ce_scale<T>(n2, x2, s);
+}
+
 #define CE_INPLACE(T, SUFFIX)                                                                    \
-    extern "C" __global__ void ce_scale_##SUFFIX(i64 n, T* x, double s) { ce_scale<T>(n, x, s); } \
+    extern "C" __global__ void ce_scale_##SUFFIX(i64 n0, T* x0, i64 n1, T* x1, i64 n2, T* x2, double s) { \
+        ce_scale3<T>(n0, x0, n1, x1, n2, x2, s);                                                 \
+    }                                                                                            \
     extern "C" __global__ void __launch_bounds__(32 * BIAS_WARPS)                                \
         ce_bias_grad16_##SUFFIX(i64 rows, i64 v, const T* g, T* db) {                            \
         ce_bias_grad16<T>(rows, v, g, db);                                                       \

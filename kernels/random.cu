@@ -19,19 +19,62 @@
 
 struct Words { unsigned w[4]; };
 
-__device__ __forceinline__ Words philox_block(u64 b, unsigned k0, unsigned k1) {
-    unsigned c0 = (unsigned)b, c1 = (unsigned)(b >> 32), c2 = 0u, c3 = 0u;
+// The ten rounds' keys: k0 + r W0 and k1 + r W1 are the same for every
+// block of a draw, so a thread computes them once, before its loop.
+struct RoundKeys { unsigned k0[10], k1[10]; };
+
+__device__ __forceinline__ RoundKeys round_keys(unsigned k0, unsigned k1) {
+    RoundKeys k;
 #pragma unroll
     for (int r = 0; r < 10; ++r) {
-        unsigned hi0 = __umulhi(PHILOX_M0, c0), lo0 = PHILOX_M0 * c0;
-        unsigned hi1 = __umulhi(PHILOX_M1, c2), lo1 = PHILOX_M1 * c2;
-        unsigned n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
+        k.k0[r] = k0;
+        k.k1[r] = k1;
+        // Through asm, so that the compiler keeps the sums in registers
+        // rather than computing them again from the parameters in the loop.
+        asm("add.u32 %0, %0, %1;" : "+r"(k0) : "n"(PHILOX_W0));
+        asm("add.u32 %0, %0, %1;" : "+r"(k1) : "n"(PHILOX_W1));
+    }
+    return k;
+}
+
+// a ^ b ^ c in one instruction (`lop3.b32`, truth table 0x96), where C
+// would issue two xors.
+__device__ __forceinline__ unsigned xor3(unsigned a, unsigned b, unsigned c) {
+    unsigned d;
+    asm("lop3.b32 %0, %1, %2, %3, 0x96;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+// The high half of m x a for a constant m, taken as an immediate operand
+// (the compiler would move it into a register first, an instruction more).
+template <unsigned M> __device__ __forceinline__ unsigned mulhi_by(unsigned a) {
+    unsigned d;
+    asm("mul.hi.u32 %0, %1, %2;" : "=r"(d) : "r"(a), "n"(M));
+    return d;
+}
+
+__device__ __forceinline__ Words philox_block(u64 b, const RoundKeys& k) {
+    // Round 0 has c2 = c3 = 0, so one product and two xors; round 1 has c1 = 0.
+    unsigned c0 = (unsigned)b, c1 = (unsigned)(b >> 32);
+    unsigned c2 = mulhi_by<PHILOX_M0>(c0) ^ k.k1[0], c3 = PHILOX_M0 * c0;
+    c0 = c1 ^ k.k0[0];
+    {
+        unsigned hi0 = mulhi_by<PHILOX_M0>(c0), lo0 = PHILOX_M0 * c0;
+        unsigned hi1 = mulhi_by<PHILOX_M1>(c2), lo1 = PHILOX_M1 * c2;
+        c0 = hi1 ^ k.k0[1];
+        c1 = lo1;
+        c2 = xor3(hi0, c3, k.k1[1]);
+        c3 = lo0;
+    }
+#pragma unroll
+    for (int r = 2; r < 10; ++r) {
+        unsigned hi0 = mulhi_by<PHILOX_M0>(c0), lo0 = PHILOX_M0 * c0;
+        unsigned hi1 = mulhi_by<PHILOX_M1>(c2), lo1 = PHILOX_M1 * c2;
+        unsigned n0 = xor3(hi1, c1, k.k0[r]), n2 = xor3(hi0, c3, k.k1[r]);
         c0 = n0;
         c1 = lo1;
         c2 = n2;
         c3 = lo0;
-        k0 += PHILOX_W0;
-        k1 += PHILOX_W1;
     }
     Words out;
     out.w[0] = c0;
@@ -56,9 +99,11 @@ template <> struct Digits<tapir_bf16> { enum { d = 8 }; };
 // One Box-Muller pair from u1 in (0, 1] and u2 in [0, 1), in double.
 __device__ __forceinline__ void box_muller(double u1, double u2, double* z) {
     double r = sqrt(__dmul_rn(-2.0, log(u1)));
-    double t = __dmul_rn(6.283185307179586, u2);
-    z[0] = __dmul_rn(r, cos(t));
-    z[1] = __dmul_rn(r, sin(t));
+    double t = __dmul_rn(6.283185307179586, u2), s, c;
+    // One argument reduction for both; the same values as sin(t) and cos(t).
+    sincos(t, &s, &c);
+    z[0] = __dmul_rn(r, c);
+    z[1] = __dmul_rn(r, s);
 }
 
 // A block's E elements as one aligned unit, so a thread stores them with one
@@ -80,9 +125,10 @@ __device__ __forceinline__ void draw_blocks(i64 n, int k0, int k1, i64 offset, T
     typedef DrawUnit<E, T> U;
     const i64 blocks = (n + E - 1) / E, whole = n / E;
     const bool aligned = ((u64)out % sizeof(U)) == 0;
+    const RoundKeys keys = round_keys((unsigned)k0, (unsigned)k1);
     for (i64 b = global_id(); b < blocks; b += global_stride()) {
         U u;
-        values(philox_block((u64)offset + (u64)b, (unsigned)k0, (unsigned)k1), u.v);
+        values(philox_block((u64)offset + (u64)b, keys), u.v);
         if (aligned && b < whole) {
             reinterpret_cast<U*>(out)[b] = u;
         } else {

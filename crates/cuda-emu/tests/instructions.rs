@@ -356,6 +356,44 @@ fn bit_operations_and_vector_moves() {
 }
 
 #[test]
+fn lop3_applies_its_truth_table_bit_by_bit_as_one_integer_instruction() {
+    // Truth tables from the PTX ISA's rule: lut = f(0xF0, 0xCC, 0xAA).
+    let (a, b, c) = (0xF0F0_A5A5u32, 0xCCCC_0FF0u32, 0xAAAA_3C3Cu32);
+    type Bitwise = fn(u32, u32, u32) -> u32;
+    let luts: [(u32, Bitwise); 7] = [
+        (0x96, |a, b, c| a ^ b ^ c),
+        (0xE8, |a, b, c| (a & b) | (a & c) | (b & c)),
+        (0x80, |a, b, c| a & b & c),
+        (0xFE, |a, b, c| a | b | c),
+        (0xCA, |a, b, c| (a & b) | (!a & c)),
+        (0xF0, |a, _, _| a),
+        (0x00, |_, _, _| 0),
+    ];
+    let mut body = format!("mov.u32 %r1, {a};\nmov.u32 %r2, {b};\nmov.u32 %r3, {c};\n");
+    for (k, (lut, _)) in luts.iter().enumerate() {
+        body += &format!("lop3.b32 %r{}, %r1, %r2, %r3, {lut};\n", 10 + k);
+    }
+    // An immediate input, as NVRTC emits for a constant operand.
+    body += "lop3.b32 %r20, %r1, 0x0000FFFF, %r3, 0x96;\n";
+    let regs: Vec<String> = (10..10 + luts.len()).map(|r| format!("%r{r}")).chain(["%r20".into()]).collect();
+    let regs: Vec<&str> = regs.iter().map(|s| s.as_str()).collect();
+    body += &stores32(&regs);
+    tapir_cuda_emu::exec::set_profiling(true);
+    let (r, stats) = launch("", &body, 32, regs.len()).unwrap_or_else(|f| panic!("{}", f.message));
+    for (k, (lut, f)) in luts.iter().enumerate() {
+        assert_eq!(r[k] as u32, f(a, b, c), "lop3 with table {lut:#04x}");
+    }
+    assert_eq!(r[luts.len()] as u32, a ^ 0x0000_FFFF ^ c, "lop3 with an immediate operand");
+    // Each lop3 is one integer warp-instruction, like the xor it replaces.
+    let int = stats.counters.of(tapir_cuda_emu::exec::Class::Int);
+    assert_eq!(
+        int,
+        3 + luts.len() as u64 + 1,
+        "integer warp-instructions: 3 moves and 8 lop3 (ld.param is its own class)"
+    );
+}
+
+#[test]
 fn warp_shuffles_votes_and_shared_atomics() {
     // Each lane: bfly-sum of its lane id, down by 1, up by 1, idx from lane 5,
     // ballot of odd lanes, and an atomic add to shared memory.

@@ -212,6 +212,40 @@ fn cuda_normals_match_the_cpus_within_an_ulp_or_two() {
     }
 }
 
+/// A draw larger than one wave of the CUDA launch (1,056 blocks of 256
+/// threads, crates/tensor/src/cuda/random.rs), so each thread takes several
+/// Philox blocks on its grid stride, after a small draw, so the stream's
+/// offset is not a multiple of anything the launch has, the two narrow
+/// widths and a two-word dtype.
+#[tapir_testing::cuda_test]
+fn cuda_draws_past_one_wave_of_threads_are_the_cpus() {
+    let Some((dev, _g)) = cuda("cuda_draws_past_one_wave_of_threads_are_the_cpus") else { return };
+    let wave = 1056 * 256;
+    let (mut c, mut g) = (Rng::new(2024), Rng::new(2024));
+    for (dtype, n) in [(DType::F32, 4 * wave + 9), (DType::BF16, 4 * wave + 2), (DType::F64, 2 * wave + 3)] {
+        let (cpu, gpu) = (c.rand([3], dtype).unwrap(), g.rand_on([3], dtype, dev).unwrap());
+        assert_eq!(gpu.to_device(Device::Cpu).unwrap().to_vec_f64(), cpu.to_vec_f64());
+        let cpu = c.uniform([n], -1.0, 3.0, dtype).unwrap().to_vec_f64();
+        let gpu = g.uniform_on([n], -1.0, 3.0, dtype, dev).unwrap().to_device(Device::Cpu).unwrap().to_vec_f64();
+        assert!(
+            cpu == gpu,
+            "{dtype:?} uniform n = {n}: {} values differ",
+            cpu.iter().zip(&gpu).filter(|(x, y)| x != y).count()
+        );
+        let cpu = c.normal_tensor([n], 0.0, 1.0, dtype).unwrap().to_vec_f64();
+        let gpu = g.normal_tensor_on([n], 0.0, 1.0, dtype, dev).unwrap().to_device(Device::Cpu).unwrap().to_vec_f64();
+        let limit = if dtype == DType::F64 { 8.0 } else { 1.0 };
+        let worst = cpu.iter().zip(&gpu).map(|(x, y)| ulps(dtype, *x, *y, 0.5)).fold(0.0, f64::max);
+        assert!(worst <= limit, "{dtype:?} normal n = {n}: {worst} ulps apart");
+        let equal = cpu.iter().zip(&gpu).filter(|(x, y)| x == y).count();
+        assert!(equal * 4 >= n * 3, "{dtype:?} normal n = {n}: only {equal} equal");
+        assert_eq!(g.offset(), c.offset(), "both streams advance alike");
+    }
+    let cpu = c.randint([2 * wave + 1], 1000, DType::I64).unwrap().to_vec_f64();
+    let gpu = g.randint_on([2 * wave + 1], 1000, DType::I64, dev).unwrap().to_device(Device::Cpu).unwrap().to_vec_f64();
+    assert!(cpu == gpu, "randint past a wave");
+}
+
 #[tapir_testing::cuda_test]
 fn cuda_randint_is_the_cpus_and_live_bytes_return() {
     let Some((dev, _g)) = cuda("cuda_randint_is_the_cpus_and_live_bytes_return") else { return };

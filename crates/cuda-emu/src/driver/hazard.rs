@@ -220,7 +220,10 @@ pub fn param_use(f: &ptx::Func) -> ParamUse {
                     let v = of(&taint, a);
                     set(&mut taint, *d, v);
                 }
-                Ins::Fma { d, a, b, c, .. } | Ins::Mad { d, a, b, c, .. } | Ins::Prmt { d, a, b, c } => {
+                Ins::Fma { d, a, b, c, .. }
+                | Ins::Mad { d, a, b, c, .. }
+                | Ins::Prmt { d, a, b, c }
+                | Ins::Lop3 { d, a, b, c, .. } => {
                     let v = of(&taint, a) | of(&taint, b) | of(&taint, c);
                     set(&mut taint, *d, v);
                 }

@@ -35,7 +35,7 @@ use std::collections::HashSet;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use crate::ptx::{Ins, Ty, UnOp};
+use crate::ptx::{BinOp, Ins, Ty, UnOp};
 
 /// Bytes in a sector, the unit of DRAM and L2 traffic.
 pub const SECTOR: u64 = 32;
@@ -50,8 +50,13 @@ pub enum Class {
     /// f16/bf16 arithmetic (scalar or packed).
     Half,
     F64,
-    /// Integer, logic, predicate and address arithmetic, moves.
+    /// Integer, logic, predicate and address arithmetic, moves: the ALU
+    /// pipe's work, integer multiplies aside.
     Int,
+    /// Integer multiplies and multiply-adds (`mul`, `mul.hi`, `mul.wide`,
+    /// `mad` on integers): on sm_70 to sm_90 they run on the FMA pipe
+    /// (`IMAD`), not the ALU pipe (docs/gpu-model.md).
+    IntMul,
     /// The special-function unit: `ex2`, `lg2`, `sin`, `cos`, `rcp.approx`,
     /// `sqrt.approx`, `rsqrt`.
     Sfu,
@@ -78,7 +83,7 @@ pub enum Class {
 }
 
 /// Classes in the mix.
-pub const NCLASS: usize = 20;
+pub const NCLASS: usize = 21;
 
 /// FLOPs of one `mma.sync` m16n8k16: 16 x 8 outputs, 16 multiply-adds each.
 pub const MMA_FLOPS: u64 = 2 * 16 * 8 * 16;
@@ -90,6 +95,7 @@ impl Class {
         Class::Half,
         Class::F64,
         Class::Int,
+        Class::IntMul,
         Class::Sfu,
         Class::Cvt,
         Class::LdGlobal,
@@ -115,6 +121,7 @@ impl Class {
             Class::Half => "half",
             Class::F64 => "f64",
             Class::Int => "int",
+            Class::IntMul => "int_mul",
             Class::Sfu => "sfu",
             Class::Cvt => "cvt",
             Class::LdGlobal => "ld_global",
@@ -149,6 +156,8 @@ fn by_type(t: Ty) -> Class {
 /// lanes' addresses resolve to.
 pub(super) fn class(ins: &Ins) -> Option<Class> {
     Some(match *ins {
+        Ins::Bin { op: BinOp::Mul | BinOp::MulHi | BinOp::MulWide, t, .. } if !t.float() => Class::IntMul,
+        Ins::Mad { .. } => Class::IntMul,
         Ins::Bin { t, .. } | Ins::Fma { t, .. } | Ins::Setp { t, .. } | Ins::Selp { t, .. } => by_type(t),
         Ins::Un { op, t, .. } => match op {
             UnOp::Ex2 | UnOp::Lg2 | UnOp::Sin | UnOp::Cos | UnOp::Rsqrt => Class::Sfu,

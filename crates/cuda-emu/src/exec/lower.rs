@@ -206,6 +206,7 @@ fn lower_one(inst: &Inst) -> Op {
             (run, d, a, none, none, win)
         }
         Ins::Prmt { d, a, b, c } => (h3!(|x, y, z| prmt(x, y, z)), d, a, b, c, 0),
+        Ins::Lop3 { d, a, b, c, lut } => (h3!(|x, y, z, k| lop3(x, y, z, k)), d, a, b, c, u64::from(lut)),
         Ins::Bra { target } => {
             op.bra = Some(target);
             return op;

@@ -785,6 +785,20 @@ pub(super) fn prmt(a: u64, b: u64, c: u64) -> u64 {
     u64::from(r)
 }
 
+/// `lop3.b32`: bit `i` of the result is bit `(a_i << 2) | (b_i << 1) | c_i`
+/// of the truth table `lut` (PTX ISA: `lut` is `f(0xF0, 0xCC, 0xAA)`).
+pub(super) fn lop3(a: u64, b: u64, c: u64, lut: u64) -> u64 {
+    let (a, b, c) = (a as u32, b as u32, c as u32);
+    let mut r = 0u32;
+    for k in 0..8u32 {
+        if lut >> k & 1 != 0 {
+            let pick = |x: u32, bit: u32| if bit != 0 { x } else { !x };
+            r |= pick(a, k & 4) & pick(b, k & 2) & pick(c, k & 1);
+        }
+    }
+    u64::from(r)
+}
+
 /// `bfi`: the low `len` bits of `a` inserted into `b` at `pos`.
 pub(super) fn bfi(t: Ty, a: u64, b: u64, pos: u64, len: u64) -> u64 {
     let w = bits(t);

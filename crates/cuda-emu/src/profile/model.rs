@@ -33,7 +33,11 @@ pub struct Gpu {
     /// lanes a cycle of the CUDA programming guide's throughput table over 32.
     pub sfu_sm: f64,
     pub f64_sm: f64,
+    /// Integer and logic instructions on the ALU pipe.
     pub int_sm: f64,
+    /// Integer multiplies and multiply-adds, on the FMA pipe: a pipe of
+    /// their own beside the ALU's (docs/gpu-model.md, "Figures").
+    pub int_mul_sm: f64,
     /// Shared-memory wavefronts an SM serves a cycle.
     pub shared_sm_wavefronts: f64,
     /// Warps a scheduler needs to hide arithmetic latency (assumed).
@@ -69,6 +73,7 @@ pub const H200: Gpu = Gpu {
     sfu_sm: 16.0 / 32.0,
     f64_sm: 64.0 / 32.0,
     int_sm: 64.0 / 32.0,
+    int_mul_sm: 64.0 / 32.0,
     shared_sm_wavefronts: 1.0,
     warps_to_hide: 4.0,
     dram_latency_s: 600e-9,
@@ -195,6 +200,7 @@ pub fn model(gpu: &Gpu, c: &Counters, occ: &Occupancy) -> Modeled {
         per(Class::Sfu) / gpu.sfu_sm,
         per(Class::F64) / gpu.f64_sm,
         per(Class::Int) / gpu.int_sm,
+        per(Class::IntMul) / gpu.int_mul_sm,
     ]
     .into_iter()
     .fold(0.0, f64::max);
@@ -293,6 +299,26 @@ mod tests {
         assert!(close(m.issue_s, 10.0 * n_req as f64 / 4.0 / 132.0 / 1.98e9));
         assert!(close(m.total_s, m.dram_s + 2e-6));
         assert!(m.roofline > 0.99 && m.roofline < 1.0);
+    }
+
+    /// Integer multiplies and the other integer instructions go to two
+    /// pipes of 64 lanes each (FMA and ALU): as many of each as of the two
+    /// together on one pipe would take half the cycles.
+    #[test]
+    fn integer_multiplies_and_logic_issue_on_separate_pipes() {
+        let n = 1u64 << 20;
+        let mut c = Counters { launches: 1, blocks: 1 << 12, block_threads: 256, ..Counters::default() };
+        c.warp_instructions = 2 * n;
+        c.mix[Class::Int as usize] = n;
+        c.mix[Class::IntMul as usize] = n;
+        let o = occupancy(&H200, 256, Some(32), 0, c.blocks as f64);
+        let m = model(&H200, &c, &o);
+        // n on each pipe at 2 a cycle (n / 2), the same as 2n issued at 4.
+        assert!(close(m.issue_s, n as f64 / 2.0 / 132.0 / 1.98e9), "{m:?}");
+        c.mix[Class::Int as usize] = 2 * n;
+        c.mix[Class::IntMul as usize] = 0;
+        let m = model(&H200, &c, &o);
+        assert!(close(m.issue_s, n as f64 / 132.0 / 1.98e9), "all on the ALU pipe: {m:?}");
     }
 
     /// 2-byte lanes keep 64 B a request in flight: 132 SMs x 64 warps x 64 B

@@ -502,6 +502,17 @@ fn arith(o: &Op, cx: &mut FnCtx) -> Result<Option<Ins>, String> {
         "bfi" => {
             Ins::Bfi { t, d: o.dst(cx, 0)?, a: o.src(cx, 1)?, b: o.src(cx, 2)?, pos: o.src(cx, 3)?, len: o.src(cx, 4)? }
         }
+        "lop3" => {
+            // The optional `.op.p` predicate form is not decoded.
+            if t != Ty::B32 || mods.len() != 1 {
+                return Ok(None);
+            }
+            let lut = match o.src(cx, 4)? {
+                Opnd::I(v) if v <= 0xff => v as u8,
+                x => return Err(format!("lop3 needs an immediate truth table below 256, not {x:?}")),
+            };
+            Ins::Lop3 { d: o.dst(cx, 0)?, a: o.src(cx, 1)?, b: o.src(cx, 2)?, c: o.src(cx, 3)?, lut }
+        }
         "bfe" => Ins::Bfe { t, d: o.dst(cx, 0)?, a: o.src(cx, 1)?, pos: o.src(cx, 2)?, len: o.src(cx, 3)? },
         _ => return Ok(None),
     };

@@ -361,6 +361,15 @@ pub enum Ins {
         b: Opnd,
         c: Opnd,
     },
+    /// `lop3.b32`: any function of three inputs, bit by bit, given by its
+    /// truth table `lut` (the immediate operand).
+    Lop3 {
+        d: u16,
+        a: Opnd,
+        b: Opnd,
+        c: Opnd,
+        lut: u8,
+    },
     Bfi {
         t: Ty,
         d: u16,
@@ -471,7 +480,10 @@ impl Ins {
             }
             Ins::Un { a, .. } | Ins::PredNot { a, .. } | Ins::Cvt { a, .. } | Ins::Cvta { a, .. } => r(a),
             Ins::Unpack { a, .. } => r(a),
-            Ins::Fma { a, b, c, .. } | Ins::Mad { a, b, c, .. } | Ins::Prmt { a, b, c, .. } => {
+            Ins::Fma { a, b, c, .. }
+            | Ins::Mad { a, b, c, .. }
+            | Ins::Prmt { a, b, c, .. }
+            | Ins::Lop3 { a, b, c, .. } => {
                 r(a);
                 r(b);
                 r(c);
@@ -541,6 +553,7 @@ impl Ins {
             | Ins::CvtPack { d, .. }
             | Ins::Cvta { d, .. }
             | Ins::Prmt { d, .. }
+            | Ins::Lop3 { d, .. }
             | Ins::Bfi { d, .. }
             | Ins::Bfe { d, .. }
             | Ins::Vote { d, .. }

@@ -237,15 +237,32 @@ fn launch_bwd(
     launch(dev, FILE, kernel, rows.saturating_mul(BLOCK as usize), &args)
 }
 
-/// `x *= s` in place over the whole contiguous buffer `x`, which nothing
-/// else reads.
-fn scale_in_place(x: Src<'_>, s: f64) -> Result<()> {
-    let n = x.numel();
-    if n == 0 || s == 1.0 {
+/// `x *= s` in place over each whole contiguous buffer of `xs` (one
+/// dtype), which nothing else reads: three buffers a launch.
+fn scale_in_place(xs: &[Src<'_>], s: f64) -> Result<()> {
+    let xs: Vec<&Src<'_>> = xs.iter().filter(|x| x.numel() > 0).collect();
+    let Some(first) = xs.first() else { return Ok(()) };
+    if s == 1.0 {
         return Ok(());
     }
-    let (dev, _) = device_of_src("scale", x)?;
-    launch(&dev, FILE, &inplace_kernel("scale", x.dtype()), n, &[Arg::I64(n as i64), Arg::Ptr(ptr(x)?), Arg::F64(s)])
+    let (dev, _) = device_of_src("scale", **first)?;
+    for group in xs.chunks(3) {
+        let mut args = Vec::with_capacity(7);
+        let mut n = 0;
+        for k in 0..3 {
+            match group.get(k) {
+                Some(x) => {
+                    debug_assert_eq!(x.dtype(), first.dtype(), "internal: one dtype a scaling");
+                    args.extend([Arg::I64(x.numel() as i64), Arg::Ptr(ptr(**x)?)]);
+                    n += x.numel();
+                }
+                None => args.extend([Arg::I64(0), Arg::Ptr(0)]),
+            }
+        }
+        args.push(Arg::F64(s));
+        launch(&dev, FILE, &inplace_kernel("scale", first.dtype()), n, &args)?;
+    }
+    Ok(())
 }
 
 /// `db += column sums of g` in place (`g` a contiguous `[rows, v]` view,
@@ -431,17 +448,27 @@ impl CrossEntropyKernels for CudaBackend {
     }
 
     fn scale_ce_grads(&self, grads: Vec<Storage>, s: f64, dtype: DType) -> Result<Vec<Storage>> {
-        grads
+        let owned: Vec<Owned> = grads
             .into_iter()
             .map(|storage| {
                 let layout = Layout::contiguous(Shape::from([storage.len()]));
-                let t = Owned { storage, layout };
-                scale_in_place(t.src(), s)?;
-                if t.storage.dtype() == dtype {
-                    return Ok(t.storage);
-                }
-                cast_src(t.src(), dtype)
+                Owned { storage, layout }
             })
+            .collect();
+        // One launch for the buffers of each dtype (they share the compute dtype).
+        let mut dtypes: Vec<DType> = Vec::new();
+        for t in &owned {
+            if !dtypes.contains(&t.storage.dtype()) {
+                dtypes.push(t.storage.dtype());
+            }
+        }
+        for dt in dtypes {
+            let srcs: Vec<Src<'_>> = owned.iter().filter(|t| t.storage.dtype() == dt).map(|t| t.src()).collect();
+            scale_in_place(&srcs, s)?;
+        }
+        owned
+            .into_iter()
+            .map(|t| if t.storage.dtype() == dtype { Ok(t.storage) } else { cast_src(t.src(), dtype) })
             .collect()
     }
 }
@@ -603,7 +630,7 @@ fn head_forward(run: &HeadRun<'_>, precompute: bool) -> Result<(Owned, Owned, us
         // Made for a unit weight per row; a mean's is one over the kept rows.
         if run.plan.options.reduction == Reduction::Mean {
             let s = if valid == 0 { 0.0 } else { 1.0 / valid as f64 };
-            gr.iter().try_for_each(|t| scale_in_place(t.src(), s))?;
+            scale_in_place(&gr.iter().map(|t| t.src()).collect::<Vec<_>>(), s)?;
         }
     }
     Ok((loss, lse, valid, grads))

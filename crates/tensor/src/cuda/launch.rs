@@ -45,6 +45,21 @@ pub(crate) fn launch(dev: &CudaDevice, file: &'static str, name: &str, n: usize,
     launch_blocks(dev, file, name, n.div_ceil(BLOCK as usize), BLOCK, args)
 }
 
+/// Launches `name` of `file` over `n` items on at most `max_blocks` blocks
+/// of [`BLOCK`] threads: for kernels whose threads share set-up work
+/// across the items they grid-stride over, so that fewer threads each
+/// take more items.
+pub(crate) fn launch_capped(
+    dev: &CudaDevice,
+    file: &'static str,
+    name: &str,
+    n: usize,
+    max_blocks: usize,
+    args: &[Arg],
+) -> Result<()> {
+    launch_blocks(dev, file, name, n.div_ceil(BLOCK as usize).min(max_blocks), BLOCK, args)
+}
+
 /// Launches `name` of `file` on `blocks` blocks (at most [`MAX_BLOCKS`]:
 /// the kernels grid-stride) of `threads` threads with `args`.
 fn launch_blocks(
