@@ -962,7 +962,8 @@ test_device! {
 
     /// The epilogues of a product sum (tanh, and times `1 - h^2`) on row-split,
     /// column-split and inner-dimension-split products, against the composed
-    /// ops.
+    /// ops: with one product (the CPU adds the bias in the epilogue's pass)
+    /// and with two (it fills the block with the bias first).
     fn linear_sum_then_applies_its_epilogue_on_every_split(device: Device) -> R {
         let on = On(device);
         use tapir_tensor::ops::rules::matmul::{fused_linear_sum_then, linear_sum, Then};
@@ -975,6 +976,13 @@ test_device! {
             let got = fused_linear_sum_then(&[(&ta, &tb)], Some(&tbias), Then::Tanh)?.expect("a term");
             on.check(&got, &[m, n], &sum.tanh()?.to_vec_f64(), 1e-12);
             let got = fused_linear_sum_then(&[(&ta, &tb)], Some(&tbias), Then::TanhBackward(&th))?.expect("a term");
+            on.check(&got, &[m, n], &th.tanh_backward(&sum)?.to_vec_f64(), 1e-12);
+            let (ta2, tb2) = (on.f64s(&vals(m * k, 45), &[m, k]), on.f64s(&vals(k * n, 46), &[k, n]));
+            let terms = [(&ta, &tb), (&ta2, &tb2)];
+            let sum = linear_sum(&terms, Some(&tbias))?.expect("two terms");
+            let got = fused_linear_sum_then(&terms, Some(&tbias), Then::Tanh)?.expect("two terms");
+            on.check(&got, &[m, n], &sum.tanh()?.to_vec_f64(), 1e-12);
+            let got = fused_linear_sum_then(&terms, Some(&tbias), Then::TanhBackward(&th))?.expect("two terms");
             on.check(&got, &[m, n], &th.tanh_backward(&sum)?.to_vec_f64(), 1e-12);
         }
         Ok(())

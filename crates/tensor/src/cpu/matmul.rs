@@ -265,24 +265,52 @@ impl<T: Float> Gemm<T> {
     /// # Safety
     /// The block is written; for `TanhBackward`, `h`'s block is readable.
     unsafe fn finish(&self) {
+        // SAFETY: forwarded.
+        unsafe { self.finish_with(None) }
+    }
+
+    /// [`Gemm::finish`], adding `bias` (`n` elements) to each row first
+    /// when given.
+    ///
+    /// # Safety
+    /// As [`Gemm::finish`]; `bias` holds `n` elements.
+    unsafe fn finish_with(&self, bias: Option<*const T>) {
         let (n, then) = (self.n, self.then);
         if matches!(then, Epilogue::Nothing) {
             return;
         }
+        // SAFETY: the bias holds `n` elements (the caller's contract).
+        let bias = bias.map(|b| unsafe { std::slice::from_raw_parts(b, n) });
         crate::cpu::simd::run(
             #[inline(always)]
-            || {
+            move || {
                 for i in 0..self.m {
                     // SAFETY: row i of the block (the caller's contract).
                     let row = unsafe { std::slice::from_raw_parts_mut(self.dst.add(i * self.dst_rs), n) };
-                    match then {
-                        Epilogue::Nothing => {}
-                        Epilogue::Tanh => row.iter_mut().for_each(|o| *o = o.tanh()),
-                        Epilogue::TanhBackward { h, h_rs } => {
+                    // Separate loops with and without the bias, each a
+                    // plain vector loop over the row.
+                    match (then, bias) {
+                        (Epilogue::Nothing, _) => {}
+                        (Epilogue::Tanh, None) => row.iter_mut().for_each(|o| *o = o.tanh()),
+                        (Epilogue::Tanh, Some(b)) => {
+                            for (o, &b) in row.iter_mut().zip(b) {
+                                *o = (*o + b).tanh();
+                            }
+                        }
+                        (Epilogue::TanhBackward { h, h_rs }, b) => {
                             // SAFETY: row i of `h`'s block.
                             let h = unsafe { std::slice::from_raw_parts(h.add(i * h_rs), n) };
-                            for (o, &h) in row.iter_mut().zip(h) {
-                                *o *= T::ONE - h * h;
+                            match b {
+                                None => {
+                                    for (o, &h) in row.iter_mut().zip(h) {
+                                        *o *= T::ONE - h * h;
+                                    }
+                                }
+                                Some(b) => {
+                                    for ((o, &h), &b) in row.iter_mut().zip(h).zip(b) {
+                                        *o = (*o + b) * (T::ONE - h * h);
+                                    }
+                                }
                             }
                         }
                     }
@@ -359,7 +387,16 @@ impl<T: Float> Gemm<T> {
     /// call per term, each after the first adding into the block.
     unsafe fn call(&self) {
         let mut written = self.accumulate;
-        if let Some(b) = self.bias {
+        // A tanh layer's bias (or its tangent's) is added in the
+        // epilogue's pass, where the block is read anyway: the product
+        // then writes the block without reading it, and no pass fills it
+        // first. One product only, so each element is `product + bias`
+        // rounded once, the same bits as the fill's `bias + product`
+        // wherever the gemm crate sums the inner dimension in one block
+        // (a network's 2 to a few hundred); past that its blocks' sums
+        // now come first and the bias last, a rounding apart.
+        let bias_then = self.bias.filter(|_| self.bias_in_epilogue());
+        if let Some(b) = self.bias.filter(|_| bias_then.is_none()) {
             // SAFETY: the bias holds `n` elements, row i of `dst` is this
             // block's (the caller's contract).
             let b = unsafe { std::slice::from_raw_parts(b, self.n) };
@@ -422,7 +459,15 @@ impl<T: Float> Gemm<T> {
             }
         }
         // SAFETY: the block is written (above); `h` as the caller promised.
-        unsafe { self.finish() };
+        unsafe { self.finish_with(bias_then) };
+    }
+
+    /// Whether [`Gemm::call`] adds the bias in the epilogue: a tanh or
+    /// tanh-backward epilogue, a fresh block, and exactly one product.
+    fn bias_in_epilogue(&self) -> bool {
+        !self.accumulate
+            && !matches!(self.then, Epilogue::Nothing)
+            && self.terms.iter().filter(|t| t.k > 0).count() == 1
     }
 }
 
