@@ -520,12 +520,26 @@ struct HeadGrads {
     db: Option<Tensor>,
 }
 
+/// A zeroed `T` tensor of `shape` in a buffer the cache kept, when it kept
+/// one of this size: the fused head's chunk of logits and weight gradient
+/// are the same sizes every step. [`Tensor::zeros`] of that size takes
+/// fresh pages from the system (zero already), which the kernel then faults
+/// in and clears one by one as the first product writes them: about 57,000
+/// faults a step at N = 4,096, V = 32,000, D = 768 (4 KiB pages), where
+/// writing zeros into a kept buffer is one pass at memory speed. A
+/// `tapir bench` run of that head spent 1.45-1.51 s in the kernel before,
+/// 0.43-0.58 s after (docs/performance.md).
+fn cached_zeros<T: CeFloat>(shape: impl Into<Shape>) -> Result<Tensor> {
+    let shape = shape.into();
+    Tensor::from_vec(crate::cache::filled(shape.numel(), T::ZERO)?, shape)
+}
+
 impl HeadGrads {
-    fn zeros(n: usize, d: usize, v: usize, bias: bool, dtype: DType) -> Result<Self> {
+    fn zeros<T: CeFloat>(n: usize, d: usize, v: usize, bias: bool) -> Result<Self> {
         Ok(HeadGrads {
-            dh: Tensor::zeros([n, d], dtype)?,
-            dw: Tensor::zeros([v, d], dtype)?,
-            db: bias.then(|| Tensor::zeros([v], dtype)).transpose()?,
+            dh: cached_zeros::<T>([n, d])?,
+            dw: cached_zeros::<T>([v, d])?,
+            db: bias.then(|| cached_zeros::<T>([v])).transpose()?,
         })
     }
 
@@ -676,9 +690,9 @@ fn linear_forward_in<T: CeFloat>(
     let b = xs.get(2).map(|b| b.slice::<T>());
     let mut lse = Vec::with_capacity(n);
     let mut loss = Vec::with_capacity(n);
-    let mut grads = precompute.then(|| HeadGrads::zeros(n, d, v, b.is_some(), T::DTYPE)).transpose()?;
+    let mut grads = precompute.then(|| HeadGrads::zeros::<T>(n, d, v, b.is_some())).transpose()?;
     let unit = T::from_f64(unit_weight(labels, reduction));
-    let mut buf_t = Tensor::zeros([chunk, v], T::DTYPE)?;
+    let mut buf_t = cached_zeros::<T>([chunk, v])?;
     {
         let buf = buf_t.make_mut::<T>()?;
         let mut acc = match grads.as_mut() {
@@ -736,8 +750,8 @@ fn linear_backward_in<T: CeFloat>(
     let lse = Dense::of(lse, T::DTYPE)?;
     let lse = lse.slice::<T>();
     let wts: Vec<T> = weights.iter().map(|&x| T::from_f64(x)).collect();
-    let mut grads = HeadGrads::zeros(n, d, v, b.is_some(), T::DTYPE)?;
-    let mut buf_t = Tensor::zeros([chunk, v], T::DTYPE)?;
+    let mut grads = HeadGrads::zeros::<T>(n, d, v, b.is_some())?;
+    let mut buf_t = cached_zeros::<T>([chunk, v])?;
     {
         let (dh, dw, mut db) = grads.slices::<T>()?;
         let buf = buf_t.make_mut::<T>()?;
