@@ -24,11 +24,17 @@ def sync():
         torch.cuda.synchronize(DEV)
 
 
+# Each case repeats at least `reps` times and for at least this long, as
+# tapir's side does (MIN_SECONDS in crates/cli/src/bench.rs).
+MIN_SECONDS = 0.3
+
+
 def median_ms(reps, f):
     f()
     sync()
     ts = []
-    for _ in range(max(1, reps)):
+    start = time.perf_counter()
+    while len(ts) < max(1, reps) or time.perf_counter() - start < MIN_SECONDS:
         s = time.perf_counter()
         f()
         sync()

@@ -2,10 +2,10 @@
 //! (benches/torch/bench.py), same shapes and seeds, in one run, as ratios.
 //!
 //! Absolute times on a shared machine are noisy; each case reports the
-//! median of several repetitions and the tapir / PyTorch ratio. `--rounds
-//! N` repeats both sides N times (tapir's cases, then the mirror's), so a
-//! machine whose speed drifts over minutes shows as a range of ratios; the
-//! median ratio is reported.
+//! median of several repetitions (at least 0.3 s of them) and the tapir /
+//! PyTorch ratio. `--rounds N` repeats both sides N times (tapir's cases,
+//! then the mirror's), so a machine whose speed drifts over minutes shows
+//! as a range of ratios; the median ratio is reported.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -23,7 +23,8 @@ pub struct Args {
     /// Cases to run (comma-separated); all by default.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
-    /// Repetitions per case (the median is reported).
+    /// Repetitions per case, at least: each case also repeats for at least
+    /// 0.3 s (the median is reported).
     #[arg(long, default_value_t = 15)]
     pub reps: usize,
     /// Skip the PyTorch side.
@@ -49,10 +50,19 @@ pub struct Args {
     pub device: DeviceArg,
 }
 
+/// Each case repeats at least `--reps` times and for at least this long
+/// (benches/torch/bench.py keeps the same floor). Fifteen repetitions of a
+/// 0.34 ms step are 5 ms, short enough that a round fell on whatever the
+/// machine did then: tapir's mlp_grad rounds were 0.336 ms or 0.63 ms (one
+/// thread's time) right after the mirror's process exited, where 300
+/// repetitions gave 0.335-0.338 ms in every round.
+const MIN_SECONDS: f64 = 0.3;
+
 /// Median wall time of `f` in milliseconds on `device`, after one warm-up
-/// call; on CUDA each call's time includes waiting for its kernels.
+/// call, over at least `reps` calls and [`MIN_SECONDS`]; on CUDA each
+/// call's time includes waiting for its kernels.
 fn median_ms(reps: usize, device: Device, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
-    let mut f = move || {
+    let mut f = move || -> Result<()> {
         f()?;
         if !device.is_cpu() {
             tapir::tensor::cuda::synchronize(device)?;
@@ -60,12 +70,13 @@ fn median_ms(reps: usize, device: Device, mut f: impl FnMut() -> Result<()>) -> 
         Ok(())
     };
     f()?;
-    let mut t: Vec<f64> = (0..reps.max(1))
-        .map(|_| {
-            let s = Instant::now();
-            f().map(|_| s.elapsed().as_secs_f64() * 1e3)
-        })
-        .collect::<Result<_>>()?;
+    let start = Instant::now();
+    let mut t = Vec::new();
+    while t.len() < reps.max(1) || start.elapsed().as_secs_f64() < MIN_SECONDS {
+        let s = Instant::now();
+        f()?;
+        t.push(s.elapsed().as_secs_f64() * 1e3);
+    }
     t.sort_by(|a, b| a.total_cmp(b));
     Ok(t[t.len() / 2])
 }
@@ -393,7 +404,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         Device::Cpu => format!("CPU, {} threads", rayon_threads()),
         d => d.to_string(),
     };
-    println!("tapir bench: median of {} repetitions, milliseconds (f32, {on})", a.reps);
+    println!(
+        "tapir bench: median of at least {} repetitions and {MIN_SECONDS} s a case, milliseconds (f32, {on})",
+        a.reps
+    );
     let script = if a.no_torch {
         None
     } else {
