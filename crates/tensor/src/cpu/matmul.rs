@@ -116,7 +116,7 @@ impl<T: Float> Gemm<T> {
         Gemm { m, n, dst, dst_rs, terms: smallvec::smallvec![term], bias: None, accumulate, then: Epilogue::Nothing }
     }
 
-    /// Runs the sum, split by output rows (or columns, for short wide
+    /// Runs the sum, split by output rows (or columns, for wide or short
     /// outputs, or by the inner dimension, for small outputs of long ones)
     /// over the pool when it is large enough.
     ///
@@ -165,7 +165,7 @@ impl<T: Float> Gemm<T> {
         // rows after, the split [`crate::cpu::iter::fill_vec`] makes of an
         // elementwise output of that size, so the next op finds each half in
         // the cache of the core that wrote it.
-        let parts = crate::cpu::pool::parts_for(macs, SPLIT_MIN);
+        let by_work = crate::cpu::pool::parts_for(macs, SPLIT_MIN);
         // A tall product too cheap to be worth splitting for itself (a
         // network's first or last layer: 1024 x 64 x 2, 1024 x 1 x 64) is
         // still split by rows when its output or its left operand is as
@@ -173,15 +173,27 @@ impl<T: Float> Gemm<T> {
         // writes the rows the ops around it give that thread, where one
         // thread doing all rows would move half of them between the cores.
         let tall = m >= 64 && m * n.max(k_max) >= crate::cpu::iter::SPLIT_MIN;
-        let parts = if parts == 1 && tall {
+        let parts = if by_work == 1 && tall {
             crate::cpu::pool::parts_for(m * n.max(k_max), crate::cpu::iter::SPLIT_MIN)
         } else {
-            parts
+            by_work
         };
         // The microkernels cover 16 rows or 4 columns at a time.
         let rows = m.div_ceil(parts).next_multiple_of(16);
         let cols = n.div_ceil(parts).next_multiple_of(4);
-        if parts > 1 && rows < m && crate::cpu::pool::width() > 1 {
+        // A wide product (a chunk of logits, `h W^T` with `n` the
+        // vocabulary) splits by columns: by rows, every thread would pack
+        // all of `b` (the whole weight) for its share of the rows; by
+        // columns each packs its share of `b` and all of the small `a`. At
+        // 1,048 x 32,000 x 768 on the 2-core Zen 4, four interleaved pairs
+        // under load: 89-100 GFLOP/s by columns against 88-97 by rows
+        // (docs/performance.md).
+        let wide = n > m && k_max > SMALL_K && by_work > 1;
+        let wide_cols = n.div_ceil(by_work).next_multiple_of(16);
+        if wide && wide_cols < n && crate::cpu::pool::width() > 1 {
+            // SAFETY: the parts' column ranges are disjoint blocks of `dst`.
+            crate::cpu::pool::split(n.div_ceil(wide_cols), &|i| unsafe { self.cols(i * wide_cols, wide_cols).call() });
+        } else if parts > 1 && rows < m && crate::cpu::pool::width() > 1 {
             // SAFETY: the parts' row ranges are disjoint blocks of `dst`.
             crate::cpu::pool::split(m.div_ceil(rows), &|i| unsafe { self.rows(i * rows, rows).call() });
         } else if parts > 1 && !tall && cols < n && crate::cpu::pool::width() > 1 {
@@ -654,21 +666,6 @@ pub(crate) fn gemm_into<T: Float>(
         },
         accumulate,
     );
-    // A wide product (a chunk of logits, `h W^T` with `n` the vocabulary)
-    // is split by columns: split by rows, every thread would pack all of
-    // `b` (the whole weight) for its share of rows; by columns each packs
-    // its half of `b` and all of the small `a`. At 1,048 x 32,000 x 768 on
-    // the 2-core Zen 4, four interleaved pairs under load: 89-100 GFLOP/s
-    // by columns against 88-97 by rows (docs/performance.md).
-    let parts = crate::cpu::pool::parts_for(m * n * k, SPLIT_MIN);
-    let cols = n.div_ceil(parts.max(1)).next_multiple_of(16);
-    if n > m && k > SMALL_K && parts > 1 && cols < n && crate::cpu::pool::width() > 1 {
-        // SAFETY: the asserts above keep every addressed element in bounds;
-        // the parts' column ranges are disjoint blocks of `dst`, borrowed
-        // mutably for the call.
-        crate::cpu::pool::split(n.div_ceil(cols), &|i| unsafe { gemm.cols(i * cols, cols).call() });
-        return;
-    }
     // SAFETY: the asserts above keep every addressed element in bounds,
     // and `dst` is borrowed mutably for the call.
     unsafe { gemm.run() }
