@@ -1,11 +1,16 @@
-//! The CPU kernel of the forward-Laplacian's sum of squares: the Jacobian
-//! `[N, d, w]` read once, each point's `d` rows of squares summed in order
-//! into its row of the `[N, w]` output.
+//! The CPU kernels of the forward-Laplacian: the sum of squares, the
+//! Jacobian `[N, d, w]` read once, each point's `d` rows of squares summed
+//! in order into its row of the `[N, w]` output; and a tanh layer's
+//! Laplacian update `(1 - a^2)(l - 2 a s)` and its three gradients, each one
+//! pass, rounded as the composed ops round them (the same bits).
 
-use tapir_tensor::{with_float, DType, Result, Tensor};
+use std::mem::MaybeUninit;
+
+use tapir_tensor::cpu::{iter, pool, simd};
+use tapir_tensor::{with_float, CpuElement, DType, Float, Result, Tensor};
 
 use super::CpuBackend;
-use crate::backend::{JetKernels, SumSquaresPlan};
+use crate::backend::{JetKernels, SumSquaresPlan, TanhJetPlan};
 
 impl JetKernels for CpuBackend {
     /// f32 and f64; other dtypes square and sum.
@@ -19,6 +24,174 @@ impl JetKernels for CpuBackend {
             let v = x.as_slice::<F>().expect("internal: contiguous");
             Tensor::from_vec(sum_squares::<F>(v, n, d, w)?, [n, w]).map(Some)
         }, _ => unreachable!())
+    }
+
+    /// f32 and f64; other dtypes compose the update.
+    fn tanh_jet(&self, plan: &TanhJetPlan, a: &Tensor, s: &Tensor, l: Option<&Tensor>) -> Result<Option<Tensor>> {
+        if !matches!(a.dtype(), DType::F32 | DType::F64) {
+            return Ok(None);
+        }
+        let (a, s, l) = (a.contiguous()?, s.contiguous()?, l.map(Tensor::contiguous).transpose()?);
+        with_float!(a.dtype(), F => {
+            let ops = Operands::<F>::of(plan, &a, &s, l.as_ref());
+            let out = iter::fill_vec(ops.a.len(), |start, out| {
+                simd::run(
+                    #[inline(always)]
+                    || {
+                        ops.each_piece(
+                            start,
+                            out,
+                            #[inline(always)]
+                            |o, [a, s, l], _| jet_forward(o, a, s, l),
+                        )
+                    },
+                )
+            })?;
+            Tensor::from_vec(out, [plan.n, plan.w]).map(Some)
+        }, _ => unreachable!())
+    }
+
+    /// f32 and f64; other dtypes compose the gradients.
+    fn tanh_jet_grad(
+        &self,
+        plan: &TanhJetPlan,
+        a: &Tensor,
+        s: &Tensor,
+        l: Option<&Tensor>,
+        g: &Tensor,
+    ) -> Result<Option<[Tensor; 3]>> {
+        if !matches!(a.dtype(), DType::F32 | DType::F64) || g.dtype() != a.dtype() || g.dims() != a.dims() {
+            return Ok(None);
+        }
+        let (a, s, l, g) = (a.contiguous()?, s.contiguous()?, l.map(Tensor::contiguous).transpose()?, g.contiguous()?);
+        with_float!(a.dtype(), F => {
+            let ops = Operands::<F>::of(plan, &a, &s, l.as_ref());
+            let gv = g.as_slice::<F>().expect("internal: contiguous");
+            let n = gv.len();
+            // `d s` and `d l` written by the parts that write `d a`, each
+            // part its own range of all three.
+            let (mut ds, mut dl) = (tapir_tensor::cache::take::<F>(n)?, tapir_tensor::cache::take::<F>(n)?);
+            let ds_parts = pool::Disjoint::new(&mut ds.spare_capacity_mut()[..n]);
+            let dl_parts = pool::Disjoint::new(&mut dl.spare_capacity_mut()[..n]);
+            let da = iter::fill_vec(n, |start, out| {
+                let len = out.len();
+                // SAFETY: `fill_vec`'s parts are disjoint ranges of 0..n,
+                // so no two parts take the same elements of `ds` or `dl`.
+                let (ds, dl) = unsafe { (ds_parts.slice(start, len), dl_parts.slice(start, len)) };
+                let gv = &gv[start..start + len];
+                simd::run(
+                    #[inline(always)]
+                    || {
+                        ops.each_piece(
+                            start,
+                            out,
+                            #[inline(always)]
+                            |o, [a, s, l], at| {
+                            let r = at - start..at - start + o.len();
+                            jet_backward(o, &mut ds[r.clone()], &mut dl[r.clone()], a, s, l, &gv[r])
+                        })
+                    },
+                )
+            })?;
+            // SAFETY: the parts of `fill_vec` cover 0..n, and each wrote
+            // every element of its range of `ds` and `dl`.
+            unsafe {
+                ds.set_len(n);
+                dl.set_len(n);
+            }
+            let shape = [plan.n, plan.w];
+            Ok(Some([Tensor::from_vec(da, shape)?, Tensor::from_vec(ds, shape)?, Tensor::from_vec(dl, shape)?]))
+        }, _ => unreachable!())
+    }
+}
+
+/// The operands of a tanh layer's Laplacian update as slices: `a` and `l`
+/// (when given) `[n, w]`, `s` `[n, w]` or one row `[w]`.
+struct Operands<'t, F> {
+    a: &'t [F],
+    s: &'t [F],
+    l: Option<&'t [F]>,
+    s_row: bool,
+    w: usize,
+}
+
+impl<'t, F: CpuElement> Operands<'t, F> {
+    /// The slices of contiguous `a`, `s`, `l`, checked by the op.
+    fn of(plan: &TanhJetPlan, a: &'t Tensor, s: &'t Tensor, l: Option<&'t Tensor>) -> Self {
+        let sl = |t: &'t Tensor| t.as_slice::<F>().expect("internal: contiguous");
+        Operands { a: sl(a), s: sl(s), l: l.map(sl), s_row: plan.s_row, w: plan.w }
+    }
+
+    /// Calls `f(out_piece, [a, s, l], at)` over the elements `start..` of
+    /// `out`, in pieces along which every operand is one contiguous run
+    /// (cut at the row ends when `s` is one row; `l` empty when absent),
+    /// `at` the index of the piece's first element.
+    #[inline(always)]
+    fn each_piece<O>(&self, start: usize, out: &mut [O], mut f: impl FnMut(&mut [O], [&[F]; 3], usize)) {
+        if self.s_row {
+            for (at, piece) in split_rows(out, start, self.w) {
+                let (c0, len) = (at % self.w, piece.len());
+                f(piece, self.run(at, len, &self.s[c0..c0 + len]), at);
+            }
+        } else {
+            let len = out.len();
+            f(out, self.run(start, len, &self.s[start..start + len]), start);
+        }
+    }
+
+    /// `a` and `l` (empty when absent) at `at..at + len`, with `s`'s run.
+    #[inline(always)]
+    fn run(&self, at: usize, len: usize, s: &'t [F]) -> [&'t [F]; 3] {
+        let r = at..at + len;
+        [&self.a[r.clone()], s, self.l.map_or(&[][..], |l| &l[r])]
+    }
+}
+
+/// `out = (l - 2 a s)(1 - a^2)` (`l` empty: zero), as the composed ops
+/// round it: `(l + (a s)(-2)) (1 - a a)`.
+#[inline(always)]
+fn jet_forward<F: Float>(out: &mut [MaybeUninit<F>], a: &[F], s: &[F], l: &[F]) {
+    let m2 = F::from_f64(-2.0);
+    let (a, s) = (&a[..out.len()], &s[..out.len()]);
+    if l.is_empty() {
+        for (i, o) in out.iter_mut().enumerate() {
+            o.write(a[i] * s[i] * m2 * (F::ONE - a[i] * a[i]));
+        }
+    } else {
+        let l = &l[..out.len()];
+        for (i, o) in out.iter_mut().enumerate() {
+            o.write((l[i] + a[i] * s[i] * m2) * (F::ONE - a[i] * a[i]));
+        }
+    }
+}
+
+/// The gradients of [`jet_forward`] for the output's gradient `g`, with
+/// `u = l - 2 a s` and `d = 1 - a^2`: `dl = g d`, `ds = (a dl)(-2)` and
+/// `da = ((a u + s d) g)(-2)`, rounded as the op's composed rule rounds
+/// them.
+#[inline(always)]
+fn jet_backward<F: Float>(
+    da: &mut [MaybeUninit<F>],
+    ds: &mut [MaybeUninit<F>],
+    dl: &mut [MaybeUninit<F>],
+    a: &[F],
+    s: &[F],
+    l: &[F],
+    g: &[F],
+) {
+    let m2 = F::from_f64(-2.0);
+    let n = da.len();
+    let (a, s, g, ds, dl) = (&a[..n], &s[..n], &g[..n], &mut ds[..n], &mut dl[..n]);
+    let with_l = !l.is_empty();
+    let l = if with_l { &l[..n] } else { l };
+    for i in 0..n {
+        let d = F::ONE - a[i] * a[i];
+        let inner = a[i] * s[i] * m2;
+        let u = if with_l { l[i] + inner } else { inner };
+        let gl = g[i] * d;
+        dl[i].write(gl);
+        ds[i].write(a[i] * gl * m2);
+        da[i].write((a[i] * u + s[i] * d) * g[i] * m2);
     }
 }
 

@@ -1,13 +1,28 @@
-//! The Jacobian's sum of squares on CUDA: no fused kernel, so the op
-//! squares and sums (two kernels, the reduction's own).
+//! The forward-Laplacian's kernels on CUDA: none fused yet, so the sum of
+//! squares squares and sums (two kernels, the reduction's own) and the
+//! tanh layer's Laplacian update and its gradients run as the composition
+//! of elementwise kernels.
 
 use tapir_tensor::{Result, Tensor};
 
 use super::CudaBackend;
-use crate::backend::{JetKernels, SumSquaresPlan};
+use crate::backend::{JetKernels, SumSquaresPlan, TanhJetPlan};
 
 impl JetKernels for CudaBackend {
     fn sum_squares_mid(&self, _: &SumSquaresPlan, _: &Tensor) -> Result<Option<Tensor>> {
+        Ok(None)
+    }
+    fn tanh_jet(&self, _: &TanhJetPlan, _: &Tensor, _: &Tensor, _: Option<&Tensor>) -> Result<Option<Tensor>> {
+        Ok(None)
+    }
+    fn tanh_jet_grad(
+        &self,
+        _: &TanhJetPlan,
+        _: &Tensor,
+        _: &Tensor,
+        _: Option<&Tensor>,
+        _: &Tensor,
+    ) -> Result<Option<[Tensor; 3]>> {
         Ok(None)
     }
 }
