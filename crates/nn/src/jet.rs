@@ -13,7 +13,7 @@ use tapir_tensor::backend::Backend;
 use tapir_tensor::ops::{one, Arity, Derivative, InputGrads, Op, Saved};
 use tapir_tensor::{BinaryOps, Diff, Error, MatmulOps, ReduceOps, Result, ShapeOps, Tensor, UnaryOps};
 
-use crate::backend::{SumSquaresPlan, TanhJetPlan};
+use crate::backend::{SumSquaresPlan, TanhJacPlan, TanhJetPlan};
 use crate::dispatch::backend_for;
 use crate::layers::{Activation, Mlp};
 use crate::params::Bound;
@@ -100,6 +100,8 @@ impl Mlp {
                 // the transposed view, every elementwise op on the Jacobian
                 // and on its gradient walked it with a stride of d, one
                 // element at a time (a tenth of a Poisson step at d = 2).
+                // A fused tanh layer's `tanh_jac` takes it as [1, d, out].
+                None if fused => w.t()?.contiguous_()?.unsqueeze(0)?,
                 None => w.t()?.contiguous_()?.unsqueeze(0)?.broadcast_to([n, d, out])?,
                 Some(j) => {
                     let width = j.shape().dims()[2];
@@ -125,13 +127,16 @@ impl Mlp {
                 } else {
                     sum_sq(&j)?
                 };
-                let d1 = if fused {
+                if fused {
                     // tanh: d2 = -2 a d1, so `l d1 + d2 jsq` is
                     // `(1 - a^2)(l - 2 a jsq)`: one `tanh_jet` op, one pass
                     // each way, where the composed ops took four forward
-                    // and more again backward.
+                    // and more again backward; and the Jacobian's
+                    // `j (1 - a^2)` one `tanh_jac` op, where `1 - a^2` and
+                    // the broadcast product were two, and their rules
+                    // five passes backward.
                     lap = Some(tanh_jet(&a, &jsq, lap.as_ref())?);
-                    a.tanh_backward(&a.full_like_shape((), 1.0)?)?
+                    jac = Some(tanh_jac(&j, &a)?);
                 } else {
                     let (d1, d2) = self.activation.derivatives(&h, &a)?;
                     let curv = d2.mul(&jsq)?;
@@ -139,9 +144,8 @@ impl Mlp {
                         None => curv,
                         Some(l) => l.mul(&d1)?.add(&curv)?,
                     });
-                    d1
-                };
-                jac = Some(j.mul(&d1.unsqueeze(1)?)?);
+                    jac = Some(j.mul(&d1.unsqueeze(1)?)?);
+                }
                 h = a;
             }
         }
@@ -357,6 +361,101 @@ impl Derivative for TanhJet {
     }
 }
 
+/// A tanh layer's Jacobian update, `j (1 - a^2)`, for the incoming
+/// Jacobian `j` `[N, d, w]` (or `[1, d, w]`, the same for every point: the
+/// first layer's `W^T`) and the layer's output `a = tanh z` `[N, w]`,
+/// broadcast over each point's `d` rows; `[N, d, w]`.
+///
+/// One pass forward, where `1 - a^2` and the broadcast product were two,
+/// and two backward (`d j = g (1 - a^2)`, `d a = -2 a sum_i g_i j_i`), where
+/// the product's rule and `1 - a^2`'s took five. Its rules are written in
+/// differentiable ops, so any order works.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TanhJac;
+
+/// [`TanhJac`] of `j` and `a`.
+pub fn tanh_jac<T: Diff>(j: &T, a: &T) -> Result<T> {
+    T::apply(TanhJac, &[j, a])
+}
+
+/// The plan of `j` and `a`: an error unless `a` is a float `[N, w]` and `j`
+/// `[N, d, w]` or `[1, d, w]` of `a`'s dtype and device.
+fn check_tanh_jac(j: &Tensor, a: &Tensor) -> Result<TanhJacPlan> {
+    const OP: &str = "tanh_jac";
+    let dtype = a.dtype();
+    if !dtype.is_float() {
+        return Err(Error::UnsupportedDType { op: OP, dtype, expected: "a float dtype" });
+    }
+    if j.dtype() != dtype {
+        return Err(Error::DTypeMismatch { op: OP, lhs: j.dtype(), rhs: dtype });
+    }
+    if j.device() != a.device() {
+        return Err(Error::DeviceMismatch { op: OP, lhs: j.device(), rhs: a.device() });
+    }
+    let [n, w] = *a.dims() else {
+        return Err(Error::InvalidShape {
+            op: OP,
+            shape: Box::new(a.shape().clone()),
+            reason: "a must be [N, w]".into(),
+        });
+    };
+    match *j.dims() {
+        [m, d, v] if v == w && (m == n || m == 1) => Ok(TanhJacPlan { n, d, w, j_row: m == 1 && n != 1 }),
+        _ => Err(Error::ShapeMismatch { op: OP, lhs: Box::new(j.shape().clone()), rhs: Box::new(a.shape().clone()) }),
+    }
+}
+
+impl Op for TanhJac {
+    fn name(&self) -> &'static str {
+        "tanh_jac"
+    }
+    fn arity(&self) -> Arity {
+        Arity::exactly(2)
+    }
+    /// The device's one-pass kernel where it has one, else the composition.
+    fn run(&self, _: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
+        let (j, a) = (xs[0], xs[1]);
+        let plan = check_tanh_jac(j, a)?;
+        match backend_for(a.device()).tanh_jac(&plan, j, a)? {
+            Some(y) => Ok(y),
+            None => a.unsqueeze(1)?.tanh_backward(j)?.broadcast_to([plan.n, plan.d, plan.w])?.contiguous(),
+        }
+    }
+}
+
+impl Derivative for TanhJac {
+    fn saves(&self) -> Saved {
+        Saved::INPUTS
+    }
+    /// The device's kernels where it has them, else the composed rule.
+    fn vjp_eager(&self, xs: SmallVec<[Tensor; 3]>, y: Tensor, g: Tensor) -> Result<InputGrads<Tensor>> {
+        let plan = check_tanh_jac(&xs[0], &xs[1])?;
+        if let Some([dj, da]) = backend_for(xs[1].device()).tanh_jac_grad(&plan, &xs[0], &xs[1], &g)? {
+            let dj = if plan.j_row { dj.sum(&[0], true)? } else { dj };
+            return Ok(smallvec::smallvec![Some(dj), Some(da)]);
+        }
+        self.vjp(&[&xs[0], &xs[1]], &y, &g)
+    }
+    fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
+        let (j, a) = (xs[0], xs[1]);
+        let dj = a.unsqueeze(1)?.tanh_backward(g)?.sum_to(j.shape())?;
+        let da = a.mul(&g.mul(j)?.sum(&[1], false)?)?.mul_scalar(-2.0)?;
+        Ok(smallvec::smallvec![Some(dj), Some(da)])
+    }
+    /// `tanh_jac(tj, a) + j (-2 a ta)`.
+    fn jvp<T: Diff>(&self, xs: &[&T], out: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
+        let (j, a) = (xs[0], xs[1]);
+        let from_j = ts[0].map(|tj| a.unsqueeze(1)?.tanh_backward(tj)).transpose()?;
+        let from_a = ts[1].map(|ta| j.mul(&a.mul(ta)?.mul_scalar(-2.0)?.unsqueeze(1)?)).transpose()?;
+        let t = match (from_j, from_a) {
+            (None, None) => return Ok(None),
+            (Some(t), None) | (None, Some(t)) => t,
+            (Some(p), Some(q)) => p.add(&q)?,
+        };
+        Ok(Some(if t.shape() == out.shape() { t } else { t.broadcast_to(out.shape())? }))
+    }
+}
+
 /// `l - 2 a s`, rounded as `l + (a s)(-2)`.
 fn inner<T: Diff>(a: &T, s: &T, l: Option<&T>) -> Result<T> {
     let inner = a.mul(s)?.mul_scalar(-2.0)?;
@@ -487,5 +586,69 @@ mod tests {
         assert!(matches!(tanh_jet(&a, &a, Some(&int)), Err(Error::DTypeMismatch { .. })));
         let a3 = f(&[2, 3, 4], DType::F32);
         assert!(matches!(tanh_jet(&a3, &a3, None), Err(Error::InvalidShape { .. })));
+    }
+
+    /// The fused Jacobian update against the composed ops (`j` times
+    /// `tanh_backward(a, 1)` broadcast), forward bit for bit, backward
+    /// against the composed rule: f32 and f64, `j` per point and one
+    /// `[1, d, w]`, sizes that split over threads inside a row.
+    #[test]
+    fn tanh_jac_matches_the_composed_ops() {
+        for dtype in [DType::F32, DType::F64] {
+            for (n, d, w) in [(257, 3, 67), (2, 3, 5)] {
+                let mut rng = Rng::new(5);
+                let a = rng.uniform([n, w], -1.0, 1.0, dtype).unwrap().tanh().unwrap();
+                let g = rng.uniform([n, d, w], -1.0, 1.0, dtype).unwrap();
+                let j_full = rng.uniform([n, d, w], -1.0, 1.0, dtype).unwrap();
+                let j_row = rng.uniform([1, d, w], -1.0, 1.0, dtype).unwrap();
+                let ones = Tensor::ones([n, w], dtype).unwrap();
+                let d1 = a.tanh_backward(&ones).unwrap().unsqueeze(1).unwrap();
+                for j in [&j_full, &j_row] {
+                    let what = format!("{dtype} [{n}, {d}, {w}] j {:?}", j.dims());
+                    let y = tanh_jac(j, &a).unwrap();
+                    assert_eq!(y.dims(), [n, d, w]);
+                    assert_eq!(y.to_vec_f64(), j.mul(&d1).unwrap().to_vec_f64(), "forward, {what}");
+                    let xs: SmallVec<[Tensor; 3]> = smallvec::smallvec![j.clone(), a.clone()];
+                    let fused = TanhJac.vjp_eager(xs, y.clone(), g.clone()).unwrap();
+                    let rule = TanhJac.vjp(&[j, &a], &y, &g).unwrap();
+                    let tol = if dtype == DType::F32 { 1e-4 } else { 1e-12 };
+                    for (i, (p, q)) in fused.iter().zip(&rule).enumerate() {
+                        let (p, q) = (p.as_ref().unwrap(), q.as_ref().unwrap());
+                        assert_eq!(p.dims(), q.dims(), "gradient {i}, {what}");
+                        let (p, q) = (p.to_vec_f64(), q.to_vec_f64());
+                        assert!(p.iter().zip(&q).all(|(p, q)| (p - q).abs() <= tol * (1.0 + q.abs())), "{i} {what}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn tanh_jac_gradients_check() {
+        let mut rng = Rng::new(13);
+        let a = rng.uniform([3, 4], -0.9, 0.9, DType::F64).unwrap();
+        let j = rng.uniform([3, 2, 4], -1.0, 1.0, DType::F64).unwrap();
+        let row = rng.uniform([1, 2, 4], -1.0, 1.0, DType::F64).unwrap();
+        for j in [&j, &row] {
+            check_grads(&|_g, v| tanh_jac(&v[0], &v[1]), &[j.clone(), a.clone()], &CheckOptions::default()).unwrap();
+        }
+    }
+
+    #[test]
+    fn tanh_jac_rejects_bad_input() {
+        let f = |shape: &[usize], dtype| Tensor::ones(shape.to_vec(), dtype).unwrap();
+        let a = f(&[3, 4], DType::F32);
+        assert!(matches!(
+            tanh_jac(&f(&[3, 2, 4], DType::I64), &f(&[3, 4], DType::I64)),
+            Err(Error::UnsupportedDType { .. })
+        ));
+        assert!(matches!(tanh_jac(&f(&[3, 2, 4], DType::F64), &a), Err(Error::DTypeMismatch { .. })));
+        assert!(matches!(tanh_jac(&f(&[3, 2, 5], DType::F32), &a), Err(Error::ShapeMismatch { .. })));
+        assert!(matches!(tanh_jac(&f(&[2, 2, 4], DType::F32), &a), Err(Error::ShapeMismatch { .. })));
+        assert!(matches!(tanh_jac(&f(&[3, 4], DType::F32), &a), Err(Error::ShapeMismatch { .. })));
+        assert!(matches!(
+            tanh_jac(&f(&[3, 2, 4], DType::F32), &f(&[3, 1, 4], DType::F32)),
+            Err(Error::InvalidShape { .. })
+        ));
     }
 }

@@ -30,6 +30,21 @@ pub(crate) struct TanhJetPlan {
     pub s_row: bool,
 }
 
+/// One checked `j (1 - a^2)` of the Jacobian `j` `[n, d, w]` (or `[1, d, w]`,
+/// the same for every point) and a tanh layer's output `a` `[n, w]`,
+/// broadcast over the `d` rows of each point, giving `[n, d, w]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TanhJacPlan {
+    /// Points.
+    pub n: usize,
+    /// Input dims.
+    pub d: usize,
+    /// Width of the layer.
+    pub w: usize,
+    /// `j` is `[1, d, w]`, one Jacobian for every point (the first layer's).
+    pub j_row: bool,
+}
+
 /// The forward-Laplacian's kernels.
 pub(crate) trait JetKernels {
     /// The sum of squares over the middle axis in one pass, or `None`
@@ -53,4 +68,13 @@ pub(crate) trait JetKernels {
         l: Option<&Tensor>,
         g: &Tensor,
     ) -> Result<Option<[Tensor; 3]>>;
+
+    /// `j (1 - a^2)` in one pass, `[n, d, w]`, or `None` (the op composes
+    /// it).
+    fn tanh_jac(&self, plan: &TanhJacPlan, j: &Tensor, a: &Tensor) -> Result<Option<Tensor>>;
+
+    /// The gradients of [`JetKernels::tanh_jac`] for the output's gradient
+    /// `g` `[n, d, w]`: `[d j, d a]`, `d j` `[n, d, w]` (before the sum over
+    /// points of a `[1, d, w]` `j`), `d a` `[n, w]`, or `None`.
+    fn tanh_jac_grad(&self, plan: &TanhJacPlan, j: &Tensor, a: &Tensor, g: &Tensor) -> Result<Option<[Tensor; 2]>>;
 }

@@ -2,7 +2,8 @@
 //! Jacobian `[N, d, w]` read once, each point's `d` rows of squares summed
 //! in order into its row of the `[N, w]` output; and a tanh layer's
 //! Laplacian update `(1 - a^2)(l - 2 a s)` and its three gradients, each one
-//! pass, rounded as the composed ops round them (the same bits).
+//! pass, rounded as the composed ops round them (the same bits); and its
+//! Jacobian update `j (1 - a^2)`, one pass, with its two gradients.
 
 use std::mem::MaybeUninit;
 
@@ -10,7 +11,7 @@ use tapir_tensor::cpu::{iter, pool, simd};
 use tapir_tensor::{with_float, CpuElement, DType, Float, Result, Tensor};
 
 use super::CpuBackend;
-use crate::backend::{JetKernels, SumSquaresPlan, TanhJetPlan};
+use crate::backend::{JetKernels, SumSquaresPlan, TanhJacPlan, TanhJetPlan};
 
 impl JetKernels for CpuBackend {
     /// f32 and f64; other dtypes square and sum.
@@ -103,6 +104,92 @@ impl JetKernels for CpuBackend {
             Ok(Some([Tensor::from_vec(da, shape)?, Tensor::from_vec(ds, shape)?, Tensor::from_vec(dl, shape)?]))
         }, _ => unreachable!())
     }
+
+    /// f32 and f64; other dtypes compose the product.
+    fn tanh_jac(&self, plan: &TanhJacPlan, j: &Tensor, a: &Tensor) -> Result<Option<Tensor>> {
+        if !matches!(a.dtype(), DType::F32 | DType::F64) {
+            return Ok(None);
+        }
+        let (j, a) = (j.contiguous()?, a.contiguous()?);
+        with_float!(a.dtype(), F => {
+            let (jv, av) = (j.as_slice::<F>().expect("internal: contiguous"), a.as_slice::<F>().expect("internal: contiguous"));
+            let out = scale_rows::<F>(plan, jv, av)?;
+            Tensor::from_vec(out, [plan.n, plan.d, plan.w]).map(Some)
+        }, _ => unreachable!())
+    }
+
+    /// f32 and f64; other dtypes compose the gradients.
+    fn tanh_jac_grad(&self, plan: &TanhJacPlan, j: &Tensor, a: &Tensor, g: &Tensor) -> Result<Option<[Tensor; 2]>> {
+        let TanhJacPlan { n, d, w, .. } = *plan;
+        if !matches!(a.dtype(), DType::F32 | DType::F64) || g.dtype() != a.dtype() || g.dims() != [n, d, w] {
+            return Ok(None);
+        }
+        let (j, a, g) = (j.contiguous()?, a.contiguous()?, g.contiguous()?);
+        with_float!(a.dtype(), F => {
+            let jv = j.as_slice::<F>().expect("internal: contiguous");
+            let av = a.as_slice::<F>().expect("internal: contiguous");
+            let gv = g.as_slice::<F>().expect("internal: contiguous");
+            // d j = g (1 - a^2), the forward's pass on `g` (one per point).
+            let dj = scale_rows::<F>(&TanhJacPlan { j_row: false, ..*plan }, gv, av)?;
+            // d a = -2 a sum_i g_i j_i, each point's d rows summed in order.
+            let m2 = <F as tapir_tensor::Element>::from_f64(-2.0);
+            let parts = pool::parts_for(n * d * w, iter::SPLIT_MIN);
+            let da = iter::fill_vec_parts(n * w, parts, |start, out| {
+                simd::run(
+                    #[inline(always)]
+                    || {
+                        for (at, piece) in split_rows(out, start, w) {
+                            let (p, c0, len) = (at / w, at % w, piece.len());
+                            piece.iter_mut().for_each(|o| {
+                                o.write(F::ZERO);
+                            });
+                            // SAFETY: every element of `piece` was written just above.
+                            let piece = unsafe { &mut *(piece as *mut [MaybeUninit<F>] as *mut [F]) };
+                            let jp = if plan.j_row { 0 } else { p };
+                            for i in 0..d {
+                                let gr = &gv[(p * d + i) * w + c0..][..len];
+                                let jr = &jv[(jp * d + i) * w + c0..][..len];
+                                for ((o, &g), &j) in piece.iter_mut().zip(gr).zip(jr) {
+                                    *o += g * j;
+                                }
+                            }
+                            let ar = &av[at..at + len];
+                            for (o, &a) in piece.iter_mut().zip(ar) {
+                                *o = a * *o * m2;
+                            }
+                        }
+                    },
+                )
+            })?;
+            Ok(Some([Tensor::from_vec(dj, [n, d, w])?, Tensor::from_vec(da, [n, w])?]))
+        }, _ => unreachable!())
+    }
+}
+
+/// `x (1 - a^2)` for `x` `[n, d, w]` (or `[1, d, w]` with `plan.j_row`) and
+/// `a` `[n, w]` broadcast over each point's `d` rows, `[n, d, w]`.
+fn scale_rows<F: Float + CpuElement>(plan: &TanhJacPlan, x: &[F], a: &[F]) -> Result<Vec<F>> {
+    let TanhJacPlan { d, w, j_row, .. } = *plan;
+    let total = plan.n * d * w;
+    if w == 0 || total == 0 {
+        return Ok(Vec::new());
+    }
+    iter::fill_vec(total, |start, out| {
+        simd::run(
+            #[inline(always)]
+            || {
+                for (at, piece) in split_rows(out, start, w) {
+                    let (r, c0, len) = (at / w, at % w, piece.len());
+                    let (p, i) = (r / d, r % d);
+                    let xr = if j_row { &x[i * w + c0..][..len] } else { &x[at..at + len] };
+                    let ar = &a[p * w + c0..][..len];
+                    for ((o, &x), &a) in piece.iter_mut().zip(xr).zip(ar) {
+                        o.write(x * (F::ONE - a * a));
+                    }
+                }
+            },
+        )
+    })
 }
 
 /// The operands of a tanh layer's Laplacian update as slices: `a` and `l`
