@@ -222,8 +222,9 @@ impl Derivative for SumSquaresMid {
 ///
 /// As one op it is one pass forward and one backward, for its three
 /// gradients; composed (`mul`, `mul_scalar`, `add`, `tanh_backward`) it was
-/// four passes forward and their rules' passes backward. Its rules are
-/// written in differentiable ops, so any order works.
+/// four passes forward and their rules' passes backward; on CUDA one
+/// kernel each way (`kernels/jet.cu`). Its rules are written in
+/// differentiable ops, so any order works.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TanhJet;
 
