@@ -54,6 +54,11 @@ pub const CASES: &[(&str, &str)] = &[
          backward (the logits in chunks, never whole)",
     ),
     (
+        "jet",
+        "a tanh layer's forward-Laplacian updates over [rows, cols] with two input dims: tanh_jet and tanh_jac \
+         forward and their gradients",
+    ),
+    (
         "attention",
         "fused causal attention forward of q, k, v [1, rows, cols] in heads of 64 (the tensor-core kernel for bf16 \
          and f16)",
@@ -200,6 +205,23 @@ pub fn run_case(a: &Args, device: Device) -> anyhow::Result<()> {
                 std::hint::black_box(g.grad(loss, &[hv, wv, bv])?);
                 Ok::<_, Error>(())
             })?;
+        }
+        "jet" => {
+            use tapir::tensor::ops::Derivative;
+            let mut draw = |shape: &[usize], lo: f64, hi: f64| -> Result<Tensor> {
+                rng.uniform(shape.to_vec(), lo, hi, DType::F32)?.cast(dt)?.to_device(device)
+            };
+            let (a, s, l, g) = (
+                draw(&[n, v], -0.9, 0.9)?,
+                draw(&[n, v], 0.0, 2.0)?,
+                draw(&[n, v], -1.0, 1.0)?,
+                draw(&[n, v], -1.0, 1.0)?,
+            );
+            let (j, gj) = (draw(&[n, 2, v], -1.0, 1.0)?, draw(&[n, 2, v], -1.0, 1.0)?);
+            let y = tapir::nn::tanh_jet(&a, &s, Some(&l))?;
+            std::hint::black_box(tapir::nn::TanhJet.vjp_eager(vec![a.clone(), s, l].into(), y, g)?);
+            let y = tapir::nn::tanh_jac(&j, &a)?;
+            std::hint::black_box(tapir::nn::TanhJac.vjp_eager(vec![j, a].into(), y, gj)?);
         }
         "attention" | "attention-grad" => {
             if v == 0 || v % 64 != 0 {

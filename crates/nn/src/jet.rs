@@ -7,12 +7,13 @@
 //! work, and nothing of it is a backward pass, against `d` Hessian-vector
 //! products (each a forward and two backward passes) for nested autodiff.
 
+use smallvec::SmallVec;
 use tapir_autograd::Var;
 use tapir_tensor::backend::Backend;
 use tapir_tensor::ops::{one, Arity, Derivative, InputGrads, Op, Saved};
 use tapir_tensor::{BinaryOps, Diff, Error, MatmulOps, ReduceOps, Result, ShapeOps, Tensor, UnaryOps};
 
-use crate::backend::SumSquaresPlan;
+use crate::backend::{SumSquaresPlan, TanhJacPlan, TanhJetPlan};
 use crate::dispatch::backend_for;
 use crate::layers::{Activation, Mlp};
 use crate::params::Bound;
@@ -99,6 +100,8 @@ impl Mlp {
                 // the transposed view, every elementwise op on the Jacobian
                 // and on its gradient walked it with a stride of d, one
                 // element at a time (a tenth of a Poisson step at d = 2).
+                // A fused tanh layer's `tanh_jac` takes it as [1, d, out].
+                None if fused => w.t()?.contiguous_()?.unsqueeze(0)?,
                 None => w.t()?.contiguous_()?.unsqueeze(0)?.broadcast_to([n, d, out])?,
                 Some(j) => {
                     let width = j.shape().dims()[2];
@@ -124,20 +127,16 @@ impl Mlp {
                 } else {
                     sum_sq(&j)?
                 };
-                let d1 = if fused {
+                if fused {
                     // tanh: d2 = -2 a d1, so `l d1 + d2 jsq` is
-                    // `(l - 2 a jsq) d1`, one `tanh_backward` of the
-                    // bracket: four elementwise ops where d2, its product
-                    // and the sum of the two products took five, and
-                    // fewer passes again in the backward.
-                    let d1 = a.tanh_backward(&a.full_like_shape((), 1.0)?)?;
-                    let s = a.mul(&jsq)?.mul_scalar(-2.0)?;
-                    let inner = match lap {
-                        None => s,
-                        Some(l) => l.add(&s)?,
-                    };
-                    lap = Some(a.tanh_backward(&inner)?);
-                    d1
+                    // `(1 - a^2)(l - 2 a jsq)`: one `tanh_jet` op, one pass
+                    // each way, where the composed ops took four forward
+                    // and more again backward; and the Jacobian's
+                    // `j (1 - a^2)` one `tanh_jac` op, where `1 - a^2` and
+                    // the broadcast product were two, and their rules
+                    // five passes backward.
+                    lap = Some(tanh_jet(&a, &jsq, lap.as_ref())?);
+                    jac = Some(tanh_jac(&j, &a)?);
                 } else {
                     let (d1, d2) = self.activation.derivatives(&h, &a)?;
                     let curv = d2.mul(&jsq)?;
@@ -145,9 +144,8 @@ impl Mlp {
                         None => curv,
                         Some(l) => l.mul(&d1)?.add(&curv)?,
                     });
-                    d1
-                };
-                jac = Some(j.mul(&d1.unsqueeze(1)?)?);
+                    jac = Some(j.mul(&d1.unsqueeze(1)?)?);
+                }
                 h = a;
             }
         }
@@ -216,6 +214,258 @@ impl Derivative for SumSquaresMid {
     }
 }
 
+/// A tanh layer's Laplacian update, `(1 - a^2)(l - 2 a s)`, for its output
+/// `a = tanh z` `[N, w]`, the Jacobian's squares summed over the input dims
+/// `s` (`[N, w]`, or `[w]` for every point alike) and the incoming
+/// Laplacian `l` `[N, w]` (none: zero, the first layer's). That is
+/// `l tanh'(z) + s tanh''(z)` written in `a`.
+///
+/// As one op it is one pass forward and one backward, for its three
+/// gradients; composed (`mul`, `mul_scalar`, `add`, `tanh_backward`) it was
+/// four passes forward and their rules' passes backward; on CUDA one
+/// kernel each way (`kernels/jet.cu`). Its rules are written in
+/// differentiable ops, so any order works.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TanhJet;
+
+/// [`TanhJet`] of `a`, `s` and `l` (`None`: zero).
+pub fn tanh_jet<T: Diff>(a: &T, s: &T, l: Option<&T>) -> Result<T> {
+    match l {
+        Some(l) => T::apply(TanhJet, &[a, s, l]),
+        None => T::apply(TanhJet, &[a, s]),
+    }
+}
+
+/// The plan of `a`, `s` and `l`: an error unless `a` is a float `[N, w]`,
+/// `s` `[N, w]` or `[w]` and `l` `[N, w]`, all of `a`'s dtype and device.
+fn check_tanh_jet(xs: &[&Tensor]) -> Result<TanhJetPlan> {
+    const OP: &str = "tanh_jet";
+    let (a, s) = (xs[0], xs[1]);
+    let dtype = a.dtype();
+    if !dtype.is_float() {
+        return Err(Error::UnsupportedDType { op: OP, dtype, expected: "a float dtype" });
+    }
+    let [n, w] = *a.dims() else {
+        return Err(Error::InvalidShape {
+            op: OP,
+            shape: Box::new(a.shape().clone()),
+            reason: "a must be [N, w]".into(),
+        });
+    };
+    for x in &xs[1..] {
+        if x.dtype() != dtype {
+            return Err(Error::DTypeMismatch { op: OP, lhs: dtype, rhs: x.dtype() });
+        }
+        if x.device() != a.device() {
+            return Err(Error::DeviceMismatch { op: OP, lhs: a.device(), rhs: x.device() });
+        }
+    }
+    let s_row = s.dims() == [w];
+    if !s_row && s.dims() != a.dims() {
+        return Err(Error::ShapeMismatch {
+            op: OP,
+            lhs: Box::new(a.shape().clone()),
+            rhs: Box::new(s.shape().clone()),
+        });
+    }
+    if let Some(l) = xs.get(2).filter(|l| l.dims() != a.dims()) {
+        return Err(Error::ShapeMismatch {
+            op: OP,
+            lhs: Box::new(a.shape().clone()),
+            rhs: Box::new(l.shape().clone()),
+        });
+    }
+    Ok(TanhJetPlan { n, w, s_row })
+}
+
+impl Op for TanhJet {
+    fn name(&self) -> &'static str {
+        "tanh_jet"
+    }
+    fn arity(&self) -> Arity {
+        Arity::between(2, 3)
+    }
+    /// The device's one-pass kernel where it has one, else the composition.
+    fn run(&self, _: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
+        let plan = check_tanh_jet(xs)?;
+        let (a, s, l) = (xs[0], xs[1], xs.get(2).copied());
+        match backend_for(a.device()).tanh_jet(&plan, a, s, l)? {
+            Some(y) => Ok(y),
+            None => {
+                let inner = a.mul(s)?.mul_scalar(-2.0)?;
+                let inner = match l {
+                    Some(l) => l.add(&inner)?,
+                    None => inner,
+                };
+                a.tanh_backward(&inner)
+            }
+        }
+    }
+}
+
+impl Derivative for TanhJet {
+    fn saves(&self) -> Saved {
+        Saved::INPUTS
+    }
+    /// The device's one-pass kernel for all three gradients where it has
+    /// one, else the composed rule.
+    fn vjp_eager(&self, xs: SmallVec<[Tensor; 3]>, y: Tensor, g: Tensor) -> Result<InputGrads<Tensor>> {
+        let refs: SmallVec<[&Tensor; 3]> = xs.iter().collect();
+        let plan = check_tanh_jet(&refs)?;
+        let l = xs.get(2);
+        if let Some([da, ds, dl]) = backend_for(xs[0].device()).tanh_jet_grad(&plan, &xs[0], &xs[1], l, &g)? {
+            let ds = if plan.s_row { ds.sum(&[0], false)? } else { ds };
+            let mut out: InputGrads<Tensor> = smallvec::smallvec![Some(da), Some(ds)];
+            if l.is_some() {
+                out.push(Some(dl));
+            }
+            return Ok(out);
+        }
+        self.vjp(&refs, &y, &g)
+    }
+    /// With `u = l - 2 a s` and `d = 1 - a^2` (the output is `d u`):
+    /// `dl = g d`, `ds = -2 a g d`, `da = -2 g (a u + s d)`.
+    fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
+        let (a, s, l) = (xs[0], xs[1], xs.get(2).copied());
+        let u = inner(a, s, l)?;
+        let dl = a.tanh_backward(g)?;
+        let ds = a.mul(&dl)?.mul_scalar(-2.0)?.sum_to(s.shape())?;
+        let da = a.mul(&u)?.add(&a.tanh_backward(s)?)?.mul(g)?.mul_scalar(-2.0)?;
+        let mut out: InputGrads<T> = smallvec::smallvec![Some(da), Some(ds)];
+        if l.is_some() {
+            out.push(Some(dl));
+        }
+        Ok(out)
+    }
+    /// `tanh_jet(a, ts, tl) - 2 ta (a u + s d)`.
+    fn jvp<T: Diff>(&self, xs: &[&T], out: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
+        let (a, s, l) = (xs[0], xs[1], xs.get(2).copied());
+        let (ta, tsq, tl) = (ts[0], ts[1], ts.get(2).copied().flatten());
+        let from_s_l = match (tsq, tl) {
+            (None, None) => None,
+            (Some(t), tl) => Some(tanh_jet(a, t, tl)?),
+            (None, Some(tl)) => Some(a.tanh_backward(tl)?),
+        };
+        let from_a = match ta {
+            None => None,
+            Some(ta) => {
+                let u = inner(a, s, l)?;
+                Some(a.mul(&u)?.add(&a.tanh_backward(s)?)?.mul(ta)?.mul_scalar(-2.0)?)
+            }
+        };
+        let t = match (from_s_l, from_a) {
+            (None, None) => return Ok(None),
+            (Some(t), None) | (None, Some(t)) => t,
+            (Some(p), Some(q)) => p.add(&q)?,
+        };
+        Ok(Some(if t.shape() == out.shape() { t } else { t.broadcast_to(out.shape())? }))
+    }
+}
+
+/// A tanh layer's Jacobian update, `j (1 - a^2)`, for the incoming
+/// Jacobian `j` `[N, d, w]` (or `[1, d, w]`, the same for every point: the
+/// first layer's `W^T`) and the layer's output `a = tanh z` `[N, w]`,
+/// broadcast over each point's `d` rows; `[N, d, w]`.
+///
+/// One pass forward, where `1 - a^2` and the broadcast product were two,
+/// and two backward (`d j = g (1 - a^2)`, `d a = -2 a sum_i g_i j_i`), where
+/// the product's rule and `1 - a^2`'s took five. Its rules are written in
+/// differentiable ops, so any order works.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TanhJac;
+
+/// [`TanhJac`] of `j` and `a`.
+pub fn tanh_jac<T: Diff>(j: &T, a: &T) -> Result<T> {
+    T::apply(TanhJac, &[j, a])
+}
+
+/// The plan of `j` and `a`: an error unless `a` is a float `[N, w]` and `j`
+/// `[N, d, w]` or `[1, d, w]` of `a`'s dtype and device.
+fn check_tanh_jac(j: &Tensor, a: &Tensor) -> Result<TanhJacPlan> {
+    const OP: &str = "tanh_jac";
+    let dtype = a.dtype();
+    if !dtype.is_float() {
+        return Err(Error::UnsupportedDType { op: OP, dtype, expected: "a float dtype" });
+    }
+    if j.dtype() != dtype {
+        return Err(Error::DTypeMismatch { op: OP, lhs: j.dtype(), rhs: dtype });
+    }
+    if j.device() != a.device() {
+        return Err(Error::DeviceMismatch { op: OP, lhs: j.device(), rhs: a.device() });
+    }
+    let [n, w] = *a.dims() else {
+        return Err(Error::InvalidShape {
+            op: OP,
+            shape: Box::new(a.shape().clone()),
+            reason: "a must be [N, w]".into(),
+        });
+    };
+    match *j.dims() {
+        [m, d, v] if v == w && (m == n || m == 1) => Ok(TanhJacPlan { n, d, w, j_row: m == 1 && n != 1 }),
+        _ => Err(Error::ShapeMismatch { op: OP, lhs: Box::new(j.shape().clone()), rhs: Box::new(a.shape().clone()) }),
+    }
+}
+
+impl Op for TanhJac {
+    fn name(&self) -> &'static str {
+        "tanh_jac"
+    }
+    fn arity(&self) -> Arity {
+        Arity::exactly(2)
+    }
+    /// The device's one-pass kernel where it has one, else the composition.
+    fn run(&self, _: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
+        let (j, a) = (xs[0], xs[1]);
+        let plan = check_tanh_jac(j, a)?;
+        match backend_for(a.device()).tanh_jac(&plan, j, a)? {
+            Some(y) => Ok(y),
+            None => a.unsqueeze(1)?.tanh_backward(j)?.broadcast_to([plan.n, plan.d, plan.w])?.contiguous(),
+        }
+    }
+}
+
+impl Derivative for TanhJac {
+    fn saves(&self) -> Saved {
+        Saved::INPUTS
+    }
+    /// The device's kernels where it has them, else the composed rule.
+    fn vjp_eager(&self, xs: SmallVec<[Tensor; 3]>, y: Tensor, g: Tensor) -> Result<InputGrads<Tensor>> {
+        let plan = check_tanh_jac(&xs[0], &xs[1])?;
+        if let Some([dj, da]) = backend_for(xs[1].device()).tanh_jac_grad(&plan, &xs[0], &xs[1], &g)? {
+            let dj = if plan.j_row { dj.sum(&[0], true)? } else { dj };
+            return Ok(smallvec::smallvec![Some(dj), Some(da)]);
+        }
+        self.vjp(&[&xs[0], &xs[1]], &y, &g)
+    }
+    fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
+        let (j, a) = (xs[0], xs[1]);
+        let dj = a.unsqueeze(1)?.tanh_backward(g)?.sum_to(j.shape())?;
+        let da = a.mul(&g.mul(j)?.sum(&[1], false)?)?.mul_scalar(-2.0)?;
+        Ok(smallvec::smallvec![Some(dj), Some(da)])
+    }
+    /// `tanh_jac(tj, a) + j (-2 a ta)`.
+    fn jvp<T: Diff>(&self, xs: &[&T], out: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
+        let (j, a) = (xs[0], xs[1]);
+        let from_j = ts[0].map(|tj| a.unsqueeze(1)?.tanh_backward(tj)).transpose()?;
+        let from_a = ts[1].map(|ta| j.mul(&a.mul(ta)?.mul_scalar(-2.0)?.unsqueeze(1)?)).transpose()?;
+        let t = match (from_j, from_a) {
+            (None, None) => return Ok(None),
+            (Some(t), None) | (None, Some(t)) => t,
+            (Some(p), Some(q)) => p.add(&q)?,
+        };
+        Ok(Some(if t.shape() == out.shape() { t } else { t.broadcast_to(out.shape())? }))
+    }
+}
+
+/// `l - 2 a s`, rounded as `l + (a s)(-2)`.
+fn inner<T: Diff>(a: &T, s: &T, l: Option<&T>) -> Result<T> {
+    let inner = a.mul(s)?.mul_scalar(-2.0)?;
+    match l {
+        Some(l) => l.add(&inner),
+        None => Ok(inner),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -246,5 +496,160 @@ mod tests {
             let b = x.square().unwrap().sum(&[1], false).unwrap().to_vec_f64();
             assert!(a.iter().zip(&b).all(|(p, q)| (p - q).abs() < 1e-6), "{dtype}");
         }
+    }
+
+    /// `(1 - a^2)(l - 2 a s)` as the forward pass composed it before
+    /// `TanhJet`: `tanh_backward(a, l + (a s)(-2))`.
+    fn composed(a: &Tensor, s: &Tensor, l: Option<&Tensor>) -> Tensor {
+        let inner = a.mul(s).unwrap().mul_scalar(-2.0).unwrap();
+        let inner = match l {
+            Some(l) => l.add(&inner).unwrap(),
+            None => inner,
+        };
+        a.tanh_backward(&inner).unwrap()
+    }
+
+    /// The fused kernel has the composed ops' bits, forward and backward:
+    /// f32 and f64, with and without `l`, `s` per point and one row, sizes
+    /// that split over threads with part boundaries inside a row (rows of
+    /// 131), a small size on one thread and a strided operand.
+    #[test]
+    fn tanh_jet_has_the_composed_ops_bits() {
+        for dtype in [DType::F32, DType::F64] {
+            for (n, w) in [(513, 131), (3, 5)] {
+                let mut rng = Rng::new(7);
+                let a = rng.uniform([n, w], -1.0, 1.0, dtype).unwrap().tanh().unwrap();
+                let l = rng.uniform([n, w], -2.0, 2.0, dtype).unwrap();
+                let g = rng.uniform([n, w], -1.0, 1.0, dtype).unwrap();
+                let s_full = rng.uniform([n, w], 0.0, 3.0, dtype).unwrap();
+                let s_row = rng.uniform([w], 0.0, 3.0, dtype).unwrap();
+                let l_strided = rng.uniform([w, n], -2.0, 2.0, dtype).unwrap().t().unwrap();
+                for s in [&s_full, &s_row] {
+                    for l in [None, Some(&l), Some(&l_strided)] {
+                        let what = format!("{dtype} [{n}, {w}] s {:?} l {}", s.dims(), l.is_some());
+                        let y = tanh_jet(&a, s, l).unwrap();
+                        assert_eq!(y.dims(), [n, w]);
+                        assert_eq!(y.to_vec_f64(), composed(&a, s, l).to_vec_f64(), "forward, {what}");
+                        let mut xs: SmallVec<[Tensor; 3]> = smallvec::smallvec![a.clone(), s.clone()];
+                        xs.extend(l.cloned());
+                        let refs: Vec<&Tensor> = xs.iter().collect();
+                        let fused = TanhJet.vjp_eager(xs.clone(), y.clone(), g.clone()).unwrap();
+                        let rule = TanhJet.vjp(&refs, &y, &g).unwrap();
+                        assert_eq!(fused.len(), refs.len(), "{what}");
+                        for (i, (p, q)) in fused.iter().zip(&rule).enumerate() {
+                            let (p, q) = (p.as_ref().unwrap(), q.as_ref().unwrap());
+                            assert_eq!(p.dims(), refs[i].dims(), "gradient {i}, {what}");
+                            let (p, q) = (p.to_vec_f64(), q.to_vec_f64());
+                            if i == 1 && s.dims() == [w] {
+                                // Summed over points: the reduction's order may differ.
+                                let tol = if dtype == DType::F32 { 1e-4 } else { 1e-12 };
+                                assert!(
+                                    p.iter().zip(&q).all(|(p, q)| (p - q).abs() <= tol * (1.0 + q.abs())),
+                                    "{what}"
+                                );
+                            } else {
+                                assert_eq!(p, q, "gradient {i}, {what}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// First and second order, reverse and forward, with and without `l`,
+    /// `s` per point and one row.
+    #[test]
+    fn tanh_jet_gradients_check() {
+        let mut rng = Rng::new(11);
+        let a = rng.uniform([3, 4], -0.9, 0.9, DType::F64).unwrap();
+        let l = rng.uniform([3, 4], -1.0, 1.0, DType::F64).unwrap();
+        let s = rng.uniform([3, 4], 0.0, 2.0, DType::F64).unwrap();
+        let row = rng.uniform([4], 0.0, 2.0, DType::F64).unwrap();
+        let opts = CheckOptions::default();
+        for s in [&s, &row] {
+            check_grads(&|_g, v| tanh_jet(&v[0], &v[1], Some(&v[2])), &[a.clone(), s.clone(), l.clone()], &opts)
+                .unwrap();
+            check_grads(&|_g, v| tanh_jet(&v[0], &v[1], None), &[a.clone(), s.clone()], &opts).unwrap();
+        }
+    }
+
+    #[test]
+    fn tanh_jet_rejects_bad_input() {
+        let f = |shape: &[usize], dtype| Tensor::ones(shape.to_vec(), dtype).unwrap();
+        let a = f(&[3, 4], DType::F32);
+        let int = f(&[3, 4], DType::I32);
+        assert!(matches!(tanh_jet(&int, &int, None), Err(Error::UnsupportedDType { .. })));
+        assert!(matches!(tanh_jet(&a, &f(&[3, 4], DType::F64), None), Err(Error::DTypeMismatch { .. })));
+        assert!(matches!(tanh_jet(&a, &f(&[3, 5], DType::F32), None), Err(Error::ShapeMismatch { .. })));
+        assert!(matches!(tanh_jet(&a, &f(&[4, 1], DType::F32), None), Err(Error::ShapeMismatch { .. })));
+        assert!(matches!(tanh_jet(&a, &a, Some(&f(&[4], DType::F32))), Err(Error::ShapeMismatch { .. })));
+        assert!(matches!(tanh_jet(&a, &a, Some(&int)), Err(Error::DTypeMismatch { .. })));
+        let a3 = f(&[2, 3, 4], DType::F32);
+        assert!(matches!(tanh_jet(&a3, &a3, None), Err(Error::InvalidShape { .. })));
+    }
+
+    /// The fused Jacobian update against the composed ops (`j` times
+    /// `tanh_backward(a, 1)` broadcast), forward bit for bit, backward
+    /// against the composed rule: f32 and f64, `j` per point and one
+    /// `[1, d, w]`, sizes that split over threads inside a row.
+    #[test]
+    fn tanh_jac_matches_the_composed_ops() {
+        for dtype in [DType::F32, DType::F64] {
+            for (n, d, w) in [(257, 3, 67), (2, 3, 5)] {
+                let mut rng = Rng::new(5);
+                let a = rng.uniform([n, w], -1.0, 1.0, dtype).unwrap().tanh().unwrap();
+                let g = rng.uniform([n, d, w], -1.0, 1.0, dtype).unwrap();
+                let j_full = rng.uniform([n, d, w], -1.0, 1.0, dtype).unwrap();
+                let j_row = rng.uniform([1, d, w], -1.0, 1.0, dtype).unwrap();
+                let ones = Tensor::ones([n, w], dtype).unwrap();
+                let d1 = a.tanh_backward(&ones).unwrap().unsqueeze(1).unwrap();
+                for j in [&j_full, &j_row] {
+                    let what = format!("{dtype} [{n}, {d}, {w}] j {:?}", j.dims());
+                    let y = tanh_jac(j, &a).unwrap();
+                    assert_eq!(y.dims(), [n, d, w]);
+                    assert_eq!(y.to_vec_f64(), j.mul(&d1).unwrap().to_vec_f64(), "forward, {what}");
+                    let xs: SmallVec<[Tensor; 3]> = smallvec::smallvec![j.clone(), a.clone()];
+                    let fused = TanhJac.vjp_eager(xs, y.clone(), g.clone()).unwrap();
+                    let rule = TanhJac.vjp(&[j, &a], &y, &g).unwrap();
+                    let tol = if dtype == DType::F32 { 1e-4 } else { 1e-12 };
+                    for (i, (p, q)) in fused.iter().zip(&rule).enumerate() {
+                        let (p, q) = (p.as_ref().unwrap(), q.as_ref().unwrap());
+                        assert_eq!(p.dims(), q.dims(), "gradient {i}, {what}");
+                        let (p, q) = (p.to_vec_f64(), q.to_vec_f64());
+                        assert!(p.iter().zip(&q).all(|(p, q)| (p - q).abs() <= tol * (1.0 + q.abs())), "{i} {what}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn tanh_jac_gradients_check() {
+        let mut rng = Rng::new(13);
+        let a = rng.uniform([3, 4], -0.9, 0.9, DType::F64).unwrap();
+        let j = rng.uniform([3, 2, 4], -1.0, 1.0, DType::F64).unwrap();
+        let row = rng.uniform([1, 2, 4], -1.0, 1.0, DType::F64).unwrap();
+        for j in [&j, &row] {
+            check_grads(&|_g, v| tanh_jac(&v[0], &v[1]), &[j.clone(), a.clone()], &CheckOptions::default()).unwrap();
+        }
+    }
+
+    #[test]
+    fn tanh_jac_rejects_bad_input() {
+        let f = |shape: &[usize], dtype| Tensor::ones(shape.to_vec(), dtype).unwrap();
+        let a = f(&[3, 4], DType::F32);
+        assert!(matches!(
+            tanh_jac(&f(&[3, 2, 4], DType::I64), &f(&[3, 4], DType::I64)),
+            Err(Error::UnsupportedDType { .. })
+        ));
+        assert!(matches!(tanh_jac(&f(&[3, 2, 4], DType::F64), &a), Err(Error::DTypeMismatch { .. })));
+        assert!(matches!(tanh_jac(&f(&[3, 2, 5], DType::F32), &a), Err(Error::ShapeMismatch { .. })));
+        assert!(matches!(tanh_jac(&f(&[2, 2, 4], DType::F32), &a), Err(Error::ShapeMismatch { .. })));
+        assert!(matches!(tanh_jac(&f(&[3, 4], DType::F32), &a), Err(Error::ShapeMismatch { .. })));
+        assert!(matches!(
+            tanh_jac(&f(&[3, 2, 4], DType::F32), &f(&[3, 1, 4], DType::F32)),
+            Err(Error::InvalidShape { .. })
+        ));
     }
 }

@@ -77,7 +77,7 @@ pub use attention::{causal_attention, causal_softmax, CausalAttention, CausalSel
 pub use checkpoint::{Checkpoint, CheckpointError, Mismatch};
 pub use data::{DataLoader, Epoch};
 pub use gpt::{Block, Gpt, GptConfig};
-pub use jet::Jet;
+pub use jet::{tanh_jac, tanh_jet, Jet, TanhJac, TanhJet};
 pub use layers::{Activation, Dropout, Embedding, Linear, Mlp};
 pub use lbfgs::{Lbfgs, LbfgsStep};
 pub use loss::mse;

@@ -418,6 +418,56 @@ fn cuda_forward_jet_matches_the_cpu() -> Result<()> {
     Ok(())
 }
 
+/// The tanh layer's fused jet ops on CUDA (which composes them) against
+/// the CPU's kernels: f32 and f64, with and without the incoming
+/// Laplacian, the per-point and the one-row forms, values and gradients.
+#[tapir_testing::cuda_test]
+fn cuda_tanh_jet_ops_match_the_cpu() -> Result<()> {
+    let Some((dev, _serial)) = cuda("cuda_tanh_jet_ops_match_the_cpu") else { return Ok(()) };
+    let (n, d, w) = (5, 2, 7);
+    for dtype in [DType::F32, DType::F64] {
+        let mut rng = Rng::new(23);
+        let a = rng.uniform([n, w], -0.9, 0.9, dtype)?;
+        let s = rng.uniform([n, w], 0.0, 2.0, dtype)?;
+        let row = rng.uniform([w], 0.0, 2.0, dtype)?;
+        let l = rng.uniform([n, w], -1.0, 1.0, dtype)?;
+        let j = rng.uniform([n, d, w], -1.0, 1.0, dtype)?;
+        let j_row = rng.uniform([1, d, w], -1.0, 1.0, dtype)?;
+        let tol = if dtype == DType::F32 { 1e-5 } else { 1e-12 };
+        // Every case's output and its inputs' gradients under a fixed
+        // weighting, on `device`.
+        let run = |device: Device, case: usize| -> Result<Vec<Vec<f64>>> {
+            Graph::scope(|g| {
+                let on = |t: &Tensor| -> Result<Var<'_>> { Ok(g.leaf(t.to_device(device)?)) };
+                let (a, s, row, l, j, j_row) = (on(&a)?, on(&s)?, on(&row)?, on(&l)?, on(&j)?, on(&j_row)?);
+                let (y, inputs) = match case {
+                    0 => (tapir_nn::tanh_jet(&a, &s, Some(&l))?, vec![a, s, l]),
+                    1 => (tapir_nn::tanh_jet(&a, &row, None)?, vec![a, row]),
+                    2 => (tapir_nn::tanh_jac(&j, &a)?, vec![j, a]),
+                    _ => (tapir_nn::tanh_jac(&j_row, &a)?, vec![j_row, a]),
+                };
+                let numel = y.shape().numel() as f64;
+                let weight = Tensor::arange(0.0, numel, 1.0, dtype)?.mul_scalar(1.0 / numel)?.reshape(y.shape())?;
+                let weight = g.constant(weight.to_device(device)?);
+                let loss = y.mul(&y)?.add(&y.mul(&weight)?)?.sum_all()?;
+                let mut out = vec![host_values(&y.value()?)];
+                for grad in g.grad(loss, &inputs)? {
+                    out.push(host_values(&grad));
+                }
+                Ok(out)
+            })
+        };
+        for case in 0..4 {
+            let (cpu, gpu) = (run(Device::Cpu, case)?, run(dev, case)?);
+            assert_eq!(cpu.len(), gpu.len());
+            for (k, (c, u)) in cpu.iter().zip(&gpu).enumerate() {
+                assert_close(&format!("{dtype} case {case} output {k}"), u, c, tol);
+            }
+        }
+    }
+    Ok(())
+}
+
 #[tapir_testing::cuda_test]
 fn cuda_dropout_data_loader_and_lbfgs_match_the_cpu() -> Result<()> {
     let Some((dev, _serial)) = cuda("cuda_dropout_data_loader_and_lbfgs_match_the_cpu") else { return Ok(()) };

@@ -61,8 +61,11 @@ fn lock() -> std::sync::MutexGuard<'static, Cache> {
 
 /// An empty vector with room for exactly `n` elements: a cached buffer of
 /// that size when there is one, else a fresh allocation (after emptying the
-/// cache, if the first try finds no memory).
-pub(crate) fn take<T>(n: usize) -> crate::Result<Vec<T>> {
+/// cache, if the first try finds no memory). Public for kernels outside
+/// this crate that write every element themselves (through
+/// `spare_capacity_mut`, then `set_len`), where [`filled`] would write
+/// each element twice.
+pub fn take<T>(n: usize) -> crate::Result<Vec<T>> {
     let (size, align) = (std::mem::size_of::<T>(), std::mem::align_of::<T>());
     // A size that overflows is never cached; `try_vec` reports it.
     let bytes = n.saturating_mul(size);

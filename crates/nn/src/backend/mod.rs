@@ -21,7 +21,7 @@ pub(crate) mod norm;
 
 pub(crate) use affine::{AffineKernels, AffinePlan, LowAffinePlan};
 pub(crate) use attention::{AttentionKernels, AttentionPlan, CausalSoftmaxPlan};
-pub(crate) use jet::{JetKernels, SumSquaresPlan};
+pub(crate) use jet::{JetKernels, SumSquaresPlan, TanhJacPlan, TanhJetPlan};
 pub(crate) use norm::{NormKernels, NormPlan};
 
 /// A device as this crate's fused ops see it: one kernel trait per family.

@@ -2,9 +2,11 @@
 //!
 //! The causal softmax and the fused causal attention have kernels of
 //! their own (`kernels/softmax.cu` and `kernels/attention.cu`, launched by
-//! [`tapir_tensor::cuda::attention`]); the affine op, the norms and the
-//! Jacobian's sum of squares have none on this device and say so (`None`),
-//! so their ops run the composition of tensor ops, each a CUDA kernel.
+//! [`tapir_tensor::cuda::attention`]), and so have a tanh layer's jet
+//! updates (`kernels/jet.cu`, [`tapir_tensor::cuda::jet`]); the affine op,
+//! the norms and the Jacobian's sum of squares have none on this device
+//! and say so (`None`), so their ops run the composition of tensor ops,
+//! each a CUDA kernel.
 //!
 //! [`CudaBackend`] implements the kernel traits of [`crate::backend`], each
 //! in the file named after its family as in `cpu/`, and imports the plan

@@ -25,6 +25,7 @@ pub(crate) mod cross_entropy;
 pub(crate) mod driver;
 pub(crate) mod fill;
 pub(crate) mod index;
+pub mod jet;
 pub(crate) mod launch;
 mod libs;
 pub(crate) mod matmul;
@@ -80,6 +81,7 @@ pub const KERNELS: &[(&str, &str)] = &[
     ("random.cu", include_str!("../../kernels/random.cu")),
     ("optim.cu", include_str!("../../kernels/optim.cu")),
     ("attention.cu", include_str!("../../kernels/attention.cu")),
+    ("jet.cu", include_str!("../../kernels/jet.cu")),
 ];
 
 /// Every CUDA kernel the op families name, as `(file of kernels/, entry)`
@@ -113,6 +115,8 @@ pub fn kernel_entries() -> Vec<(&'static str, String)> {
     out.extend(optim::kernels());
     // tapir-nn's causal softmax and fused attention.
     out.extend(attention::kernels());
+    // tapir-nn's tanh-layer jet updates.
+    out.extend(jet::kernels());
     out
 }
 
