@@ -961,14 +961,14 @@ test_device! {
     }
 
     /// The epilogues of a product sum (tanh, and times `1 - h^2`) on row-split,
-    /// column-split (short outputs, and wide ones: `n > m`, 100 x 300) and
-    /// inner-dimension-split products, against the composed ops: with one
+    /// column-split (short outputs, and wide ones whose `b` passes 8 MiB:
+    /// 24 x 1,100 x 1,000 in f64) and inner-dimension-split products, against the composed ops: with one
     /// product (the CPU adds the bias in the epilogue's pass) and with two
     /// (it fills the block with the bias first).
     fn linear_sum_then_applies_its_epilogue_on_every_split(device: Device) -> R {
         let on = On(device);
         use tapir_tensor::ops::rules::matmul::{fused_linear_sum_then, linear_sum, Then};
-        for (m, k, n) in [(1000, 64, 64), (8, 512, 600), (100, 128, 300), (32, 2048, 32), (5, 3, 7)] {
+        for (m, k, n) in [(1000, 64, 64), (8, 512, 600), (24, 1100, 1000), (32, 2048, 32), (5, 3, 7)] {
             let (a, b, bias, h) = (vals(m * k, 41), vals(k * n, 42), vals(n, 43), vals(m * n, 44));
             let (ta, tb, tbias) = (on.f64s(&a, &[m, k]), on.f64s(&b, &[k, n]), on.f64s(&bias, &[n]));
             // Scaled so tanh is not saturated.

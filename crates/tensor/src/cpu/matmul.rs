@@ -109,6 +109,10 @@ const SMALL_K: usize = 16;
 const SMALL_OUT: usize = 1 << 14;
 /// The inner-dimension chunk of [`Gemm::split_k`].
 const K_CHUNK: usize = 512;
+/// A wide product (`n > m`) whose `b` holds at least this many bytes (two
+/// cores' L2 caches several times over, a quarter of the Zen 4's L3) is
+/// split by columns.
+const WIDE_B_BYTES: usize = 8 << 20;
 
 impl<T: Float> Gemm<T> {
     /// One product, `dst = a @ b` (or `+=`).
@@ -181,14 +185,17 @@ impl<T: Float> Gemm<T> {
         // The microkernels cover 16 rows or 4 columns at a time.
         let rows = m.div_ceil(parts).next_multiple_of(16);
         let cols = n.div_ceil(parts).next_multiple_of(4);
-        // A wide product (a chunk of logits, `h W^T` with `n` the
-        // vocabulary) splits by columns: by rows, every thread would pack
-        // all of `b` (the whole weight) for its share of the rows; by
-        // columns each packs its share of `b` and all of the small `a`. At
-        // 1,048 x 32,000 x 768 on the 2-core Zen 4, four interleaved pairs
-        // under load: 89-100 GFLOP/s by columns against 88-97 by rows
-        // (docs/performance.md).
-        let wide = n > m && k_max > SMALL_K && by_work > 1;
+        // A wide product whose `b` outgrows the caches (a chunk of logits,
+        // `h W^T` with `n` the vocabulary: a 94 MiB weight) splits by
+        // columns: by rows, every thread would pack all of `b` from memory
+        // for its share of the rows; by columns each packs its share of `b`
+        // and all of the small `a`. At 1,048 x 32,000 x 768 on the 2-core
+        // Zen 4, four interleaved pairs under load: 89-100 GFLOP/s by
+        // columns against 88-97 by rows (docs/performance.md). A `b` that
+        // fits (the mini-GPT's 64 x 256 x 576, 576 KiB) keeps the row split:
+        // by columns its steps took 1-2% longer in three pairs of four.
+        let b_bytes = k_max * n * std::mem::size_of::<T>();
+        let wide = n > m && k_max > SMALL_K && by_work > 1 && b_bytes >= WIDE_B_BYTES;
         let wide_cols = n.div_ceil(by_work).next_multiple_of(16);
         if wide && wide_cols < n && crate::cpu::pool::width() > 1 {
             // SAFETY: the parts' column ranges are disjoint blocks of `dst`.
@@ -726,5 +733,26 @@ mod tests {
     fn gemm_into_matches_a_plain_product() {
         check::<f32>(1e-4);
         check::<f64>(1e-12);
+    }
+
+    /// A wide product whose `b` passes [`WIDE_B_BYTES`] (the fused head's
+    /// logits, `h W^T`: `b` read transposed), split by columns over the
+    /// pool when it has helpers, against a plain loop.
+    #[test]
+    fn gemm_into_matches_a_plain_product_with_a_large_b() {
+        let (m, n, k) = (9, 2100, 1024);
+        assert!(k * n * 4 >= WIDE_B_BYTES);
+        let val = |i: usize, seed: usize| ((i * 7919 + seed * 104_729) % 1013) as f32 / 1013.0 - 0.5;
+        let a: Vec<f32> = (0..m * k).map(|i| val(i, 1)).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| val(i, 2)).collect();
+        let mut dst = vec![0.0f32; m * n];
+        gemm_into(&mut dst, m, n, k, MatRef { data: &a, rs: k, cs: 1 }, MatRef { data: &b, rs: 1, cs: k }, false);
+        for i in 0..m {
+            for j in 0..n {
+                let want: f64 = (0..k).map(|p| a[i * k + p] as f64 * b[j * k + p] as f64).sum();
+                let got = dst[i * n + j] as f64;
+                assert!((got - want).abs() <= 1e-4 * (1.0 + want.abs()), "at {i},{j}: {got} vs {want}");
+            }
+        }
     }
 }
