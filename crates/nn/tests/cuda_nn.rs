@@ -418,14 +418,16 @@ fn cuda_forward_jet_matches_the_cpu() -> Result<()> {
     Ok(())
 }
 
-/// The tanh layer's fused jet ops on CUDA (which composes them) against
+/// The tanh layer's fused jet ops on CUDA (kernels/jet.cu) against
 /// the CPU's kernels: f32 and f64, with and without the incoming
-/// Laplacian, the per-point and the one-row forms, values and gradients.
+/// Laplacian, the per-point and the one-row forms, values and gradients,
+/// on the element loops and the 16-byte packs; bf16 and f16 against f64.
 #[tapir_testing::cuda_test]
 fn cuda_tanh_jet_ops_match_the_cpu() -> Result<()> {
     let Some((dev, _serial)) = cuda("cuda_tanh_jet_ops_match_the_cpu") else { return Ok(()) };
-    let (n, d, w) = (5, 2, 7);
-    for dtype in [DType::F32, DType::F64] {
+    // w = 7: the kernels' element loops (and tanh_jet's per-point packs
+    // with an element tail); w = 16: every kernel's 16-byte packs.
+    for ((n, d, w), dtype) in [(5, 2, 7), (6, 3, 16)].into_iter().flat_map(|s| [(s, DType::F32), (s, DType::F64)]) {
         let mut rng = Rng::new(23);
         let a = rng.uniform([n, w], -0.9, 0.9, dtype)?;
         let s = rng.uniform([n, w], 0.0, 2.0, dtype)?;
@@ -461,7 +463,47 @@ fn cuda_tanh_jet_ops_match_the_cpu() -> Result<()> {
             let (cpu, gpu) = (run(Device::Cpu, case)?, run(dev, case)?);
             assert_eq!(cpu.len(), gpu.len());
             for (k, (c, u)) in cpu.iter().zip(&gpu).enumerate() {
-                assert_close(&format!("{dtype} case {case} output {k}"), u, c, tol);
+                assert_close(&format!("{dtype} w {w} case {case} output {k}"), u, c, tol);
+            }
+        }
+    }
+    // The 16-bit kernels (f32 arithmetic, one rounding an output) against
+    // f64 on the CPU from the same rounded inputs: values and gradients
+    // for an output gradient `weight`, within a 16-bit rounding.
+    for ((n, d, w), dtype) in [(5, 2, 7), (6, 3, 16)].into_iter().flat_map(|s| [(s, DType::BF16), (s, DType::F16)]) {
+        let mut rng = Rng::new(29);
+        let draw = |rng: &mut Rng, dims: &[usize], lo: f64, hi: f64| -> Result<Tensor> {
+            rng.uniform(dims, lo, hi, DType::F32)?.cast(dtype)
+        };
+        let a = draw(&mut rng, &[n, w], -0.9, 0.9)?;
+        let (s, row, l) =
+            (draw(&mut rng, &[n, w], 0.0, 2.0)?, draw(&mut rng, &[w], 0.0, 2.0)?, draw(&mut rng, &[n, w], -1.0, 1.0)?);
+        let (j, j_row) = (draw(&mut rng, &[n, d, w], -1.0, 1.0)?, draw(&mut rng, &[1, d, w], -1.0, 1.0)?);
+        let run = |device: Device, as_dtype: DType, case: usize| -> Result<Vec<Vec<f64>>> {
+            Graph::scope(|g| {
+                let on = |t: &Tensor| -> Result<Var<'_>> { Ok(g.leaf(t.cast(as_dtype)?.to_device(device)?)) };
+                let (a, s, row, l, j, j_row) = (on(&a)?, on(&s)?, on(&row)?, on(&l)?, on(&j)?, on(&j_row)?);
+                let (y, inputs) = match case {
+                    0 => (tapir_nn::tanh_jet(&a, &s, Some(&l))?, vec![a, s, l]),
+                    1 => (tapir_nn::tanh_jet(&a, &row, None)?, vec![a, row]),
+                    2 => (tapir_nn::tanh_jac(&j, &a)?, vec![j, a]),
+                    _ => (tapir_nn::tanh_jac(&j_row, &a)?, vec![j_row, a]),
+                };
+                let numel = y.shape().numel() as f64;
+                let weight = Tensor::arange(0.0, numel, 1.0, DType::F32)?.mul_scalar(1.0 / numel)?.cast(dtype)?;
+                let weight = g.constant(weight.cast(as_dtype)?.reshape(y.shape())?.to_device(device)?);
+                let loss = y.mul(&weight)?.sum_all()?;
+                let mut out = vec![host_values(&y.value()?)];
+                for grad in g.grad(loss, &inputs)? {
+                    out.push(host_values(&grad));
+                }
+                Ok(out)
+            })
+        };
+        for case in 0..4 {
+            let (want, got) = (run(Device::Cpu, DType::F64, case)?, run(dev, dtype, case)?);
+            for (k, (c, u)) in want.iter().zip(&got).enumerate() {
+                assert_close(&format!("{dtype} w {w} case {case} output {k}"), u, c, 1e-2);
             }
         }
     }
