@@ -418,6 +418,18 @@ fn cuda_forward_jet_matches_the_cpu() -> Result<()> {
     Ok(())
 }
 
+/// Case `case` of the jet ops' tests on the leaves `[a, s, row, l, j,
+/// j_row]`: the op's output and the inputs it reads.
+fn jet_case<'g>(case: usize, v: Vec<Var<'g>>) -> Result<(Var<'g>, Vec<Var<'g>>)> {
+    let [a, s, row, l, j, j_row] = v[..] else { panic!("six leaves") };
+    Ok(match case {
+        0 => (tapir_nn::tanh_jet(&a, &s, Some(&l))?, vec![a, s, l]),
+        1 => (tapir_nn::tanh_jet(&a, &row, None)?, vec![a, row]),
+        2 => (tapir_nn::tanh_jac(&j, &a)?, vec![j, a]),
+        _ => (tapir_nn::tanh_jac(&j_row, &a)?, vec![j_row, a]),
+    })
+}
+
 /// The tanh layer's fused jet ops on CUDA (kernels/jet.cu) against
 /// the CPU's kernels: f32 and f64, with and without the incoming
 /// Laplacian, the per-point and the one-row forms, values and gradients,
@@ -441,13 +453,8 @@ fn cuda_tanh_jet_ops_match_the_cpu() -> Result<()> {
         let run = |device: Device, case: usize| -> Result<Vec<Vec<f64>>> {
             Graph::scope(|g| {
                 let on = |t: &Tensor| -> Result<Var<'_>> { Ok(g.leaf(t.to_device(device)?)) };
-                let (a, s, row, l, j, j_row) = (on(&a)?, on(&s)?, on(&row)?, on(&l)?, on(&j)?, on(&j_row)?);
-                let (y, inputs) = match case {
-                    0 => (tapir_nn::tanh_jet(&a, &s, Some(&l))?, vec![a, s, l]),
-                    1 => (tapir_nn::tanh_jet(&a, &row, None)?, vec![a, row]),
-                    2 => (tapir_nn::tanh_jac(&j, &a)?, vec![j, a]),
-                    _ => (tapir_nn::tanh_jac(&j_row, &a)?, vec![j_row, a]),
-                };
+                let (y, inputs) =
+                    jet_case(case, [&a, &s, &row, &l, &j, &j_row].map(on).into_iter().collect::<Result<Vec<_>>>()?)?;
                 let numel = y.shape().numel() as f64;
                 let weight = Tensor::arange(0.0, numel, 1.0, dtype)?.mul_scalar(1.0 / numel)?.reshape(y.shape())?;
                 let weight = g.constant(weight.to_device(device)?);
@@ -482,13 +489,8 @@ fn cuda_tanh_jet_ops_match_the_cpu() -> Result<()> {
         let run = |device: Device, as_dtype: DType, case: usize| -> Result<Vec<Vec<f64>>> {
             Graph::scope(|g| {
                 let on = |t: &Tensor| -> Result<Var<'_>> { Ok(g.leaf(t.cast(as_dtype)?.to_device(device)?)) };
-                let (a, s, row, l, j, j_row) = (on(&a)?, on(&s)?, on(&row)?, on(&l)?, on(&j)?, on(&j_row)?);
-                let (y, inputs) = match case {
-                    0 => (tapir_nn::tanh_jet(&a, &s, Some(&l))?, vec![a, s, l]),
-                    1 => (tapir_nn::tanh_jet(&a, &row, None)?, vec![a, row]),
-                    2 => (tapir_nn::tanh_jac(&j, &a)?, vec![j, a]),
-                    _ => (tapir_nn::tanh_jac(&j_row, &a)?, vec![j_row, a]),
-                };
+                let (y, inputs) =
+                    jet_case(case, [&a, &s, &row, &l, &j, &j_row].map(on).into_iter().collect::<Result<Vec<_>>>()?)?;
                 let numel = y.shape().numel() as f64;
                 let weight = Tensor::arange(0.0, numel, 1.0, DType::F32)?.mul_scalar(1.0 / numel)?.cast(dtype)?;
                 let weight = g.constant(weight.cast(as_dtype)?.reshape(y.shape())?.to_device(device)?);
