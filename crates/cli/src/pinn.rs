@@ -96,6 +96,23 @@ pub struct Args {
     /// for burgers).
     #[arg(long)]
     pub ic_weight: Option<f64>,
+    /// Residual-based collocation points: every --adaptive-every L-BFGS
+    /// iterations, for --adaptive-rounds rounds, the PDE residual of the
+    /// network is evaluated at
+    /// --adaptive-candidates fresh random points and this many of them,
+    /// where it is largest, join the interior points; L-BFGS restarts its
+    /// history after each round (the loss changed). Default: 0 (none).
+    #[arg(long, default_value_t = 0)]
+    pub adaptive: usize,
+    /// Rounds of --adaptive points.
+    #[arg(long, default_value_t = 1)]
+    pub adaptive_rounds: usize,
+    /// L-BFGS iterations between two rounds of --adaptive points.
+    #[arg(long, default_value_t = 1000)]
+    pub adaptive_every: usize,
+    /// Random points whose residual a round of --adaptive points ranks.
+    #[arg(long, default_value_t = 20_000)]
+    pub adaptive_candidates: usize,
     /// Compute in f64 instead of f32.
     #[arg(long)]
     pub f64: bool,
@@ -339,15 +356,30 @@ impl Points {
     }
 }
 
-fn sample(p: Problem, a: &Args, dtype: DType, device: Device, gh: &GaussHermite) -> Result<Points> {
+/// `n` points drawn uniformly from the problem's domain, as (x, y) pairs.
+fn uniform_points(p: Problem, rng: &mut Rng, n: usize) -> Vec<f64> {
+    let ((x0, x1), (y0, y1)) = domain(p);
+    let mut v = Vec::with_capacity(n * 2);
+    for _ in 0..n {
+        v.push(x0 + (x1 - x0) * rng.next_f64());
+        v.push(y0 + (y1 - y0) * rng.next_f64());
+    }
+    v
+}
+
+/// Poisson's source term at (x, y).
+fn source_at(x: f64, y: f64) -> f64 {
+    2.0 * PI * PI * (PI * x).sin() * (PI * y).sin()
+}
+
+/// The points of a run: --interior's drawn from the seed, then `extra`
+/// interior points ((x, y) pairs, the residual-based ones), then the edges.
+fn sample(p: Problem, a: &Args, extra: &[f64], dtype: DType, device: Device, gh: &GaussHermite) -> Result<Points> {
     let mut rng = Rng::new(a.seed);
     let ((x0, x1), (y0, y1)) = domain(p);
-    let n = a.interior;
-    let mut inner = Vec::with_capacity(n * 2);
-    for _ in 0..n {
-        inner.push(x0 + (x1 - x0) * rng.next_f64());
-        inner.push(y0 + (y1 - y0) * rng.next_f64());
-    }
+    let mut inner = uniform_points(p, &mut rng, a.interior);
+    inner.extend_from_slice(extra);
+    let n = inner.len() / 2;
     // Edges: for Poisson all four sides; for the evolution problems the two
     // spatial boundaries and the initial line t = 0.
     let m = a.boundary;
@@ -374,7 +406,7 @@ fn sample(p: Problem, a: &Args, dtype: DType, device: Device, gh: &GaussHermite)
     let w = a.initial_weight();
     let edge_w = (w != 1.0).then(|| edge.chunks(2).map(|c| if c[1] == y0 { w } else { 1.0 }).collect::<Vec<f64>>());
     let edge_u: Vec<f64> = edge.chunks(2).map(|c| exact(p, c[0], c[1], gh)).collect();
-    let source: Vec<f64> = inner.chunks(2).map(|c| 2.0 * PI * PI * (PI * c[0]).sin() * (PI * c[1]).sin()).collect();
+    let source: Vec<f64> = inner.chunks(2).map(|c| source_at(c[0], c[1])).collect();
     // The points are drawn on the host (the same ones on every device) and
     // then moved once.
     let put = |v: Vec<f64>, shape: [usize; 2]| Tensor::from_vec(v, shape)?.cast(dtype)?.to_device(device);
@@ -461,6 +493,35 @@ pub fn values<'g>(net: &Mlp, p: &Bound<'g>, pts: &Tensor, mirror: Option<&Tensor
         None => Ok(u),
         Some(m) => u.sub(&at(pts.mul(m)?)?)?.mul_scalar(0.5),
     }
+}
+
+/// The `k` of `m` points drawn from `rng` where the network's PDE residual
+/// is largest in magnitude, as (x, y) pairs, the largest first (ties by
+/// draw order, so every rank picks the same). The residual is evaluated in
+/// one jet over all `m` (and their mirror images with `mirror`).
+#[allow(clippy::too_many_arguments)]
+pub fn worst_points(
+    prob: Problem,
+    net: &Mlp,
+    store: &ParamStore,
+    mirror: Option<&Tensor>,
+    rng: &mut Rng,
+    (k, m): (usize, usize),
+    dtype: DType,
+    device: Device,
+) -> Result<Vec<f64>> {
+    let cand = uniform_points(prob, rng, m);
+    let src: Vec<f64> = cand.chunks(2).map(|c| source_at(c[0], c[1])).collect();
+    let put = |v: Vec<f64>, shape: [usize; 2]| Tensor::from_vec(v, shape)?.cast(dtype)?.to_device(device);
+    let (pts, src) = (put(cand.clone(), [m, 2])?, put(src, [m, 1])?);
+    let r = Graph::scope(|g| {
+        let p = store.bind(g);
+        let [u, grad, second] = solution(net, &p, &pts, diffusion_dims(prob), mirror)?;
+        Ok::<_, Error>(residual(prob, &u, &grad, &second, &g.constant(src))?.value()?.to_vec_f64())
+    })?;
+    let mut order: Vec<usize> = (0..m).collect();
+    order.sort_by(|&i, &j| r[j].abs().total_cmp(&r[i].abs()).then(i.cmp(&j)));
+    Ok(order[..k.min(m)].iter().flat_map(|&i| [cand[2 * i], cand[2 * i + 1]]).collect())
 }
 
 /// The PINN loss of `net` at the points: mean squared residual plus mean
@@ -595,17 +656,28 @@ pub struct Outcome {
     /// another dtype than Adam (its parameters, points and grid are cast and
     /// Adam's moments freed, so the level changes there once).
     pub phase_switch: Option<usize>,
+    /// The indices in `live` where a round of --adaptive points joined the
+    /// interior (the points grow, so the level changes there too).
+    pub point_rounds: Vec<usize>,
 }
 
 impl Outcome {
     /// Whether live memory is identical at every step boundary after the
-    /// first, within each phase (see [`Outcome::phase_switch`]).
+    /// first, within each phase (split at [`Outcome::phase_switch`] and at
+    /// each of [`Outcome::point_rounds`]).
     pub fn live_flat(&self) -> bool {
         let flat = |v: &[usize]| v.iter().skip(1).all(|&b| b == v[1.min(v.len().saturating_sub(1))]);
-        match self.phase_switch {
-            Some(k) if k <= self.live.len() => flat(&self.live[..k]) && flat(&self.live[k..]),
-            _ => flat(&self.live),
-        }
+        let mut cuts: Vec<usize> = self.phase_switch.iter().chain(&self.point_rounds).copied().collect();
+        cuts.retain(|&k| k <= self.live.len());
+        cuts.sort_unstable();
+        cuts.dedup();
+        let mut start = 0;
+        cuts.push(self.live.len());
+        cuts.into_iter().all(|k| {
+            let ok = flat(&self.live[start..k]);
+            start = k;
+            ok
+        })
     }
 }
 
@@ -666,10 +738,22 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
     if !(ic_weight.is_finite() && ic_weight >= 0.0) {
         bail!("--ic-weight must be a finite weight >= 0, not {ic_weight}");
     }
+    if a.adaptive > 0 && (a.adaptive > a.adaptive_candidates || a.adaptive_every == 0) {
+        bail!(
+            "--adaptive ({}) takes the worst of --adaptive-candidates ({}) random points, every --adaptive-every ({}) \
+             L-BFGS iterations: it must be at most the candidates, and the interval at least 1",
+            a.adaptive,
+            a.adaptive_candidates,
+            a.adaptive_every
+        );
+    }
     if !(a.lbfgs_f64_cost.is_finite() && a.lbfgs_f64_cost > 0.0) {
         bail!("--lbfgs-f64-cost must be a finite cost > 0, not {}", a.lbfgs_f64_cost);
     }
     let edges = a.boundary + a.ic_points;
+    if world > 1 && !a.adaptive.is_multiple_of(world) {
+        bail!("--adaptive ({}) must be a multiple of the {world} ranks, as --interior is", a.adaptive);
+    }
     if world > 1 && !(a.interior.is_multiple_of(world) && edges.is_multiple_of(world)) {
         anyhow::bail!(
             "--dist mpi on {world} ranks: --interior ({}) and --boundary plus --ic-points ({edges}) must be multiples \
@@ -693,15 +777,19 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
     }
     let gh = GaussHermite::new(200);
     // Every rank draws every point from the seed, then keeps its share.
-    let points = |dtype: DType| -> Result<Points> {
-        let pts = sample(prob, a, dtype, device, &gh)?;
+    let points = |dtype: DType, extra: &[f64]| -> Result<Points> {
+        let pts = sample(prob, a, extra, dtype, device, &gh)?;
         if world > 1 {
             pts.shard(rank, world)
         } else {
             Ok(pts)
         }
     };
-    let mut pts = points(dtype)?;
+    // The residual-based interior points ((x, y) pairs), kept on the host
+    // so that a dtype switch rebuilds them with the rest.
+    let mut extra: Vec<f64> = Vec::new();
+    let mut adaptive_rng = Rng::new(a.seed.wrapping_add(2));
+    let mut pts = points(dtype, &extra)?;
     let mut grid = Grid::new(prob, dtype, device, &gh)?;
     let mut rng = Rng::new(a.seed.wrapping_add(1));
     let mut store = ParamStore::new();
@@ -765,6 +853,8 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
     // Where the live memory's level may change: the L-BFGS phase holds
     // other dtypes and no Adam state.
     let mut phase_switch = None;
+    // The parameters' dtype.
+    let mut now = dtype;
     // Adam's moments are no longer needed; the parameters, the points
     // (drawn again from the same seed: the same points) and the grid are
     // rebuilt in the new dtype.
@@ -777,8 +867,9 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
                 let t = store.get_mut(id);
                 *t = t.cast(to)?;
             }
-            pts = points(to)?;
+            pts = points(to, &extra)?;
             grid = Grid::new(prob, to, device, &gh)?;
+            now = to;
             if world > 1 {
                 // The gradient buckets hold the old dtype.
                 ddp = Some(DataParallel::new(comm, &mut store, DdpOptions::default())?);
@@ -789,6 +880,27 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
         switch_dtype!(lbfgs_dtype);
         phase_switch = Some(steps);
     }
+    // A round of residual-based points: the interior grows by --adaptive.
+    macro_rules! refine {
+        ($dtype:expr) => {{
+            let to: DType = $dtype;
+            let mirror = odd.then_some(&pts.mirror);
+            let k = (a.adaptive, a.adaptive_candidates);
+            extra.extend(worst_points(prob, &net, &store, mirror, &mut adaptive_rng, k, to, device)?);
+            pts = points(to, &extra)?;
+            if speak {
+                bar.suspend(|| {
+                    println!(
+                        "adaptive: {} of {} random points where the residual is largest join the interior ({} now)",
+                        a.adaptive,
+                        a.adaptive_candidates,
+                        a.interior + extra.len() / 2
+                    )
+                });
+            }
+        }};
+    }
+    let mut point_rounds = Vec::new();
     let mut lbfgs = Lbfgs::new(50);
     // The iterations are a budget: with f32-then-f64, an f64 iteration after
     // the switch counts as --lbfgs-f64-cost f32 ones (about its cost), so
@@ -802,6 +914,12 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
     };
     let mut it = 0;
     while fits(cheap, dear, lbfgs_dtype) {
+        if a.adaptive > 0 && point_rounds.len() < a.adaptive_rounds && it > 0 && it % a.adaptive_every == 0 {
+            // The loss changes with the points: the history goes.
+            refine!(lbfgs_dtype);
+            point_rounds.push(live.len());
+            lbfgs.reset();
+        }
         let st =
             lbfgs.step(&mut store, |s: &ParamStore| loss_and_grads(prob, &net, &pts, odd, s, comm, ddp.as_mut()))?;
         live.push(memory_allocated(device));
@@ -874,7 +992,7 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
     let seconds = started.elapsed().as_secs_f64();
     // After the clock stops: the paper's grid is an extra 25,600 points.
     let paper_grid_rel_l2 = if prob == Problem::Burgers && speak {
-        let paper = Grid::paper(prob, if phase_switch.is_some() { lbfgs_dtype } else { dtype }, device, &gh)?;
+        let paper = Grid::paper(prob, now, device, &gh)?;
         Some(paper.rel_l2(&paper.predict(&net, &store, mirror)?))
     } else {
         None
@@ -893,6 +1011,7 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
             allreduce_s,
             phase_switch,
             paper_grid_rel_l2,
+            point_rounds,
         });
     }
     if !a.plot.as_os_str().is_empty() {
@@ -971,6 +1090,7 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
         allreduce_s,
         phase_switch,
         paper_grid_rel_l2,
+        point_rounds,
     })
 }
 
@@ -996,6 +1116,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             "world": o.world,
             "allreduce_s": o.allreduce_s,
             "phase_switch": o.phase_switch,
+            "point_rounds": o.point_rounds,
             "paper_grid_rel_l2": o.paper_grid_rel_l2,
             "adam_steps": a.adam_steps(),
             "lbfgs_iterations": o.losses.len().saturating_sub(a.adam_steps()),

@@ -6,7 +6,9 @@ use std::f64::consts::PI;
 
 use tapir::nn::{Activation, Mlp, ParamStore};
 use tapir::prelude::*;
-use tapir_cli::pinn::{burgers_cole_hopf, residual, solution, train, values, Args, GaussHermite, Precision, Problem};
+use tapir_cli::pinn::{
+    burgers_cole_hopf, residual, solution, train, values, worst_points, Args, GaussHermite, Precision, Problem,
+};
 
 /// The memory counters are process-wide and tests run in parallel: every
 /// test here that makes tensors holds this lock, so the flat-memory check
@@ -106,6 +108,10 @@ fn a_short_poisson_run_lowers_the_error_with_flat_memory() {
         boundary: 64,
         ic_points: 0,
         ic_weight: None,
+        adaptive: 0,
+        adaptive_rounds: 1,
+        adaptive_every: 1000,
+        adaptive_candidates: 20_000,
         f64: false,
         lbfgs_precision: None,
         lbfgs_f64_cost: 2.7,
@@ -180,6 +186,10 @@ fn a_burgers_run_switches_to_f64_for_lbfgs_with_flat_memory_in_each_phase() {
         boundary: 48,
         ic_points: 0,
         ic_weight: Some(1.0),
+        adaptive: 0,
+        adaptive_rounds: 1,
+        adaptive_every: 1000,
+        adaptive_candidates: 20_000,
         f64: false,
         lbfgs_precision: Some(Precision::F64),
         lbfgs_f64_cost: 2.7,
@@ -220,6 +230,10 @@ fn tiny_burgers() -> Args {
         boundary: 30,
         ic_points: 0,
         ic_weight: Some(1.0),
+        adaptive: 0,
+        adaptive_rounds: 1,
+        adaptive_every: 1000,
+        adaptive_candidates: 20_000,
         f64: false,
         lbfgs_precision: Some(Precision::F32),
         lbfgs_f64_cost: 2.7,
@@ -264,6 +278,50 @@ fn the_initial_line_flags_change_the_loss_and_are_checked() {
     ];
     for a in refused {
         assert!(train(&a).is_err(), "{:?} {} {:?}", a.problem, a.ic_points, a.ic_weight);
+    }
+}
+
+/// `--adaptive`: the points a round picks are the candidates with the
+/// largest residuals, largest first; the rounds come every --adaptive-every
+/// L-BFGS iterations, change the losses only from the first, keep memory flat between rounds, and repeat bit for bit.
+#[test]
+fn adaptive_points_join_where_the_residual_is_largest() {
+    let _s = serial();
+    let mut store = ParamStore::new();
+    let net = Mlp::xavier(&mut store, "u", &[2, 8, 8, 1], Activation::Tanh, &mut Rng::new(3), DType::F64).unwrap();
+    let mirror = Tensor::from_vec(vec![-1.0f64, 1.0], [1, 2]).unwrap();
+    let pick = |k: usize| {
+        let mut rng = Rng::new(9);
+        worst_points(Problem::Burgers, &net, &store, Some(&mirror), &mut rng, (k, 300), DType::F64, Device::Cpu)
+            .unwrap()
+    };
+    let (all, some) = (pick(300), pick(40));
+    assert_eq!(all.len(), 600);
+    assert_eq!(some[..], all[..80], "the 40 worst are the first 40 of the ranking");
+    // Recompute each residual independently: the ranking is by |residual|.
+    let r = Graph::scope(|g| {
+        let p = store.bind(g);
+        let pts = Tensor::from_vec(all.clone(), [300, 2])?;
+        let [u, grad, second] = solution(&net, &p, &pts, &[0], Some(&mirror))?;
+        let zero = g.constant(Tensor::zeros([300, 1], DType::F64)?);
+        Ok::<_, Error>(residual(Problem::Burgers, &u, &grad, &second, &zero)?.value()?.to_vec_f64())
+    })
+    .unwrap();
+    assert!(r.windows(2).all(|w| w[0].abs() >= w[1].abs()), "not ranked by |residual|");
+    assert!(r[0].abs() > 2.0 * r[299].abs(), "a flat residual would not test the ranking: {} {}", r[0], r[299]);
+
+    let plain = train(&tiny_burgers()).unwrap();
+    let a = Args { adaptive: 24, adaptive_candidates: 400, adaptive_rounds: 2, adaptive_every: 5, ..tiny_burgers() };
+    let (o, again) = (train(&a).unwrap(), train(&a).unwrap());
+    let steps = a.adam_steps();
+    assert_eq!(o.point_rounds, [steps + 5, steps + 10]);
+    assert_eq!(o.losses[..steps + 5], plain.losses[..steps + 5], "nothing changes before the first round");
+    assert_ne!(o.losses[steps + 5], plain.losses[steps + 5], "the new points change the loss");
+    assert_eq!(o.losses, again.losses);
+    assert!(o.live_flat(), "live memory moved between rounds: {:?}", o.live);
+    for bad in [Args { adaptive: 500, adaptive_candidates: 400, ..a.clone() }, Args { adaptive_every: 0, ..a.clone() }]
+    {
+        assert!(train(&bad).is_err(), "{} of {} every {}", bad.adaptive, bad.adaptive_candidates, bad.adaptive_every);
     }
 }
 
