@@ -43,8 +43,10 @@ fn philox_matches_the_random123_known_answers() {
 }
 
 /// Element `i` of an f32 `rand` is lane `i % 4` of block `offset + i / 4`,
-/// its top 24 bits over 2^24; an f64 element is two lanes' top 53 bits;
-/// the key is the seed's halves.
+/// its top 24 bits over 2^24; an f64 element is two lanes' top 53 bits; a
+/// bf16 or f16 element is half a lane (`2j` the high half of lane `j`,
+/// `2j + 1` the low half) of block `offset + i / 8`, that half's top 8 or
+/// 11 bits over 2^8 or 2^11; the key is the seed's halves.
 #[test]
 fn a_tensor_draw_reads_the_documented_blocks_and_lanes() {
     let seed = 0x0123_4567_89ab_cdef_u64;
@@ -71,6 +73,22 @@ fn a_tensor_draw_reads_the_documented_blocks_and_lanes() {
     // Normal pairs share a block's words: 5 f32 normals take 2 blocks.
     rng.randn([5], DType::F32).unwrap();
     assert_eq!(rng.offset(), 8);
+    for (dtype, d) in [(DType::BF16, 8), (DType::F16, 11)] {
+        let at = rng.offset();
+        let z = rng.uniform([3, 3], -1.0, 3.0, dtype).unwrap().to_vec_f64();
+        assert_eq!(rng.offset(), at + 2, "9 {dtype:?}s take ceil(9 / 8) blocks");
+        for (i, v) in z.iter().enumerate() {
+            let w = block(at + i as u64 / 8)[i % 8 / 2];
+            let half = if i % 2 == 0 { w >> 16 } else { w & 0xffff };
+            // Exact in the dtype: -1 + 4 x 2^-d has at most d significant bits.
+            let want = -1.0 + 4.0 * f64::from(half >> (16 - d)) / f64::from(1u32 << d);
+            assert_eq!(*v, want, "{dtype:?} element {i}");
+        }
+    }
+    // Normals of 16-bit dtypes still take a word each: 5 take 2 blocks.
+    let at = rng.offset();
+    rng.randn([5], DType::BF16).unwrap();
+    assert_eq!(rng.offset(), at + 2);
 }
 
 #[test]
@@ -111,7 +129,16 @@ fn draws_have_the_moments_of_their_distributions() {
     for dtype in FLOATS {
         let u = rng.uniform([n], -1.0, 3.0, dtype).unwrap().to_vec_f64();
         let (m, v) = mean_var(&u);
-        assert!((m - 1.0).abs() < 0.01 && (v - 16.0 / 12.0).abs() < 0.02, "{dtype:?} uniform: mean {m} var {v}");
+        // A uniform takes the top d bits: 2^d values whose mean is below the
+        // interval's middle by half a step, 4 2^-d / 2 (0.0078 for bf16).
+        let d = match dtype {
+            DType::BF16 => 8,
+            DType::F16 => 11,
+            DType::F32 => 24,
+            _ => 53,
+        };
+        let mid = 1.0 - 2.0 * 2f64.powi(-d);
+        assert!((m - mid).abs() < 0.01 && (v - 16.0 / 12.0).abs() < 0.02, "{dtype:?} uniform: mean {m} var {v}");
         assert!(u.iter().all(|x| (-1.0..=3.0).contains(x)), "{dtype:?}: a uniform out of range");
         let r = rng.rand([n], dtype).unwrap().to_vec_f64();
         assert!(r.iter().all(|x| (0.0..1.0).contains(x)), "{dtype:?}: rand reaches 1");
@@ -147,8 +174,9 @@ fn a_failed_draw_consumes_nothing() {
     );
 }
 
-/// Sizes that end inside a block, exactly on one, and span many threads.
-const SIZES: [usize; 4] = [1, 5, 8, 1027];
+/// Sizes that end inside a block (of 2, 4 or 8 elements), exactly on one,
+/// and span many threads.
+const SIZES: [usize; 6] = [1, 5, 8, 9, 16, 1027];
 
 #[tapir_testing::cuda_test]
 fn cuda_uniform_is_the_cpus_bit_for_bit() {
