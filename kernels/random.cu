@@ -10,7 +10,10 @@
 //
 // Arithmetic that must match the CPU bit for bit uses the explicitly
 // rounded intrinsics (__fmul_rn, __dadd_rn, ...), which the compiler never
-// contracts into a fused multiply-add.
+// contracts into a fused multiply-add. Uniforms and randint are the CPU's
+// bit for bit; f64 normals compute in f64 as the CPU does, f32, f16 and
+// bf16 normals in f32 (the CPU computes them in f64), a few ulps from the
+// CPU's values.
 
 #define PHILOX_M0 0xD2511F53u
 #define PHILOX_M1 0xCD9E8D57u
@@ -112,6 +115,34 @@ __device__ __forceinline__ void box_muller(double u1, double u2, double* z) {
     z[1] = __dmul_rn(r, s);
 }
 
+// One Box-Muller pair in f32 from words x0 and x1 (u1 = (x0 + 1) 2^-32,
+// u2 = x1 2^-32) with CUDA's accurate f32 functions, as mean + std r cos t
+// and mean + std r sin t. The two places where f32 would lose what f64 keeps:
+// - u1 has 32 bits, and near 1 is not a float (1 - 2^-32 rounds to 1, its
+//   log to 0). With k = clz(x0 + 1) (0 in the upper half), u1 = 2^-k m for
+//   m = (x0 + 1) 2^(k-32) in [1/2, 1), and m - 1 = -d 2^(k-32) for the
+//   integer d = (2^32 - 1) >> k) - x0, exact; so ln u1 = log1p(-d 2^(k-32))
+//   - k ln 2, one log1pf a thread whichever half x0 is in (logf below the
+//   half and log1pf above it would diverge in every warp), its argument
+//   within 2^-24 (relative) of the exact one.
+// - t = 2 pi u2 = pi a for a = x1 2^-31, which has 32 bits: sincospif (the
+//   reduction of pi a exact) of the top 24 bits, exact in f32, and the
+//   low 8 bits' angle e <= 3.7e-7 added to first order (the next term,
+//   e^2 / 2, is below 1e-13).
+__device__ __forceinline__ void box_muller_f32(unsigned x0, unsigned x1, float mean, float std, float* z) {
+    const unsigned k = __clz(x0 + 1u) & 31u;
+    const float scale = __int_as_float((int)(95u + k) << 23);  // 2^(k - 32)
+    const float y = -__fmul_rn((float)((0xffffffffu >> k) - x0), scale);
+    const float l = __fmaf_rn(-(float)k, 0.693147182f, log1pf(y));
+    float sr = __fmul_rn(std, sqrtf(__fmul_rn(-2.0f, l)));
+    float a = __fmul_rn((float)(x1 & 0xffffff00u), 0x1p-31f);
+    float e = __fmul_rn((float)(x1 & 0xffu), 0x1p-31f * 3.14159265358979f);
+    float s, c;
+    sincospif(a, &s, &c);
+    z[0] = __fmaf_rn(sr, __fmaf_rn(-e, s, c), mean);
+    z[1] = __fmaf_rn(sr, __fmaf_rn(e, c, s), mean);
+}
+
 // A block's E elements as one aligned unit, so a thread stores them with one
 // vector instruction (16 bytes for f32, f64, i64 and the eight f16 or bf16
 // uniforms of a block, 8 for four f16 or bf16 normals).
@@ -195,13 +226,24 @@ __device__ void uniform_half(DRAW_HEAD, double lo_d, double scale_d, T* out) {
     });
 }
 
+// Elements 2p and 2p + 1 of a unit of four: f32 as they are, f16 and bf16
+// rounded together into word p.
+__device__ __forceinline__ void put_pair(DrawUnit<4, float>& u, int p, float a, float b) {
+    u.v[2 * p] = a;
+    u.v[2 * p + 1] = b;
+}
+template <typename T> __device__ __forceinline__ void put_pair(DrawUnit<4, T>& u, int p, float a, float b) {
+    u.w[p] = pack_half2<T>(a, b);
+}
+
 template <typename T>
-__device__ void normal_narrow(DRAW_HEAD, double mean, double std, T* out) {
+__device__ void normal_narrow(DRAW_HEAD, double mean_d, double std_d, T* out) {
+    const float mean = (float)mean_d, std = (float)std_d;
     draw_blocks<4>(n, k0, k1, offset, out, [&](Words w, DrawUnit<4, T>& u) {
         for (int p = 0; p < 2; ++p) {
-            double z[2];
-            box_muller(__dmul_rn((double)w.w[2 * p] + 1.0, 0x1p-32), __dmul_rn((double)w.w[2 * p + 1], 0x1p-32), z);
-            for (int j = 0; j < 2; ++j) u.v[2 * p + j] = from_acc<T>((float)__dadd_rn(mean, __dmul_rn(std, z[j])));
+            float z[2];
+            box_muller_f32(w.w[2 * p], w.w[2 * p + 1], mean, std, z);
+            put_pair(u, p, z[0], z[1]);
         }
     });
 }

@@ -210,13 +210,33 @@ fn ulps(dtype: DType, x: f64, y: f64, floor: f64) -> f64 {
     (x - y).abs() / ulp
 }
 
+/// How far (`ulps`, floor 0.5) a CUDA normal may be from the CPU's. f64
+/// computes in f64 on both devices and carries the libraries' differences
+/// (CUDA's log, sin and cos are within 2 ulps). f32, f16 and bf16 compute
+/// in f32 on CUDA (kernels/random.cu, `box_muller_f32`: log1pf and
+/// sincospif within an ulp each, then the roundings of r, std r and the
+/// last fused multiply-add) and in f64 on the CPU: 4 ulps of f32 was the
+/// worst of 18.9 M draws (six seeds, three (mean, std) pairs, 2^20 draws
+/// each; 258 at 4, 7,735 at 3), which the 2^18 draws of the test below
+/// reach; rounded to f16 or bf16, at most 1 ulp (1,263 and 181
+/// of the 18.9 M). At least half are bitwise equal (f32: 58% at mean 0.5
+/// and std 2 or mean 0 and std 1, 97% at mean -3 and std 0.25).
+fn normal_limit(dtype: DType) -> f64 {
+    match dtype {
+        DType::F64 => 8.0,
+        DType::F32 => 4.0,
+        _ => 1.0,
+    }
+}
+
 #[tapir_testing::cuda_test]
-fn cuda_normals_match_the_cpus_within_an_ulp_or_two() {
-    let Some((dev, _g)) = cuda("cuda_normals_match_the_cpus_within_an_ulp_or_two") else { return };
+fn cuda_normals_match_the_cpus_within_a_few_ulps() {
+    let Some((dev, _g)) = cuda("cuda_normals_match_the_cpus_within_a_few_ulps") else { return };
     for dtype in FLOATS {
         let (mut c, mut g) = (Rng::new(99), Rng::new(99));
         let (mut equal, mut total, mut worst, mut at) = (0, 0, 0f64, (0.0, 0.0));
-        for n in SIZES {
+        // The sizes, then enough draws to meet the worst case of `normal_limit`.
+        for n in SIZES.into_iter().chain([1 << 18]) {
             let cpu = c.normal_tensor([n], 0.5, 2.0, dtype).unwrap().to_vec_f64();
             let gpu =
                 g.normal_tensor_on([n], 0.5, 2.0, dtype, dev).unwrap().to_device(Device::Cpu).unwrap().to_vec_f64();
@@ -230,13 +250,9 @@ fn cuda_normals_match_the_cpus_within_an_ulp_or_two() {
                 }
             }
         }
-        // f64 carries the libraries' differences (CUDA's log, sin and cos
-        // are within 2 ulps); the narrower dtypes round them away but for
-        // a value next to a rounding boundary.
-        let limit = if dtype == DType::F64 { 8.0 } else { 1.0 };
         println!("{dtype:?} normals: {equal} of {total} bitwise equal, worst {worst} ulp (cpu {} cuda {})", at.0, at.1);
-        assert!(worst <= limit, "{dtype:?}: {worst} ulps apart at {at:?}");
-        assert!(equal * 4 >= total * 3, "{dtype:?}: only {equal} of {total} equal");
+        assert!(worst <= normal_limit(dtype), "{dtype:?}: {worst} ulps apart at {at:?}");
+        assert!(equal * 2 >= total, "{dtype:?}: only {equal} of {total} equal");
     }
 }
 
@@ -262,11 +278,11 @@ fn cuda_draws_past_one_wave_of_threads_are_the_cpus() {
         );
         let cpu = c.normal_tensor([n], 0.0, 1.0, dtype).unwrap().to_vec_f64();
         let gpu = g.normal_tensor_on([n], 0.0, 1.0, dtype, dev).unwrap().to_device(Device::Cpu).unwrap().to_vec_f64();
-        let limit = if dtype == DType::F64 { 8.0 } else { 1.0 };
         let worst = cpu.iter().zip(&gpu).map(|(x, y)| ulps(dtype, *x, *y, 0.5)).fold(0.0, f64::max);
-        assert!(worst <= limit, "{dtype:?} normal n = {n}: {worst} ulps apart");
         let equal = cpu.iter().zip(&gpu).filter(|(x, y)| x == y).count();
-        assert!(equal * 4 >= n * 3, "{dtype:?} normal n = {n}: only {equal} equal");
+        println!("{dtype:?} normals n = {n}: {equal} bitwise equal, worst {worst} ulp");
+        assert!(worst <= normal_limit(dtype), "{dtype:?} normal n = {n}: {worst} ulps apart");
+        assert!(equal * 2 >= n, "{dtype:?} normal n = {n}: only {equal} equal");
         assert_eq!(g.offset(), c.offset(), "both streams advance alike");
     }
     let cpu = c.randint([2 * wave + 1], 1000, DType::I64).unwrap().to_vec_f64();

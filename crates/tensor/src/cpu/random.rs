@@ -1,7 +1,9 @@
 //! The CPU kernel of the random draws ([`crate::backend::random`]): each
 //! block of the Philox stream computed from its counter and the key, and
-//! its words turned into elements exactly as `kernels/random.cu` does (the
-//! words each element takes are in [`crate::Rng`]'s module docs).
+//! its words turned into elements as `kernels/random.cu` does (the words
+//! each element takes are in [`crate::Rng`]'s module docs): uniforms and
+//! randint exactly; normals in f64, where CUDA computes f32, f16 and bf16
+//! normals in f32, a few ulps away.
 
 use half::{bf16, f16};
 
