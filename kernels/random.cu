@@ -99,8 +99,8 @@ __device__ __forceinline__ u64 word_pair(Words w, int j) { return join_words(w.w
 // The top 53 bits as a fraction in [0, 1).
 __device__ __forceinline__ double unit53(u64 x) { return __dmul_rn((double)(x >> 11), 0x1p-53); }
 
-// Significand bits of a single-word dtype: u = (x >> (32 - d)) 2^-d is
-// exact in it and below 1.
+// Significand bits of a narrow dtype: u = x 2^-d, x the top d bits of a
+// word (f32) or of a half-word (f16, bf16), is exact in it and below 1.
 template <typename T> struct Digits { enum { d = 24 }; };
 template <> struct Digits<tapir_f16> { enum { d = 11 }; };
 template <> struct Digits<tapir_bf16> { enum { d = 8 }; };
@@ -121,8 +121,8 @@ __device__ __forceinline__ void box_muller(double u1, double u2, double* z) {
 // - u1 has 32 bits, and near 1 is not a float (1 - 2^-32 rounds to 1, its
 //   log to 0). With k = clz(x0 + 1) (0 in the upper half), u1 = 2^-k m for
 //   m = (x0 + 1) 2^(k-32) in [1/2, 1), and m - 1 = -d 2^(k-32) for the
-//   integer d = (2^32 - 1) >> k) - x0, exact; so ln u1 = log1p(-d 2^(k-32))
-//   - k ln 2, one log1pf a thread whichever half x0 is in (logf below the
+//   integer d = ((2^32 - 1) >> k) - x0, exact; so ln u1 = log1p(-d 2^(k-32))
+//   - k ln 2, one log1pf a pair whichever half x0 is in (logf below the
 //   half and log1pf above it would diverge in every warp), its argument
 //   within 2^-24 (relative) of the exact one.
 // - t = 2 pi u2 = pi a for a = x1 2^-31, which has 32 bits: sincospif (the
@@ -145,9 +145,9 @@ __device__ __forceinline__ void box_muller_f32(unsigned x0, unsigned x1, float m
 
 // A block's E elements as one aligned unit, so a thread stores them with one
 // vector instruction (16 bytes for f32, f64, i64 and the eight f16 or bf16
-// uniforms of a block, 8 for four f16 or bf16 normals).
-// `w` gives its bytes as 32-bit words, so two 16-bit elements rounded
-// together (`pack_half2`) go in as one word.
+// uniforms of a block, 8 for four f16 or bf16 normals). `w` gives its bytes
+// as 32-bit words, so two 16-bit elements rounded together (`pack_half2`)
+// go in as one word.
 template <int E, typename T> union alignas(E * sizeof(T)) DrawUnit {
     T v[E];
     unsigned w[E * sizeof(T) / 4];
