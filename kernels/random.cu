@@ -10,7 +10,10 @@
 //
 // Arithmetic that must match the CPU bit for bit uses the explicitly
 // rounded intrinsics (__fmul_rn, __dadd_rn, ...), which the compiler never
-// contracts into a fused multiply-add.
+// contracts into a fused multiply-add. Uniforms and randint are the CPU's
+// bit for bit; f64 normals compute in f64 as the CPU does, f32, f16 and
+// bf16 normals in f32 (the CPU computes them in f64), a few ulps from the
+// CPU's values.
 
 #define PHILOX_M0 0xD2511F53u
 #define PHILOX_M1 0xCD9E8D57u
@@ -25,14 +28,18 @@ struct RoundKeys { unsigned k0[10], k1[10]; };
 
 __device__ __forceinline__ RoundKeys round_keys(unsigned k0, unsigned k1) {
     RoundKeys k;
+    // Opaque to the compiler, so round 0 does not load the parameters again.
+    asm("" : "+r"(k0), "+r"(k1));
+    k.k0[0] = k0;
+    k.k1[0] = k1;
 #pragma unroll
-    for (int r = 0; r < 10; ++r) {
-        k.k0[r] = k0;
-        k.k1[r] = k1;
+    for (int r = 1; r < 10; ++r) {
         // Through asm, so that the compiler keeps the sums in registers
-        // rather than computing them again from the parameters in the loop.
-        asm("add.u32 %0, %0, %1;" : "+r"(k0) : "n"(PHILOX_W0));
-        asm("add.u32 %0, %0, %1;" : "+r"(k1) : "n"(PHILOX_W1));
+        // rather than computing them again from the parameters in the loop;
+        // each into a register of its own (an add, where "+r" was a move
+        // and an add).
+        asm("add.u32 %0, %1, %2;" : "=r"(k.k0[r]) : "r"(k.k0[r - 1]), "n"(PHILOX_W0));
+        asm("add.u32 %0, %1, %2;" : "=r"(k.k1[r]) : "r"(k.k1[r - 1]), "n"(PHILOX_W1));
     }
     return k;
 }
@@ -55,7 +62,9 @@ template <unsigned M> __device__ __forceinline__ unsigned mulhi_by(unsigned a) {
 
 __device__ __forceinline__ Words philox_block(u64 b, const RoundKeys& k) {
     // Round 0 has c2 = c3 = 0, so one product and two xors; round 1 has c1 = 0.
-    unsigned c0 = (unsigned)b, c1 = (unsigned)(b >> 32);
+    // The counter's halves in one move (a cast and a shift are three).
+    unsigned c0, c1;
+    asm("mov.b64 {%0, %1}, %2;" : "=r"(c0), "=r"(c1) : "l"(b));
     unsigned c2 = mulhi_by<PHILOX_M0>(c0) ^ k.k1[0], c3 = PHILOX_M0 * c0;
     c0 = c1 ^ k.k0[0];
     {
@@ -90,8 +99,8 @@ __device__ __forceinline__ u64 word_pair(Words w, int j) { return join_words(w.w
 // The top 53 bits as a fraction in [0, 1).
 __device__ __forceinline__ double unit53(u64 x) { return __dmul_rn((double)(x >> 11), 0x1p-53); }
 
-// Significand bits of a single-word dtype: u = (x >> (32 - d)) 2^-d is
-// exact in it and below 1.
+// Significand bits of a narrow dtype: u = x 2^-d, x the top d bits of a
+// word (f32) or of a half-word (f16, bf16), is exact in it and below 1.
 template <typename T> struct Digits { enum { d = 24 }; };
 template <> struct Digits<tapir_f16> { enum { d = 11 }; };
 template <> struct Digits<tapir_bf16> { enum { d = 8 }; };
@@ -106,35 +115,76 @@ __device__ __forceinline__ void box_muller(double u1, double u2, double* z) {
     z[1] = __dmul_rn(r, s);
 }
 
+// One Box-Muller pair in f32 from words x0 and x1 (u1 = (x0 + 1) 2^-32,
+// u2 = x1 2^-32) with CUDA's accurate f32 functions, as mean + std r cos t
+// and mean + std r sin t. The two places where f32 would lose what f64 keeps:
+// - u1 has 32 bits, and near 1 is not a float (1 - 2^-32 rounds to 1, its
+//   log to 0). With k = clz(x0 + 1) (0 in the upper half), u1 = 2^-k m for
+//   m = (x0 + 1) 2^(k-32) in [1/2, 1), and m - 1 = -d 2^(k-32) for the
+//   integer d = ((2^32 - 1) >> k) - x0, exact; so ln u1 = log1p(-d 2^(k-32))
+//   - k ln 2, one log1pf a pair whichever half x0 is in (logf below the
+//   half and log1pf above it would diverge in every warp), its argument
+//   within 2^-24 (relative) of the exact one.
+// - t = 2 pi u2 = pi a for a = x1 2^-31, which has 32 bits: sincospif (the
+//   reduction of pi a exact) of the top 24 bits, exact in f32, and the
+//   low 8 bits' angle e <= 3.7e-7 added to first order (the next term,
+//   e^2 / 2, is below 1e-13).
+__device__ __forceinline__ void box_muller_f32(unsigned x0, unsigned x1, float mean, float std, float* z) {
+    const unsigned k = __clz(x0 + 1u) & 31u;
+    const float scale = __int_as_float((int)(95u + k) << 23);  // 2^(k - 32)
+    const float y = -__fmul_rn((float)((0xffffffffu >> k) - x0), scale);
+    const float l = __fmaf_rn(-(float)k, 0.693147182f, log1pf(y));
+    float sr = __fmul_rn(std, sqrtf(__fmul_rn(-2.0f, l)));
+    float a = __fmul_rn((float)(x1 & 0xffffff00u), 0x1p-31f);
+    float e = __fmul_rn((float)(x1 & 0xffu), 0x1p-31f * 3.14159265358979f);
+    float s, c;
+    sincospif(a, &s, &c);
+    z[0] = __fmaf_rn(sr, __fmaf_rn(-e, s, c), mean);
+    z[1] = __fmaf_rn(sr, __fmaf_rn(e, c, s), mean);
+}
+
 // A block's E elements as one aligned unit, so a thread stores them with one
-// vector instruction (16 bytes for f32, f64 and i64, 8 for f16 and bf16).
-template <int E, typename T> struct alignas(E * sizeof(T)) DrawUnit {
+// vector instruction (16 bytes for f32, f64, i64 and the eight f16 or bf16
+// uniforms of a block, 8 for four f16 or bf16 normals). `w` gives its bytes
+// as 32-bit words, so two 16-bit elements rounded together (`pack_half2`)
+// go in as one word.
+template <int E, typename T> union alignas(E * sizeof(T)) DrawUnit {
     T v[E];
+    unsigned w[E * sizeof(T) / 4];
 };
 
 // The loop every draw shares: E elements a block, element i from block
 // offset + i / E, each thread taking whole blocks (grid-strided) so no
-// state is shared. `values(w, v)` computes a block's E elements from its
-// words; those past n are not stored. A whole block goes out in one store
-// when `out` is aligned to the unit (a fresh allocation always is): lanes
-// store consecutive units, so a warp's store covers whole sectors, where
-// E stores of single elements at a stride of E would each touch a sector
-// for a quarter (or half) of its bytes.
+// state is shared. `values(w, u)` computes a block's E elements from its
+// words into the unit `u`; those past n are not stored. A whole block
+// goes out in one store when `out` is aligned to the unit (a fresh
+// allocation always is): lanes store consecutive units, so a warp's store
+// covers whole sectors, where E stores of single elements at a stride of E
+// would each touch a sector for a quarter (or half) of its bytes. The
+// whole blocks of an aligned draw take a loop of their own; the last,
+// partial block (or every block, unaligned) the element loop after it.
 template <int E, typename T, typename F>
 __device__ __forceinline__ void draw_blocks(i64 n, int k0, int k1, i64 offset, T* out, F values) {
     typedef DrawUnit<E, T> U;
     const i64 blocks = (n + E - 1) / E, whole = n / E;
     const bool aligned = ((u64)out % sizeof(U)) == 0;
     const RoundKeys keys = round_keys((unsigned)k0, (unsigned)k1);
-    for (i64 b = global_id(); b < blocks; b += global_stride()) {
-        U u;
-        values(philox_block((u64)offset + (u64)b, keys), u.v);
-        if (aligned && b < whole) {
+    // In a register: the compiler would load the parameter again each block.
+    u64 first = (u64)offset;
+    asm("" : "+l"(first));
+    i64 b = global_id();
+    if (aligned) {
+        for (; b < whole; b += global_stride()) {
+            U u;
+            values(philox_block(first + (u64)b, keys), u);
             reinterpret_cast<U*>(out)[b] = u;
-        } else {
-            for (int j = 0; j < E; ++j) {
-                if (b * E + j < n) out[b * E + j] = u.v[j];
-            }
+        }
+    }
+    for (; b < blocks; b += global_stride()) {
+        U u;
+        values(philox_block(first + (u64)b, keys), u);
+        for (int j = 0; j < E; ++j) {
+            if (b * E + j < n) out[b * E + j] = u.v[j];
         }
     }
 }
@@ -143,64 +193,94 @@ __device__ __forceinline__ void draw_blocks(i64 n, int k0, int k1, i64 offset, T
 // halves as ints and the draw's first block.
 #define DRAW_HEAD i64 n, int k0, int k1, i64 offset
 
-// Single-word dtypes (f32, f16, bf16): four elements a block.
+// f32: four elements a block, one a word.
 template <typename T>
 __device__ void uniform_narrow(DRAW_HEAD, double lo_d, double scale_d, T* out) {
     const float lo = (float)lo_d, scale = (float)scale_d;
     const int d = Digits<T>::d;
     const float unit = 1.0f / (float)(1u << d);
-    draw_blocks<4>(n, k0, k1, offset, out, [&](Words w, T* v) {
+    draw_blocks<4>(n, k0, k1, offset, out, [&](Words w, DrawUnit<4, T>& u) {
         for (int j = 0; j < 4; ++j) {
-            float u = __fmul_rn((float)(w.w[j] >> (32 - d)), unit);
-            v[j] = from_acc<T>(__fadd_rn(lo, __fmul_rn(scale, u)));
+            float x = __fmul_rn((float)(w.w[j] >> (32 - d)), unit);
+            u.v[j] = from_acc<T>(__fadd_rn(lo, __fmul_rn(scale, x)));
         }
     });
+}
+
+// f16 and bf16: eight elements a block, two a word: element 2j from the
+// high half of word j, 2j + 1 from its low half, each value lo + s x for
+// the top d bits x of its half and s = scale 2^-d (exact, so the product
+// is scale u rounded once, u = x 2^-d as for f32); a pair rounded to the
+// dtype in one conversion and stored as one word.
+template <typename T>
+__device__ void uniform_half(DRAW_HEAD, double lo_d, double scale_d, T* out) {
+    const int d = Digits<T>::d;
+    const float lo = (float)lo_d, s = __fmul_rn((float)scale_d, 1.0f / (float)(1u << d));
+    draw_blocks<8>(n, k0, k1, offset, out, [&](Words w, DrawUnit<8, T>& u) {
+        for (int j = 0; j < 4; ++j) {
+            unsigned x1;
+            asm("bfe.u32 %0, %1, %2, %3;" : "=r"(x1) : "r"(w.w[j]), "n"(16 - d), "n"(d));
+            float v0 = __fadd_rn(lo, __fmul_rn(s, (float)(w.w[j] >> (32 - d))));
+            u.w[j] = pack_half2<T>(v0, __fadd_rn(lo, __fmul_rn(s, (float)x1)));
+        }
+    });
+}
+
+// Elements 2p and 2p + 1 of a unit of four: f32 as they are, f16 and bf16
+// rounded together into word p.
+__device__ __forceinline__ void put_pair(DrawUnit<4, float>& u, int p, float a, float b) {
+    u.v[2 * p] = a;
+    u.v[2 * p + 1] = b;
+}
+template <typename T> __device__ __forceinline__ void put_pair(DrawUnit<4, T>& u, int p, float a, float b) {
+    u.w[p] = pack_half2<T>(a, b);
 }
 
 template <typename T>
-__device__ void normal_narrow(DRAW_HEAD, double mean, double std, T* out) {
-    draw_blocks<4>(n, k0, k1, offset, out, [&](Words w, T* v) {
+__device__ void normal_narrow(DRAW_HEAD, double mean_d, double std_d, T* out) {
+    const float mean = (float)mean_d, std = (float)std_d;
+    draw_blocks<4>(n, k0, k1, offset, out, [&](Words w, DrawUnit<4, T>& u) {
         for (int p = 0; p < 2; ++p) {
-            double z[2];
-            box_muller(__dmul_rn((double)w.w[2 * p] + 1.0, 0x1p-32), __dmul_rn((double)w.w[2 * p + 1], 0x1p-32), z);
-            for (int j = 0; j < 2; ++j) v[2 * p + j] = from_acc<T>((float)__dadd_rn(mean, __dmul_rn(std, z[j])));
+            float z[2];
+            box_muller_f32(w.w[2 * p], w.w[2 * p + 1], mean, std, z);
+            put_pair(u, p, z[0], z[1]);
         }
     });
 }
 
-#define RANDOM_NARROW(T, S)                                                                          \
+#define RANDOM_NARROW(T, S, UNIFORM)                                                                 \
     extern "C" __global__ void uniform_##S(DRAW_HEAD, double lo, double scale, T* out) {            \
-        uniform_narrow<T>(n, k0, k1, offset, lo, scale, out);                                        \
+        UNIFORM<T>(n, k0, k1, offset, lo, scale, out);                                               \
     }                                                                                                \
     extern "C" __global__ void normal_##S(DRAW_HEAD, double mean, double std, T* out) {             \
         normal_narrow<T>(n, k0, k1, offset, mean, std, out);                                         \
     }
 
-RANDOM_NARROW(float, f32)
-RANDOM_NARROW(tapir_f16, f16)
-RANDOM_NARROW(tapir_bf16, bf16)
+RANDOM_NARROW(float, f32, uniform_narrow)
+RANDOM_NARROW(tapir_f16, f16, uniform_half)
+RANDOM_NARROW(tapir_bf16, bf16, uniform_half)
 
 // f64: two words an element, two elements a block.
 extern "C" __global__ void uniform_f64(DRAW_HEAD, double lo, double scale, double* out) {
-    draw_blocks<2>(n, k0, k1, offset, out, [&](Words w, double* v) {
-        for (int j = 0; j < 2; ++j) v[j] = __dadd_rn(lo, __dmul_rn(scale, unit53(word_pair(w, j))));
+    draw_blocks<2>(n, k0, k1, offset, out, [&](Words w, DrawUnit<2, double>& u) {
+        for (int j = 0; j < 2; ++j) u.v[j] = __dadd_rn(lo, __dmul_rn(scale, unit53(word_pair(w, j))));
     });
 }
 extern "C" __global__ void normal_f64(DRAW_HEAD, double mean, double std, double* out) {
-    draw_blocks<2>(n, k0, k1, offset, out, [&](Words w, double* v) {
+    draw_blocks<2>(n, k0, k1, offset, out, [&](Words w, DrawUnit<2, double>& u) {
         double z[2];
         box_muller(__dmul_rn((double)((word_pair(w, 0) >> 11) + 1), 0x1p-53), unit53(word_pair(w, 1)), z);
-        for (int j = 0; j < 2; ++j) v[j] = __dadd_rn(mean, __dmul_rn(std, z[j]));
+        for (int j = 0; j < 2; ++j) u.v[j] = __dadd_rn(mean, __dmul_rn(std, z[j]));
     });
 }
 
 // Integers uniform in 0..range: (x * range) >> 64 of a 64-bit word pair,
 // saturated to i64 (another dtype is a cast of this, as on the CPU).
 extern "C" __global__ void randint_i64(DRAW_HEAD, i64 range, i64* out) {
-    draw_blocks<2>(n, k0, k1, offset, out, [&](Words w, i64* v) {
+    draw_blocks<2>(n, k0, k1, offset, out, [&](Words w, DrawUnit<2, i64>& u) {
         for (int j = 0; j < 2; ++j) {
             u64 x = __umul64hi(word_pair(w, j), (u64)range);
-            v[j] = x > 0x7fffffffffffffffull ? 0x7fffffffffffffffll : (i64)x;
+            u.v[j] = x > 0x7fffffffffffffffull ? 0x7fffffffffffffffll : (i64)x;
         }
     });
 }

@@ -17,28 +17,39 @@
 //!   hi32(b), 0, 0], key)`. [`Rng::offset`] is the next unused block.
 //! - A tensor draw of `n` elements starts at the next unused block (a
 //!   block partly used by scalar draws is skipped) and consumes
-//!   `ceil(n / e)` blocks, where `e` elements come from one block: `e = 4`
-//!   when an element takes one word (uniform and normal draws of f32, f16
-//!   and bf16), `e = 2` when it takes two (f64, and `randint`). Element `i`
-//!   reads block `offset + i / e`, words `w * (i % e) ..` of it (`w` words
-//!   each, the first the high half when `w = 2`).
+//!   `ceil(n / e)` blocks, where `e` elements come from one block: `e = 8`
+//!   when an element takes half a word (uniform draws of f16 and bf16),
+//!   `e = 4` when it takes one (uniform draws of f32, normal draws of f32,
+//!   f16 and bf16), `e = 2` when it takes two (f64, and `randint`).
+//!   Element `i` reads block `offset + i / e`: with `e = 8`, the high half
+//!   (bits 31..16) of word `(i % 8) / 2` when `i` is even and its low half
+//!   (bits 15..0) when `i` is odd; otherwise words `w * (i % e) ..` (`w`
+//!   words each, the first the high half when `w = 2`).
 //! - Uniform `[lo, hi)`: one word `x` gives `u = (x >> (32 - d)) * 2^-d`
 //!   with `d` the dtype's significand bits (24 for f32, 11 for f16, 8 for
 //!   bf16), so `u < 1` is exact in the dtype; the value is
 //!   `lo + (hi - lo) * u` in f32 (each operation rounded, no fused
-//!   multiply-add), rounded once to the dtype. f64 takes the top 53 bits of
-//!   two words and computes in f64. Identical, bit for bit, on every device.
+//!   multiply-add), rounded once to the dtype. f16 and bf16 take `x` from
+//!   a 16-bit half, `u = (x >> (16 - d)) * 2^-d`, and compute the product
+//!   as `((hi - lo) * 2^-d) * (x >> (16 - d))`, the same rounded product
+//!   whenever `(hi - lo) * 2^-d` is exact in f32 (`|hi - lo|` at least
+//!   2^-115, or zero). f64 takes the top 53 bits of two words and
+//!   computes in f64. Identical, bit for bit, on every device.
 //! - Normal (Box-Muller): elements `2p` and `2p + 1` share a pair of
 //!   uniforms: `u1 = (x0 + 1) 2^-32` in `(0, 1]` and `u2 = x1 2^-32` (53-bit
 //!   fractions of two words each for f64), `r = sqrt(-2 ln u1)`,
 //!   `t = 2 pi u2`, and the values `mean + std r cos t` and
-//!   `mean + std r sin t`, computed in f64 and rounded to f32 and then to the
-//!   dtype (an odd last element uses the cosine). CUDA's `log`, `sin` and
-//!   `cos` are within a couple of ulps of the correctly rounded results the
-//!   CPU's libm is close to, so f64 normals differ by a few ulps (the test
-//!   measures at most 4, nine in ten bitwise equal), and the rounding to f32
-//!   hides the difference for all but a value next to a rounding boundary
-//!   (then one ulp; none in the test's draws).
+//!   `mean + std r sin t` (an odd last element uses the cosine). The CPU
+//!   computes them in f64 and rounds to f32 and then to the dtype. CUDA
+//!   computes f64 normals in f64: its `log`, `sin` and `cos` are within a
+//!   couple of ulps of the correctly rounded results the CPU's libm is
+//!   close to, so f64 normals differ by a few ulps (the test measures at
+//!   most 6 and allows 8; 86-89% bitwise equal). CUDA computes f32, f16 and bf16
+//!   normals in f32 (`log1pf` of `u1`'s distance below 1, taken exactly
+//!   from the word, and `sincospif`, both CUDA's accurate functions, not
+//!   the fast intrinsics): f32 values are within 4 ulps of the CPU's
+//!   (about 58% bitwise equal), f16 and bf16 within 1 ulp (all but about
+//!   one in 10^4 to 10^5 equal).
 //! - `randint(n)`: two words as a `u64` `x`, the value `(x * n) >> 64`
 //!   (bias below `n / 2^64`), stored as i64 (saturating) and converted to the
 //!   dtype as a cast does.

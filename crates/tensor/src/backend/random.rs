@@ -33,17 +33,20 @@ pub enum Draw {
 }
 
 impl Draw {
-    /// Words an element takes.
-    pub fn words(self, dtype: DType) -> usize {
+    /// Bits of the block an element takes: 64 (two words) for f64 and
+    /// `randint`, 16 (half a word) for f16 and bf16 uniforms, 32 (one word)
+    /// otherwise.
+    pub fn bits(self, dtype: DType) -> usize {
         match self {
-            Draw::Int { .. } => 2,
-            _ if dtype == DType::F64 => 2,
-            _ => 1,
+            Draw::Int { .. } => 64,
+            _ if dtype == DType::F64 => 64,
+            Draw::Uniform { .. } if matches!(dtype, DType::F16 | DType::BF16) => 16,
+            _ => 32,
         }
     }
-    /// Elements one block gives.
+    /// Elements one block (128 bits) gives: 2, 4 or 8.
     pub fn per_block(self, dtype: DType) -> usize {
-        4 / self.words(dtype)
+        128 / self.bits(dtype)
     }
 }
 

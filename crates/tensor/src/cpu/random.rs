@@ -1,7 +1,9 @@
 //! The CPU kernel of the random draws ([`crate::backend::random`]): each
 //! block of the Philox stream computed from its counter and the key, and
-//! its words turned into elements exactly as `kernels/random.cu` does (the
-//! words each element takes are in [`crate::Rng`]'s module docs).
+//! its words turned into elements as `kernels/random.cu` does (the words
+//! each element takes are in [`crate::Rng`]'s module docs): uniforms and
+//! randint exactly; normals in f64, where CUDA computes f32, f16 and bf16
+//! normals in f32, a few ulps away.
 
 use half::{bf16, f16};
 
@@ -85,9 +87,21 @@ fn block_narrow<T: Narrow>(draw: Draw, dtype: DType, w: [u32; 4], out: &mut [T])
         Draw::Uniform { lo, scale } => {
             let d = digits(dtype);
             let (lo, scale) = (lo as f32, scale as f32);
-            for (o, x) in out.iter_mut().zip(w) {
-                let u = (x >> (32 - d)) as f32 * (1.0 / (1u32 << d) as f32);
-                *o = T::from_f32(lo + scale * u);
+            let unit = 1.0 / (1u32 << d) as f32;
+            if draw.bits(dtype) == 16 {
+                // Two elements a word: 2j the top `d` bits of its high half,
+                // 2j + 1 of its low half, times `scale 2^-d` (exact, so the
+                // product is `scale u` rounded once).
+                let s = scale * unit;
+                for (j, o) in out.iter_mut().enumerate() {
+                    let x = if j % 2 == 0 { w[j / 2] >> (32 - d) } else { (w[j / 2] >> (16 - d)) & ((1 << d) - 1) };
+                    *o = T::from_f32(lo + s * x as f32);
+                }
+            } else {
+                for (o, x) in out.iter_mut().zip(w) {
+                    let u = (x >> (32 - d)) as f32 * unit;
+                    *o = T::from_f32(lo + scale * u);
+                }
             }
         }
         Draw::Normal { mean, std } => {
