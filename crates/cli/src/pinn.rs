@@ -217,7 +217,8 @@ const SLOW_ITERS: usize = 100;
 const SLOW_GAIN: f64 = 1e-3;
 
 /// Whether L-BFGS's losses since its last change of dtype or points show
-/// no progress (see [`SLOW_ITERS`]).
+/// no progress: under `SLOW_GAIN` (0.1%) of the loss gained over the last
+/// `SLOW_ITERS` (100).
 pub fn no_progress(losses: &[f64]) -> bool {
     let n = losses.len();
     n > SLOW_ITERS && {
