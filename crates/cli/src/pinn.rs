@@ -871,8 +871,6 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
     // Where the live memory's level may change: the L-BFGS phase holds
     // other dtypes and no Adam state.
     let mut phase_switch = None;
-    // The parameters' dtype.
-    let mut now = dtype;
     // Adam's moments are no longer needed; the parameters, the points
     // (drawn again from the same seed: the same points) and the grid are
     // rebuilt in the new dtype.
@@ -887,7 +885,6 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
             }
             pts = points(to, &extra)?;
             grid = Grid::new(prob, to, device, &gh)?;
-            now = to;
             if world > 1 {
                 // The gradient buckets hold the old dtype.
                 ddp = Some(DataParallel::new(comm, &mut store, DdpOptions::default())?);
@@ -897,26 +894,6 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
     if lbfgs_iters > 0 && lbfgs_dtype != dtype {
         switch_dtype!(lbfgs_dtype);
         phase_switch = Some(steps);
-    }
-    // A round of residual-based points: the interior grows by --adaptive.
-    macro_rules! refine {
-        ($dtype:expr) => {{
-            let to: DType = $dtype;
-            let mirror = odd.then_some(&pts.mirror);
-            let k = (a.adaptive, a.adaptive_candidates);
-            extra.extend(worst_points(prob, &net, &store, mirror, &mut adaptive_rng, k, to, device)?);
-            pts = points(to, &extra)?;
-            if speak {
-                bar.suspend(|| {
-                    println!(
-                        "adaptive: {} of {} random points where the residual is largest join the interior ({} now)",
-                        a.adaptive,
-                        a.adaptive_candidates,
-                        a.interior + extra.len() / 2
-                    )
-                });
-            }
-        }};
     }
     let mut point_rounds = Vec::new();
     let mut lbfgs = Lbfgs::new(50);
@@ -935,8 +912,21 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
     let mut phase_losses = Vec::new();
     while fits(cheap, dear, lbfgs_dtype) {
         if a.adaptive > 0 && point_rounds.len() < a.adaptive_rounds && it > 0 && it % a.adaptive_every == 0 {
-            // The loss changes with the points: the history goes.
-            refine!(lbfgs_dtype);
+            // A round of residual-based points: the interior grows by
+            // --adaptive, the loss changes with it and the history goes.
+            let (mirror, k) = (odd.then_some(&pts.mirror), (a.adaptive, a.adaptive_candidates));
+            extra.extend(worst_points(prob, &net, &store, mirror, &mut adaptive_rng, k, lbfgs_dtype, device)?);
+            pts = points(lbfgs_dtype, &extra)?;
+            if speak {
+                bar.suspend(|| {
+                    println!(
+                        "adaptive: {} of {} random points where the residual is largest join the interior ({} now)",
+                        a.adaptive,
+                        a.adaptive_candidates,
+                        a.interior + extra.len() / 2
+                    )
+                });
+            }
             point_rounds.push(live.len());
             lbfgs.reset();
             phase_losses.clear();
@@ -976,7 +966,11 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
         }
         bar.set_message(format!("lbfgs loss {} rel L2 {}", num(st.loss), num(err)));
         bar.inc(1);
-        let why = if st.stalled { "no decrease along the gradient" } else { "no progress over 100 iterations" };
+        let why = if st.stalled {
+            "no decrease along the gradient".to_string()
+        } else {
+            format!("no progress over {SLOW_ITERS} iterations")
+        };
         if stuck && !stalled {
             // f32 rounding stops the progress: on in f64 from here. The
             // history and the last evaluation are f32's, so they go.
@@ -1023,7 +1017,7 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
     let seconds = started.elapsed().as_secs_f64();
     // After the clock stops: the paper's grid is an extra 25,600 points.
     let paper_grid_rel_l2 = if prob == Problem::Burgers && speak {
-        let paper = Grid::paper(prob, now, device, &gh)?;
+        let paper = Grid::paper(prob, if phase_switch.is_some() { lbfgs_dtype } else { dtype }, device, &gh)?;
         Some(paper.rel_l2(&paper.predict(&net, &store, mirror)?))
     } else {
         None
