@@ -13,7 +13,7 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressStyle};
 use tapir::nn::dist::{Communicator, DataParallel, DdpOptions, ReduceOp};
-use tapir::nn::{Activation, Adam, Bound, Grads, Lbfgs, Mlp, Optimizer, ParamStore, Schedule};
+use tapir::nn::{Activation, Adam, Bound, Grads, Lbfgs, LineSearch, Mlp, Optimizer, ParamStore, Schedule};
 use tapir::prelude::*;
 
 use crate::chart::{bytes, heatmaps, line_chart, num, Field, Marker, Panel, Series};
@@ -49,6 +49,24 @@ impl Precision {
         match self {
             Precision::F32 | Precision::F32ThenF64 => DType::F32,
             Precision::F64 => DType::F64,
+        }
+    }
+}
+
+/// L-BFGS's line search (`tapir_nn::LineSearch`).
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Search {
+    /// Backtracking to the Armijo condition.
+    Backtracking,
+    /// The strong Wolfe conditions.
+    StrongWolfe,
+}
+
+impl Search {
+    fn line_search(self) -> LineSearch {
+        match self {
+            Search::Backtracking => LineSearch::Backtracking,
+            Search::StrongWolfe => LineSearch::StrongWolfe,
         }
     }
 }
@@ -137,6 +155,12 @@ pub struct Args {
     /// iterations alone.
     #[arg(long, default_value_t = 2.7)]
     pub lbfgs_f64_cost: f64,
+    /// L-BFGS's line search: `backtracking` halves the first trial step
+    /// until the loss falls enough (never a longer step), `strong-wolfe`
+    /// also grows it and asks the slope to flatten (the strong Wolfe
+    /// conditions, as scipy's L-BFGS-B and torch's `strong_wolfe`).
+    #[arg(long, value_enum, default_value_t = Search::Backtracking)]
+    pub line_search: Search,
     /// Seed for points and weights.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -677,6 +701,9 @@ pub struct Outcome {
     /// The indices in `live` where a round of --adaptive points joined the
     /// interior (the points grow, so the level changes there too).
     pub point_rounds: Vec<usize>,
+    /// Loss and gradient evaluations L-BFGS made, its line searches'
+    /// included.
+    pub lbfgs_evals: usize,
 }
 
 impl Outcome {
@@ -896,7 +923,8 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
         phase_switch = Some(steps);
     }
     let mut point_rounds = Vec::new();
-    let mut lbfgs = Lbfgs::new(50);
+    let mut lbfgs = Lbfgs::new(50).with_line_search(a.line_search.line_search());
+    let mut lbfgs_evals = 0;
     // The iterations are a budget: with f32-then-f64, an f64 iteration after
     // the switch counts as --lbfgs-f64-cost f32 ones (about its cost), so
     // that the phase's cost does not depend on where f32 stalls. An
@@ -935,6 +963,7 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
             lbfgs.step(&mut store, |s: &ParamStore| loss_and_grads(prob, &net, &pts, odd, s, comm, ddp.as_mut()))?;
         live.push(memory_allocated(device));
         losses.push(st.loss);
+        lbfgs_evals += st.evals;
         if then_f64 && lbfgs_dtype == DType::F64 {
             dear += 1;
         } else {
@@ -1037,6 +1066,7 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
             phase_switch,
             paper_grid_rel_l2,
             point_rounds,
+            lbfgs_evals,
         });
     }
     if !a.plot.as_os_str().is_empty() {
@@ -1116,6 +1146,7 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
         phase_switch,
         paper_grid_rel_l2,
         point_rounds,
+        lbfgs_evals,
     })
 }
 
@@ -1142,6 +1173,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             "allreduce_s": o.allreduce_s,
             "phase_switch": o.phase_switch,
             "point_rounds": o.point_rounds,
+            "lbfgs_evals": o.lbfgs_evals,
             "paper_grid_rel_l2": o.paper_grid_rel_l2,
             "adam_steps": a.adam_steps(),
             "lbfgs_iterations": o.losses.len().saturating_sub(a.adam_steps()),

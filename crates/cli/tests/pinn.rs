@@ -8,7 +8,7 @@ use tapir::nn::{Activation, Mlp, ParamStore};
 use tapir::prelude::*;
 use tapir_cli::pinn::{
     burgers_cole_hopf, no_progress, residual, solution, train, values, worst_points, Args, GaussHermite, Precision,
-    Problem,
+    Problem, Search,
 };
 
 /// The memory counters are process-wide and tests run in parallel: every
@@ -116,6 +116,7 @@ fn a_short_poisson_run_lowers_the_error_with_flat_memory() {
         f64: false,
         lbfgs_precision: None,
         lbfgs_f64_cost: 2.7,
+        line_search: Search::Backtracking,
         seed: 1,
         eval_every: 1000,
         plot: dir.join("p.png"),
@@ -194,6 +195,7 @@ fn a_burgers_run_switches_to_f64_for_lbfgs_with_flat_memory_in_each_phase() {
         f64: false,
         lbfgs_precision: Some(Precision::F64),
         lbfgs_f64_cost: 2.7,
+        line_search: Search::Backtracking,
         seed: 2,
         eval_every: 1000,
         plot: dir.join("p.png"),
@@ -238,6 +240,7 @@ fn tiny_burgers() -> Args {
         f64: false,
         lbfgs_precision: Some(Precision::F32),
         lbfgs_f64_cost: 2.7,
+        line_search: Search::Backtracking,
         seed: 4,
         eval_every: 1000,
         plot: "".into(),

@@ -6,7 +6,7 @@ use std::process::Command;
 
 use tapir::prelude::*;
 use tapir_cli::device::DeviceArg;
-use tapir_cli::pinn::{train, Args, Problem};
+use tapir_cli::pinn::{train, Args, Problem, Search};
 
 /// The CUDA device, or None after saying why this test skips (a failure
 /// under TAPIR_REQUIRE_CUDA=1).
@@ -40,6 +40,7 @@ fn tiny(device: DeviceArg) -> Args {
         f64: false,
         lbfgs_precision: None,
         lbfgs_f64_cost: 2.7,
+        line_search: Search::Backtracking,
         seed: 3,
         eval_every: 1000,
         plot: "".into(),

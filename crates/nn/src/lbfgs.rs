@@ -1,11 +1,29 @@
-//! L-BFGS with a backtracking (Armijo) line search, for the second phase of
-//! PINN training (Adam first, then L-BFGS).
+//! L-BFGS for the second phase of PINN training (Adam first, then L-BFGS),
+//! with a choice of line search: backtracking to the Armijo condition, or
+//! a search for a step meeting the strong Wolfe conditions (as scipy's and
+//! torch's `strong_wolfe` L-BFGS do).
 
 use std::collections::VecDeque;
 
 use tapir_tensor::{DType, Error, Result, ShapeOps, Tensor};
 
 use crate::params::{Grads, ParamStore};
+
+/// How an L-BFGS step searches along its direction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LineSearch {
+    /// Halve the step, from the first trial, until the loss falls enough
+    /// (the Armijo condition). Never tries a step longer than the first,
+    /// so a direction the history scaled too short stays short.
+    Backtracking,
+    /// Find a step that lowers the loss enough and where the slope along
+    /// the direction has shrunk to at most `c2` of its starting magnitude
+    /// (the strong Wolfe conditions): longer steps while the loss keeps
+    /// falling, then cubic interpolation inside the bracket found. Every
+    /// accepted step then has `s . y > 0`, so each pair it stores carries
+    /// real curvature.
+    StrongWolfe,
+}
 
 /// Limited-memory BFGS over all parameters of a store, in f64.
 #[derive(Debug, Clone)]
@@ -14,9 +32,14 @@ pub struct Lbfgs {
     pub history: usize,
     /// The first step tried along each direction (1 is the natural scale).
     pub lr: f64,
-    /// Armijo sufficient-decrease constant.
+    /// The line search (default: backtracking).
+    pub line_search: LineSearch,
+    /// Sufficient-decrease (Armijo) constant.
     pub c1: f64,
-    /// Most function evaluations per line search.
+    /// Curvature constant of the strong Wolfe conditions.
+    pub c2: f64,
+    /// Most function evaluations per step, the one at its start included
+    /// when it is not reused.
     pub max_evals: usize,
     /// Stop when the gradient's max-norm falls below this.
     pub tolerance_grad: f64,
@@ -34,7 +57,7 @@ pub struct LbfgsStep {
     pub loss_before: f64,
     /// Loss after the step.
     pub loss: f64,
-    /// Function evaluations the line search used.
+    /// Function evaluations the step used.
     pub evals: usize,
     /// True when the gradient was already below tolerance (no step taken).
     pub converged: bool,
@@ -76,26 +99,181 @@ fn unflatten(store: &mut ParamStore, x: &[f64]) -> Result<()> {
         match t.dtype() {
             DType::F64 => t.make_mut::<f64>()?.copy_from_slice(src),
             DType::F32 => t.make_mut::<f32>()?.iter_mut().zip(src).for_each(|(d, &s)| *d = s as f32),
-            dtype => return Err(Error::UnsupportedDType { op: "Lbfgs", dtype, expected: "f32 or f64 parameters" }),
+            dtype => {
+                return Err(Error::UnsupportedDType { op: "Lbfgs::step", dtype, expected: "f32 or f64 parameters" })
+            }
         }
         at += n;
     }
     Ok(())
 }
 
+/// One point on the search line: the step length, the loss there, its
+/// gradient and the slope along the direction.
+struct Trial {
+    t: f64,
+    f: f64,
+    g: Vec<f64>,
+    slope: f64,
+}
+
+/// The line `x0 + t dir` through the parameters, evaluated on demand.
+struct Line<'a, F> {
+    store: &'a mut ParamStore,
+    f: F,
+    x0: &'a [f64],
+    dir: &'a [f64],
+    /// The start's loss and slope.
+    f0: f64,
+    slope0: f64,
+    /// Evaluations so far, and the most allowed.
+    evals: usize,
+    max_evals: usize,
+    /// The step the parameters are at.
+    at: f64,
+}
+
+impl<F: FnMut(&ParamStore) -> Result<(f64, Grads)>> Line<'_, F> {
+    fn move_to(&mut self, t: f64) -> Result<()> {
+        if t == 0.0 {
+            // Exactly the start, whatever the direction holds.
+            unflatten(self.store, self.x0)?;
+        } else {
+            let x: Vec<f64> = self.x0.iter().zip(self.dir).map(|(a, d)| a + t * d).collect();
+            unflatten(self.store, &x)?;
+        }
+        self.at = t;
+        Ok(())
+    }
+
+    /// The loss, gradient and slope at step `t`. A failed evaluation leaves
+    /// the parameters where the step began.
+    fn probe(&mut self, t: f64) -> Result<Trial> {
+        self.move_to(t)?;
+        let r = (self.f)(self.store).and_then(|(f, g)| g.check_fits(self.store, "Lbfgs::step").map(|()| (f, g)));
+        let (f, g) = match r {
+            Ok(v) => v,
+            Err(e) => {
+                self.move_to(0.0)?;
+                return Err(e);
+            }
+        };
+        self.evals += 1;
+        let g = flatten(g.iter().map(|(_, g)| g.clone()));
+        let slope = dot(&g, self.dir);
+        Ok(Trial { t, f, g, slope })
+    }
+
+    fn spent(&self) -> bool {
+        self.evals >= self.max_evals
+    }
+
+    /// Sufficient decrease at `c1`.
+    fn armijo(&self, p: &Trial, c1: f64) -> bool {
+        p.f.is_finite() && p.f <= self.f0 + c1 * p.t * self.slope0
+    }
+
+    /// Halves the step from `t` until it decreases the loss enough.
+    fn backtrack(&mut self, mut t: f64, c1: f64) -> Result<Option<Trial>> {
+        loop {
+            let p = self.probe(t)?;
+            if self.armijo(&p, c1) {
+                return Ok(Some(p));
+            }
+            if self.spent() {
+                return Ok(None);
+            }
+            t *= 0.5;
+        }
+    }
+
+    /// A step meeting the strong Wolfe conditions, starting at `t`: grow
+    /// the step while the loss falls and the slope stays negative, then
+    /// narrow the bracket that holds an acceptable step. When the
+    /// evaluations run out, the lowest point with sufficient decrease.
+    fn strong_wolfe(&mut self, t: f64, c1: f64, c2: f64) -> Result<Option<Trial>> {
+        let flat = |p: &Trial, s0: f64| p.slope.abs() <= -c2 * s0;
+        let mut prev = Trial { t: 0.0, f: self.f0, g: Vec::new(), slope: self.slope0 };
+        let mut p = self.probe(t)?;
+        // Bracketing: (lo, hi) with lo the lower, sufficiently decreasing
+        // end, and an acceptable step between them.
+        let (mut lo, mut hi) = loop {
+            if !self.armijo(&p, c1) || (prev.t > 0.0 && p.f >= prev.f) {
+                break (prev, p);
+            }
+            if flat(&p, self.slope0) {
+                return Ok(Some(p));
+            }
+            if p.slope >= 0.0 {
+                break (p, prev);
+            }
+            if self.spent() {
+                return Ok(Some(p));
+            }
+            // Still falling: a longer step, where the cubic through the
+            // two points has its minimum, between 1.1 and 10 times this one.
+            let (min, max) = (1.1 * p.t, 10.0 * p.t);
+            let next = cubic_min(&prev, &p).filter(|t| *t >= min && *t <= max).unwrap_or(max);
+            let q = self.probe(next)?;
+            prev = std::mem::replace(&mut p, q);
+        };
+        while !self.spent() {
+            let (a, b) = (lo.t.min(hi.t), lo.t.max(hi.t));
+            let margin = 0.1 * (b - a);
+            let t = cubic_min(&lo, &hi).filter(|t| *t >= a + margin && *t <= b - margin).unwrap_or(0.5 * (a + b));
+            if t <= a || t >= b {
+                // The bracket is down to rounding.
+                break;
+            }
+            let p = self.probe(t)?;
+            if !self.armijo(&p, c1) || p.f >= lo.f {
+                hi = p;
+            } else {
+                if flat(&p, self.slope0) {
+                    return Ok(Some(p));
+                }
+                if p.slope * (hi.t - lo.t) >= 0.0 {
+                    hi = lo;
+                }
+                lo = p;
+            }
+        }
+        Ok((lo.t > 0.0).then_some(lo))
+    }
+}
+
+/// Where the cubic matching the values and slopes at `p` and `q` has its
+/// minimum, if it has one.
+fn cubic_min(p: &Trial, q: &Trial) -> Option<f64> {
+    let d1 = p.slope + q.slope - 3.0 * (p.f - q.f) / (p.t - q.t);
+    // A negative or NaN discriminant: no minimum (NaN's sqrt stays NaN).
+    let d2 = (d1 * d1 - p.slope * q.slope).sqrt().copysign(q.t - p.t);
+    let t = q.t - (q.t - p.t) * (q.slope + d2 - d1) / (q.slope - p.slope + 2.0 * d2);
+    t.is_finite().then_some(t)
+}
+
 impl Lbfgs {
-    /// L-BFGS keeping `history` pairs, with torch's defaults otherwise.
+    /// L-BFGS keeping `history` pairs, backtracking, with torch's defaults
+    /// otherwise.
     pub fn new(history: usize) -> Self {
         Lbfgs {
             history: history.max(1),
             lr: 1.0,
+            line_search: LineSearch::Backtracking,
             c1: 1e-4,
+            c2: 0.9,
             max_evals: 25,
             tolerance_grad: 1e-9,
             s: VecDeque::new(),
             y: VecDeque::new(),
             last: None,
         }
+    }
+
+    /// The same, searching each line with `line_search`.
+    pub fn with_line_search(mut self, line_search: LineSearch) -> Self {
+        self.line_search = line_search;
+        self
     }
 
     /// Forgets the curvature history and the last point, for when the
@@ -108,11 +286,11 @@ impl Lbfgs {
     }
 
     /// One iteration: a quasi-Newton direction from the history, then a
-    /// backtracking line search along it. `f` evaluates the loss and its
-    /// gradients at the store's current parameters; it must be the same
-    /// function every step (see [`Lbfgs::reset`]). When the parameters are
-    /// where the previous step left them, its last evaluation is reused, so
-    /// a step whose first trial is accepted costs one evaluation.
+    /// line search along it. `f` evaluates the loss and its gradients at
+    /// the store's current parameters; it must be the same function every
+    /// step (see [`Lbfgs::reset`]). When the parameters are where the
+    /// previous step left them, its last evaluation is reused, so a step
+    /// whose first trial is accepted costs one evaluation.
     pub fn step(
         &mut self,
         store: &mut ParamStore,
@@ -124,7 +302,7 @@ impl Lbfgs {
             // curvature pairs describe another space.
             self.reset();
         }
-        let (f0, g0, mut evals) = match self.last.take() {
+        let (f0, g0, evals) = match self.last.take() {
             // The parameters are where the last step left them: reuse.
             Some((x, f0, g0)) if x == x0 => (f0, g0, 0),
             _ => {
@@ -170,53 +348,47 @@ impl Lbfgs {
             slope = dot(&g0, &dir);
             plain = true;
         }
-        // Backtracking line search with the Armijo condition.
         // Without history the direction is already scaled (torch's first step).
-        let mut t = if self.s.is_empty() { 1.0 } else { self.lr };
-        loop {
-            let x: Vec<f64> = x0.iter().zip(&dir).map(|(a, d)| a + t * d).collect();
-            unflatten(store, &x)?;
-            // A failed evaluation leaves the parameters where the step began.
-            let (ft, gt) = match f(store).and_then(|(ft, gt)| gt.check_fits(store, "Lbfgs::step").map(|()| (ft, gt))) {
-                Ok(v) => v,
-                Err(e) => {
-                    unflatten(store, &x0)?;
-                    return Err(e);
-                }
-            };
-            evals += 1;
-            if ft.is_finite() && ft <= f0 + self.c1 * t * slope {
-                let g1 = flatten(gt.iter().map(|(_, g)| g.clone()));
-                let s: Vec<f64> = dir.iter().map(|d| t * d).collect();
-                let y: Vec<f64> = g1.iter().zip(&g0).map(|(a, b)| a - b).collect();
-                if dot(&s, &y) > 1e-10 * dot(&y, &y).sqrt() * dot(&s, &s).sqrt() {
-                    self.s.push_back(s);
-                    self.y.push_back(y);
-                    if self.s.len() > self.history {
-                        self.s.pop_front();
-                        self.y.pop_front();
-                    }
-                }
-                // As stored (f32 parameters round `x`).
-                let stored = flatten(store.ids().map(|id| store.get(id).clone()));
-                self.last = Some((stored, ft, g1));
-                return Ok(LbfgsStep { loss_before: f0, loss: ft, evals, converged: false, stalled: false });
-            }
-            if evals >= self.max_evals {
-                unflatten(store, &x0)?;
-                self.s.clear();
-                self.y.clear();
-                // The parameters are back at x0 exactly (f32 values survive
-                // the round trip through f64), so the next step reuses this
-                // evaluation instead of repeating it.
-                self.last = Some((x0, f0, g0));
-                return Ok(LbfgsStep { loss_before: f0, loss: f0, evals, converged: false, stalled: plain });
-            }
-            t *= 0.5;
+        let t = if self.s.is_empty() { 1.0 } else { self.lr };
+        let mut line =
+            Line { store, f: &mut f, x0: &x0, dir: &dir, f0, slope0: slope, evals, max_evals: self.max_evals, at: 0.0 };
+        let found = match self.line_search {
+            LineSearch::Backtracking => line.backtrack(t, self.c1),
+            LineSearch::StrongWolfe => line.strong_wolfe(t, self.c1, self.c2),
+        };
+        // An error leaves the parameters where the step began (probe).
+        let found = found?;
+        let evals = line.evals;
+        let Some(p) = found else {
+            line.move_to(0.0)?;
+            self.s.clear();
+            self.y.clear();
+            // The parameters are back at x0 exactly (f32 values survive
+            // the round trip through f64), so the next step reuses this
+            // evaluation instead of repeating it.
+            self.last = Some((x0, f0, g0));
+            return Ok(LbfgsStep { loss_before: f0, loss: f0, evals, converged: false, stalled: plain });
+        };
+        if line.at != p.t {
+            // The search ended elsewhere than at the step it accepts.
+            line.move_to(p.t)?;
         }
+        let s: Vec<f64> = dir.iter().map(|d| p.t * d).collect();
+        let y: Vec<f64> = p.g.iter().zip(&g0).map(|(a, b)| a - b).collect();
+        if dot(&s, &y) > 1e-10 * dot(&y, &y).sqrt() * dot(&s, &s).sqrt() {
+            self.s.push_back(s);
+            self.y.push_back(y);
+            if self.s.len() > self.history {
+                self.s.pop_front();
+                self.y.pop_front();
+            }
+        }
+        // As stored (f32 parameters round `x`).
+        let stored = flatten(store.ids().map(|id| store.get(id).clone()));
+        self.last = Some((stored, p.f, p.g));
+        Ok(LbfgsStep { loss_before: f0, loss: p.f, evals, converged: false, stalled: false })
     }
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -241,13 +413,19 @@ mod tests {
         Ok((loss, Grads::from_tensors(vec![Tensor::from_vec(g, [v.len()])?])))
     }
 
+    const SEARCHES: [LineSearch; 2] = [LineSearch::Backtracking, LineSearch::StrongWolfe];
+
     #[test]
     fn stops_when_no_decrease_is_possible() {
+        SEARCHES.into_iter().for_each(no_decrease_is_possible_with);
+    }
+
+    fn no_decrease_is_possible_with(search: LineSearch) {
         // A loss no step can lower (its gradient points nowhere useful):
         // the search along the plain gradient fails, which is reported, and
         // the parameters stay where they were.
         let mut s = store(vec![1.0, -2.0, 0.5]);
-        let mut opt = Lbfgs::new(5);
+        let mut opt = Lbfgs::new(5).with_line_search(search);
         let calls = std::cell::Cell::new(0usize);
         let flat = |_: &ParamStore| -> Result<(f64, Grads)> {
             calls.set(calls.get() + 1);
@@ -270,12 +448,16 @@ mod tests {
 
     #[test]
     fn a_failed_quasi_newton_search_is_not_a_stall() {
+        SEARCHES.into_iter().for_each(failed_quasi_newton_search_with);
+    }
+
+    fn failed_quasi_newton_search_with(search: LineSearch) {
         // Two good steps build a history; then the loss rises everywhere
         // off the current point. The first failure, along the quasi-Newton
         // direction, drops the history and is not a stall; the next search,
         // along the gradient, fails too and is.
         let mut s = store(vec![1.0, -2.0, 0.5]);
-        let mut opt = Lbfgs::new(5);
+        let mut opt = Lbfgs::new(5).with_line_search(search);
         for _ in 0..2 {
             let st = opt.step(&mut s, quad).expect("step");
             assert!(!st.stalled && st.loss < st.loss_before, "{st:?}");
@@ -298,15 +480,100 @@ mod tests {
 
     #[test]
     fn progress_is_never_a_stall() {
-        let mut s = store(vec![1.0, -2.0, 0.5]);
-        let mut opt = Lbfgs::new(5);
-        for _ in 0..100 {
-            let st = opt.step(&mut s, quad).expect("step");
-            assert!(!st.stalled, "{st:?}");
-            if st.converged {
-                break;
+        for search in SEARCHES {
+            let mut s = store(vec![1.0, -2.0, 0.5]);
+            let mut opt = Lbfgs::new(5).with_line_search(search);
+            for _ in 0..100 {
+                let st = opt.step(&mut s, quad).expect("step");
+                assert!(!st.stalled, "{search:?}: {st:?}");
+                if st.converged {
+                    break;
+                }
             }
+            assert!(w(&s).iter().all(|x| (x - 3.0).abs() < 1e-9), "{search:?}: {:?}", w(&s));
         }
-        assert!(w(&s).iter().all(|x| (x - 3.0).abs() < 1e-9), "{:?}", w(&s));
+    }
+
+    /// The loss and gradient at `x` as plain vectors.
+    fn at(f: fn(&ParamStore) -> Result<(f64, Grads)>, x: &[f64]) -> (f64, Vec<f64>) {
+        let (l, g) = f(&store(x.to_vec())).expect("f");
+        (l, flatten(g.iter().map(|(_, g)| g.clone())))
+    }
+
+    /// Rosenbrock's function in two dimensions.
+    fn rosenbrock(s: &ParamStore) -> Result<(f64, Grads)> {
+        let v = w(s);
+        let (x, y) = (v[0], v[1]);
+        let loss = (1.0 - x) * (1.0 - x) + 100.0 * (y - x * x) * (y - x * x);
+        let g = vec![-2.0 * (1.0 - x) - 400.0 * x * (y - x * x), 200.0 * (y - x * x)];
+        Ok((loss, Grads::from_tensors(vec![Tensor::from_vec(g, [2])?])))
+    }
+
+    #[test]
+    fn strong_wolfe_steps_meet_both_conditions() {
+        // Every accepted step s from x0 to x1 lowers the loss by c1 of the
+        // slope (f1 <= f0 + c1 g0.s) and flattens the slope to c2 of its
+        // magnitude (|g1.s| <= c2 |g0.s|), which makes s.y > 0.
+        type F = fn(&ParamStore) -> Result<(f64, Grads)>;
+        let cases: [(F, Vec<f64>, f64); 2] =
+            [(quad, vec![1.0, -2.0, 0.5, 7.0], 3.0), (rosenbrock, vec![-1.2, 1.0], 1.0)];
+        for (f, x, min) in cases {
+            let mut s = store(x);
+            let mut opt = Lbfgs::new(5).with_line_search(LineSearch::StrongWolfe);
+            let mut steps = 0;
+            for _ in 0..200 {
+                let x0 = w(&s);
+                let st = opt.step(&mut s, f).expect("step");
+                if st.converged || st.loss < 1e-18 {
+                    break;
+                }
+                steps += 1;
+                let x1 = w(&s);
+                let ((f0, g0), (f1, g1)) = (at(f, &x0), at(f, &x1));
+                let step: Vec<f64> = x1.iter().zip(&x0).map(|(a, b)| a - b).collect();
+                let (slope0, slope1) = (dot(&g0, &step), dot(&g1, &step));
+                assert!(!st.stalled && st.evals < opt.max_evals, "{st:?}");
+                assert_eq!((st.loss_before, st.loss), (f0, f1));
+                assert!(slope0 < 0.0 && f1 <= f0 + opt.c1 * slope0, "step {steps}: {f0} -> {f1}, slope {slope0}");
+                assert!(slope1.abs() <= opt.c2 * slope0.abs(), "step {steps}: slope {slope0} -> {slope1}");
+            }
+            assert!(steps > 3, "{steps} steps");
+            assert!(w(&s).iter().all(|v| (v - min).abs() < 1e-6), "{:?}", w(&s));
+        }
+    }
+
+    /// `a/2 |w - 3|^2` with a small curvature `a`: L-BFGS's first direction
+    /// (the gradient, scaled to an L1 norm of at most 1) is `1/a` times too
+    /// short.
+    fn shallow(s: &ParamStore) -> Result<(f64, Grads)> {
+        let a = 1.2e-3;
+        let v = w(s);
+        let loss = v.iter().map(|x| 0.5 * a * (x - 3.0) * (x - 3.0)).sum();
+        let g = v.iter().map(|x| a * (x - 3.0)).collect::<Vec<_>>();
+        Ok((loss, Grads::from_tensors(vec![Tensor::from_vec(g, [v.len()])?])))
+    }
+
+    #[test]
+    fn strong_wolfe_grows_a_step_too_short_and_backtracking_does_not() {
+        let start = vec![1.0, -2.0, 0.5];
+        let (f0, _) = at(shallow, &start);
+        let mut s = store(start.clone());
+        let st = Lbfgs::new(5).step(&mut s, shallow).expect("step");
+        // Backtracking accepts the first trial, 1.2 thousandths of the way.
+        assert_eq!(st.evals, 2, "{st:?}");
+        assert!(st.loss > 0.99 * f0, "{st:?}");
+        let mut s = store(start);
+        let mut opt = Lbfgs::new(5).with_line_search(LineSearch::StrongWolfe);
+        let st = opt.step(&mut s, shallow).expect("step");
+        // The strong Wolfe search grows the step, 10x at a time at most,
+        // until the slope along it is down to c2 = 0.9 of the start's: at
+        // t = 1, 10 and 100 it is 1 - t a = 0.9988, 0.988 and 0.88, so the
+        // search stops at 100 and the loss falls to 0.88^2 of f0.
+        assert_eq!(st.evals, 4, "{st:?}");
+        assert!((st.loss / f0 - 0.88 * 0.88).abs() < 1e-9, "{st:?}");
+        // The next direction carries the curvature that step measured and
+        // lands on the minimum.
+        let st = opt.step(&mut s, shallow).expect("step");
+        assert!(st.loss < 1e-20, "{st:?}");
     }
 }

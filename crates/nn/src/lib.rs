@@ -79,7 +79,7 @@ pub use data::{DataLoader, Epoch};
 pub use gpt::{Block, Gpt, GptConfig};
 pub use jet::{tanh_jac, tanh_jet, Jet, TanhJac, TanhJet};
 pub use layers::{Activation, Dropout, Embedding, Linear, Mlp};
-pub use lbfgs::{Lbfgs, LbfgsStep};
+pub use lbfgs::{Lbfgs, LbfgsStep, LineSearch};
 pub use loss::mse;
 pub use norm::{norm, LayerNorm, NormOp, RmsNorm};
 pub use optim::{Adam, Optimizer, OptimizerState, Schedule, Sgd};

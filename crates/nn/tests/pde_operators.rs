@@ -2,7 +2,7 @@
 //! Rosenbrock function.
 
 use tapir_autograd::Graph;
-use tapir_nn::{Activation, Grads, Lbfgs, Mlp, ParamStore};
+use tapir_nn::{Activation, Grads, Lbfgs, LineSearch, Mlp, ParamStore};
 use tapir_tensor::prelude::*;
 
 fn close(a: &[f64], b: &[f64], tol: f64, what: &str) {
@@ -67,9 +67,15 @@ fn forward_jet_rejects_bad_input() {
 
 #[test]
 fn lbfgs_solves_rosenbrock() {
+    for search in [LineSearch::Backtracking, LineSearch::StrongWolfe] {
+        rosenbrock_with(search);
+    }
+}
+
+fn rosenbrock_with(search: LineSearch) {
     let mut store = ParamStore::new();
     let id = store.add("xy", Tensor::from_vec(vec![-1.2f64, 1.0], [2]).unwrap()).unwrap();
-    let mut opt = Lbfgs::new(10);
+    let mut opt = Lbfgs::new(10).with_line_search(search);
     let calls = std::cell::Cell::new(0usize);
     let rosenbrock = |s: &ParamStore| -> Result<(f64, Grads)> {
         calls.set(calls.get() + 1);
@@ -99,8 +105,11 @@ fn lbfgs_solves_rosenbrock() {
         }
     }
     let xy = store.get(id).to_vec::<f64>().unwrap();
-    assert!((xy[0] - 1.0).abs() < 1e-6 && (xy[1] - 1.0).abs() < 1e-6, "{xy:?} after {iters} iterations, loss {last}");
-    assert!(iters < 100, "{iters} iterations");
+    assert!(
+        (xy[0] - 1.0).abs() < 1e-6 && (xy[1] - 1.0).abs() < 1e-6,
+        "{search:?}: {xy:?} after {iters} iterations, loss {last}"
+    );
+    assert!(iters < 100, "{search:?}: {iters} iterations");
     // Each step starts where the last one ended and reuses that evaluation.
-    assert!(calls.get() < 2 * iters, "{} evaluations for {iters} iterations", calls.get());
+    assert!(calls.get() < 2 * iters, "{search:?}: {} evaluations for {iters} iterations", calls.get());
 }
