@@ -162,15 +162,15 @@ __device__ __forceinline__ float minus_two_log_u1(unsigned x0) {
 // are exact; i is split into its f32 rounding v 2^31 and the integer
 // remainder, whose angle e (below 2.4e-8) goes in to first order. On
 // v in [-1, 1]: cos = 1 + v^2 Qc(v^2), sin = (pi / 4) v + v^3 Qs(v^2),
-// Qc and Qs fitted for the least relative error (2^-31 for cos; for sin
-// 2^-25, which is pi / 4 rounded to f32). c and s come back as the
+// Qc and Qs fitted for the least relative error (2^-31 and 2^-27.9, with
+// pi / 4 taken exactly as the sum of two floats). c and s come back as the
 // reduced angle's; bit 30 of sign1 (q odd) says they swap, bit 31 of
 // sign0 and of sign1 the signs of cos t and sin t.
 __device__ __forceinline__ void sincos_turn(unsigned x1, float* c, float* s, unsigned* sign0, unsigned* sign1) {
     const int i = (int)(x1 << 2);
     const float hf = __int2float_rn(i);
     const float lf = __int2float_rn(i - __float2int_rn(hf));
-    float v, e, e2, q, one_plus;
+    float v, e, e2, q;
     asm("mul.rn.f32 %0, %1, 0f30000000;" : "=f"(v) : "f"(hf));   // 2^-31
     const float v2 = __fmul_rn(v, v);
     asm("mul.rn.f32 %0, %1, 0f2FC90FDB;" : "=f"(e) : "f"(lf));   // (pi / 4) 2^-31
@@ -179,13 +179,15 @@ __device__ __forceinline__ void sincos_turn(unsigned x1, float* c, float* s, uns
     FMA_K(q, q, v2, "0f3C81E0D8");
     FMA_K(q, q, v2, "0fBE9DE9E6");
     // cos(phi + e) = cos phi - e sin phi, sin phi taken as (pi / 4) v
-    // (e2 = -e pi / 4).
-    asm("add.rn.f32 %0, %1, 0f3F800000;" : "=f"(one_plus) : "f"(__fmaf_rn(e2, v, __fmul_rn(v2, q))));
-    *c = one_plus;
-    asm("fma.rn.f32 %0, %1, 0fB8198CC7, 0f3B234052;" : "=f"(q) : "f"(v2));
-    FMA_K(q, q, v2, "0fBDA55E12");
-    // sin(phi + e) = sin phi + e cos phi.
-    const float x = __fmaf_rn(e, *c, __fmul_rn(__fmul_rn(v, v2), q));
+    // (e2 = -e pi / 4): 1 + v (v Qc + e2), rounded once but for the inner fma.
+    asm("fma.rn.f32 %0, %1, %2, 0f3F800000;" : "=f"(*c) : "f"(v), "f"(__fmaf_rn(v, q, e2)));
+    // sin(phi + e) = sin phi + e cos phi, with pi / 4 = s_hi + s_lo:
+    // s_hi v + (v (s_lo + v^2 Qs) + e cos), rounded once but for the
+    // small terms.
+    asm("fma.rn.f32 %0, %1, 0fB816DAD3, 0f3B232FD6;" : "=f"(q) : "f"(v2));
+    FMA_K(q, q, v2, "0fBDA55DDF");
+    FMA_K(q, v2, q, "0fB2BBBD2E");
+    const float x = __fmaf_rn(e, *c, __fmul_rn(v, q));
     asm("fma.rn.f32 %0, %1, 0f3F490FDB, %2;" : "=f"(*s) : "f"(v), "f"(x));
     *sign1 = x1 + 0x20000000u;
     *sign0 = x1 + 0x60000000u;
