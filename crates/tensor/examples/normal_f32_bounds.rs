@@ -9,7 +9,7 @@
 //! cargo run --release -p tapir-tensor --example normal_f32_bounds
 //! ```
 //!
-//! (about a minute a function on a core; it uses every core).
+//! (about 3.5 minutes of CPU time a function, spread over every core).
 
 #[path = "../tests/support/normal_f32.rs"]
 mod normal_f32;
