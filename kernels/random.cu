@@ -115,32 +115,107 @@ __device__ __forceinline__ void box_muller(double u1, double u2, double* z) {
     z[1] = __dmul_rn(r, s);
 }
 
+// f32 normals from tapir's own polynomials (the CPU computes in f64).
+// crates/tensor/tests/support/normal_f32.rs models these functions
+// operation for operation; tests/random.rs checks the model against this
+// kernel bit for bit, and examples/normal_f32_bounds.rs checks it against
+// f64 on every input (docs/gpu-model.md, "Normals from tapir's own
+// polynomials"). Each operation is an explicitly rounded intrinsic or an
+// `fma` in `asm` with its coefficient as an immediate operand (NVRTC moves
+// each constant into a register first, an instruction the emulator counts).
+#define FMA_K(d, a, b, K) asm("fma.rn.f32 %0, %1, %2, " K ";" : "=f"(d) : "f"(a), "f"(b))
+
+// -2 ln u1 for u1 = (x0 + 1) 2^-32. With j = clz(x0 - x0 / 4) (about
+// clz(3 u1 / 4)), u1 = 2^-j (1 + f), f in [-1/3, 1/3], and f 2^32 is
+// exactly the word F = (x0 + 1) << j read as signed (the shift drops the
+// leading one; j = 32 shifts to 0, as PTX clamps, x0 = 2^32 - 1 gives
+// j = 0 and F = 0). F is split into its f32 rounding and the integer
+// remainder, so g = -2 f = g_hi + g_lo exactly, and -2 ln u1 = j 2 ln 2 +
+// P(g), P(g) = -2 log1p(-g / 2) = g + g^2 T(g) + g_lo: T a degree-8
+// polynomial fitted to minimize |g| times its error (below 2^-26.8 over
+// [-0.7, 0.7]), the terms of g_lo past the first below 2^-25 |g_lo|.
+__device__ __forceinline__ float minus_two_log_u1(unsigned x0) {
+    const unsigned j = __clz(x0 - (x0 >> 2));
+    const int F = (int)((x0 + 1u) << j);
+    const float hf = __int2float_rn(F);
+    const float lf = __int2float_rn(F - __float2int_rn(hf));
+    float g, gl, t;
+    asm("mul.rn.f32 %0, %1, 0fB0000000;" : "=f"(g) : "f"(hf));  // -2^-31
+    asm("mul.rn.f32 %0, %1, 0fB0000000;" : "=f"(gl) : "f"(lf));
+    const float g2 = __fmul_rn(g, g);
+    asm("fma.rn.f32 %0, %1, 0f398CE4C4, 0f3A12D6E6;" : "=f"(t) : "f"(g));
+    FMA_K(t, t, g, "0f3A74FC07");
+    FMA_K(t, t, g, "0f3B0EB589");
+    FMA_K(t, t, g, "0f3BAB010D");
+    FMA_K(t, t, g, "0f3C4CF292");
+    FMA_K(t, t, g, "0f3CFFFDD5");
+    FMA_K(t, t, g, "0f3DAAAA6E");
+    FMA_K(t, t, g, "0f3E800001");
+    const float p = __fadd_rn(g, __fmaf_rn(g2, t, gl));
+    float l;  // j 2 ln 2 + P (2 ln 2 rounded to f32, within 2^-28 relative)
+    asm("fma.rn.f32 %0, %1, 0f3FB17218, %2;" : "=f"(l) : "f"(__uint2float_rn(j)), "f"(p));
+    return l;
+}
+
+// cos and sin of t = 2 pi x1 2^-32. The quadrant q = (x1 + 2^29) >> 30 and
+// the rest i = x1 << 2 read as signed, t = q pi / 2 + (pi / 4) i 2^-31,
+// are exact; i is split into its f32 rounding v 2^31 and the integer
+// remainder, whose angle e (below 2.4e-8) goes in to first order. On
+// v in [-1, 1]: cos = 1 + v^2 Qc(v^2), sin = (pi / 4) v + v^3 Qs(v^2),
+// Qc and Qs fitted for the least relative error (2^-31 and 2^-27.9, with
+// pi / 4 taken exactly as the sum of two floats). c and s come back as the
+// reduced angle's; bit 30 of sign1 (q odd) says they swap, bit 31 of
+// sign0 and of sign1 the signs of cos t and sin t.
+__device__ __forceinline__ void sincos_turn(unsigned x1, float* c, float* s, unsigned* sign0, unsigned* sign1) {
+    const int i = (int)(x1 << 2);
+    const float hf = __int2float_rn(i);
+    const float lf = __int2float_rn(i - __float2int_rn(hf));
+    float v, e, e2, q;
+    asm("mul.rn.f32 %0, %1, 0f30000000;" : "=f"(v) : "f"(hf));   // 2^-31
+    const float v2 = __fmul_rn(v, v);
+    asm("mul.rn.f32 %0, %1, 0f2FC90FDB;" : "=f"(e) : "f"(lf));   // (pi / 4) 2^-31
+    asm("mul.rn.f32 %0, %1, 0fAF9DE9E6;" : "=f"(e2) : "f"(lf));  // -(pi / 4)^2 2^-31
+    asm("fma.rn.f32 %0, %1, 0f366A7BF7, 0fB9AAD95B;" : "=f"(q) : "f"(v2));
+    FMA_K(q, q, v2, "0f3C81E0D8");
+    FMA_K(q, q, v2, "0fBE9DE9E6");
+    // cos(phi + e) = cos phi - e sin phi, sin phi taken as (pi / 4) v
+    // (e2 = -e pi / 4): 1 + v (v Qc + e2), rounded once but for the inner fma.
+    asm("fma.rn.f32 %0, %1, %2, 0f3F800000;" : "=f"(*c) : "f"(v), "f"(__fmaf_rn(v, q, e2)));
+    // sin(phi + e) = sin phi + e cos phi, with pi / 4 = s_hi + s_lo:
+    // s_hi v + (v (s_lo + v^2 Qs) + e cos), rounded once but for the
+    // small terms.
+    asm("fma.rn.f32 %0, %1, 0fB816DAD3, 0f3B232FD6;" : "=f"(q) : "f"(v2));
+    FMA_K(q, q, v2, "0fBDA55DDF");
+    FMA_K(q, v2, q, "0fB2BBBD2E");
+    const float x = __fmaf_rn(e, *c, __fmul_rn(v, q));
+    asm("fma.rn.f32 %0, %1, 0f3F490FDB, %2;" : "=f"(*s) : "f"(v), "f"(x));
+    *sign1 = x1 + 0x20000000u;
+    *sign0 = x1 + 0x60000000u;
+}
+
+// x with its sign flipped where bit 31 of m is set: (m & 2^31) ^ x, one lop3.
+__device__ __forceinline__ float flip_sign(unsigned m, float x) {
+    float d;
+    asm("lop3.b32 %0, %1, 0x80000000, %2, 0x6A;" : "=f"(d) : "r"(m), "f"(x));
+    return d;
+}
+
 // One Box-Muller pair in f32 from words x0 and x1 (u1 = (x0 + 1) 2^-32,
-// u2 = x1 2^-32) with CUDA's accurate f32 functions, as mean + std r cos t
-// and mean + std r sin t. The two places where f32 would lose what f64 keeps:
-// - u1 has 32 bits, and near 1 is not a float (1 - 2^-32 rounds to 1, its
-//   log to 0). With k = clz(x0 + 1) (0 in the upper half), u1 = 2^-k m for
-//   m = (x0 + 1) 2^(k-32) in [1/2, 1), and m - 1 = -d 2^(k-32) for the
-//   integer d = ((2^32 - 1) >> k) - x0, exact; so ln u1 = log1p(-d 2^(k-32))
-//   - k ln 2, one log1pf a pair whichever half x0 is in (logf below the
-//   half and log1pf above it would diverge in every warp), its argument
-//   within 2^-24 (relative) of the exact one.
-// - t = 2 pi u2 = pi a for a = x1 2^-31, which has 32 bits: sincospif (the
-//   reduction of pi a exact) of the top 24 bits, exact in f32, and the
-//   low 8 bits' angle e <= 3.7e-7 added to first order (the next term,
-//   e^2 / 2, is below 1e-13).
+// u2 = x1 2^-32): mean + std r cos t and mean + std r sin t, r the square
+// root of `minus_two_log_u1`, t from `sincos_turn`.
 __device__ __forceinline__ void box_muller_f32(unsigned x0, unsigned x1, float mean, float std, float* z) {
-    const unsigned k = __clz(x0 + 1u) & 31u;
-    const float scale = __int_as_float((int)(95u + k) << 23);  // 2^(k - 32)
-    const float y = -__fmul_rn((float)((0xffffffffu >> k) - x0), scale);
-    const float l = __fmaf_rn(-(float)k, 0.693147182f, log1pf(y));
-    float sr = __fmul_rn(std, sqrtf(__fmul_rn(-2.0f, l)));
-    float a = __fmul_rn((float)(x1 & 0xffffff00u), 0x1p-31f);
-    float e = __fmul_rn((float)(x1 & 0xffu), 0x1p-31f * 3.14159265358979f);
-    float s, c;
-    sincospif(a, &s, &c);
-    z[0] = __fmaf_rn(sr, __fmaf_rn(-e, s, c), mean);
-    z[1] = __fmaf_rn(sr, __fmaf_rn(e, c, s), mean);
+    const float sr = __fmul_rn(std, __fsqrt_rn(minus_two_log_u1(x0)));
+    float c, s;
+    unsigned sign0, sign1;
+    sincos_turn(x1, &c, &s, &sign0, &sign1);
+    // (a, b) = (c, s), or (s, c) when q is odd: bit 30 tested as the sign
+    // of a shift (NVRTC tests a masked bit with a shift, an and and a setp).
+    unsigned shifted;
+    asm("shl.b32 %0, %1, 1;" : "=r"(shifted) : "r"(sign1));
+    const bool odd = (int)shifted < 0;
+    const float a = odd ? s : c, b = odd ? c : s;
+    z[0] = __fmaf_rn(flip_sign(sign0, sr), a, mean);
+    z[1] = __fmaf_rn(flip_sign(sign1, sr), b, mean);
 }
 
 // A block's E elements as one aligned unit, so a thread stores them with one
@@ -152,6 +227,15 @@ template <int E, typename T> union alignas(E * sizeof(T)) DrawUnit {
     T v[E];
     unsigned w[E * sizeof(T) / 4];
 };
+
+// A unit to memory as one vector store. Four f32 go as a float4: copied as
+// the union, NVRTC stores them as words, a `mov.b32` each first.
+template <int E, typename T> __device__ __forceinline__ void store_unit(DrawUnit<E, T>* p, const DrawUnit<E, T>& u) {
+    *p = u;
+}
+template <> __device__ __forceinline__ void store_unit(DrawUnit<4, float>* p, const DrawUnit<4, float>& u) {
+    *reinterpret_cast<float4*>(p) = make_float4(u.v[0], u.v[1], u.v[2], u.v[3]);
+}
 
 // The loop every draw shares: E elements a block, element i from block
 // offset + i / E, each thread taking whole blocks (grid-strided) so no
@@ -173,12 +257,24 @@ __device__ __forceinline__ void draw_blocks(i64 n, int k0, int k1, i64 offset, T
     u64 first = (u64)offset;
     asm("" : "+l"(first));
     i64 b = global_id();
-    if (aligned) {
-        for (; b < whole; b += global_stride()) {
+    if (aligned && b < whole) {
+        // The unit's address and the block's counter step along with b, and
+        // the address alone ends the loop (two adds a block fewer than both
+        // from b); the step in bytes through an empty asm, so that NVRTC
+        // keeps it in a register rather than shifting the stride each block.
+        i64 step = global_stride() * (i64)sizeof(U);
+        asm("" : "+l"(step));
+        char* p = reinterpret_cast<char*>(out) + b * (i64)sizeof(U);
+        char* const end = reinterpret_cast<char*>(out) + whole * (i64)sizeof(U);
+        u64 ctr = first + (u64)b;
+        do {
             U u;
-            values(philox_block(first + (u64)b, keys), u);
-            reinterpret_cast<U*>(out)[b] = u;
-        }
+            values(philox_block(ctr, keys), u);
+            store_unit(reinterpret_cast<U*>(p), u);
+            p += step;
+            ctr += (u64)global_stride();
+        } while (p < end);
+        b = (i64)(ctr - first);
     }
     for (; b < blocks; b += global_stride()) {
         U u;

@@ -13,6 +13,9 @@ use tapir_tensor::prelude::*;
 #[path = "support/cuda.rs"]
 mod support;
 
+#[path = "support/normal_f32.rs"]
+mod normal_f32;
+
 static LOCK: Mutex<()> = Mutex::new(());
 
 fn cuda(test: &str) -> Option<(Device, MutexGuard<'static, ()>)> {
@@ -213,14 +216,16 @@ fn ulps(dtype: DType, x: f64, y: f64, floor: f64) -> f64 {
 /// How far (`ulps`, floor 0.5) a CUDA normal may be from the CPU's. f64
 /// computes in f64 on both devices and carries the libraries' differences
 /// (CUDA's log, sin and cos are within 2 ulps). f32, f16 and bf16 compute
-/// in f32 on CUDA (kernels/random.cu, `box_muller_f32`: log1pf and
-/// sincospif within an ulp each, then the roundings of r, std r and the
-/// last fused multiply-add) and in f64 on the CPU: 4 ulps of f32 was the
-/// worst of 18.9 M draws (six seeds, three (mean, std) pairs, 2^20 draws
-/// each; 258 at 4, 7,735 at 3), which the 2^18 draws of the test below
-/// reach; rounded to f16 or bf16, at most 1 ulp (1,263 and 181
-/// of the 18.9 M). At least half are bitwise equal (f32: 58% at mean 0.5
-/// and std 2 or mean 0 and std 1, 97% at mean -3 and std 0.25).
+/// in f32 on CUDA (kernels/random.cu, `box_muller_f32`: tapir's own
+/// polynomials, `r` within 1.102 ulps and `cos` and `sin` within 1.028 over
+/// every input, `f32_normal_functions_stay_within_their_exhaustive_bounds`)
+/// and in f64 on the CPU. For the standard normal that proves 4 ulps of
+/// f32 (docs/gpu-model.md, "Normals from tapir's own polynomials": relative
+/// errors 1.674 and 1.449 x 2^-24, so within 3.63 ulps of the exact value
+/// and 4.13 of the CPU's f32, and the difference is a whole or half ulp);
+/// 4 is also the worst of this test's draws at mean 0.5 and std 2, where
+/// `mean + std z` cancels (a limit of 3 fails it). Rounded to f16 or bf16,
+/// at most 1 ulp. At least half are bitwise equal (f32: 63% here).
 fn normal_limit(dtype: DType) -> f64 {
     match dtype {
         DType::F64 => 8.0,
@@ -262,6 +267,86 @@ fn cuda_normals_match_the_cpus_within_a_few_ulps() {
 /// offset is not a multiple of anything the launch has: f32, bf16 (whose
 /// uniforms take eight values a block, so it draws past eight elements a
 /// thread) and a two-word dtype.
+/// The f32 normals' functions (kernels/random.cu, modeled in
+/// support/normal_f32.rs) against f64 on a stratified sample of their
+/// inputs: the 2^16 words at each end of the range (`u1` near 2^-32 and
+/// near 1; the angle near 0 and a full turn), every 4,093rd word, and 256
+/// words either side of each of the 32 binade edges of `x0 + 1` and of
+/// each quadrant and octant edge of `x1`. The bounds asserted are the
+/// largest errors over every input (examples/normal_f32_bounds.rs, which
+/// checks all 2^32 of each; docs/gpu-model.md records its output), so the
+/// sample must stay within them.
+#[test]
+fn f32_normal_functions_stay_within_their_exhaustive_bounds() {
+    use normal_f32::{cos_sin_turn, cos_sin_turn_f64, minus_two_log_u1, minus_two_log_u1_f64, ulps};
+    let mut words: Vec<u32> = (0..1 << 16).chain(u32::MAX - (1 << 16)..=u32::MAX).collect();
+    words.extend((0..=u32::MAX / 4093).map(|k| k * 4093));
+    for edge in (0..32).map(|b| 1u32 << b).chain((1..8).map(|k| k << 29)) {
+        words.extend((0..512).map(|d| edge.wrapping_sub(256).wrapping_add(d)));
+    }
+    let (mut log, mut r, mut trig) = (0f64, 0f64, 0f64);
+    for &x in &words {
+        let (got, want) = (minus_two_log_u1(x), minus_two_log_u1_f64(x));
+        if want == 0.0 {
+            assert_eq!(got, 0.0, "x0 = {x:#x}");
+        } else {
+            log = log.max(ulps(got, want));
+            r = r.max(ulps(got.sqrt(), want.sqrt()));
+        }
+        let (got, want) = (cos_sin_turn(x), cos_sin_turn_f64(x));
+        for (g, w) in [(got.0, want.0), (got.1, want.1)] {
+            if w == 0.0 {
+                assert_eq!(g, 0.0, "x1 = {x:#x}");
+            } else {
+                trig = trig.max(ulps(g, w));
+            }
+        }
+    }
+    println!("{} words: -2 ln u1 {log:.4} ulps, r {r:.4}, cos and sin {trig:.4}", words.len());
+    assert!(log <= LOG_ULPS && r <= R_ULPS && trig <= TRIG_ULPS, "{log} {r} {trig}");
+}
+
+/// The largest errors, in ulps of f32, of `-2 ln u1`, of `r`, and of `cos t`
+/// and `sin t` over all 2^32 inputs each (examples/normal_f32_bounds.rs).
+const LOG_ULPS: f64 = 1.1595;
+const R_ULPS: f64 = 1.1018;
+const TRIG_ULPS: f64 = 1.0280;
+
+/// The device's f32, f16 and bf16 normals are the model's
+/// (support/normal_f32.rs) bit for bit, so the model's exhaustive bounds
+/// are the kernel's: each block's words from `Rng::philox`, each pair
+/// through the model, rounded to f16 or bf16 as the kernel's packed
+/// conversion does (to nearest even).
+#[tapir_testing::cuda_test]
+fn cuda_f32_normals_are_the_models_bit_for_bit() {
+    let Some((dev, _g)) = cuda("cuda_f32_normals_are_the_models_bit_for_bit") else { return };
+    let seed = 31_u64;
+    let key = [seed as u32, (seed >> 32) as u32];
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        for (mean, std) in [(0.0, 1.0), (0.5, 2.0), (-3.0, 0.3)] {
+            let mut g = Rng::new(seed);
+            let n = 40_001;
+            let gpu =
+                g.normal_tensor_on([n], mean, std, dtype, dev).unwrap().to_device(Device::Cpu).unwrap().to_vec_f64();
+            let model: Vec<f64> = (0..n)
+                .map(|i| {
+                    let w = Rng::philox([(i / 4) as u32, 0, 0, 0], key);
+                    let p = (i % 4) / 2;
+                    let z = normal_f32::box_muller_f32(w[2 * p], w[2 * p + 1], mean as f32, std as f32);
+                    let z = if i % 2 == 0 { z.0 } else { z.1 };
+                    match dtype {
+                        DType::F16 => f64::from(half::f16::from_f32(z)),
+                        DType::BF16 => f64::from(half::bf16::from_f32(z)),
+                        _ => f64::from(z),
+                    }
+                })
+                .collect();
+            let differ = gpu.iter().zip(&model).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+            assert_eq!(differ, 0, "{dtype:?} ({mean}, {std}): {differ} of {n} differ from the model");
+        }
+    }
+}
+
 #[tapir_testing::cuda_test]
 fn cuda_draws_past_one_wave_of_threads_are_the_cpus() {
     let Some((dev, _g)) = cuda("cuda_draws_past_one_wave_of_threads_are_the_cpus") else { return };
