@@ -236,20 +236,9 @@ impl Args {
 /// L-BFGS has stalled when its loss fell by less than `SLOW_GAIN` of itself
 /// over the last `SLOW_ITERS` iterations in one dtype and one set of points
 /// (a healthy Burgers run loses several percent of its loss in 100
-/// iterations, even in its slow f64 tail).
+/// iterations, even in its slow f64 tail): `Lbfgs::min_progress`.
 const SLOW_ITERS: usize = 100;
 const SLOW_GAIN: f64 = 1e-3;
-
-/// Whether L-BFGS's losses since its last change of dtype or points show
-/// no progress: under `SLOW_GAIN` (0.1%) of the loss gained over the last
-/// `SLOW_ITERS` (100).
-pub fn no_progress(losses: &[f64]) -> bool {
-    let n = losses.len();
-    n > SLOW_ITERS && {
-        let (old, now) = (losses[n - 1 - SLOW_ITERS], losses[n - 1]);
-        old - now < SLOW_GAIN * old
-    }
-}
 
 /// Whether the network is made odd in x: `u(x, t) = (N(x, t) - N(-x, t)) / 2`.
 ///
@@ -924,6 +913,12 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
     }
     let mut point_rounds = Vec::new();
     let mut lbfgs = Lbfgs::new(50).with_line_search(a.line_search.line_search());
+    // No progress: a line search can go on accepting steps that move the
+    // loss by its rounding alone (seen in f32 at a loss of 1.7e-2 with a
+    // 9 x 20 network), a stall the search does not report; it is handled
+    // as one. `reset` at each change of dtype or points starts the window
+    // again.
+    lbfgs.min_progress = Some((SLOW_ITERS, SLOW_GAIN));
     let mut lbfgs_evals = 0;
     // The iterations are a budget: with f32-then-f64, an f64 iteration after
     // the switch counts as --lbfgs-f64-cost f32 ones (about its cost), so
@@ -936,8 +931,6 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
         cheap as f64 + dear as f64 * a.lbfgs_f64_cost <= lbfgs_iters as f64 + 1e-9
     };
     let mut it = 0;
-    // The losses since the last change of dtype or points.
-    let mut phase_losses = Vec::new();
     while fits(cheap, dear, lbfgs_dtype) {
         if a.adaptive > 0 && point_rounds.len() < a.adaptive_rounds && it > 0 && it % a.adaptive_every == 0 {
             // A round of residual-based points: the interior grows by
@@ -957,7 +950,6 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
             }
             point_rounds.push(live.len());
             lbfgs.reset();
-            phase_losses.clear();
         }
         let st =
             lbfgs.step(&mut store, |s: &ParamStore| loss_and_grads(prob, &net, &pts, odd, s, comm, ddp.as_mut()))?;
@@ -969,12 +961,7 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
         } else {
             cheap += 1;
         }
-        // No progress: a line search can go on accepting steps that move
-        // the loss by its rounding alone (seen in f32 at a loss of 1.7e-2
-        // with a 9 x 20 network), which is a stall that the search does not
-        // report; it is handled as one.
-        phase_losses.push(st.loss);
-        let stuck = st.stalled || no_progress(&phase_losses);
+        let stuck = st.stalled || st.no_progress;
         let stalled = stuck && !(then_f64 && lbfgs_dtype == DType::F32);
         let next_dtype = if stuck && !stalled { DType::F64 } else { lbfgs_dtype };
         let last = !fits(cheap, dear, next_dtype) || st.converged || stalled;
@@ -1008,7 +995,6 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
                     println!("lbfgs {:>6}  stalled in f32 ({why}) at loss {}: on in f64", it + 1, num(st.loss))
                 });
             }
-            phase_losses.clear();
             if phase_switch.is_none() {
                 phase_switch = Some(steps + it + 1);
             }

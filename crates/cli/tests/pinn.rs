@@ -7,8 +7,7 @@ use std::f64::consts::PI;
 use tapir::nn::{Activation, Mlp, ParamStore};
 use tapir::prelude::*;
 use tapir_cli::pinn::{
-    burgers_cole_hopf, no_progress, residual, solution, train, values, worst_points, Args, GaussHermite, Precision,
-    Problem, Search,
+    burgers_cole_hopf, residual, solution, train, values, worst_points, Args, GaussHermite, Precision, Problem, Search,
 };
 
 /// The memory counters are process-wide and tests run in parallel: every
@@ -401,19 +400,4 @@ fn the_f64_tail_of_f32_then_f64_is_counted_at_its_cost() {
     for a in [Args { lbfgs_f64_cost: 0.0, ..tiny_burgers() }, Args { lbfgs_f64_cost: f64::NAN, ..tiny_burgers() }] {
         assert!(train(&a).is_err(), "--lbfgs-f64-cost {}", a.lbfgs_f64_cost);
     }
-}
-
-/// L-BFGS's "no progress" stop: less than 0.1% of the loss gained over the
-/// last 100 iterations, and only once there are 100 to look back on.
-#[test]
-fn no_progress_means_under_a_thousandth_in_a_hundred_iterations() {
-    let flat = vec![0.0165; 101];
-    assert!(no_progress(&flat));
-    assert!(!no_progress(&flat[..100]), "100 losses are one window short");
-    // A slow f64 tail: 4% a hundred iterations is progress.
-    let tail: Vec<f64> = (0..300).map(|i| 3e-5 * 0.96f64.powf(i as f64 / 100.0)).collect();
-    assert!(!no_progress(&tail));
-    // 0.05% in a hundred is not.
-    let crawl: Vec<f64> = (0..300).map(|i| 1e-2 * (1.0 - 5e-6 * i as f64)).collect();
-    assert!(no_progress(&crawl));
 }

@@ -43,6 +43,15 @@ pub struct Lbfgs {
     pub max_evals: usize,
     /// Stop when the gradient's max-norm falls below this.
     pub tolerance_grad: f64,
+    /// `Some((window, gain))`: a step reports [`LbfgsStep::no_progress`]
+    /// when the loss fell by less than `gain` of itself over the last
+    /// `window` steps since the last [`Lbfgs::reset`]. A line search can go
+    /// on accepting steps that move the loss by its rounding alone, a stall
+    /// that no single step shows. Default: `None` (not checked).
+    pub min_progress: Option<(usize, f64)>,
+    /// The losses after each step since the last reset, the last `window +
+    /// 1` of them.
+    recent: VecDeque<f64>,
     s: VecDeque<Vec<f64>>,
     y: VecDeque<Vec<f64>>,
     /// The point the last step accepted, with its loss and gradient: the
@@ -70,6 +79,9 @@ pub struct LbfgsStep {
     /// history and is not reported here, since the next step tries the
     /// gradient.
     pub stalled: bool,
+    /// True when [`Lbfgs::min_progress`] is set and the loss fell by less
+    /// than its gain over its window of steps.
+    pub no_progress: bool,
 }
 
 fn flatten(ts: impl Iterator<Item = Tensor>) -> Vec<f64> {
@@ -264,6 +276,8 @@ impl Lbfgs {
             c2: 0.9,
             max_evals: 25,
             tolerance_grad: 1e-9,
+            min_progress: None,
+            recent: VecDeque::new(),
             s: VecDeque::new(),
             y: VecDeque::new(),
             last: None,
@@ -283,6 +297,21 @@ impl Lbfgs {
         self.s.clear();
         self.y.clear();
         self.last = None;
+        self.recent.clear();
+    }
+
+    /// Records the loss after a step; whether the last `window` steps
+    /// gained less than `gain` of the loss (see [`Lbfgs::min_progress`]).
+    fn no_progress_after(&mut self, loss: f64) -> bool {
+        let Some((window, gain)) = self.min_progress else { return false };
+        self.recent.push_back(loss);
+        if self.recent.len() > window + 1 {
+            self.recent.pop_front();
+        }
+        match (self.recent.len() > window, self.recent.front()) {
+            (true, Some(&old)) => old - loss < gain * old,
+            _ => false,
+        }
     }
 
     /// One iteration: a quasi-Newton direction from the history, then a
@@ -315,7 +344,14 @@ impl Lbfgs {
             return Err(Error::NonFinite { op: "Lbfgs::step", value: f0, position: 0 });
         }
         if g0.iter().fold(0.0f64, |m, g| m.max(g.abs())) <= self.tolerance_grad {
-            return Ok(LbfgsStep { loss_before: f0, loss: f0, evals, converged: true, stalled: false });
+            return Ok(LbfgsStep {
+                loss_before: f0,
+                loss: f0,
+                evals,
+                converged: true,
+                stalled: false,
+                no_progress: false,
+            });
         }
         // Two-loop recursion: d = -H g.
         let mut q = g0.clone();
@@ -367,7 +403,8 @@ impl Lbfgs {
             // the round trip through f64), so the next step reuses this
             // evaluation instead of repeating it.
             self.last = Some((x0, f0, g0));
-            return Ok(LbfgsStep { loss_before: f0, loss: f0, evals, converged: false, stalled: plain });
+            let no_progress = self.no_progress_after(f0);
+            return Ok(LbfgsStep { loss_before: f0, loss: f0, evals, converged: false, stalled: plain, no_progress });
         };
         if line.at != p.t {
             // The search ended elsewhere than at the step it accepts.
@@ -386,7 +423,8 @@ impl Lbfgs {
         // As stored (f32 parameters round `x`).
         let stored = flatten(store.ids().map(|id| store.get(id).clone()));
         self.last = Some((stored, p.f, p.g));
-        Ok(LbfgsStep { loss_before: f0, loss: p.f, evals, converged: false, stalled: false })
+        let no_progress = self.no_progress_after(p.f);
+        Ok(LbfgsStep { loss_before: f0, loss: p.f, evals, converged: false, stalled: false, no_progress })
     }
 }
 #[cfg(test)]
@@ -575,5 +613,44 @@ mod tests {
         // lands on the minimum.
         let st = opt.step(&mut s, shallow).expect("step");
         assert!(st.loss < 1e-20, "{st:?}");
+    }
+
+    #[test]
+    fn no_progress_means_under_the_gain_over_the_window() {
+        // A loss that a function of the step count sets, whatever the
+        // parameters: `losses[k]` after the k-th step.
+        let run = |losses: Vec<f64>, min_progress| {
+            let mut s = store(vec![1.0, -2.0, 0.5]);
+            let mut opt = Lbfgs::new(5);
+            opt.min_progress = min_progress;
+            let mut k = 0;
+            let mut flags = Vec::new();
+            // Each step evaluates its start (reused after the first) and
+            // accepts its first trial: one new loss a step.
+            let mut f = |_: &ParamStore| -> Result<(f64, Grads)> {
+                let l = losses[k.min(losses.len() - 1)];
+                k += 1;
+                Ok((l, Grads::from_tensors(vec![Tensor::full([3], 1e-3, DType::F64)?])))
+            };
+            for _ in 0..losses.len() - 1 {
+                let st = opt.step(&mut s, &mut f).expect("step");
+                flags.push(st.no_progress);
+            }
+            (flags, opt)
+        };
+        // 0.05% over each 100 steps is none at a gain of 0.1%, from the
+        // 101st step on (the window compares the loss after a step with
+        // the loss after the step 100 before it).
+        let crawl: Vec<f64> = (0..300).map(|i| 1e-2 * (1.0 - 5e-6 * i as f64)).collect();
+        let (flags, mut opt) = run(crawl.clone(), Some((100, 1e-3)));
+        assert!(flags[..100].iter().all(|f| !f), "{:?}", &flags[..100]);
+        assert!(flags[100..].iter().all(|&f| f));
+        // Off by default; a reset starts the window again.
+        assert!(run(crawl.clone(), None).0.iter().all(|f| !f));
+        opt.reset();
+        assert!(opt.recent.is_empty());
+        // A slow tail, 4% a hundred steps, is progress.
+        let tail: Vec<f64> = (0..300).map(|i| 3e-5 * 0.96f64.powf(i as f64 / 100.0)).collect();
+        assert!(run(tail, Some((100, 1e-3))).0.iter().all(|f| !f));
     }
 }
