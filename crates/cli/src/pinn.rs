@@ -93,9 +93,10 @@ pub struct Args {
     /// Final Adam learning rate (exponential decay).
     #[arg(long, default_value_t = 1e-4)]
     pub lr_final: f64,
-    /// Hidden widths of the tanh MLP.
-    #[arg(long, value_delimiter = ',', default_value = "64,64,64")]
-    pub hidden: Vec<usize>,
+    /// Hidden widths of the tanh MLP (default: 64,64,64; for burgers
+    /// 20,20,20,20,20,20,20,20,20, Raissi et al.'s nine layers of 20).
+    #[arg(long, value_delimiter = ',')]
+    pub hidden: Option<Vec<usize>>,
     /// Interior collocation points.
     #[arg(long, default_value_t = 2000)]
     pub interior: usize,
@@ -159,8 +160,9 @@ pub struct Args {
     /// until the loss falls enough (never a longer step), `strong-wolfe`
     /// also grows it and asks the slope to flatten (the strong Wolfe
     /// conditions, as scipy's L-BFGS-B and torch's `strong_wolfe`).
-    #[arg(long, value_enum, default_value_t = Search::Backtracking)]
-    pub line_search: Search,
+    /// Default: `strong-wolfe` for burgers, else `backtracking`.
+    #[arg(long, value_enum)]
+    pub line_search: Option<Search>,
     /// Seed for points and weights.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -218,6 +220,23 @@ impl Args {
             Problem::Heat => 300,
             Problem::Poisson => 2500,
             Problem::Burgers => 7100,
+        })
+    }
+
+    /// Hidden widths: --hidden, or the problem's default.
+    pub fn hidden_widths(&self) -> Vec<usize> {
+        self.hidden.clone().unwrap_or_else(|| match self.problem {
+            Problem::Burgers => vec![20; 9],
+            Problem::Poisson | Problem::Heat => vec![64; 3],
+        })
+    }
+
+    /// L-BFGS's line search: --line-search, or the problem's default.
+    pub fn search(&self) -> Search {
+        self.line_search.unwrap_or(if self.problem == Problem::Burgers {
+            Search::StrongWolfe
+        } else {
+            Search::Backtracking
         })
     }
 
@@ -750,7 +769,7 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
         println!(
             "tapir pinn {:?}: MLP 2-{}-1 tanh, {} interior + {} boundary points, Adam {} -> {} over {} steps, {}, --device {}{}",
             a.problem,
-            a.hidden.iter().map(|w| w.to_string()).collect::<Vec<_>>().join("-"),
+            a.hidden_widths().iter().map(|w| w.to_string()).collect::<Vec<_>>().join("-"),
             a.interior,
             a.boundary,
             a.lr,
@@ -828,7 +847,7 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
     let mut rng = Rng::new(a.seed.wrapping_add(1));
     let mut store = ParamStore::new();
     let mut widths = vec![2];
-    widths.extend(&a.hidden);
+    widths.extend(a.hidden_widths());
     widths.push(1);
     let net = Mlp::xavier(&mut store, "u", &widths, Activation::Tanh, &mut rng, dtype)?;
     // The weights are drawn on the host so a seed gives the same network on
@@ -912,7 +931,7 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
         phase_switch = Some(steps);
     }
     let mut point_rounds = Vec::new();
-    let mut lbfgs = Lbfgs::new(50).with_line_search(a.line_search.line_search());
+    let mut lbfgs = Lbfgs::new(50).with_line_search(a.search().line_search());
     // No progress: a line search can go on accepting steps that move the
     // loss by its rounding alone (seen in f32 at a loss of 1.7e-2 with a
     // 9 x 20 network), a stall the search does not report; it is handled

@@ -103,7 +103,7 @@ fn a_short_poisson_run_lowers_the_error_with_flat_memory() {
         lbfgs: Some(10),
         lr: 1e-2,
         lr_final: 1e-3,
-        hidden: vec![16, 16],
+        hidden: Some(vec![16, 16]),
         interior: 256,
         boundary: 64,
         ic_points: 0,
@@ -115,7 +115,7 @@ fn a_short_poisson_run_lowers_the_error_with_flat_memory() {
         f64: false,
         lbfgs_precision: None,
         lbfgs_f64_cost: 2.7,
-        line_search: Search::Backtracking,
+        line_search: None,
         seed: 1,
         eval_every: 1000,
         plot: dir.join("p.png"),
@@ -182,7 +182,7 @@ fn a_burgers_run_switches_to_f64_for_lbfgs_with_flat_memory_in_each_phase() {
         lbfgs: Some(30),
         lr: 1e-2,
         lr_final: 1e-3,
-        hidden: vec![12, 12],
+        hidden: Some(vec![12, 12]),
         interior: 128,
         boundary: 48,
         ic_points: 0,
@@ -194,7 +194,7 @@ fn a_burgers_run_switches_to_f64_for_lbfgs_with_flat_memory_in_each_phase() {
         f64: false,
         lbfgs_precision: Some(Precision::F64),
         lbfgs_f64_cost: 2.7,
-        line_search: Search::Backtracking,
+        line_search: None,
         seed: 2,
         eval_every: 1000,
         plot: dir.join("p.png"),
@@ -227,7 +227,7 @@ fn tiny_burgers() -> Args {
         lbfgs: Some(20),
         lr: 1e-2,
         lr_final: 1e-3,
-        hidden: vec![8, 8],
+        hidden: Some(vec![8, 8]),
         interior: 96,
         boundary: 30,
         ic_points: 0,
@@ -239,7 +239,7 @@ fn tiny_burgers() -> Args {
         f64: false,
         lbfgs_precision: Some(Precision::F32),
         lbfgs_f64_cost: 2.7,
-        line_search: Search::Backtracking,
+        line_search: None,
         seed: 4,
         eval_every: 1000,
         plot: "".into(),
@@ -347,13 +347,19 @@ fn burgers_defaults_to_the_schedule_that_reaches_the_paper() {
         (b.adam_steps(), b.lbfgs_iterations(), b.initial_weight(), b.lbfgs_phase_precision(), b.lbfgs_f64_cost),
         (2_000, 7_100, 10.0, Some(Precision::F32ThenF64), 2.7)
     );
+    // Raissi et al.'s nine tanh layers of 20, and a strong Wolfe search.
+    assert_eq!((b.hidden_widths(), b.search()), (vec![20; 9], Search::StrongWolfe));
     for (p, lbfgs) in [("poisson", 2_500), ("heat", 300)] {
         let a = parse(&[p]);
         assert_eq!(
             (a.adam_steps(), a.lbfgs_iterations(), a.initial_weight(), a.lbfgs_phase_precision()),
             (10_000, lbfgs, 1.0, None)
         );
+        assert_eq!((a.hidden_widths(), a.search()), (vec![64; 3], Search::Backtracking));
     }
+    // Flags win over the problem's defaults.
+    let b = parse(&["burgers", "--hidden", "64,64,64", "--line-search", "backtracking"]);
+    assert_eq!((b.hidden_widths(), b.search()), (vec![64; 3], Search::Backtracking));
     // The old burgers default, by flags.
     let old =
         parse(&["burgers", "--steps", "10000", "--lbfgs", "2000", "--ic-weight", "1", "--lbfgs-precision", "f32"]);
@@ -374,7 +380,7 @@ fn the_f64_tail_of_f32_then_f64_is_counted_at_its_cost() {
     let _s = serial();
     let run = |cost: f64| {
         train(&Args {
-            hidden: vec![8, 8],
+            hidden: Some(vec![8, 8]),
             interior: 48,
             boundary: 24,
             steps: Some(20),

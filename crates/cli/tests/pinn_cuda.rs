@@ -6,7 +6,7 @@ use std::process::Command;
 
 use tapir::prelude::*;
 use tapir_cli::device::DeviceArg;
-use tapir_cli::pinn::{train, Args, Problem, Search};
+use tapir_cli::pinn::{train, Args, Problem};
 
 /// The CUDA device, or None after saying why this test skips (a failure
 /// under TAPIR_REQUIRE_CUDA=1).
@@ -28,7 +28,7 @@ fn tiny(device: DeviceArg) -> Args {
         lbfgs: Some(0),
         lr: 1e-2,
         lr_final: 1e-2,
-        hidden: vec![8, 8],
+        hidden: Some(vec![8, 8]),
         interior: 48,
         boundary: 24,
         ic_points: 0,
@@ -40,7 +40,7 @@ fn tiny(device: DeviceArg) -> Args {
         f64: false,
         lbfgs_precision: None,
         lbfgs_f64_cost: 2.7,
-        line_search: Search::Backtracking,
+        line_search: None,
         seed: 3,
         eval_every: 1000,
         plot: "".into(),
