@@ -138,10 +138,12 @@ pub struct Args {
     /// Precision of the L-BFGS phase: the parameters, points and grid are
     /// cast when it starts. For
     /// L-BFGS past where f32 rounding stops it: on burgers, f32 L-BFGS
-    /// stalls near a loss of 4e-6, while an f64 iteration costs 2-3x an
-    /// f32 one on a Zen 4 CPU (docs/performance.md, "PINN accuracy").
-    /// `f32-then-f64` runs f32 L-BFGS until it stalls (its line search
-    /// finds no decrease along the gradient), then casts once and goes on
+    /// stalls near a loss of 4e-6 with a 3 x 64 network and at 2.5e-4 and
+    /// below with the default 9 x 20 one, while an f64 evaluation costs
+    /// 1.6-3x an f32 one on a Zen 4 CPU (docs/performance.md, "PINN
+    /// accuracy"). `f32-then-f64` runs f32 L-BFGS until it stalls (its
+    /// line search finds no decrease along the gradient, or the loss gains
+    /// under 0.1% in 100 iterations), then casts once and goes on
     /// in f64 for the budget left (see --lbfgs-f64-cost); without it, a
     /// stall ends L-BFGS.
     /// Default: `f32-then-f64` for burgers (without --f64), else the Adam
@@ -150,10 +152,11 @@ pub struct Args {
     pub lbfgs_precision: Option<Precision>,
     /// With `--lbfgs-precision f32-then-f64`: how many of --lbfgs's
     /// iterations one f64 iteration after the switch counts as. An f64
-    /// iteration costs about 2.7 f32 ones on burgers (0.072-0.074 CPU-s
-    /// against 0.027 on a Zen 4 CPU, docs/performance.md), so the default
-    /// makes the phase's cost about the same wherever f32 stalls; 1 counts
-    /// iterations alone.
+    /// iteration costs about 2.7 f32 ones on burgers with a 3 x 64 network
+    /// (0.072-0.074 CPU-s against 0.027 on a Zen 4 CPU), 1.6-2.1 with the
+    /// default 9 x 20 one (docs/performance.md), so the default makes the
+    /// phase's cost about the same wherever f32 stalls (and overcharges
+    /// the 9 x 20 network's f64 tail); 1 counts iterations alone.
     #[arg(long, default_value_t = 2.7)]
     pub lbfgs_f64_cost: f64,
     /// L-BFGS's line search: `backtracking` halves the first trial step
