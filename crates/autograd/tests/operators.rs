@@ -272,3 +272,65 @@ fn tanh_backward_skips_a_constant_operands_gradient_and_keeps_the_others_bits() 
         close(&both[1].cast(DType::F64).unwrap().to_vec::<f64>().unwrap(), &[s], 1e-6);
     }
 }
+
+/// The binary ops skip a constant operand's gradient too (a broadcast
+/// mask's cost a pass and a sum down to its shape, every layer of a jet).
+/// For every op, the constant on either side and broadcast or not, the
+/// leaf's gradient has the same bits as when both operands are leaves, in
+/// f32 and f64, and `where_` likewise for a constant branch.
+#[test]
+fn binary_ops_skip_a_constant_operands_gradient_and_keep_the_others_bits() {
+    type F = for<'g> fn(&Var<'g>, &Var<'g>) -> Result<Var<'g>>;
+    fn run<'g>(op: F, constant_first: bool, x: Var<'g>, c: Var<'g>) -> Result<Var<'g>> {
+        if constant_first {
+            op(&c, &x)
+        } else {
+            op(&x, &c)
+        }
+    }
+    let ops: [(&str, F); 8] = [
+        ("add", |a, b| a.add(b)),
+        ("sub", |a, b| a.sub(b)),
+        ("mul", |a, b| a.mul(b)),
+        ("div", |a, b| a.div(b)),
+        ("pow", |a, b| a.abs()?.add_scalar(0.5)?.pow(b)),
+        ("maximum", |a, b| a.maximum(b)),
+        ("minimum", |a, b| a.minimum(b)),
+        ("where", |a, b| {
+            let mask = Tensor::from_vec(vec![1.0f64, 0.0, 1.0], [1, 3])?.cast(a.dtype())?;
+            a.where_(&mask.broadcast_to(a.shape())?.contiguous()?, &b.broadcast_to(a.shape())?)
+        }),
+    ];
+    let big = Tensor::from_vec(vec![0.3f64, -0.8, 0.55, 1.25, 0.9, -0.1], [2, 3]).unwrap();
+    let row = Tensor::from_vec(vec![1.5f64, -0.25, 0.75], [1, 3]).unwrap();
+    for dtype in [DType::F32, DType::F64] {
+        let (big, row) = (big.cast(dtype).unwrap(), row.cast(dtype).unwrap());
+        let weights = Tensor::from_vec(vec![1.0f64, -2.0, 0.5, 3.0, -1.5, 2.5], [2, 3]).unwrap().cast(dtype).unwrap();
+        for (name, op) in ops {
+            for (leaf, constant) in [(&big, &row), (&row, &big)] {
+                // (leaf, constant), then the same values with the constant
+                // first (where the op allows it: `where_` keeps `a` big).
+                for constant_first in [false, true] {
+                    if name == "where" && (constant_first || leaf.dims() != big.dims()) {
+                        continue;
+                    }
+                    let (only, both) = Graph::scope(|g| {
+                        let w = g.constant(weights.clone());
+                        let x = g.leaf(leaf.clone());
+                        let loss = run(op, constant_first, x, g.constant(constant.clone()))?.mul(&w)?.sum_all()?;
+                        let only = g.grad(loss, &[x])?.remove(0);
+                        let (x2, c2) = (g.leaf(leaf.clone()), g.leaf(constant.clone()));
+                        let loss2 = run(op, constant_first, x2, c2)?.mul(&w)?.sum_all()?;
+                        let both = g.grad(loss2, &[x2, c2])?;
+                        Ok::<_, Error>((only, both))
+                    })
+                    .unwrap();
+                    let bits = |t: &Tensor| t.cast(DType::F64).unwrap().to_vec::<f64>().unwrap();
+                    assert_eq!(only.dims(), leaf.dims(), "{name} {dtype:?}");
+                    assert_eq!(bits(&only), bits(&both[0]), "{name} {dtype:?} constant first: {constant_first}");
+                    assert_eq!(both[1].dims(), constant.dims(), "{name} {dtype:?}");
+                }
+            }
+        }
+    }
+}

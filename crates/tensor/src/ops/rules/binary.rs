@@ -12,7 +12,8 @@ use crate::ops::methods::reduce::ReduceOps;
 use crate::ops::methods::shape::ShapeOps;
 use crate::ops::methods::unary::UnaryOps;
 use crate::ops::op::{Derivative, Diff, InputGrads, Saved};
-use crate::Result;
+use crate::{Result, Tensor};
+use smallvec::SmallVec;
 
 impl Derivative for Binary {
     fn saves(&self) -> Saved {
@@ -24,34 +25,20 @@ impl Derivative for Binary {
         }
     }
     fn vjp<T: Diff>(&self, xs: &[&T], y: &T, g: &T) -> Result<InputGrads<T>> {
-        // The inputs a rule reads, in the output's (promoted) dtype; a no-op
-        // unless the dtypes differ. Only read inputs are cast: the others
-        // may be stand-ins holding no values.
-        let up = |x: &T| x.cast(y.dtype());
-        let (a, b) = (xs[0], xs[1]);
-        let (ga, gb) = match self {
-            Binary::Add => (g.clone(), g.clone()),
-            Binary::Sub => (g.clone(), g.neg()?),
-            Binary::Mul => (g.mul(&up(b)?)?, g.mul(&up(a)?)?),
-            Binary::Div => {
-                let b = up(b)?;
-                let gb_ = g.mul(y)?.div(&b)?.neg()?;
-                (g.div(&b)?, gb_)
-            }
-            Binary::Pow => {
-                // d/da a^b = b a^(b-1); d/db a^b = a^b ln a
-                let (a_, b_) = (up(a)?, up(b)?);
-                let da = b_.mul(&a_.pow(&b_.sub_scalar(1.0)?)?)?;
-                // An integer exponent gets no gradient: skip its ln a.
-                let gb_ = if b.dtype().is_int() { g.clone() } else { g.mul(&y.mul(&a_.log()?)?)? };
-                (g.mul(&da)?, gb_)
-            }
-            Binary::Maximum | Binary::Minimum => {
-                let m = self.select_mask(&up(a)?, &up(b)?)?;
-                (g.mul(&m)?, g.mul(&m.neg()?.add_scalar(1.0)?)?)
-            }
-        };
-        Ok(smallvec::smallvec![grad_back(ga, a)?, grad_back(gb, b)?])
+        self.grads(xs, y, g, [true, true])
+    }
+    /// A constant operand's gradient is a pass of its own, and a reduction
+    /// too when it was broadcast (a jet's `[1, d, 1]` mask summed a whole
+    /// `[N, d, w]` product down to three numbers every layer): skipped.
+    fn vjp_eager_wanted(
+        &self,
+        xs: SmallVec<[Tensor; 3]>,
+        y: Tensor,
+        g: Tensor,
+        wanted: &[bool],
+    ) -> Result<InputGrads<Tensor>> {
+        let want = |i: usize| wanted.get(i).copied().unwrap_or(true);
+        self.grads(&[&xs[0], &xs[1]], &y, &g, [want(0), want(1)])
     }
     fn jvp<T: Diff>(&self, xs: &[&T], y: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
         let (a, b) = (xs[0], xs[1]);
@@ -110,10 +97,18 @@ impl Derivative for Where {
         Saved::NOTHING
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
-        let m = g.lift(self.mask.ne_scalar(0.0)?.cast(g.dtype())?);
-        let ga = grad_back(g.mul(&m)?, xs[0])?;
-        let gb = grad_back(g.mul(&m.neg()?.add_scalar(1.0)?)?, xs[1])?;
-        Ok(smallvec::smallvec![ga, gb])
+        self.grads(xs, g, [true, true])
+    }
+    /// A constant branch (a fill value) gets no gradient pass.
+    fn vjp_eager_wanted(
+        &self,
+        xs: SmallVec<[Tensor; 3]>,
+        _: Tensor,
+        g: Tensor,
+        wanted: &[bool],
+    ) -> Result<InputGrads<Tensor>> {
+        let want = |i: usize| wanted.get(i).copied().unwrap_or(true);
+        self.grads(&[&xs[0], &xs[1]], &g, [want(0), want(1)])
     }
     fn jvp<T: Diff>(&self, xs: &[&T], y: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
         if ts.iter().all(|t| t.is_none()) {
@@ -138,10 +133,56 @@ fn grad_back<T: Diff>(g: T, x: &T) -> Result<Option<T>> {
 }
 
 impl Binary {
+    /// The gradients of the inputs `want` asks for (`None` for the others
+    /// and for integer inputs), each at its input's shape and dtype.
+    fn grads<T: Diff>(self, xs: &[&T], y: &T, g: &T, want: [bool; 2]) -> Result<InputGrads<T>> {
+        // The inputs a rule reads, in the output's (promoted) dtype; a no-op
+        // unless the dtypes differ. Only read inputs are cast: the others
+        // may be stand-ins holding no values.
+        let up = |x: &T| x.cast(y.dtype());
+        let (a, b) = (xs[0], xs[1]);
+        // Input i's gradient at the broadcast shape, when wanted.
+        let ga = |f: &dyn Fn() -> Result<T>| if want[0] { f().map(Some) } else { Ok(None) };
+        let gb = |f: &dyn Fn() -> Result<T>| if want[1] { f().map(Some) } else { Ok(None) };
+        let (ga, gb) = match self {
+            Binary::Add => (ga(&|| Ok(g.clone()))?, gb(&|| Ok(g.clone()))?),
+            Binary::Sub => (ga(&|| Ok(g.clone()))?, gb(&|| g.neg())?),
+            Binary::Mul => (ga(&|| g.mul(&up(b)?))?, gb(&|| g.mul(&up(a)?))?),
+            Binary::Div => (ga(&|| g.div(&up(b)?))?, gb(&|| g.mul(y)?.div(&up(b)?)?.neg())?),
+            Binary::Pow => {
+                // d/da a^b = b a^(b-1); d/db a^b = a^b ln a
+                let da = || {
+                    let (a_, b_) = (up(a)?, up(b)?);
+                    g.mul(&b_.mul(&a_.pow(&b_.sub_scalar(1.0)?)?)?)
+                };
+                // An integer exponent gets no gradient: skip its ln a.
+                let db = || if b.dtype().is_int() { Ok(g.clone()) } else { g.mul(&y.mul(&up(a)?.log()?)?) };
+                (ga(&da)?, gb(&db)?)
+            }
+            Binary::Maximum | Binary::Minimum => {
+                let m = self.select_mask(&up(a)?, &up(b)?)?;
+                (ga(&|| g.mul(&m))?, gb(&|| g.mul(&m.neg()?.add_scalar(1.0)?))?)
+            }
+        };
+        let back = |g: Option<T>, x: &T| g.map(|g| grad_back(g, x)).transpose().map(Option::flatten);
+        Ok(smallvec::smallvec![back(ga, a)?, back(gb, b)?])
+    }
+
     /// For maximum/minimum: 1 where `a` wins, 0 where `b` wins, 1/2 on ties
     /// (torch splits the gradient evenly on ties).
     fn select_mask<T: Diff>(self, a: &T, b: &T) -> Result<T> {
         let wins = if self == Binary::Maximum { a.gt(b)? } else { a.lt(b)? };
         wins.add(&a.eq(b)?.mul_scalar(0.5)?)
+    }
+}
+
+impl Where {
+    /// The wanted branches' gradients: `g` where the mask picks the branch,
+    /// zero elsewhere.
+    fn grads<T: Diff>(&self, xs: &[&T], g: &T, want: [bool; 2]) -> Result<InputGrads<T>> {
+        let m = g.lift(self.mask.ne_scalar(0.0)?.cast(g.dtype())?);
+        let ga = if want[0] { grad_back(g.mul(&m)?, xs[0])? } else { None };
+        let gb = if want[1] { grad_back(g.mul(&m.neg()?.add_scalar(1.0)?)?, xs[1])? } else { None };
+        Ok(smallvec::smallvec![ga, gb])
     }
 }
