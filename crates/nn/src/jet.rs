@@ -10,6 +10,7 @@
 use smallvec::SmallVec;
 use tapir_autograd::Var;
 use tapir_tensor::backend::Backend;
+use tapir_tensor::ops::shape::Pad;
 use tapir_tensor::ops::{one, Arity, Derivative, InputGrads, Op, Saved};
 use tapir_tensor::{BinaryOps, Diff, Error, MatmulOps, ReduceOps, Result, ShapeOps, Tensor, UnaryOps};
 
@@ -73,11 +74,17 @@ impl Mlp {
             sel[i] = 1.0;
         }
         let all = sel.iter().all(|&s| s == 1.0);
+        // The selected dims as one run `lo..hi`, when they are one.
+        let lo = sel.iter().position(|&s| s == 1.0).unwrap_or(0);
+        let hi = sel.iter().rposition(|&s| s == 1.0).map_or(0, |i| i + 1);
+        let run = hi > lo && sel[lo..hi].iter().all(|&s| s == 1.0);
         let sel = p.graph().constant(Tensor::from_vec(sel, [1, d, 1])?.cast(x.dtype())?.to_device(x.device())?);
         // sum over the selected dims of J^2: [N, d, w] -> [N, w].
         let sum_sq = |j: &Var<'g>| -> Result<Var<'g>> {
             if all {
                 sum_squares_mid(j)
+            } else if run {
+                sum_squares_rows(j, lo, hi - lo)
             } else {
                 j.square()?.mul(&sel)?.sum(&[1], false)
             }
@@ -164,23 +171,44 @@ impl Mlp {
 /// them. As one op it is one pass over the `[N, d, w]` Jacobian, the
 /// largest tensor of the propagation, where `square` then `sum` is two and
 /// keeps a second tensor of that size alive in the graph.
+///
+/// `rows` sums only the input dims `lo..lo + len` (`None`: all of them): a
+/// Laplacian over some dims (`u_xx` of `u(x, t)`) reads only their rows, and
+/// its gradient is zero in the others, where masking the squares took three
+/// passes forward and four back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SumSquaresMid;
-
-/// [`SumSquaresMid`] applied to `x`.
-pub fn sum_squares_mid<T: Diff>(x: &T) -> Result<T> {
-    T::apply(SumSquaresMid, &[x])
+pub struct SumSquaresMid {
+    /// The rows of the middle axis summed, as `(lo, len)`; `None`: all.
+    pub rows: Option<(usize, usize)>,
 }
 
-/// The plan of `x`, an error unless it is `[N, d, w]`.
-fn check_mid(x: &Tensor) -> Result<SumSquaresPlan> {
-    match *x.dims() {
-        [n, d, w] => Ok(SumSquaresPlan { n, d, w }),
-        _ => Err(Error::InvalidShape {
-            op: "sum_squares_mid",
-            shape: Box::new(x.shape().clone()),
-            reason: "needs [N, d, w]".into(),
-        }),
+/// [`SumSquaresMid`] of `x` over every input dim.
+pub fn sum_squares_mid<T: Diff>(x: &T) -> Result<T> {
+    T::apply(SumSquaresMid { rows: None }, &[x])
+}
+
+/// [`SumSquaresMid`] of `x` over the input dims `lo..lo + len`.
+pub fn sum_squares_rows<T: Diff>(x: &T, lo: usize, len: usize) -> Result<T> {
+    T::apply(SumSquaresMid { rows: Some((lo, len)) }, &[x])
+}
+
+impl SumSquaresMid {
+    /// The plan of `x`, an error unless it is `[N, d, w]` with the rows
+    /// inside `d`.
+    fn plan(&self, x: &Tensor) -> Result<SumSquaresPlan> {
+        const OP: &str = "sum_squares_mid";
+        let [n, d, w] = *x.dims() else {
+            return Err(Error::InvalidShape {
+                op: OP,
+                shape: Box::new(x.shape().clone()),
+                reason: "needs [N, d, w]".into(),
+            });
+        };
+        let (lo, len) = self.rows.unwrap_or((0, d));
+        if lo.checked_add(len).is_none_or(|end| end > d) {
+            return Err(Error::invalid_arg(OP, format!("rows {lo}..{lo}+{len} outside the {d} input dims")));
+        }
+        Ok(SumSquaresPlan { n, d, w, lo, len })
     }
 }
 
@@ -193,10 +221,10 @@ impl Op for SumSquaresMid {
     }
     /// The device's one-pass kernel where it has one, else square then sum.
     fn run(&self, _: &dyn Backend, xs: &[&Tensor]) -> Result<Tensor> {
-        let plan = check_mid(xs[0])?;
+        let plan = self.plan(xs[0])?;
         match backend_for(xs[0].device()).sum_squares_mid(&plan, xs[0])? {
             Some(y) => Ok(y),
-            None => xs[0].square()?.sum(&[1], false),
+            None => xs[0].narrow(1, plan.lo, plan.len)?.square()?.sum(&[1], false),
         }
     }
 }
@@ -205,12 +233,31 @@ impl Derivative for SumSquaresMid {
     fn saves(&self) -> Saved {
         Saved::input(0)
     }
+    /// The device's one-pass kernel where it has one, else the rule.
+    fn vjp_eager(&self, xs: SmallVec<[Tensor; 3]>, y: Tensor, g: Tensor) -> Result<InputGrads<Tensor>> {
+        let plan = self.plan(&xs[0])?;
+        if let Some(dx) = backend_for(xs[0].device()).sum_squares_mid_grad(&plan, &xs[0], &g)? {
+            return Ok(one(dx));
+        }
+        self.vjp(&[&xs[0]], &y, &g)
+    }
+    /// `2 x g` in the summed rows, zero in the others (rounded as `(x g) 2`).
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, g: &T) -> Result<InputGrads<T>> {
-        Ok(one(xs[0].mul(&g.unsqueeze(1)?)?.mul_scalar(2.0)?))
+        let x = xs[0];
+        let Some((lo, len)) = self.rows else {
+            return Ok(one(x.mul(&g.unsqueeze(1)?)?.mul_scalar(2.0)?));
+        };
+        let size = x.shape().dims()[1];
+        let part = x.narrow(1, lo, len)?.mul(&g.unsqueeze(1)?)?.mul_scalar(2.0)?;
+        Ok(one(T::apply(Pad { axis: 1, start: lo, size }, &[&part])?))
     }
     fn jvp<T: Diff>(&self, xs: &[&T], _: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
         let Some(t) = ts[0] else { return Ok(None) };
-        Ok(Some(xs[0].mul(t)?.sum(&[1], false)?.mul_scalar(2.0)?))
+        let (x, t) = match self.rows {
+            None => (xs[0].clone(), t.clone()),
+            Some((lo, len)) => (xs[0].narrow(1, lo, len)?, t.narrow(1, lo, len)?),
+        };
+        Ok(Some(x.mul(&t)?.sum(&[1], false)?.mul_scalar(2.0)?))
     }
 }
 
@@ -495,6 +542,45 @@ mod tests {
             let a = sum_squares_mid(&x).unwrap().to_vec_f64();
             let b = x.square().unwrap().sum(&[1], false).unwrap().to_vec_f64();
             assert!(a.iter().zip(&b).all(|(p, q)| (p - q).abs() < 1e-6), "{dtype}");
+        }
+    }
+
+    /// Some input dims: the squares of rows `lo..lo + len` only, with the
+    /// bits of narrowing, squaring and summing, and gradients that check
+    /// (first and second order, through the composed rule's pad).
+    #[test]
+    fn sum_squares_rows_matches_narrow_square_sum_and_its_gradients_check() {
+        let x = Rng::new(3).uniform([3, 4, 5], -1.0, 1.0, DType::F64).unwrap();
+        for (lo, len) in [(0, 1), (1, 2), (3, 1), (0, 4)] {
+            let a = sum_squares_rows(&x, lo, len).unwrap().to_vec::<f64>().unwrap();
+            let b = x.narrow(1, lo, len).unwrap().square().unwrap().sum(&[1], false).unwrap();
+            assert_eq!(a, b.to_vec::<f64>().unwrap(), "rows {lo}+{len}");
+            let opts = CheckOptions::default();
+            check_grads(&|_g, v| sum_squares_rows(&v[0], lo, len)?.tanh(), std::slice::from_ref(&x), &opts).unwrap();
+        }
+        assert!(matches!(sum_squares_rows(&x, 3, 2), Err(Error::InvalidArgument { .. })));
+        assert!(matches!(sum_squares_rows(&x, usize::MAX, 2), Err(Error::InvalidArgument { .. })));
+        let flat = x.reshape([12, 5]).unwrap();
+        assert!(matches!(sum_squares_rows(&flat, 0, 1), Err(Error::InvalidShape { .. })));
+    }
+
+    /// The one-pass gradient kernel has the composed rule's bits (`(x g) 2`
+    /// in the summed rows, zero elsewhere): f32 and f64, all rows and some,
+    /// a size that splits over threads with part boundaries inside a row.
+    #[test]
+    fn sum_squares_gradient_kernel_has_the_composed_rules_bits() {
+        for dtype in [DType::F32, DType::F64] {
+            let mut rng = Rng::new(5);
+            let x = rng.uniform([37, 3, 300], -1.0, 1.0, dtype).unwrap();
+            let g = rng.uniform([37, 300], -2.0, 2.0, dtype).unwrap();
+            for rows in [None, Some((0, 1)), Some((1, 2)), Some((2, 1))] {
+                let op = SumSquaresMid { rows };
+                let y = Tensor::apply(op, &[&x]).unwrap();
+                let fused = op.vjp_eager(smallvec::smallvec![x.clone()], y.clone(), g.clone()).unwrap();
+                let composed = op.vjp(&[&x], &y, &g).unwrap();
+                let bits = |t: &Option<Tensor>| t.as_ref().unwrap().to_vec_f64();
+                assert_eq!(bits(&fused[0]), bits(&composed[0]), "{dtype} {rows:?}");
+            }
         }
     }
 

@@ -6,7 +6,8 @@
 
 use tapir_tensor::{Result, Tensor};
 
-/// One checked `sum_i x[n, i, j]^2` of `x` `[n, d, w]`, giving `[n, w]`.
+/// One checked `sum_i x[n, i, j]^2` of `x` `[n, d, w]` over the rows
+/// `lo <= i < lo + len`, giving `[n, w]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct SumSquaresPlan {
     /// Points.
@@ -15,6 +16,10 @@ pub(crate) struct SumSquaresPlan {
     pub d: usize,
     /// Width of the layer.
     pub w: usize,
+    /// The first input dim summed.
+    pub lo: usize,
+    /// The input dims summed (`lo + len <= d`).
+    pub len: usize,
 }
 
 /// One checked `(1 - a^2)(l - 2 a s)` of `a` `[n, w]`, `s` `[n, w]` or
@@ -51,6 +56,12 @@ pub(crate) trait JetKernels {
     /// where this device has no fused kernel for `x` (the op then squares
     /// and sums).
     fn sum_squares_mid(&self, plan: &SumSquaresPlan, x: &Tensor) -> Result<Option<Tensor>>;
+
+    /// The gradient of [`JetKernels::sum_squares_mid`] for the output's
+    /// gradient `g` `[n, w]` in one pass: `2 x g` (rounded as `(x g) 2`) in
+    /// the summed rows, zero in the others, `[n, d, w]`; or `None` (the
+    /// rule composes it).
+    fn sum_squares_mid_grad(&self, plan: &SumSquaresPlan, x: &Tensor, g: &Tensor) -> Result<Option<Tensor>>;
 
     /// `(1 - a^2)(l - 2 a s)` (`l` absent: zero) in one pass, `[n, w]`, or
     /// `None` where this device has no fused kernel (the op composes it).

@@ -20,10 +20,49 @@ impl JetKernels for CpuBackend {
             return Ok(None);
         }
         let x = x.contiguous()?;
-        let SumSquaresPlan { n, d, w } = *plan;
         with_float!(x.dtype(), F => {
             let v = x.as_slice::<F>().expect("internal: contiguous");
-            Tensor::from_vec(sum_squares::<F>(v, n, d, w)?, [n, w]).map(Some)
+            Tensor::from_vec(sum_squares::<F>(v, plan)?, [plan.n, plan.w]).map(Some)
+        }, _ => unreachable!())
+    }
+
+    /// f32 and f64 with `g` of `x`'s dtype; others compose the gradient.
+    fn sum_squares_mid_grad(&self, plan: &SumSquaresPlan, x: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
+        let SumSquaresPlan { n, d, w, lo, len } = *plan;
+        if !matches!(x.dtype(), DType::F32 | DType::F64) || g.dtype() != x.dtype() || g.dims() != [n, w] {
+            return Ok(None);
+        }
+        let (x, g) = (x.contiguous()?, g.contiguous()?);
+        with_float!(x.dtype(), F => {
+            let (xv, gv) = (x.as_slice::<F>().expect("internal: contiguous"), g.as_slice::<F>().expect("internal: contiguous"));
+            let two = <F as tapir_tensor::Element>::from_f64(2.0);
+            let total = n * d * w;
+            let out = if w == 0 || total == 0 {
+                Vec::new()
+            } else {
+                iter::fill_vec(total, |start, out| {
+                    simd::run(
+                        #[inline(always)]
+                        || {
+                            for (at, piece) in split_rows(out, start, w) {
+                                let (r, c0, l) = (at / w, at % w, piece.len());
+                                let (p, i) = (r / d, r % d);
+                                if (lo..lo + len).contains(&i) {
+                                    let gr = &gv[p * w + c0..][..l];
+                                    for ((o, &x), &g) in piece.iter_mut().zip(&xv[at..at + l]).zip(gr) {
+                                        o.write(x * g * two);
+                                    }
+                                } else {
+                                    piece.iter_mut().for_each(|o| {
+                                        o.write(F::ZERO);
+                                    });
+                                }
+                            }
+                        },
+                    )
+                })?
+            };
+            Tensor::from_vec(out, [n, d, w]).map(Some)
         }, _ => unreachable!())
     }
 
@@ -282,18 +321,15 @@ fn jet_backward<F: Float>(
     }
 }
 
-fn sum_squares<F: tapir_tensor::Float + tapir_tensor::CpuElement>(
-    x: &[F],
-    n: usize,
-    d: usize,
-    w: usize,
-) -> Result<Vec<F>> {
+/// The plan's sum of squares of contiguous `x`, `[n, w]`.
+fn sum_squares<F: tapir_tensor::Float + tapir_tensor::CpuElement>(x: &[F], plan: &SumSquaresPlan) -> Result<Vec<F>> {
+    let SumSquaresPlan { n, d, w, lo, len: rows } = *plan;
     if w == 0 {
         return Ok(Vec::new());
     }
     // Points split over the pool (the Jacobian of a 100-dim Laplacian is
     // 256 x 100 x 128); each output row sums its point's d rows in order.
-    let parts = tapir_tensor::cpu::pool::parts_for(n * d * w, tapir_tensor::cpu::iter::SPLIT_MIN);
+    let parts = tapir_tensor::cpu::pool::parts_for(n * rows * w, tapir_tensor::cpu::iter::SPLIT_MIN);
     tapir_tensor::cpu::iter::fill_vec_parts(n * w, parts, |start, out| {
         tapir_tensor::cpu::simd::run(
             #[inline(always)]
@@ -307,7 +343,7 @@ fn sum_squares<F: tapir_tensor::Float + tapir_tensor::CpuElement>(
                     });
                     // SAFETY: every element of `piece` was written just above.
                     let piece = unsafe { &mut *(piece as *mut [std::mem::MaybeUninit<F>] as *mut [F]) };
-                    for v in x[p * d * w..(p + 1) * d * w].chunks(w) {
+                    for v in x[(p * d + lo) * w..(p * d + lo + rows) * w].chunks(w) {
                         for (o, &x) in piece.iter_mut().zip(&v[c0..c0 + len]) {
                             *o += x * x;
                         }

@@ -2,7 +2,8 @@
 //! Jacobian updates and their gradients through the tensor crate's
 //! launches ([`tapir_tensor::cuda::jet`], `kernels/jet.cu`), one kernel
 //! each; the sum of squares has no fused kernel here, so its op squares and
-//! sums (two kernels, the reduction's own).
+//! sums (two kernels, the reduction's own) and its rule composes the
+//! gradient.
 
 use tapir_tensor::cuda::jet as kernels;
 use tapir_tensor::{Result, Tensor};
@@ -12,6 +13,9 @@ use crate::backend::{JetKernels, SumSquaresPlan, TanhJacPlan, TanhJetPlan};
 
 impl JetKernels for CudaBackend {
     fn sum_squares_mid(&self, _: &SumSquaresPlan, _: &Tensor) -> Result<Option<Tensor>> {
+        Ok(None)
+    }
+    fn sum_squares_mid_grad(&self, _: &SumSquaresPlan, _: &Tensor, _: &Tensor) -> Result<Option<Tensor>> {
         Ok(None)
     }
     fn tanh_jet(&self, plan: &TanhJetPlan, a: &Tensor, s: &Tensor, l: Option<&Tensor>) -> Result<Option<Tensor>> {
