@@ -402,6 +402,37 @@ impl<T: Float> Gemm<T> {
         fits
     }
 
+    /// Runs `t` through [`crate::cpu::matmul_narrow::Narrow`] when it
+    /// applies: f32 on AVX-512, an output of 9 to 32 columns and an inner
+    /// dimension of at most 64 (a narrow network's layer). Returns whether
+    /// it ran.
+    fn narrow_product(&self, t: &Term<T>, accumulate: bool) -> bool {
+        use crate::cpu::matmul_narrow::{fits, Narrow};
+        let ok = std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() && fits(self.m, self.n, t.k);
+        if ok {
+            // SAFETY: T is f32; the operands and block are as `run`'s
+            // contract describes them.
+            unsafe {
+                Narrow {
+                    m: self.m,
+                    n: self.n,
+                    k: t.k,
+                    a: t.a as *const f32,
+                    a_rs: t.a_rs,
+                    a_cs: t.a_cs,
+                    b: t.b as *const f32,
+                    b_rs: t.b_rs,
+                    b_cs: t.b_cs,
+                    dst: self.dst as *mut f32,
+                    dst_rs: self.dst_rs,
+                    accumulate,
+                }
+                .run()
+            };
+        }
+        ok
+    }
+
     /// The whole sum on this thread: the bias rows first, then one gemm
     /// call per term, each after the first adding into the block.
     unsafe fn call(&self) {
@@ -440,7 +471,7 @@ impl<T: Float> Gemm<T> {
             written = true;
         }
         for t in self.terms.iter().filter(|t| t.k > 0) {
-            if self.outer_sum(t, written) {
+            if self.outer_sum(t, written) || self.narrow_product(t, written) {
                 written = true;
                 continue;
             }

@@ -30,6 +30,7 @@ pub(crate) mod index;
 pub mod iter;
 pub mod math;
 pub(crate) mod matmul;
+pub(crate) mod matmul_narrow;
 pub(crate) mod matmul_tn;
 pub(crate) mod optim;
 pub mod pool;
