@@ -403,34 +403,36 @@ impl<T: Float> Gemm<T> {
     }
 
     /// Runs `t` through [`crate::cpu::matmul_narrow::Narrow`] when it
-    /// applies: f32 on AVX-512, an output of 9 to 32 columns and an inner
-    /// dimension of at most 64 (a narrow network's layer). Returns whether
-    /// it ran.
+    /// applies: f32 or f64 on AVX-512, an output of 9 to 32 columns and an
+    /// inner dimension of at most 64 (a narrow network's layer). Returns
+    /// whether it ran.
     fn narrow_product(&self, t: &Term<T>, accumulate: bool) -> bool {
-        use crate::cpu::matmul_narrow::{fits, Narrow};
-        let ok = std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() && fits(self.m, self.n, t.k);
-        if ok {
-            // SAFETY: T is f32; the operands and block are as `run`'s
-            // contract describes them.
-            unsafe {
-                Narrow {
-                    m: self.m,
-                    n: self.n,
-                    k: t.k,
-                    a: t.a as *const f32,
-                    a_rs: t.a_rs,
-                    a_cs: t.a_cs,
-                    b: t.b as *const f32,
-                    b_rs: t.b_rs,
-                    b_cs: t.b_cs,
-                    dst: self.dst as *mut f32,
-                    dst_rs: self.dst_rs,
-                    accumulate,
-                }
-                .run()
-            };
+        use crate::cpu::matmul_narrow::{fits, Elem, Narrow};
+        use std::any::TypeId;
+        /// The product with `T` read as `E` (the same type).
+        ///
+        /// # Safety
+        /// `E` is `T`; as [`Gemm::run`]'s contract.
+        unsafe fn narrow<T, E: Elem>(g: &Gemm<T>, t: &Term<T>, accumulate: bool) {
+            let (a, b, dst) = (t.a as *const E, t.b as *const E, g.dst as *mut E);
+            let (m, n, k, dst_rs) = (g.m, g.n, t.k, g.dst_rs);
+            let (a_rs, a_cs, b_rs, b_cs) = (t.a_rs, t.a_cs, t.b_rs, t.b_cs);
+            // SAFETY: forwarded.
+            unsafe { Narrow { m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, dst, dst_rs, accumulate }.run() }
         }
-        ok
+        if !fits(self.m, self.n, t.k) {
+            return false;
+        }
+        // SAFETY: each arm's `E` is `T`; the operands and block are as
+        // `run`'s contract describes them.
+        if TypeId::of::<T>() == TypeId::of::<f32>() {
+            unsafe { narrow::<T, f32>(self, t, accumulate) };
+        } else if TypeId::of::<T>() == TypeId::of::<f64>() {
+            unsafe { narrow::<T, f64>(self, t, accumulate) };
+        } else {
+            return false;
+        }
+        true
     }
 
     /// The whole sum on this thread: the bias rows first, then one gemm

@@ -22,7 +22,7 @@
 const ROWS: usize = 6;
 /// Widest output handled.
 pub(crate) const MAX_N: usize = 32;
-/// Longest inner dimension handled (`b` packed on the stack: 8 KiB).
+/// Longest inner dimension handled (`b` packed on the stack: 8 or 16 KiB).
 pub(crate) const MAX_K: usize = 64;
 
 /// Whether [`Narrow::run`] runs on this processor (AVX-512F and VL; the
@@ -35,32 +35,39 @@ pub(crate) fn available() -> bool {
 }
 
 /// Whether a product of this shape takes [`Narrow`]: at least a tile of
-/// rows, 9 to [`MAX_N`] columns (8 or fewer fill too little of a vector to
-/// pay), and 1 to [`MAX_K`] inner terms.
+/// rows, 9 to [`MAX_N`] columns (8 or fewer fill too little of an f32
+/// vector to pay), and 1 to [`MAX_K`] inner terms.
 pub(crate) fn fits(m: usize, n: usize, k: usize) -> bool {
     m >= ROWS && (9..=MAX_N).contains(&n) && (1..=MAX_K).contains(&k) && available()
+}
+
+/// The element types the kernel has: f32 and f64.
+pub(crate) trait Elem: Copy + Default + 'static {
+    #[cfg(target_arch = "x86_64")]
+    /// Dispatches [`Narrow::run`] for this type.
+    unsafe fn product(o: &Narrow<Self>, packed: &[Self]);
 }
 
 /// `dst (m x n, row stride dst_rs) = a (m x k) @ b (k x n)` (`+=` when
 /// `accumulate`), with `a[i, p]` at `a + i * a_rs + p * a_cs` and `b[p, j]`
 /// at `b + p * b_rs + j * b_cs`.
 #[derive(Clone, Copy)]
-pub(crate) struct Narrow {
+pub(crate) struct Narrow<E> {
     pub m: usize,
     pub n: usize,
     pub k: usize,
-    pub a: *const f32,
+    pub a: *const E,
     pub a_rs: isize,
     pub a_cs: isize,
-    pub b: *const f32,
+    pub b: *const E,
     pub b_rs: isize,
     pub b_cs: isize,
-    pub dst: *mut f32,
+    pub dst: *mut E,
     pub dst_rs: usize,
     pub accumulate: bool,
 }
 
-impl Narrow {
+impl<E: Elem> Narrow<E> {
     /// Computes the product.
     ///
     /// # Safety
@@ -69,7 +76,7 @@ impl Narrow {
     /// initialised when `accumulate`.
     pub(crate) unsafe fn run(self) {
         debug_assert!(fits(self.m, self.n, self.k));
-        let mut packed = [0.0f32; MAX_K * MAX_N];
+        let mut packed = [E::default(); MAX_K * MAX_N];
         for p in 0..self.k {
             for j in 0..self.n {
                 // SAFETY: b[p, j] is readable (the caller's contract).
@@ -79,7 +86,7 @@ impl Narrow {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: forwarded from the caller; `packed` holds k rows of 32.
         unsafe {
-            avx512::product(&self, &packed)
+            E::product(&self, &packed)
         }
         #[cfg(not(target_arch = "x86_64"))]
         unreachable!("internal: the narrow product without AVX-512");
@@ -90,38 +97,42 @@ impl Narrow {
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{Narrow, MAX_N, ROWS};
+    use super::{Elem, Narrow, MAX_N, ROWS};
 
-    /// The vector holding an output row's columns past the first 16.
-    trait Tail: Copy {
+    /// A vector of 2 to 16 lanes of `E`: an output row is covered by `H`
+    /// full 512-bit vectors and a tail vector as narrow as its columns
+    /// past them allow.
+    trait Vector<E>: Copy {
         unsafe fn zero() -> Self;
-        unsafe fn splat(x: f32) -> Self;
-        unsafe fn load(p: *const f32) -> Self;
+        unsafe fn splat(x: E) -> Self;
+        unsafe fn load(p: *const E) -> Self;
         unsafe fn fma(self, b: Self, c: Self) -> Self;
-        unsafe fn add_masked(self, p: *const f32, lanes: usize) -> Self;
-        unsafe fn store_masked(self, p: *mut f32, lanes: usize);
+        unsafe fn add_masked(self, p: *const E, lanes: usize) -> Self;
+        unsafe fn store_masked(self, p: *mut E, lanes: usize);
     }
 
     fn mask(lanes: usize) -> u16 {
         ((1u32 << lanes) - 1) as u16
     }
 
-    macro_rules! tail {
-        ($t:ty, $zero:ident, $splat:ident, $load:ident, $fma:ident, $loadz:ident, $add:ident, $store:ident, $m:ty) => {
-            impl Tail for $t {
+    /// `Vector` for one intrinsic type: its element, mask type and the
+    /// suffix of its intrinsics' names (`_mm256_fmadd_pd` ...).
+    macro_rules! vector {
+        ($t:ty, $e:ty, $m:ty, $zero:ident, $splat:ident, $load:ident, $fma:ident, $loadz:ident, $add:ident, $store:ident) => {
+            impl Vector<$e> for $t {
                 #[inline(always)]
                 unsafe fn zero() -> Self {
                     // SAFETY: the kernel runs with AVX-512F and VL.
                     unsafe { $zero() }
                 }
                 #[inline(always)]
-                unsafe fn splat(x: f32) -> Self {
+                unsafe fn splat(x: $e) -> Self {
                     // SAFETY: as above.
                     unsafe { $splat(x) }
                 }
                 #[inline(always)]
-                unsafe fn load(p: *const f32) -> Self {
-                    // SAFETY: the caller's pointer holds LANES floats.
+                unsafe fn load(p: *const $e) -> Self {
+                    // SAFETY: the caller's pointer holds a vector's lanes.
                     unsafe { $load(p) }
                 }
                 #[inline(always)]
@@ -130,113 +141,122 @@ mod avx512 {
                     unsafe { $fma(self, b, c) }
                 }
                 #[inline(always)]
-                unsafe fn add_masked(self, p: *const f32, lanes: usize) -> Self {
-                    // SAFETY: the first `lanes` floats at `p` are readable.
+                unsafe fn add_masked(self, p: *const $e, lanes: usize) -> Self {
+                    // SAFETY: the first `lanes` elements at `p` are readable.
                     unsafe { $add(self, $loadz(mask(lanes) as $m, p)) }
                 }
                 #[inline(always)]
-                unsafe fn store_masked(self, p: *mut f32, lanes: usize) {
-                    // SAFETY: the first `lanes` floats at `p` are writable.
+                unsafe fn store_masked(self, p: *mut $e, lanes: usize) {
+                    // SAFETY: the first `lanes` elements at `p` are writable.
                     unsafe { $store(p, mask(lanes) as $m, self) }
                 }
             }
         };
     }
-    tail!(
-        __m128,
-        _mm_setzero_ps,
-        _mm_set1_ps,
-        _mm_loadu_ps,
-        _mm_fmadd_ps,
-        _mm_maskz_loadu_ps,
-        _mm_add_ps,
-        _mm_mask_storeu_ps,
-        __mmask8
-    );
-    tail!(
-        __m256,
-        _mm256_setzero_ps,
-        _mm256_set1_ps,
-        _mm256_loadu_ps,
-        _mm256_fmadd_ps,
-        _mm256_maskz_loadu_ps,
-        _mm256_add_ps,
-        _mm256_mask_storeu_ps,
-        __mmask8
-    );
-    tail!(
-        __m512,
-        _mm512_setzero_ps,
-        _mm512_set1_ps,
-        _mm512_loadu_ps,
-        _mm512_fmadd_ps,
-        _mm512_maskz_loadu_ps,
-        _mm512_add_ps,
-        _mm512_mask_storeu_ps,
-        __mmask16
-    );
+    #[rustfmt::skip]
+    mod vectors {
+        use super::*;
+        vector!(__m128, f32, __mmask8, _mm_setzero_ps, _mm_set1_ps, _mm_loadu_ps, _mm_fmadd_ps, _mm_maskz_loadu_ps, _mm_add_ps, _mm_mask_storeu_ps);
+        vector!(__m256, f32, __mmask8, _mm256_setzero_ps, _mm256_set1_ps, _mm256_loadu_ps, _mm256_fmadd_ps, _mm256_maskz_loadu_ps, _mm256_add_ps, _mm256_mask_storeu_ps);
+        vector!(__m512, f32, __mmask16, _mm512_setzero_ps, _mm512_set1_ps, _mm512_loadu_ps, _mm512_fmadd_ps, _mm512_maskz_loadu_ps, _mm512_add_ps, _mm512_mask_storeu_ps);
+        vector!(__m128d, f64, __mmask8, _mm_setzero_pd, _mm_set1_pd, _mm_loadu_pd, _mm_fmadd_pd, _mm_maskz_loadu_pd, _mm_add_pd, _mm_mask_storeu_pd);
+        vector!(__m256d, f64, __mmask8, _mm256_setzero_pd, _mm256_set1_pd, _mm256_loadu_pd, _mm256_fmadd_pd, _mm256_maskz_loadu_pd, _mm256_add_pd, _mm256_mask_storeu_pd);
+        vector!(__m512d, f64, __mmask8, _mm512_setzero_pd, _mm512_set1_pd, _mm512_loadu_pd, _mm512_fmadd_pd, _mm512_maskz_loadu_pd, _mm512_add_pd, _mm512_mask_storeu_pd);
+    }
 
-    /// See [`Narrow`]; `packed` holds `b` in rows of [`MAX_N`], zero-padded.
-    #[target_feature(enable = "avx512f,avx512vl,fma")]
-    pub(super) unsafe fn product(o: &Narrow, packed: &[f32]) {
-        // SAFETY (all four): forwarded.
-        unsafe {
-            match o.n {
-                ..=16 => rows::<__m128, false>(o, packed),
-                17..=20 => rows::<__m128, true>(o, packed),
-                21..=24 => rows::<__m256, true>(o, packed),
-                _ => rows::<__m512, true>(o, packed),
+    /// Picks `H` (full vectors) and the tail (quarter, half or full width,
+    /// or none) for `o.n` columns, then runs every tile.
+    macro_rules! dispatch {
+        ($o:expr, $packed:expr, $lanes:literal, $full:ty, $quarter:ty, $half:ty, [$($h:literal),*]) => {{
+            let (o, packed) = ($o, $packed);
+            let (h, r) = (o.n / $lanes, o.n % $lanes);
+            // SAFETY (every arm): forwarded from `product`'s caller.
+            unsafe {
+                match (h, r) {
+                    $(
+                        ($h, 0) => rows::<_, $full, $full, $h, false>(o, packed),
+                        ($h, r) if r <= $lanes / 4 => rows::<_, $full, $quarter, $h, true>(o, packed),
+                        ($h, r) if r <= $lanes / 2 => rows::<_, $full, $half, $h, true>(o, packed),
+                        ($h, _) => rows::<_, $full, $full, $h, true>(o, packed),
+                    )*
+                    _ => unreachable!("internal: fits() bounds the columns"),
+                }
             }
+        }};
+    }
+
+    impl Elem for f32 {
+        #[target_feature(enable = "avx512f,avx512vl,fma")]
+        unsafe fn product(o: &Narrow<f32>, packed: &[f32]) {
+            dispatch!(o, packed, 16, __m512, __m128, __m256, [0, 1, 2])
+        }
+    }
+
+    impl Elem for f64 {
+        #[target_feature(enable = "avx512f,avx512vl,fma")]
+        unsafe fn product(o: &Narrow<f64>, packed: &[f64]) {
+            dispatch!(o, packed, 8, __m512d, __m128d, __m256d, [1, 2, 3, 4])
         }
     }
 
     /// Every tile of rows: [`ROWS`] at a time, then the rest one by one.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512vl,fma")]
-    unsafe fn rows<T: Tail, const TAIL: bool>(o: &Narrow, packed: &[f32]) {
+    #[inline(always)]
+    unsafe fn rows<E: Copy, F: Vector<E>, T: Vector<E>, const H: usize, const TAIL: bool>(o: &Narrow<E>, packed: &[E]) {
         let full = o.m / ROWS * ROWS;
         for i in (0..full).step_by(ROWS) {
             // SAFETY: rows i..i + ROWS are inside the block.
-            unsafe { tile::<T, TAIL, ROWS>(o, packed, i) };
+            unsafe { tile::<E, F, T, H, TAIL, ROWS>(o, packed, i) };
         }
         for i in full..o.m {
             // SAFETY: row i is inside the block.
-            unsafe { tile::<T, TAIL, 1>(o, packed, i) };
+            unsafe { tile::<E, F, T, H, TAIL, 1>(o, packed, i) };
         }
     }
 
-    /// Output rows `i..i + R`.
+    /// Output rows `i..i + R`: `H` full vectors a row, then the tail.
     #[inline(always)]
-    unsafe fn tile<T: Tail, const TAIL: bool, const R: usize>(o: &Narrow, packed: &[f32], i: usize) {
+    unsafe fn tile<E: Copy, F: Vector<E>, T: Vector<E>, const H: usize, const TAIL: bool, const R: usize>(
+        o: &Narrow<E>,
+        packed: &[E],
+        i: usize,
+    ) {
+        let lanes = 64 / std::mem::size_of::<E>();
         // SAFETY: every pointer below addresses an element the caller's
         // contract makes readable (`a`, `packed`) or writable (`dst`).
         unsafe {
-            let mut head = [_mm512_setzero_ps(); R];
+            let mut head = [[F::zero(); H]; R];
             let mut tail = [T::zero(); R];
             let a = o.a.offset(i as isize * o.a_rs);
             for p in 0..o.k {
                 let b = packed.as_ptr().add(p * MAX_N);
-                let (bh, bt) = (_mm512_loadu_ps(b), T::load(b.add(16)));
+                let mut bh = [F::zero(); H];
+                for (v, x) in bh.iter_mut().enumerate() {
+                    *x = F::load(b.add(v * lanes));
+                }
+                let bt = T::load(b.add(H * lanes));
                 let ap = a.offset(p as isize * o.a_cs);
-                for r in 0..R {
+                for (r, (hr, tr)) in head.iter_mut().zip(tail.iter_mut()).enumerate() {
                     let x = *ap.offset(r as isize * o.a_rs);
-                    head[r] = _mm512_fmadd_ps(_mm512_set1_ps(x), bh, head[r]);
+                    let xv = F::splat(x);
+                    for (acc, &bv) in hr.iter_mut().zip(&bh) {
+                        *acc = xv.fma(bv, *acc);
+                    }
                     if TAIL {
-                        tail[r] = T::splat(x).fma(bt, tail[r]);
+                        *tr = T::splat(x).fma(bt, *tr);
                     }
                 }
             }
-            let (n_head, n_tail) = (o.n.min(16), o.n.saturating_sub(16));
-            for r in 0..R {
+            let rest = o.n - H * lanes;
+            for (r, (hr, &tr)) in head.iter().zip(&tail).enumerate() {
                 let d = o.dst.add((i + r) * o.dst_rs);
-                let mh = mask(n_head);
-                if o.accumulate {
-                    head[r] = _mm512_add_ps(head[r], _mm512_maskz_loadu_ps(mh, d));
+                for (v, &acc) in hr.iter().enumerate() {
+                    let x = if o.accumulate { acc.add_masked(d.add(v * lanes), lanes) } else { acc };
+                    x.store_masked(d.add(v * lanes), lanes);
                 }
-                _mm512_mask_storeu_ps(d, mh, head[r]);
                 if TAIL {
-                    let t = if o.accumulate { tail[r].add_masked(d.add(16), n_tail) } else { tail[r] };
-                    t.store_masked(d.add(16), n_tail);
+                    let t = d.add(H * lanes);
+                    let x = if o.accumulate { tr.add_masked(t, rest) } else { tr };
+                    x.store_masked(t, rest);
                 }
             }
         }
@@ -247,66 +267,75 @@ mod avx512 {
 mod tests {
     use super::*;
 
-    /// Every tail class (9-16, 17-20, 21-24, 25-32 columns), whole tiles and
-    /// leftover rows, inner dimensions 1 to 64, `a` row-major and
-    /// transposed, `b` both ways, padded row strides, and accumulation: each
-    /// output the f32 fused sum in order, as a scalar loop computes it.
-    #[test]
-    fn narrow_product_matches_an_ordered_fused_sum() {
-        if !available() {
-            println!("SKIPPED: this processor has no AVX-512F; the narrow product is not used here");
-            return;
-        }
-        let vals = |len: usize, seed: usize| -> Vec<f32> {
-            (0..len).map(|i| ((i * 7919 + seed * 104729) % 1013) as f32 / 1013.0 - 0.5).collect()
-        };
-        for (m, n, k) in
-            [(6, 9, 1), (13, 16, 20), (20, 17, 7), (31, 20, 20), (8, 21, 64), (7, 24, 3), (19, 25, 33), (12, 32, 64)]
-        {
-            for (a_t, b_t) in [(false, false), (true, false), (false, true), (true, true)] {
-                let (a, b) = (vals(m * k, 1), vals(k * n, 2));
-                // a[i, p] and b[p, j] as the strides address them.
-                let (a_rs, a_cs) = if a_t { (1, m as isize) } else { (k as isize, 1) };
-                let (b_rs, b_cs) = if b_t { (1, k as isize) } else { (n as isize, 1) };
-                let at = |i: usize, p: usize| a[(i as isize * a_rs + p as isize * a_cs) as usize];
-                let bt = |p: usize, j: usize| b[(p as isize * b_rs + j as isize * b_cs) as usize];
-                let dst_rs = n + 3;
-                for accumulate in [false, true] {
-                    let start = vals(m * dst_rs, 3);
-                    let mut dst = start.clone();
-                    let o = Narrow {
-                        m,
-                        n,
-                        k,
-                        a: a.as_ptr(),
-                        a_rs,
-                        a_cs,
-                        b: b.as_ptr(),
-                        b_rs,
-                        b_cs,
-                        dst: dst.as_mut_ptr(),
-                        dst_rs,
-                        accumulate,
-                    };
-                    // SAFETY: fits() holds for these shapes (checked below)
-                    // and the buffers are as the strides address them.
-                    assert!(fits(m, n, k));
-                    unsafe { o.run() };
-                    for i in 0..m {
-                        for j in 0..dst_rs {
-                            let (got, old) = (dst[i * dst_rs + j], start[i * dst_rs + j]);
-                            if j >= n {
-                                assert_eq!(got, old, "padding written at {i},{j}");
-                                continue;
+    /// Every tail class in f32 (9-15, 16, 17-20, 21-24, 25-32 columns) and
+    /// f64 (one to four full vectors, each tail), whole tiles and leftover
+    /// rows, inner dimensions 1 to 64, `a` row-major and transposed, `b`
+    /// both ways, padded row strides, and accumulation: each output the
+    /// fused sum of its products in order, as a scalar loop computes it.
+    macro_rules! check {
+        ($e:ty) => {{
+            let vals = |len: usize, seed: usize| -> Vec<$e> {
+                (0..len).map(|i| ((i * 7919 + seed * 104729) % 1013) as $e / 1013.0 - 0.5).collect()
+            };
+            let shapes = [
+                (6, 9, 1),
+                (13, 16, 20),
+                (20, 17, 7),
+                (31, 20, 20),
+                (8, 21, 64),
+                (7, 24, 3),
+                (19, 25, 33),
+                (12, 32, 64),
+                (6, 10, 2),
+                (9, 12, 5),
+            ];
+            for (m, n, k) in shapes {
+                for (a_t, b_t) in [(false, false), (true, false), (false, true), (true, true)] {
+                    let (a, b) = (vals(m * k, 1), vals(k * n, 2));
+                    // a[i, p] and b[p, j] as the strides address them.
+                    let (a_rs, a_cs) = if a_t { (1, m as isize) } else { (k as isize, 1) };
+                    let (b_rs, b_cs) = if b_t { (1, k as isize) } else { (n as isize, 1) };
+                    let at = |i: usize, p: usize| a[(i as isize * a_rs + p as isize * a_cs) as usize];
+                    let bt = |p: usize, j: usize| b[(p as isize * b_rs + j as isize * b_cs) as usize];
+                    let dst_rs = n + 3;
+                    for accumulate in [false, true] {
+                        let start = vals(m * dst_rs, 3);
+                        let mut dst = start.clone();
+                        let (a, b, dst) = (a.as_ptr(), b.as_ptr(), dst.as_mut_ptr());
+                        let o = Narrow { m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, dst, dst_rs, accumulate };
+                        assert!(fits(m, n, k));
+                        // SAFETY: fits() holds and the buffers are as the
+                        // strides address them.
+                        unsafe { o.run() };
+                        // SAFETY: `dst` is the live buffer written above.
+                        let dst = unsafe { std::slice::from_raw_parts(dst, m * dst_rs) };
+                        for i in 0..m {
+                            for j in 0..dst_rs {
+                                let (got, old) = (dst[i * dst_rs + j], start[i * dst_rs + j]);
+                                if j >= n {
+                                    assert_eq!(got, old, "padding written at {i},{j}");
+                                    continue;
+                                }
+                                let sum = (0..k).fold(0.0 as $e, |s, p| at(i, p).mul_add(bt(p, j), s));
+                                let want = if accumulate { sum + old } else { sum };
+                                let what = stringify!($e);
+                                assert_eq!(got, want, "{what} {m}x{n}x{k} a_t {a_t} b_t {b_t} acc {accumulate} at {i},{j}");
                             }
-                            let sum = (0..k).fold(0.0f32, |s, p| at(i, p).mul_add(bt(p, j), s));
-                            let want = if accumulate { sum + old } else { sum };
-                            assert_eq!(got, want, "{m}x{n}x{k} a_t {a_t} b_t {b_t} acc {accumulate} at {i},{j}");
                         }
                     }
                 }
             }
+        }};
+    }
+
+    #[test]
+    fn narrow_product_matches_an_ordered_fused_sum() {
+        if !available() {
+            println!("SKIPPED: this processor has no AVX-512F and VL; the narrow product is not used here");
+            return;
         }
+        check!(f32);
+        check!(f64);
         assert!(!fits(5, 20, 20) && !fits(64, 8, 20) && !fits(64, 33, 20) && !fits(64, 20, 65) && !fits(64, 20, 0));
     }
 }
