@@ -112,9 +112,13 @@ fn adam_snapshot(opt: &Adam) -> (u64, Vec<Vec<Vec<u64>>>) {
     (st.step, slots.collect())
 }
 
-/// A directory of this process for the case's files.
+/// A directory of this process for the case's files: under cargo's
+/// `target/tmp` for a test (cleaned with the build, where one in the
+/// system's temporary folder outlived every run), the system's for a
+/// fuzz target.
 pub fn scratch_dir() -> PathBuf {
-    let d = std::env::temp_dir().join(format!("tapir-fuzz-ck-{}", std::process::id()));
+    let root = option_env!("CARGO_TARGET_TMPDIR").map_or_else(std::env::temp_dir, PathBuf::from);
+    let d = root.join(format!("tapir-fuzz-ck-{}", std::process::id()));
     std::fs::create_dir_all(&d).expect("scratch dir");
     d
 }

@@ -306,8 +306,9 @@ pub fn write_cubins(dir: &Path) -> Result<usize, String> {
 /// Runs the case in a child process (`exe`, the tapir binary) on the
 /// emulated device and returns the emulator's JSON profile.
 pub fn profile(exe: &Path, a: &Args) -> anyhow::Result<Value> {
-    let dir = std::env::temp_dir().join(format!("tapir-profile-{}-{}", std::process::id(), a.case));
-    std::fs::create_dir_all(&dir)?;
+    let scratch = Scratch(std::env::temp_dir().join(format!("tapir-profile-{}-{}", std::process::id(), a.case)));
+    let dir = &scratch.0;
+    std::fs::create_dir_all(dir)?;
     let cubins = dir.join("cubins");
     std::fs::create_dir_all(&cubins)?;
     if !a.no_cubins {
@@ -333,8 +334,17 @@ pub fn profile(exe: &Path, a: &Args) -> anyhow::Result<Value> {
     if let Some(p) = &a.json {
         std::fs::write(p, &text)?;
     }
-    std::fs::remove_dir_all(&dir).ok();
     Ok(serde_json::from_str(&text)?)
+}
+
+/// A folder of the run's files, removed when the run ends, failed ones
+/// included (an error left the cubins behind in the temporary folder).
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        std::fs::remove_dir_all(&self.0).ok();
+    }
 }
 
 fn f(v: &Value) -> f64 {

@@ -115,7 +115,9 @@ fn tapir_without_cuda() -> Command {
     let mut c = Command::new(bin.unwrap_or_else(|| env!("CARGO_BIN_EXE_tapir").into()));
     c.env("TAPIR_CUDA", "emulated").env("TAPIR_CUDA_EMU_LIB", "/nonexistent-tapir-cuda-emu");
     c.args(["pinn", "poisson", "--steps", "3", "--hidden", "4", "--interior", "16", "--boundary", "8"]);
-    let dir = std::env::temp_dir();
+    // The plots go to cargo's target/tmp (they outlived every run in the
+    // system's temporary folder).
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
     let plot = dir.join(format!("tapir-pinn-cuda-{}.png", std::process::id()));
     let curves = dir.join(format!("tapir-pinn-cuda-{}-curves.png", std::process::id()));
     c.args(["--lbfgs", "0", "--quiet", "--plot"]).arg(plot).arg("--curves").arg(curves);
