@@ -153,10 +153,11 @@ pub struct Args {
     /// With `--lbfgs-precision f32-then-f64`: how many of --lbfgs's
     /// iterations one f64 iteration after the switch counts as. An f64
     /// iteration costs about 2.7 f32 ones on burgers with a 3 x 64 network
-    /// (0.072-0.074 CPU-s against 0.027 on a Zen 4 CPU), 1.6-2.1 with the
-    /// default 9 x 20 one (docs/performance.md), so the default makes the
-    /// phase's cost about the same wherever f32 stalls (and overcharges
-    /// the 9 x 20 network's f64 tail); 1 counts iterations alone.
+    /// (0.072-0.074 CPU-s against 0.027 on a Zen 4 CPU), 2.0-2.4 with the
+    /// default 9 x 20 one (its narrow products on AVX-512;
+    /// docs/performance.md), so the default makes the phase's cost about
+    /// the same wherever f32 stalls (and overcharges the 9 x 20 network's
+    /// f64 tail a little); 1 counts iterations alone.
     #[arg(long, default_value_t = 2.7)]
     pub lbfgs_f64_cost: f64,
     /// L-BFGS's line search: `backtracking` halves the first trial step
