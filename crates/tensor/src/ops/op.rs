@@ -486,6 +486,13 @@ pub trait Diff: Clone + Sized {
     }
 }
 
+/// The first two entries of a [`Derivative::vjp_eager_wanted`] mask, an
+/// entry missing counting as wanted: what a two-input rule asks.
+pub fn wanted_pair(wanted: &[bool]) -> [bool; 2] {
+    let want = |i: usize| wanted.get(i).copied().unwrap_or(true);
+    [want(0), want(1)]
+}
+
 /// One gradient in an [`InputGrads`].
 pub fn one<T>(g: T) -> InputGrads<T> {
     smallvec::smallvec![Some(g)]

@@ -11,7 +11,7 @@ use crate::ops::methods::binary::{add_opt, BinaryOps};
 use crate::ops::methods::reduce::ReduceOps;
 use crate::ops::methods::shape::ShapeOps;
 use crate::ops::methods::unary::UnaryOps;
-use crate::ops::op::{Derivative, Diff, InputGrads, Saved};
+use crate::ops::op::{wanted_pair, Derivative, Diff, InputGrads, Saved};
 use crate::{Result, Tensor};
 use smallvec::SmallVec;
 
@@ -37,8 +37,7 @@ impl Derivative for Binary {
         g: Tensor,
         wanted: &[bool],
     ) -> Result<InputGrads<Tensor>> {
-        let want = |i: usize| wanted.get(i).copied().unwrap_or(true);
-        self.grads(&[&xs[0], &xs[1]], &y, &g, [want(0), want(1)])
+        self.grads(&[&xs[0], &xs[1]], &y, &g, wanted_pair(wanted))
     }
     fn jvp<T: Diff>(&self, xs: &[&T], y: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
         let (a, b) = (xs[0], xs[1]);
@@ -107,8 +106,7 @@ impl Derivative for Where {
         g: Tensor,
         wanted: &[bool],
     ) -> Result<InputGrads<Tensor>> {
-        let want = |i: usize| wanted.get(i).copied().unwrap_or(true);
-        self.grads(&[&xs[0], &xs[1]], &g, [want(0), want(1)])
+        self.grads(&[&xs[0], &xs[1]], &g, wanted_pair(wanted))
     }
     fn jvp<T: Diff>(&self, xs: &[&T], y: &T, ts: &[Option<&T>]) -> Result<Option<T>> {
         if ts.iter().all(|t| t.is_none()) {

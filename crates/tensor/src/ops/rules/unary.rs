@@ -11,7 +11,7 @@ use crate::ops::methods::binary::BinaryOps;
 use crate::ops::methods::reduce::ReduceOps;
 use crate::ops::methods::shape::ShapeOps;
 use crate::ops::methods::unary::UnaryOps;
-use crate::ops::op::{one, Derivative, Diff, InputGrads, Saved};
+use crate::ops::op::{one, wanted_pair, Derivative, Diff, InputGrads, Saved};
 use crate::ops::unary::{TanhBackward, Unary};
 use crate::tensor::backend_for;
 use crate::{Result, Tensor};
@@ -108,8 +108,7 @@ impl Derivative for TanhBackward {
         gbar: Tensor,
         wanted: &[bool],
     ) -> Result<InputGrads<Tensor>> {
-        let want = |i: usize| wanted.get(i).copied().unwrap_or(true);
-        self.rule(&xs[0], &xs[1], &gbar, &tanh_second, [want(0), want(1)])
+        self.rule(&xs[0], &xs[1], &gbar, &tanh_second, wanted_pair(wanted))
     }
     fn vjp<T: Diff>(&self, xs: &[&T], _: &T, gbar: &T) -> Result<InputGrads<T>> {
         self.rule(xs[0], xs[1], gbar, &|_, _, _, _| Ok(None), [true, true])
