@@ -420,7 +420,7 @@ impl<T: Float> Gemm<T> {
             // SAFETY: forwarded.
             unsafe { Narrow { m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, dst, dst_rs, accumulate }.run() }
         }
-        if !fits(self.m, self.n, t.k) {
+        if !fits(self.n, t.k) {
             return false;
         }
         // SAFETY: each arm's `E` is `T`; the operands and block are as

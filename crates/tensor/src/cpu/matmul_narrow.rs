@@ -34,11 +34,13 @@ pub(crate) fn available() -> bool {
     false
 }
 
-/// Whether a product of this shape takes [`Narrow`]: at least a tile of
-/// rows, 9 to [`MAX_N`] columns (8 or fewer fill too little of an f32
-/// vector to pay), and 1 to [`MAX_K`] inner terms.
-pub(crate) fn fits(m: usize, n: usize, k: usize) -> bool {
-    m >= ROWS && (9..=MAX_N).contains(&n) && (1..=MAX_K).contains(&k) && available()
+/// Whether a product of this shape takes [`Narrow`]: 9 to [`MAX_N`]
+/// columns (8 or fewer fill too little of an f32 vector to pay) and 1 to
+/// [`MAX_K`] inner terms. Not the rows: a product split over threads by
+/// rows runs every part here, so no output's bits depend on the thread
+/// count.
+pub(crate) fn fits(n: usize, k: usize) -> bool {
+    (9..=MAX_N).contains(&n) && (1..=MAX_K).contains(&k) && available()
 }
 
 /// The element types the kernel has: f32 and f64.
@@ -75,7 +77,7 @@ impl<E: Elem> Narrow<E> {
     /// are readable; the `m x n` block of `dst` is writable, and
     /// initialised when `accumulate`.
     pub(crate) unsafe fn run(self) {
-        debug_assert!(fits(self.m, self.n, self.k));
+        debug_assert!(fits(self.n, self.k));
         let mut packed = [E::default(); MAX_K * MAX_N];
         for p in 0..self.k {
             for j in 0..self.n {
@@ -303,7 +305,7 @@ mod tests {
                         let mut dst = start.clone();
                         let (a, b, dst) = (a.as_ptr(), b.as_ptr(), dst.as_mut_ptr());
                         let o = Narrow { m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, dst, dst_rs, accumulate };
-                        assert!(fits(m, n, k));
+                        assert!(fits(n, k));
                         // SAFETY: fits() holds and the buffers are as the
                         // strides address them.
                         unsafe { o.run() };
@@ -336,6 +338,48 @@ mod tests {
         }
         check!(f32);
         check!(f64);
-        assert!(!fits(5, 20, 20) && !fits(64, 8, 20) && !fits(64, 33, 20) && !fits(64, 20, 65) && !fits(64, 20, 0));
+        assert!(!fits(8, 20) && !fits(33, 20) && !fits(20, 65) && !fits(20, 0));
+    }
+
+    /// Rows computed in any grouping have the same bits: a product split
+    /// over threads (parts of any row count) equals the whole.
+    #[test]
+    fn a_row_split_keeps_every_bit() {
+        if !available() {
+            println!("SKIPPED: this processor has no AVX-512F and VL; the narrow product is not used here");
+            return;
+        }
+        let (m, n, k) = (29, 20, 20);
+        let vals = |len: usize, seed: usize| -> Vec<f32> {
+            (0..len).map(|i| ((i * 7919 + seed * 104729) % 1013) as f32 / 1013.0 - 0.5).collect()
+        };
+        let (a, b) = (vals(m * k, 1), vals(k * n, 2));
+        let run = |rows: std::ops::Range<usize>, dst: &mut [f32]| {
+            let o = Narrow {
+                m: rows.len(),
+                n,
+                k,
+                a: a[rows.start * k..].as_ptr(),
+                a_rs: k as isize,
+                a_cs: 1,
+                b: b.as_ptr(),
+                b_rs: n as isize,
+                b_cs: 1,
+                dst: dst[rows.start * n..].as_mut_ptr(),
+                dst_rs: n,
+                accumulate: false,
+            };
+            // SAFETY: the rows lie inside `a` and `dst`; fits() holds.
+            unsafe { o.run() };
+        };
+        let mut whole = vec![0.0f32; m * n];
+        run(0..m, &mut whole);
+        for cuts in [vec![0, 5, 29], vec![0, 1, 2, 16, 29], vec![0, 13, 14, 29]] {
+            let mut parts = vec![0.0f32; m * n];
+            for w in cuts.windows(2) {
+                run(w[0]..w[1], &mut parts);
+            }
+            assert_eq!(parts, whole, "cuts {cuts:?}");
+        }
     }
 }
