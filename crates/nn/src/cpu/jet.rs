@@ -1,6 +1,7 @@
 //! The CPU kernels of the forward-Laplacian: the sum of squares, the
-//! Jacobian `[N, d, w]` read once, each point's `d` rows of squares summed
-//! in order into its row of the `[N, w]` output; and a tanh layer's
+//! Jacobian `[N, d, w]` read once, each point's `d` rows of squares (or
+//! the plan's run of them) summed in order into its row of the `[N, w]`
+//! output, and its one-pass gradient; a tanh layer's
 //! Laplacian update `(1 - a^2)(l - 2 a s)` and its three gradients, each one
 //! pass, rounded as the composed ops round them (the same bits); and its
 //! Jacobian update `j (1 - a^2)`, one pass, with its two gradients.
@@ -328,7 +329,7 @@ fn sum_squares<F: tapir_tensor::Float + tapir_tensor::CpuElement>(x: &[F], plan:
         return Ok(Vec::new());
     }
     // Points split over the pool (the Jacobian of a 100-dim Laplacian is
-    // 256 x 100 x 128); each output row sums its point's d rows in order.
+    // 256 x 100 x 128); each output row sums its point's rows in order.
     let parts = tapir_tensor::cpu::pool::parts_for(n * rows * w, tapir_tensor::cpu::iter::SPLIT_MIN);
     tapir_tensor::cpu::iter::fill_vec_parts(n * w, parts, |start, out| {
         tapir_tensor::cpu::simd::run(
