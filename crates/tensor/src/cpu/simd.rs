@@ -121,4 +121,29 @@ mod tests {
         }
         println!("processor runs {:?}", isa());
     }
+
+    /// The same for the f64 tanh, whose two branches every lane computes.
+    #[test]
+    fn f64_tanh_copies_agree_bit_for_bit() {
+        use crate::cpu::math::tanh_f64;
+        let xs: Vec<f64> =
+            (0..8191).map(|i| (i as f64 - 4095.0) * 0.0061).chain([f64::NAN, 1e-300, -0.0, 1e300]).collect();
+        let map = |isa| {
+            let mut out = vec![0.0f64; xs.len()];
+            run_on(
+                isa,
+                #[inline(always)]
+                || {
+                    for (o, &x) in out.iter_mut().zip(&xs) {
+                        *o = tanh_f64(x);
+                    }
+                },
+            );
+            out.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        };
+        let base = map(Isa::Portable);
+        for isa in [Isa::Avx2, Isa::Avx512] {
+            assert_eq!(map(isa), base, "{isa:?}");
+        }
+    }
 }
