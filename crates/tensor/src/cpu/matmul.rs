@@ -368,38 +368,49 @@ impl<T: Float> Gemm<T> {
     }
 
     /// Runs `t` through [`crate::cpu::matmul_tn::Outer`] when it applies:
-    /// f32 on AVX-512, both operands storing the inner dimension as rows
-    /// (a weight gradient `g^T x`), and an output of at most 128 rows, so
-    /// a block of `a` stays in the L1 cache. Returns whether it ran.
+    /// f32 or f64 on AVX-512, both operands storing the inner dimension as
+    /// rows (a weight gradient `g^T x`), and an output of at most 128 (f32)
+    /// or 64 (f64) rows, so a block of `a` stays in the L1 cache. Returns
+    /// whether it ran.
     fn outer_sum(&self, t: &Term<T>, accumulate: bool) -> bool {
-        let fits = std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()
-            && t.a_rs == 1
-            && t.b_cs == 1
-            && t.a_cs >= 0
-            && t.b_rs >= 0
-            && self.m <= 128
-            && crate::cpu::matmul_tn::available();
-        if fits {
-            // SAFETY: T is f32; the operands and block are as `run`'s
-            // contract describes them, with `a[p, i]` at `a + p * a_cs + i`
-            // and `b[p, j]` at `b + p * b_rs + j`.
-            unsafe {
-                crate::cpu::matmul_tn::Outer {
-                    m: self.m,
-                    n: self.n,
-                    k: t.k,
-                    a: t.a as *const f32,
-                    lda: t.a_cs as usize,
-                    b: t.b as *const f32,
-                    ldb: t.b_rs as usize,
-                    dst: self.dst as *mut f32,
-                    dst_rs: self.dst_rs,
-                    accumulate,
-                }
-                .run()
-            };
+        use crate::cpu::matmul_tn::{fits, Elem, Outer};
+        use std::any::TypeId;
+        /// The product with `T` read as `E` (the same type), if it fits.
+        ///
+        /// # Safety
+        /// `E` is `T`; as [`Gemm::run`]'s contract.
+        unsafe fn outer<T, E: Elem>(g: &Gemm<T>, t: &Term<T>, accumulate: bool) -> bool {
+            let fits = t.a_rs == 1 && t.b_cs == 1 && t.a_cs >= 0 && t.b_rs >= 0 && fits::<E>(g.m);
+            if fits {
+                // SAFETY: the operands and block are as `run`'s contract
+                // describes them, with `a[p, i]` at `a + p * a_cs + i` and
+                // `b[p, j]` at `b + p * b_rs + j`.
+                unsafe {
+                    Outer {
+                        m: g.m,
+                        n: g.n,
+                        k: t.k,
+                        a: t.a as *const E,
+                        lda: t.a_cs as usize,
+                        b: t.b as *const E,
+                        ldb: t.b_rs as usize,
+                        dst: g.dst as *mut E,
+                        dst_rs: g.dst_rs,
+                        accumulate,
+                    }
+                    .run()
+                };
+            }
+            fits
         }
-        fits
+        // SAFETY: each arm's `E` is `T`.
+        if TypeId::of::<T>() == TypeId::of::<f32>() {
+            unsafe { outer::<T, f32>(self, t, accumulate) }
+        } else if TypeId::of::<T>() == TypeId::of::<f64>() {
+            unsafe { outer::<T, f64>(self, t, accumulate) }
+        } else {
+            false
+        }
     }
 
     /// Runs `t` through [`crate::cpu::matmul_narrow::Narrow`] when it

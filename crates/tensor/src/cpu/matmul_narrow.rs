@@ -100,71 +100,7 @@ mod avx512 {
     use std::arch::x86_64::*;
 
     use super::{Elem, Narrow, MAX_N, ROWS};
-
-    /// A vector of 2 to 16 lanes of `E`: an output row is covered by `H`
-    /// full 512-bit vectors and a tail vector as narrow as its columns
-    /// past them allow.
-    trait Vector<E>: Copy {
-        unsafe fn zero() -> Self;
-        unsafe fn splat(x: E) -> Self;
-        unsafe fn load(p: *const E) -> Self;
-        unsafe fn fma(self, b: Self, c: Self) -> Self;
-        unsafe fn add_masked(self, p: *const E, lanes: usize) -> Self;
-        unsafe fn store_masked(self, p: *mut E, lanes: usize);
-    }
-
-    fn mask(lanes: usize) -> u16 {
-        ((1u32 << lanes) - 1) as u16
-    }
-
-    /// `Vector` for one intrinsic type: its element, mask type and the
-    /// suffix of its intrinsics' names (`_mm256_fmadd_pd` ...).
-    macro_rules! vector {
-        ($t:ty, $e:ty, $m:ty, $zero:ident, $splat:ident, $load:ident, $fma:ident, $loadz:ident, $add:ident, $store:ident) => {
-            impl Vector<$e> for $t {
-                #[inline(always)]
-                unsafe fn zero() -> Self {
-                    // SAFETY: the kernel runs with AVX-512F and VL.
-                    unsafe { $zero() }
-                }
-                #[inline(always)]
-                unsafe fn splat(x: $e) -> Self {
-                    // SAFETY: as above.
-                    unsafe { $splat(x) }
-                }
-                #[inline(always)]
-                unsafe fn load(p: *const $e) -> Self {
-                    // SAFETY: the caller's pointer holds a vector's lanes.
-                    unsafe { $load(p) }
-                }
-                #[inline(always)]
-                unsafe fn fma(self, b: Self, c: Self) -> Self {
-                    // SAFETY: as above.
-                    unsafe { $fma(self, b, c) }
-                }
-                #[inline(always)]
-                unsafe fn add_masked(self, p: *const $e, lanes: usize) -> Self {
-                    // SAFETY: the first `lanes` elements at `p` are readable.
-                    unsafe { $add(self, $loadz(mask(lanes) as $m, p)) }
-                }
-                #[inline(always)]
-                unsafe fn store_masked(self, p: *mut $e, lanes: usize) {
-                    // SAFETY: the first `lanes` elements at `p` are writable.
-                    unsafe { $store(p, mask(lanes) as $m, self) }
-                }
-            }
-        };
-    }
-    #[rustfmt::skip]
-    mod vectors {
-        use super::*;
-        vector!(__m128, f32, __mmask8, _mm_setzero_ps, _mm_set1_ps, _mm_loadu_ps, _mm_fmadd_ps, _mm_maskz_loadu_ps, _mm_add_ps, _mm_mask_storeu_ps);
-        vector!(__m256, f32, __mmask8, _mm256_setzero_ps, _mm256_set1_ps, _mm256_loadu_ps, _mm256_fmadd_ps, _mm256_maskz_loadu_ps, _mm256_add_ps, _mm256_mask_storeu_ps);
-        vector!(__m512, f32, __mmask16, _mm512_setzero_ps, _mm512_set1_ps, _mm512_loadu_ps, _mm512_fmadd_ps, _mm512_maskz_loadu_ps, _mm512_add_ps, _mm512_mask_storeu_ps);
-        vector!(__m128d, f64, __mmask8, _mm_setzero_pd, _mm_set1_pd, _mm_loadu_pd, _mm_fmadd_pd, _mm_maskz_loadu_pd, _mm_add_pd, _mm_mask_storeu_pd);
-        vector!(__m256d, f64, __mmask8, _mm256_setzero_pd, _mm256_set1_pd, _mm256_loadu_pd, _mm256_fmadd_pd, _mm256_maskz_loadu_pd, _mm256_add_pd, _mm256_mask_storeu_pd);
-        vector!(__m512d, f64, __mmask8, _mm512_setzero_pd, _mm512_set1_pd, _mm512_loadu_pd, _mm512_fmadd_pd, _mm512_maskz_loadu_pd, _mm512_add_pd, _mm512_mask_storeu_pd);
-    }
+    use crate::cpu::vector512::Vector;
 
     /// Picks `H` (full vectors) and the tail (quarter, half or full width,
     /// or none) for `o.n` columns, then runs every tile.

@@ -1,5 +1,6 @@
-//! `a^T @ b` for f32 operands that both store the inner dimension as rows:
-//! a weight gradient, `g^T x` summed over a batch, is this product.
+//! `a^T @ b` for f32 and f64 operands that both store the inner dimension
+//! as rows: a weight gradient, `g^T x` summed over a batch, is this
+//! product.
 //!
 //! The gemm crate packs `a` into panels before its microkernel runs; read
 //! transposed, that packing cost more than the products here
@@ -7,40 +8,62 @@
 //! operands need no packing at all: row `p` of `a` holds the `p`-th term's
 //! left factors for all output rows and row `p` of `b` its right factors
 //! for all columns, so the product is a sum of outer products. Each output
-//! tile of 6 rows by up to 64 columns lives in 24 AVX-512 registers while
-//! the kernel walks `p`.
+//! tile of 6 rows by up to four 512-bit vectors of columns (64 f32, 32
+//! f64) lives in registers while the kernel walks `p`: the full vectors,
+//! then a tail of a quarter, half or whole vector sized to the columns
+//! left (a 20-wide layer's 20 f32 columns are 16 + 4, not 16 + a masked
+//! 16: [`crate::cpu::vector512`]).
 //!
 //! Rows of `p` are taken in blocks of [`P_BLOCK`], so a block of `b`
-//! (64 columns x 64 rows, 16 KiB) stays in the L1 cache for every tile.
+//! (a panel's columns x 64 rows, 16 KiB) stays in the L1 cache for every
+//! tile. Each output is its products' fused sum in order of `p`, from zero
+//! (or from the old value when accumulating).
 
 /// Rows of the inner dimension per block.
 const P_BLOCK: usize = 64;
 /// Output rows per tile.
 const ROWS: usize = 6;
 
-/// Whether [`Outer::run`] runs on this processor (AVX-512F).
+/// Whether [`Outer::run`] runs on this processor (AVX-512F and VL).
 pub(crate) fn available() -> bool {
-    crate::cpu::simd::isa() == crate::cpu::simd::Isa::Avx512
+    crate::cpu::matmul_narrow::available()
+}
+
+/// The element types the kernel has: f32 and f64.
+pub(crate) trait Elem: Copy + Default + std::ops::Add<Output = Self> + 'static {
+    /// Lanes of a 512-bit vector.
+    const LANES: usize;
+    /// The most output rows taken (a block of `a`, [`P_BLOCK`] rows of
+    /// them, stays within 32 KiB).
+    const MAX_M: usize;
+    #[cfg(target_arch = "x86_64")]
+    /// Dispatches [`Outer::run`] for this type.
+    unsafe fn outer_sum(o: Outer<Self>);
+}
+
+/// Whether a product with `m` output rows takes [`Outer`] for `E`.
+pub(crate) fn fits<E: Elem>(m: usize) -> bool {
+    m <= E::MAX_M && available()
 }
 
 /// `dst (m x n, row stride dst_rs) = sum over p < k of a[p, ..m]^T b[p, ..n]`
 /// (`+=` when `accumulate`), with `a[p, i]` at `a + p * lda + i` and
 /// `b[p, j]` at `b + p * ldb + j`.
 #[derive(Clone, Copy)]
-pub(crate) struct Outer {
+pub(crate) struct Outer<E> {
     pub m: usize,
     pub n: usize,
     pub k: usize,
-    pub a: *const f32,
+    pub a: *const E,
     pub lda: usize,
-    pub b: *const f32,
+    pub b: *const E,
     pub ldb: usize,
-    pub dst: *mut f32,
+    pub dst: *mut E,
     pub dst_rs: usize,
     pub accumulate: bool,
 }
 
-impl Outer {
+impl<E: Elem> Outer<E> {
     /// Computes the product.
     ///
     /// # Safety
@@ -52,15 +75,15 @@ impl Outer {
         // SAFETY: forwarded from the caller.
         unsafe {
             let Outer { m, n, dst, dst_rs, accumulate, .. } = self;
-            if n < 16 && m > n {
+            if n < E::LANES && m > n {
                 // A narrow output (a first layer's `[64, 2]` gradient) would
                 // fill one register per tile row, and each register's chain
                 // of adds would wait on the last: 18 us for 64 x 2 x 1024.
                 // Its transpose has rows of `m` columns: computed there, then
                 // copied.
-                let mut t = vec![0.0f32; n * m];
+                let mut t = vec![E::default(); n * m];
                 let swapped = Outer { m: n, n: m, a: self.b, lda: self.ldb, b: self.a, ldb: self.lda, ..self };
-                avx512::outer_sum(Outer { dst: t.as_mut_ptr(), dst_rs: m, accumulate: false, ..swapped });
+                E::outer_sum(Outer { dst: t.as_mut_ptr(), dst_rs: m, accumulate: false, ..swapped });
                 for i in 0..m {
                     let row = std::slice::from_raw_parts_mut(dst.add(i * dst_rs), n);
                     for (j, o) in row.iter_mut().enumerate() {
@@ -69,7 +92,7 @@ impl Outer {
                 }
                 return;
             }
-            avx512::outer_sum(self)
+            E::outer_sum(self)
         }
         #[cfg(not(target_arch = "x86_64"))]
         unreachable!("internal: outer_sum without AVX-512");
@@ -80,32 +103,57 @@ impl Outer {
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{Outer, P_BLOCK, ROWS};
+    use super::{Elem, Outer, P_BLOCK, ROWS};
+    use crate::cpu::vector512::Vector;
 
-    /// See [`Outer`].
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn outer_sum(o: Outer) {
+    impl Elem for f32 {
+        const LANES: usize = 16;
+        const MAX_M: usize = 128;
+        #[target_feature(enable = "avx512f,avx512vl,fma")]
+        unsafe fn outer_sum(o: Outer<f32>) {
+            // SAFETY: forwarded from `Outer::run`'s caller.
+            unsafe { panels::<f32, __m512, __m128, __m256>(o) }
+        }
+    }
+
+    impl Elem for f64 {
+        const LANES: usize = 8;
+        const MAX_M: usize = 64;
+        #[target_feature(enable = "avx512f,avx512vl,fma")]
+        unsafe fn outer_sum(o: Outer<f64>) {
+            // SAFETY: as above.
+            unsafe { panels::<f64, __m512d, __m128d, __m256d>(o) }
+        }
+    }
+
+    /// Every panel of up to four full vectors of columns, every block of
+    /// [`P_BLOCK`] inner rows, every tile of rows. `F` is the full vector,
+    /// `Q` and `H` the quarter and half ones.
+    #[inline(always)]
+    unsafe fn panels<E: Elem, F: Vector<E>, Q: Vector<E>, H: Vector<E>>(o: Outer<E>) {
         let Outer { m, n, k, a, lda, b, ldb, dst, dst_rs, accumulate } = o;
         if k == 0 {
             if !accumulate {
                 for i in 0..m {
                     // SAFETY: row i of the block is writable.
-                    unsafe { std::ptr::write_bytes(dst.add(i * dst_rs), 0, n) };
+                    unsafe { std::slice::from_raw_parts_mut(dst.add(i * dst_rs), n) }.fill(E::default());
                 }
             }
             return;
         }
-        for j0 in (0..n).step_by(64) {
-            let width = 64.min(n - j0);
+        let lanes = E::LANES;
+        for j0 in (0..n).step_by(4 * lanes) {
+            let width = (4 * lanes).min(n - j0);
             for p0 in (0..k).step_by(P_BLOCK) {
-                let block = P_BLOCK.min(k - p0);
                 // The first block starts from zero unless accumulating.
                 let load = accumulate || p0 > 0;
-                for i0 in (0..m).step_by(ROWS) {
+                let mut i0 = 0;
+                while i0 < m {
+                    // Tiles of 6 rows, then of 4, 2 and 1 for the rest.
+                    let rows = [ROWS, 4, 2, 1].into_iter().find(|&r| r <= m - i0).expect("1 <= m - i0");
                     let t = Tile {
-                        rows: ROWS.min(m - i0),
                         width,
-                        k: block,
+                        k: P_BLOCK.min(k - p0),
                         // SAFETY: offsets inside the operands and the block.
                         a: unsafe { a.add(p0 * lda + i0) },
                         lda,
@@ -116,92 +164,115 @@ mod avx512 {
                         load,
                     };
                     // SAFETY: forwarded; the tile lies inside the block.
-                    unsafe { t.run() };
+                    unsafe { t.run::<F, Q, H>(rows) };
+                    i0 += rows;
                 }
             }
         }
     }
 
-    /// Up to [`ROWS`] rows by up to 64 columns of the output, over `k`
+    /// Some rows by up to four vectors of columns of the output, over `k`
     /// rows of the operands.
-    struct Tile {
-        rows: usize,
+    struct Tile<E> {
         width: usize,
         k: usize,
-        a: *const f32,
+        a: *const E,
         lda: usize,
-        b: *const f32,
+        b: *const E,
         ldb: usize,
-        dst: *mut f32,
+        dst: *mut E,
         dst_rs: usize,
         load: bool,
     }
 
-    impl Tile {
-        /// Dispatches to the copy compiled for this tile's row and vector
-        /// counts, so the accumulators stay in registers.
-        #[target_feature(enable = "avx512f")]
-        unsafe fn run(&self) {
-            let vectors = self.width.div_ceil(16);
-            macro_rules! by_vectors {
-                ($r:literal) => {
+    impl<E: Elem> Tile<E> {
+        /// Dispatches to the copy compiled for this tile's rows, full
+        /// vectors and tail, so the accumulators stay in registers.
+        #[inline(always)]
+        unsafe fn run<F: Vector<E>, Q: Vector<E>, H: Vector<E>>(&self, rows: usize) {
+            let lanes = E::LANES;
+            let (full, rest) = (self.width / lanes, self.width % lanes);
+            macro_rules! by_rows {
+                ($t:ty, $h:literal, $tail:literal) => {
                     // SAFETY: forwarded from `run`'s caller.
                     unsafe {
-                        match vectors {
-                            1 => self.kernel::<$r, 1>(),
-                            2 => self.kernel::<$r, 2>(),
-                            3 => self.kernel::<$r, 3>(),
-                            _ => self.kernel::<$r, 4>(),
+                        match rows {
+                            ROWS => self.kernel::<F, $t, $h, $tail, ROWS>(),
+                            4 => self.kernel::<F, $t, $h, $tail, 4>(),
+                            2 => self.kernel::<F, $t, $h, $tail, 2>(),
+                            _ => self.kernel::<F, $t, $h, $tail, 1>(),
                         }
                     }
                 };
             }
-            match self.rows {
-                1 => by_vectors!(1),
-                2 => by_vectors!(2),
-                3 => by_vectors!(3),
-                4 => by_vectors!(4),
-                5 => by_vectors!(5),
-                _ => by_vectors!(6),
+            macro_rules! by_tail {
+                ($($h:literal),*) => {
+                    match (full, rest) {
+                        (4, _) => by_rows!(F, 4, false),
+                        $(
+                            ($h, 0) => by_rows!(F, $h, false),
+                            ($h, r) if r <= lanes / 4 => by_rows!(Q, $h, true),
+                            ($h, r) if r <= lanes / 2 => by_rows!(H, $h, true),
+                            ($h, _) => by_rows!(F, $h, true),
+                        )*
+                        _ => unreachable!("internal: a panel is at most four vectors wide"),
+                    }
+                };
             }
+            by_tail!(0, 1, 2, 3)
         }
 
-        #[inline]
-        #[target_feature(enable = "avx512f")]
-        unsafe fn kernel<const R: usize, const V: usize>(&self) {
-            // Lanes of the last vector inside the width (all 16 otherwise).
-            let tail = self.width - 16 * (V - 1);
-            let last: __mmask16 = if tail >= 16 { 0xffff } else { (1u16 << tail) - 1 };
-            let mask = |v: usize| if v + 1 == V { last } else { 0xffff };
-            let mut acc = [[_mm512_setzero_ps(); V]; R];
-            if self.load {
-                for (r, row) in acc.iter_mut().enumerate() {
-                    for (v, x) in row.iter_mut().enumerate() {
-                        // SAFETY: inside the block (masked past the width).
-                        *x = unsafe { _mm512_maskz_loadu_ps(mask(v), self.dst.add(r * self.dst_rs + 16 * v)) };
+        /// `R` rows: `N` full vectors a row, then (with `TAIL`) the rest
+        /// of the width in one `T`.
+        #[inline(always)]
+        unsafe fn kernel<F: Vector<E>, T: Vector<E>, const N: usize, const TAIL: bool, const R: usize>(&self) {
+            let lanes = E::LANES;
+            let rest = self.width - N * lanes;
+            // SAFETY: every pointer below addresses an element of the
+            // operands' rows or of the block (the caller's contract); the
+            // tail's loads and stores stop at the width.
+            unsafe {
+                let mut head = [[F::zero(); N]; R];
+                let mut tail = [T::zero(); R];
+                if self.load {
+                    for (r, (hr, tr)) in head.iter_mut().zip(tail.iter_mut()).enumerate() {
+                        let d = self.dst.add(r * self.dst_rs);
+                        for (v, x) in hr.iter_mut().enumerate() {
+                            *x = F::load(d.add(v * lanes));
+                        }
+                        if TAIL {
+                            *tr = T::load_masked(d.add(N * lanes), rest);
+                        }
                     }
                 }
-            }
-            for p in 0..self.k {
-                // SAFETY: row p of `b`, masked past the width.
-                let bp = unsafe { self.b.add(p * self.ldb) };
-                let mut bv = [_mm512_setzero_ps(); V];
-                for (v, x) in bv.iter_mut().enumerate() {
-                    *x = unsafe { _mm512_maskz_loadu_ps(mask(v), bp.add(16 * v)) };
-                }
-                // SAFETY: row p of `a` holds this tile's R factors.
-                let ap = unsafe { self.a.add(p * self.lda) };
-                for (r, row) in acc.iter_mut().enumerate() {
-                    let x = _mm512_set1_ps(unsafe { *ap.add(r) });
-                    for (v, y) in row.iter_mut().enumerate() {
-                        *y = _mm512_fmadd_ps(x, bv[v], *y);
+                for p in 0..self.k {
+                    let bp = self.b.add(p * self.ldb);
+                    let mut bh = [F::zero(); N];
+                    for (v, x) in bh.iter_mut().enumerate() {
+                        *x = F::load(bp.add(v * lanes));
+                    }
+                    let bt = if TAIL { T::load_masked(bp.add(N * lanes), rest) } else { T::zero() };
+                    // Row p of `a` holds this tile's R factors.
+                    let ap = self.a.add(p * self.lda);
+                    for (r, (hr, tr)) in head.iter_mut().zip(tail.iter_mut()).enumerate() {
+                        let x = *ap.add(r);
+                        let xv = F::splat(x);
+                        for (acc, &bv) in hr.iter_mut().zip(&bh) {
+                            *acc = xv.fma(bv, *acc);
+                        }
+                        if TAIL {
+                            *tr = T::splat(x).fma(bt, *tr);
+                        }
                     }
                 }
-            }
-            for (r, row) in acc.iter().enumerate() {
-                for (v, x) in row.iter().enumerate() {
-                    // SAFETY: inside the block (masked past the width).
-                    unsafe { _mm512_mask_storeu_ps(self.dst.add(r * self.dst_rs + 16 * v), mask(v), *x) };
+                for (r, (hr, &tr)) in head.iter().zip(&tail).enumerate() {
+                    let d = self.dst.add(r * self.dst_rs);
+                    for (v, &x) in hr.iter().enumerate() {
+                        x.store_masked(d.add(v * lanes), lanes);
+                    }
+                    if TAIL {
+                        tr.store_masked(d.add(N * lanes), rest);
+                    }
                 }
             }
         }
@@ -212,55 +283,70 @@ mod avx512 {
 mod tests {
     use super::*;
 
-    fn naive(m: usize, n: usize, k: usize, a: &[f32], lda: usize, b: &[f32], ldb: usize) -> Vec<f64> {
-        let mut out = vec![0.0f64; m * n];
-        for p in 0..k {
-            for i in 0..m {
-                for j in 0..n {
-                    out[i * n + j] += a[p * lda + i] as f64 * b[p * ldb + j] as f64;
-                }
-            }
-        }
-        out
-    }
-
-    /// Every tile shape (rows 1-6, 1-4 vectors, masked widths), several
-    /// column panels and inner blocks, padded strides, and accumulation.
-    #[test]
-    fn outer_sum_matches_a_naive_sum() {
-        if !available() {
-            println!("SKIPPED: this processor has no AVX-512F; outer_sum is not used here");
-            return;
-        }
-        let vals = |len: usize, seed: usize| -> Vec<f32> {
-            (0..len).map(|i| ((i * 7919 + seed * 104729) % 1013) as f32 / 1013.0 - 0.5).collect()
-        };
-        for (m, n, k) in
-            [(64, 64, 512), (1, 64, 1024), (7, 20, 3), (13, 130, 200), (6, 16, 64), (5, 1, 65), (64, 2, 70)]
-        {
-            let (lda, ldb, dst_rs) = (m + 3, n + 5, n + 2);
-            let (a, b) = (vals(k * lda, 1), vals(k * ldb, 2));
-            let want = naive(m, n, k, &a, lda, &b, ldb);
-            for accumulate in [false, true] {
-                let start = vals(m * dst_rs, 3);
-                let mut dst = start.clone();
-                // SAFETY: available() checked; sizes as allocated above.
-                unsafe {
-                    Outer { m, n, k, a: a.as_ptr(), lda, b: b.as_ptr(), ldb, dst: dst.as_mut_ptr(), dst_rs, accumulate }
-                        .run()
-                };
-                for i in 0..m {
-                    for j in 0..dst_rs {
-                        let got = dst[i * dst_rs + j] as f64;
-                        if j >= n {
-                            assert_eq!(dst[i * dst_rs + j], start[i * dst_rs + j], "padding written at {i},{j}");
-                            continue;
-                        }
-                        let w = want[i * n + j] + if accumulate { start[i * dst_rs + j] as f64 } else { 0.0 };
-                        assert!((got - w).abs() <= 1e-4 * (1.0 + w.abs()), "{m}x{n}x{k} at {i},{j}: {got} vs {w}");
+    /// Every panel shape (0 to 4 full vectors, each tail class), row tiles
+    /// of 6, 4, 2 and 1, several panels and inner blocks, padded strides,
+    /// the transposed narrow case, and accumulation, in f32 and f64: each
+    /// output its products' fused sum in order of `p`, as a scalar loop
+    /// computes it.
+    macro_rules! check {
+        ($e:ty) => {{
+            let vals = |len: usize, seed: usize| -> Vec<$e> {
+                (0..len).map(|i| ((i * 7919 + seed * 104729) % 1013) as $e / 1013.0 - 0.5).collect()
+            };
+            let lanes = <$e as Elem>::LANES;
+            let mut shapes = vec![(64, 64, 512), (1, 64, 1024), (13, 130, 200), (6, 16, 64), (5, 1, 65), (64, 2, 70)];
+            // Each tail class after 0 to 3 full vectors, and four full.
+            for full in 0..4 {
+                for rest in [1, lanes / 4, lanes / 4 + 1, lanes / 2, lanes / 2 + 1, lanes - 1, 0] {
+                    if full * lanes + rest > 0 {
+                        shapes.push((19, full * lanes + rest, 70));
                     }
                 }
             }
+            shapes.push((7, 4 * lanes, 3));
+            shapes.push((20, 20, 0));
+            for (m, n, k) in shapes {
+                let m = m.min(<$e as Elem>::MAX_M);
+                let (lda, ldb, dst_rs) = (m + 3, n + 5, n + 2);
+                let (a, b) = (vals(k * lda, 1), vals(k * ldb, 2));
+                for accumulate in [false, true] {
+                    let start = vals(m * dst_rs, 3);
+                    let mut dst = start.clone();
+                    let o = Outer { m, n, k, a: a.as_ptr(), lda, b: b.as_ptr(), ldb, dst: dst.as_mut_ptr(), dst_rs, accumulate };
+                    // SAFETY: available() checked; sizes as allocated above.
+                    unsafe { o.run() };
+                    let swapped = n < lanes && m > n;
+                    for i in 0..m {
+                        for j in 0..dst_rs {
+                            let (got, old) = (dst[i * dst_rs + j], start[i * dst_rs + j]);
+                            if j >= n {
+                                assert_eq!(got, old, "padding written at {i},{j}");
+                                continue;
+                            }
+                            let (x, y) = (|p: usize| a[p * lda + i], |p: usize| b[p * ldb + j]);
+                            let want = if swapped || !accumulate {
+                                let sum = (0..k).fold(0.0 as $e, |s, p| x(p).mul_add(y(p), s));
+                                if accumulate { old + sum } else { sum }
+                            } else {
+                                (0..k).fold(old, |s, p| x(p).mul_add(y(p), s))
+                            };
+                            let what = stringify!($e);
+                            assert_eq!(got, want, "{what} {m}x{n}x{k} acc {accumulate} at {i},{j}");
+                        }
+                    }
+                }
+            }
+        }};
+    }
+
+    #[test]
+    fn outer_sum_matches_an_ordered_fused_sum() {
+        if !available() {
+            println!("SKIPPED: this processor has no AVX-512F and VL; outer_sum is not used here");
+            return;
         }
+        check!(f32);
+        check!(f64);
+        assert!(fits::<f32>(128) && !fits::<f32>(129) && fits::<f64>(64) && !fits::<f64>(65));
     }
 }

@@ -41,6 +41,8 @@ pub(crate) mod shape;
 pub mod simd;
 pub(crate) mod softmax;
 pub(crate) mod unary;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod vector512;
 
 use crate::backend::{Backend, Src};
 use crate::storage::{CpuElement, Storage};
