@@ -97,9 +97,10 @@ pub struct Args {
     /// 20,20,20,20,20,20,20,20,20, Raissi et al.'s nine layers of 20).
     #[arg(long, value_delimiter = ',')]
     pub hidden: Option<Vec<usize>>,
-    /// Interior collocation points.
-    #[arg(long, default_value_t = 2000)]
-    pub interior: usize,
+    /// Interior collocation points (default: 2,000; 3,200 for burgers,
+    /// whose shock needs them: docs/performance.md, "More points").
+    #[arg(long)]
+    pub interior: Option<usize>,
     /// Boundary (and initial-condition) points: for heat and burgers, a
     /// third each on the initial line t = 0 and on the two spatial
     /// boundaries.
@@ -151,14 +152,14 @@ pub struct Args {
     #[arg(long, value_enum)]
     pub lbfgs_precision: Option<Precision>,
     /// With `--lbfgs-precision f32-then-f64`: how many of --lbfgs's
-    /// iterations one f64 iteration after the switch counts as. An f64
-    /// iteration costs about 2.7 f32 ones on burgers with a 3 x 64 network
-    /// (0.072-0.074 CPU-s against 0.027 on a Zen 4 CPU), 2.0-2.4 with the
-    /// default 9 x 20 one (its narrow products on AVX-512;
-    /// docs/performance.md), so the default makes the phase's cost about
-    /// the same wherever f32 stalls (and overcharges the 9 x 20 network's
-    /// f64 tail a little); 1 counts iterations alone.
-    #[arg(long, default_value_t = 2.7)]
+    /// iterations one f64 iteration after the switch counts as. With f64
+    /// tanh in straight-line code and f64 weight gradients on tapir's own
+    /// kernel, an f64 evaluation costs 1.8-2.4 f32 ones on burgers on a
+    /// Zen 4 CPU, for the default 9 x 20 network and for 3 x 64
+    /// (docs/performance.md, "More points"), so the default makes the
+    /// phase's cost about the same wherever f32 stalls; 1 counts
+    /// iterations alone.
+    #[arg(long, default_value_t = 2.0)]
     pub lbfgs_f64_cost: f64,
     /// L-BFGS's line search: `backtracking` halves the first trial step
     /// until the loss falls enough (never a longer step), `strong-wolfe`
@@ -225,6 +226,11 @@ impl Args {
             Problem::Poisson => 2500,
             Problem::Burgers => 7100,
         })
+    }
+
+    /// Interior collocation points: --interior, or the problem's default.
+    pub fn interior_points(&self) -> usize {
+        self.interior.unwrap_or(if self.problem == Problem::Burgers { 3_200 } else { 2_000 })
     }
 
     /// Hidden widths: --hidden, or the problem's default.
@@ -431,7 +437,7 @@ fn source_at(x: f64, y: f64) -> f64 {
 fn sample(p: Problem, a: &Args, extra: &[f64], dtype: DType, device: Device, gh: &GaussHermite) -> Result<Points> {
     let mut rng = Rng::new(a.seed);
     let ((x0, x1), (y0, y1)) = domain(p);
-    let mut inner = uniform_points(p, &mut rng, a.interior);
+    let mut inner = uniform_points(p, &mut rng, a.interior_points());
     inner.extend_from_slice(extra);
     let n = inner.len() / 2;
     // Edges: for Poisson all four sides; for the evolution problems the two
@@ -774,7 +780,7 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
             "tapir pinn {:?}: MLP 2-{}-1 tanh, {} interior + {} boundary points, Adam {} -> {} over {} steps, {}, --device {}{}",
             a.problem,
             a.hidden_widths().iter().map(|w| w.to_string()).collect::<Vec<_>>().join("-"),
-            a.interior,
+            a.interior_points(),
             a.boundary,
             a.lr,
             a.lr_final,
@@ -811,11 +817,11 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
     if world > 1 && !a.adaptive.is_multiple_of(world) {
         bail!("--adaptive ({}) must be a multiple of the {world} ranks, as --interior is", a.adaptive);
     }
-    if world > 1 && !(a.interior.is_multiple_of(world) && edges.is_multiple_of(world)) {
+    if world > 1 && !(a.interior_points().is_multiple_of(world) && edges.is_multiple_of(world)) {
         anyhow::bail!(
             "--dist mpi on {world} ranks: --interior ({}) and --boundary plus --ic-points ({edges}) must be multiples \
              of {world}, so that every rank's mean is over as many points and their average is the whole mean",
-            a.interior,
+            a.interior_points(),
         );
     }
     if speak && (a.ic_points > 0 || ic_weight != 1.0) {
@@ -967,7 +973,7 @@ fn train_on(a: &Args, comm: &Communicator, device: Device) -> anyhow::Result<Out
                         "adaptive: {} of {} random points where the residual is largest join the interior ({} now)",
                         a.adaptive,
                         a.adaptive_candidates,
-                        a.interior + extra.len() / 2
+                        a.interior_points() + extra.len() / 2
                     )
                 });
             }

@@ -104,7 +104,7 @@ fn a_short_poisson_run_lowers_the_error_with_flat_memory() {
         lr: 1e-2,
         lr_final: 1e-3,
         hidden: Some(vec![16, 16]),
-        interior: 256,
+        interior: Some(256),
         boundary: 64,
         ic_points: 0,
         ic_weight: None,
@@ -183,7 +183,7 @@ fn a_burgers_run_switches_to_f64_for_lbfgs_with_flat_memory_in_each_phase() {
         lr: 1e-2,
         lr_final: 1e-3,
         hidden: Some(vec![12, 12]),
-        interior: 128,
+        interior: Some(128),
         boundary: 48,
         ic_points: 0,
         ic_weight: Some(1.0),
@@ -228,7 +228,7 @@ fn tiny_burgers() -> Args {
         lr: 1e-2,
         lr_final: 1e-3,
         hidden: Some(vec![8, 8]),
-        interior: 96,
+        interior: Some(96),
         boundary: 30,
         ic_points: 0,
         ic_weight: Some(1.0),
@@ -330,9 +330,10 @@ fn adaptive_points_join_where_the_residual_is_largest() {
 
 /// `tapir pinn burgers`'s defaults are the schedule that reaches Raissi et
 /// al.'s 6.7e-4 (docs/performance.md, "A default that reaches it"): 2,000
-/// Adam steps, the initial line weighted 10, a budget of 7,100 f32 L-BFGS
-/// iterations, f32 then f64 with an f64 iteration counted as 2.7; the
-/// other problems keep theirs, and every default gives way to its flag.
+/// Adam steps, 3,200 interior points, the initial line weighted 10, a
+/// budget of 7,100 f32 L-BFGS iterations, f32 then f64 with an f64
+/// iteration counted as 2; the other problems keep theirs, and every
+/// default gives way to its flag.
 #[test]
 fn burgers_defaults_to_the_schedule_that_reaches_the_paper() {
     use clap::Parser;
@@ -345,8 +346,9 @@ fn burgers_defaults_to_the_schedule_that_reaches_the_paper() {
     let b = parse(&["burgers"]);
     assert_eq!(
         (b.adam_steps(), b.lbfgs_iterations(), b.initial_weight(), b.lbfgs_phase_precision(), b.lbfgs_f64_cost),
-        (2_000, 7_100, 10.0, Some(Precision::F32ThenF64), 2.7)
+        (2_000, 7_100, 10.0, Some(Precision::F32ThenF64), 2.0)
     );
+    assert_eq!(b.interior_points(), 3_200);
     // Raissi et al.'s nine tanh layers of 20, and a strong Wolfe search.
     assert_eq!((b.hidden_widths(), b.search()), (vec![20; 9], Search::StrongWolfe));
     for (p, lbfgs) in [("poisson", 2_500), ("heat", 300)] {
@@ -355,11 +357,12 @@ fn burgers_defaults_to_the_schedule_that_reaches_the_paper() {
             (a.adam_steps(), a.lbfgs_iterations(), a.initial_weight(), a.lbfgs_phase_precision()),
             (10_000, lbfgs, 1.0, None)
         );
+        assert_eq!(a.interior_points(), 2_000);
         assert_eq!((a.hidden_widths(), a.search()), (vec![64; 3], Search::Backtracking));
     }
     // Flags win over the problem's defaults.
-    let b = parse(&["burgers", "--hidden", "64,64,64", "--line-search", "backtracking"]);
-    assert_eq!((b.hidden_widths(), b.search()), (vec![64; 3], Search::Backtracking));
+    let b = parse(&["burgers", "--hidden", "64,64,64", "--line-search", "backtracking", "--interior", "2000"]);
+    assert_eq!((b.hidden_widths(), b.search(), b.interior_points()), (vec![64; 3], Search::Backtracking, 2_000));
     // The old burgers default, by flags.
     let old =
         parse(&["burgers", "--steps", "10000", "--lbfgs", "2000", "--ic-weight", "1", "--lbfgs-precision", "f32"]);
@@ -381,7 +384,7 @@ fn the_f64_tail_of_f32_then_f64_is_counted_at_its_cost() {
     let run = |cost: f64| {
         train(&Args {
             hidden: Some(vec![8, 8]),
-            interior: 48,
+            interior: Some(48),
             boundary: 24,
             steps: Some(20),
             lbfgs: Some(1050),

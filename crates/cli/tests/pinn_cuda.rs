@@ -29,7 +29,7 @@ fn tiny(device: DeviceArg) -> Args {
         lr: 1e-2,
         lr_final: 1e-2,
         hidden: Some(vec![8, 8]),
-        interior: 48,
+        interior: Some(48),
         boundary: 24,
         ic_points: 0,
         ic_weight: None,
