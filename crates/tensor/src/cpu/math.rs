@@ -107,9 +107,9 @@ fn horner<const N: usize>(c: &[f64; N], x: f64) -> f64 {
 /// inputs across `(0, 20]` checked in 40 digits, 92% of them correctly
 /// rounded (glibc's `tanh` on the same sample: 2.10 ulps, 71%); the tests
 /// hold it within 2 ulps of glibc's on 420,000 inputs.
-/// `scripts/fit-tanh-f64.py` fits both polynomials and runs that check. Odd symmetry is exact, tiny inputs come
-/// back unchanged, `|x| >= 19.1` gives +-1, NaN stays NaN
-/// (docs/performance.md).
+/// `scripts/fit-tanh-f64.py` fits both polynomials and runs that check.
+/// Odd symmetry is exact, tiny inputs come back unchanged, `|x| >= 19.1`
+/// gives +-1, NaN stays NaN (docs/performance.md).
 #[inline(always)]
 pub fn tanh_f64(x: f64) -> f64 {
     // On |x|, the sign put back at the end: exact odd symmetry, and -0
