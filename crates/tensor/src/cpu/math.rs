@@ -98,7 +98,7 @@ fn horner<const N: usize>(c: &[f64; N], x: f64) -> f64 {
 /// (libm's `tanh` is a call per element, a third of an f64 PINN
 /// evaluation's time). Below `|x| = 0.8` it is `x + x z R(z)` with
 /// `z = x^2` and `R` of degree 12 in `z`; above, `1 - 2 / (e^(2|x|) + 1)`
-/// with the sign of `x`, `e^(2|x|)` from [`exp_f64_reduced`]. Every lane
+/// with the sign of `x`, `e^(2|x|)` from `exp_f64_reduced`. Every lane
 /// computes both and keeps one. `R` and `exp_f64_reduced`'s polynomial
 /// were fitted here (weighted least squares iterated towards the smallest
 /// largest error, in 40-digit arithmetic: `|z (R - f)|` relative to tanh
