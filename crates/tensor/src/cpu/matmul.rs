@@ -114,6 +114,25 @@ const K_CHUNK: usize = 512;
 /// split by columns.
 const WIDE_B_BYTES: usize = 8 << 20;
 
+/// `Some(f::<T, f32>(args))` when `T` is f32, `Some(f::<T, f64>(args))`
+/// when it is f64, else `None`: the call to an unsafe kernel entry
+/// generic over `T` and an element type `E` that must be `T` itself (the
+/// check folds away at compile time).
+macro_rules! as_f32_or_f64 {
+    ($t:ty, $f:ident($($arg:expr),*)) => {{
+        use std::any::TypeId;
+        if TypeId::of::<$t>() == TypeId::of::<f32>() {
+            // SAFETY: `E` is `T` here (the caller's contract for `$f`).
+            Some(unsafe { $f::<$t, f32>($($arg),*) })
+        } else if TypeId::of::<$t>() == TypeId::of::<f64>() {
+            // SAFETY: as above.
+            Some(unsafe { $f::<$t, f64>($($arg),*) })
+        } else {
+            None
+        }
+    }};
+}
+
 impl<T: Float> Gemm<T> {
     /// One product, `dst = a @ b` (or `+=`).
     fn single(m: usize, n: usize, dst: *mut T, dst_rs: usize, term: Term<T>, accumulate: bool) -> Self {
@@ -374,7 +393,6 @@ impl<T: Float> Gemm<T> {
     /// whether it ran.
     fn outer_sum(&self, t: &Term<T>, accumulate: bool) -> bool {
         use crate::cpu::matmul_tn::{fits, Elem, Outer};
-        use std::any::TypeId;
         /// The product with `T` read as `E` (the same type), if it fits.
         ///
         /// # Safety
@@ -403,14 +421,8 @@ impl<T: Float> Gemm<T> {
             }
             fits
         }
-        // SAFETY: each arm's `E` is `T`.
-        if TypeId::of::<T>() == TypeId::of::<f32>() {
-            unsafe { outer::<T, f32>(self, t, accumulate) }
-        } else if TypeId::of::<T>() == TypeId::of::<f64>() {
-            unsafe { outer::<T, f64>(self, t, accumulate) }
-        } else {
-            false
-        }
+        // SAFETY: `as_f32_or_f64!` passes `T` itself as `E`.
+        as_f32_or_f64!(T, outer(self, t, accumulate)).unwrap_or(false)
     }
 
     /// Runs `t` through [`crate::cpu::matmul_narrow::Narrow`] when it
@@ -419,7 +431,6 @@ impl<T: Float> Gemm<T> {
     /// whether it ran.
     fn narrow_product(&self, t: &Term<T>, accumulate: bool) -> bool {
         use crate::cpu::matmul_narrow::{fits, Elem, Narrow};
-        use std::any::TypeId;
         /// The product with `T` read as `E` (the same type).
         ///
         /// # Safety
@@ -434,16 +445,9 @@ impl<T: Float> Gemm<T> {
         if !fits(self.n, t.k) {
             return false;
         }
-        // SAFETY: each arm's `E` is `T`; the operands and block are as
-        // `run`'s contract describes them.
-        if TypeId::of::<T>() == TypeId::of::<f32>() {
-            unsafe { narrow::<T, f32>(self, t, accumulate) };
-        } else if TypeId::of::<T>() == TypeId::of::<f64>() {
-            unsafe { narrow::<T, f64>(self, t, accumulate) };
-        } else {
-            return false;
-        }
-        true
+        // SAFETY: `as_f32_or_f64!` passes `T` itself as `E`; the operands
+        // and block are as `run`'s contract describes them.
+        as_f32_or_f64!(T, narrow(self, t, accumulate)).is_some()
     }
 
     /// The whole sum on this thread: the bias rows first, then one gemm
