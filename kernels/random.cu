@@ -11,9 +11,10 @@
 // Arithmetic that must match the CPU bit for bit uses the explicitly
 // rounded intrinsics (__fmul_rn, __dadd_rn, ...), which the compiler never
 // contracts into a fused multiply-add. Uniforms and randint are the CPU's
-// bit for bit; f64 normals compute in f64 as the CPU does, f32, f16 and
-// bf16 normals in f32 (the CPU computes them in f64), a few ulps from the
-// CPU's values.
+// bit for bit; f64 normals compute in f64 as the CPU does, f32 normals in
+// f32 with tapir's own polynomials (within 4 ulps of the CPU's, which
+// computes them in f64), f16 and bf16 normals in f32 with the
+// special-function instructions (within 1 ulp).
 
 #define PHILOX_M0 0xD2511F53u
 #define PHILOX_M1 0xCD9E8D57u
@@ -218,6 +219,40 @@ __device__ __forceinline__ void box_muller_f32(unsigned x0, unsigned x1, float m
     z[1] = __fmaf_rn(flip_sign(sign1, sr), b, mean);
 }
 
+// One Box-Muller pair for f16 and bf16, from the special-function unit:
+// `lg2`, `sqrt`, `sin` and `cos` as single `.approx` instructions, where
+// `box_muller_f32` spends about 55 instructions a pair on the accuracy
+// f32 needs. The CUDA C++ Programming Guide's bounds for them (its table
+// of intrinsic functions: log2 within 2^-22 absolute on [0.5, 2] and 2 ulps
+// elsewhere, sin and cos within 2^-21.41 absolute on [-pi, pi], sqrt
+// within 2^-23 relative) keep `r cos t` and `r sin t` within 2^-16 of the
+// exact values (tests/random.rs checks this bound with every error at its
+// documented worst: 2^-16.75), 32 times inside f16's ulp at 0.5, so
+// rounded to the dtype each value is within 1 ulp of the CPU's. Where u1
+// is within 2^-10 of 1, lg2's absolute error would be most of -2 ln u1
+// (r's error up to 2^-10.8, and a NaN were lg2 of 1 to come back above 0):
+// there, with v = 1 - u1 exact in f32, -2 ln u1 = 2 v + v^2 instead (the
+// terms left out below 2^-30).
+__device__ __forceinline__ void box_muller_sfu(unsigned x0, unsigned x1, float mean, float std, float* z) {
+    float u1, l, v, t, s, c;
+    // u1 = (x0 + 1) 2^-32: x0 rounded to f32, the 1 added in the fma.
+    asm("fma.rn.f32 %0, %1, 0f2F800000, 0f2F800000;" : "=f"(u1) : "f"(__uint2float_rn(x0)));
+    asm("lg2.approx.f32 %0, %1;" : "=f"(l) : "f"(u1));
+    asm("mul.rn.f32 %0, %1, 0fBFB17218;" : "=f"(l) : "f"(l));  // -2 ln 2
+    if (x0 >= 0xFFC00000u) {  // 1 - u1 = (2^32 - 1 - x0) 2^-32 < 2^-10
+        asm("mul.rn.f32 %0, %1, 0f2F800000;" : "=f"(v) : "f"(__uint2float_rn(~x0)));
+        l = __fmaf_rn(v, v, __fadd_rn(v, v));
+    }
+    asm("sqrt.approx.f32 %0, %1;" : "=f"(l) : "f"(l));
+    const float sr = __fmul_rn(std, l);
+    // t = 2 pi x1 2^-32 less a turn for the words past 2^31: in [-pi, pi).
+    asm("mul.rn.f32 %0, %1, 0f30C90FDB;" : "=f"(t) : "f"(__int2float_rn((int)x1)));
+    asm("sin.approx.f32 %0, %1;" : "=f"(s) : "f"(t));
+    asm("cos.approx.f32 %0, %1;" : "=f"(c) : "f"(t));
+    z[0] = __fmaf_rn(sr, c, mean);
+    z[1] = __fmaf_rn(sr, s, mean);
+}
+
 // A block's E elements as one aligned unit, so a thread stores them with one
 // vector instruction (16 bytes for f32, f64, i64 and the eight f16 or bf16
 // uniforms of a block, 8 for four f16 or bf16 normals). `w` gives its bytes
@@ -338,7 +373,11 @@ __device__ void normal_narrow(DRAW_HEAD, double mean_d, double std_d, T* out) {
     draw_blocks<4>(n, k0, k1, offset, out, [&](Words w, DrawUnit<4, T>& u) {
         for (int p = 0; p < 2; ++p) {
             float z[2];
-            box_muller_f32(w.w[2 * p], w.w[2 * p + 1], mean, std, z);
+            if (Digits<T>::d == 24) {
+                box_muller_f32(w.w[2 * p], w.w[2 * p + 1], mean, std, z);
+            } else {
+                box_muller_sfu(w.w[2 * p], w.w[2 * p + 1], mean, std, z);
+            }
             put_pair(u, p, z[0], z[1]);
         }
     });

@@ -160,6 +160,9 @@ fn cuda_every_kernel_of_the_efficiency_table_keeps_its_figures() {
 /// (no `mov.b32` each) and the aligned loop steps its address and counter:
 /// 3,309,056, 6,332,160, 2,179,072 (the loop's longer prologue at about two
 /// blocks a thread; 7,166,208 -> 7,094,272 at 4,096 x 4,096) and 6,397,696.
+/// Since 2026-12-06 (docs/gpu-model.md, "16-bit normals from the
+/// special-function unit") f16 and bf16 normals take `lg2`, `sqrt`, `sin`
+/// and `cos` as `.approx` instructions: normal_bf16 3,614,228.
 const INSTRUCTION_BUDGETS: [(&str, usize, usize, &str, &str, u64); 13] = [
     ("softmax", 64, 1024, "bf16", "softmax_block4_bf16", 45_900),
     ("log-softmax", 64, 1024, "bf16", "log_softmax_block4_bf16", 45_000),
@@ -173,7 +176,7 @@ const INSTRUCTION_BUDGETS: [(&str, usize, usize, &str, &str, u64); 13] = [
     ("random", 1024, 4096, "f32", "uniform_f32", 3_515_000),
     ("random", 1024, 4096, "f32", "normal_f32", 6_459_000),
     ("random", 1024, 4096, "bf16", "uniform_bf16", 2_196_000),
-    ("random", 1024, 4096, "bf16", "normal_bf16", 6_526_000),
+    ("random", 1024, 4096, "bf16", "normal_bf16", 3_687_000),
 ];
 
 #[tapir_testing::cuda_test]
