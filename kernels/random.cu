@@ -222,7 +222,9 @@ __device__ __forceinline__ void box_muller_f32(unsigned x0, unsigned x1, float m
 // One Box-Muller pair for f16 and bf16, from the special-function unit:
 // `lg2`, `sqrt`, `sin` and `cos` as single `.approx` instructions, where
 // `box_muller_f32` spends about 55 instructions a pair on the accuracy
-// f32 needs. The CUDA C++ Programming Guide's bounds for them (its table
+// f32 needs (`lg2` and `sqrt` as `.ftz`: their inputs are never
+// subnormal, and without it ptxas wraps each in a subnormal test and
+// scaling, four SASS instructions for one). The CUDA C++ Programming Guide's bounds for them (its table
 // of intrinsic functions: log2 within 2^-22 absolute on [0.5, 2] and 2 ulps
 // elsewhere, sin and cos within 2^-21.41 absolute on [-pi, pi], sqrt
 // within 2^-23 relative) keep `r cos t` and `r sin t` within 2^-16 of the
@@ -237,13 +239,13 @@ __device__ __forceinline__ void box_muller_sfu(unsigned x0, unsigned x1, float m
     float u1, l, v, t, s, c;
     // u1 = (x0 + 1) 2^-32: x0 rounded to f32, the 1 added in the fma.
     asm("fma.rn.f32 %0, %1, 0f2F800000, 0f2F800000;" : "=f"(u1) : "f"(__uint2float_rn(x0)));
-    asm("lg2.approx.f32 %0, %1;" : "=f"(l) : "f"(u1));
+    asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(l) : "f"(u1));
     asm("mul.rn.f32 %0, %1, 0fBFB17218;" : "=f"(l) : "f"(l));  // -2 ln 2
     if (x0 >= 0xFFC00000u) {  // 1 - u1 = (2^32 - 1 - x0) 2^-32 < 2^-10
         asm("mul.rn.f32 %0, %1, 0f2F800000;" : "=f"(v) : "f"(__uint2float_rn(~x0)));
         l = __fmaf_rn(v, v, __fadd_rn(v, v));
     }
-    asm("sqrt.approx.f32 %0, %1;" : "=f"(l) : "f"(l));
+    asm("sqrt.approx.ftz.f32 %0, %1;" : "=f"(l) : "f"(l));
     const float sr = __fmul_rn(std, l);
     // t = 2 pi x1 2^-32 less a turn for the words past 2^31: in [-pi, pi).
     asm("mul.rn.f32 %0, %1, 0f30C90FDB;" : "=f"(t) : "f"(__int2float_rn((int)x1)));
