@@ -401,7 +401,15 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         all.into_iter().filter(|c| a.only.is_empty() || a.only.iter().any(|o| o == c.name)).collect();
     anyhow::ensure!(!chosen.is_empty(), "no case chosen");
     let on = match device {
-        Device::Cpu => format!("CPU, {} threads", rayon_threads()),
+        Device::Cpu => format!(
+            "CPU, {} threads, {} kernels{}",
+            rayon_threads(),
+            tapir::tensor::cpu::simd::isa().name(),
+            match std::env::var("TAPIR_CPU_ISA").ok().and_then(|v| tapir::tensor::cpu::simd::Isa::parse(&v)) {
+                Some(_) => " (TAPIR_CPU_ISA)",
+                None => "",
+            }
+        ),
         d => d.to_string(),
     };
     println!(

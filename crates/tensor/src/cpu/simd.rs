@@ -26,9 +26,34 @@ pub enum Isa {
     Avx512,
 }
 
-/// The widest instruction set this processor supports. Cached by the
-/// standard library's detection macro: each call is a few loads and tests.
+impl Isa {
+    /// The name `TAPIR_CPU_ISA` takes for this copy.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Portable => "portable",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+        }
+    }
+
+    /// The copy named `s` (`avx512`, `avx2` or `portable`, any case).
+    pub fn parse(s: &str) -> Option<Isa> {
+        [Isa::Avx512, Isa::Avx2, Isa::Portable].into_iter().find(|i| i.name().eq_ignore_ascii_case(s.trim()))
+    }
+}
+
+/// The widest instruction set this processor supports, lowered to
+/// `TAPIR_CPU_ISA` where that names a narrower one (`avx2` or `portable`:
+/// how an AVX-512 machine runs the code an AVX2-only one would, for
+/// measuring it; a wider name than the processor has changes nothing).
+/// Every CPU kernel that picks a copy asks here, the narrow matrix
+/// products included. Cached: each call is a few loads and tests.
 pub fn isa() -> Isa {
+    detected().min(cap())
+}
+
+/// What the processor supports (the standard library's detection caches it).
+fn detected() -> Isa {
     // Miri interprets the portable copy only: it does not run the vector
     // intrinsics, and the unsafe code it checks is the same in every copy.
     #[cfg(all(target_arch = "x86_64", not(miri)))]
@@ -42,6 +67,19 @@ pub fn isa() -> Isa {
         }
     }
     Isa::Portable
+}
+
+/// `TAPIR_CPU_ISA`, read once; unset is no limit, and a value that names
+/// no copy is reported once on stderr and ignored.
+fn cap() -> Isa {
+    static CAP: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+    *CAP.get_or_init(|| match std::env::var("TAPIR_CPU_ISA") {
+        Err(_) => Isa::Avx512,
+        Ok(v) => Isa::parse(&v).unwrap_or_else(|| {
+            eprintln!("tapir: TAPIR_CPU_ISA={v:?} names no instruction set (avx512, avx2 or portable); ignored");
+            Isa::Avx512
+        }),
+    })
 }
 
 /// Runs `body` compiled for the widest instruction set present. Pass an
@@ -107,6 +145,16 @@ mod tests {
             },
         );
         out.iter().map(|v| v.to_bits()).collect()
+    }
+
+    #[test]
+    fn isa_names_round_trip() {
+        for isa in [Isa::Portable, Isa::Avx2, Isa::Avx512] {
+            assert_eq!(Isa::parse(isa.name()), Some(isa));
+        }
+        assert_eq!(Isa::parse(" AVX2 "), Some(Isa::Avx2));
+        assert_eq!(Isa::parse("sse4"), None);
+        assert!(isa() <= detected());
     }
 
     /// Every copy gives the same bits as the portable build.
