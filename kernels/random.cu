@@ -224,17 +224,17 @@ __device__ __forceinline__ void box_muller_f32(unsigned x0, unsigned x1, float m
 // `box_muller_f32` spends about 55 instructions a pair on the accuracy
 // f32 needs (`lg2` and `sqrt` as `.ftz`: their inputs are never
 // subnormal, and without it ptxas wraps each in a subnormal test and
-// scaling, four SASS instructions for one). The CUDA C++ Programming Guide's bounds for them (its table
-// of intrinsic functions: log2 within 2^-22 absolute on [0.5, 2] and 2 ulps
-// elsewhere, sin and cos within 2^-21.41 absolute on [-pi, pi], sqrt
-// within 2^-23 relative) keep `r cos t` and `r sin t` within 2^-16 of the
-// exact values (tests/random.rs checks this bound with every error at its
-// documented worst: 2^-16.75), 32 times inside f16's ulp at 0.5, so
-// rounded to the dtype each value is within 1 ulp of the CPU's. Where u1
-// is within 2^-10 of 1, lg2's absolute error would be most of -2 ln u1
-// (r's error up to 2^-10.8, and a NaN were lg2 of 1 to come back above 0):
-// there, with v = 1 - u1 exact in f32, -2 ln u1 = 2 v + v^2 instead (the
-// terms left out below 2^-30).
+// scaling, four SASS instructions for one). Their documented bounds (the
+// CUDA C++ Programming Guide's intrinsics table: log2 within 2^-22
+// absolute on [0.5, 2] and 2 ulps elsewhere, sin and cos within 2^-21.41
+// and 2^-21.19 absolute on [-pi, pi]; sqrt taken as 3 ulps) keep `r cos t`
+// and `r sin t` within 2^-16 of the exact values (tests/random.rs checks
+// this with every error at its documented worst: 2^-16.75), 32 times
+// inside f16's ulp at 0.5, so rounded to the dtype each value is within 1
+// ulp of the CPU's. Where u1 is within 2^-10 of 1, lg2's absolute error
+// would be most of -2 ln u1 (r's error up to 2^-10.8, and a NaN were lg2
+// of 1 to come back above 0): there, with v = 1 - u1 exact in f32,
+// -2 ln u1 = 2 v + v^2 instead (the terms left out below 2^-30).
 __device__ __forceinline__ void box_muller_sfu(unsigned x0, unsigned x1, float mean, float std, float* z) {
     float u1, l, v, t, s, c;
     // u1 = (x0 + 1) 2^-32: x0 rounded to f32, the 1 added in the fma.
