@@ -387,7 +387,7 @@ impl<T: Float> Gemm<T> {
     }
 
     /// Runs `t` through [`crate::cpu::matmul_tn::Outer`] when it applies:
-    /// f32 or f64 on AVX-512, both operands storing the inner dimension as
+    /// f32 or f64 on AVX2 or AVX-512 (the same bits from each), both operands storing the inner dimension as
     /// rows (a weight gradient `g^T x`), and an output of at most 128 (f32)
     /// or 64 (f64) rows, so a block of `a` stays in the L1 cache. Returns
     /// whether it ran.

@@ -24,21 +24,25 @@ const P_BLOCK: usize = 64;
 /// Output rows per tile.
 const ROWS: usize = 6;
 
-/// Whether [`Outer::run`] runs on this processor (AVX-512F and VL).
+/// Whether [`Outer::run`] runs on this processor: AVX2 with FMA (as
+/// [`crate::cpu::simd::isa`] says, so `TAPIR_CPU_ISA=portable` turns it
+/// off), in the AVX-512 copy where the processor has AVX-512F and VL.
 pub(crate) fn available() -> bool {
-    crate::cpu::matmul_narrow::available()
+    crate::cpu::simd::isa() >= crate::cpu::simd::Isa::Avx2
 }
 
 /// The element types the kernel has: f32 and f64.
 pub(crate) trait Elem: Copy + Default + std::ops::Add<Output = Self> + 'static {
-    /// Lanes of a 512-bit vector.
+    /// Lanes of a 512-bit vector (also where a narrow output is computed
+    /// transposed, on every instruction set alike, so the bits agree).
     const LANES: usize;
     /// The most output rows taken (a block of `a`, [`P_BLOCK`] rows of
     /// them, stays within 32 KiB).
     const MAX_M: usize;
     #[cfg(target_arch = "x86_64")]
-    /// Dispatches [`Outer::run`] for this type.
-    unsafe fn outer_sum(o: Outer<Self>);
+    /// Dispatches [`Outer::run`] for this type to the copy for `isa`
+    /// (AVX-512, or AVX2 for anything narrower).
+    unsafe fn outer_sum(o: Outer<Self>, isa: crate::cpu::simd::Isa);
 }
 
 /// Whether a product with `m` output rows takes [`Outer`] for `E`.
@@ -71,6 +75,16 @@ impl<E: Elem> Outer<E> {
     /// readable; the `m x n` block of `dst` is writable, and initialised
     /// when `accumulate`.
     pub(crate) unsafe fn run(self) {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.run_on(crate::cpu::simd::isa()) }
+    }
+
+    /// [`Outer::run`] in the copy for `isa` (tests compare the copies): the
+    /// same bits from each, every output its products' fused sum in order.
+    ///
+    /// # Safety
+    /// As [`Outer::run`], and the processor supports `isa` (at least AVX2).
+    pub(crate) unsafe fn run_on(self, isa: crate::cpu::simd::Isa) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: forwarded from the caller.
         unsafe {
@@ -83,7 +97,7 @@ impl<E: Elem> Outer<E> {
                 // copied.
                 let mut t = vec![E::default(); n * m];
                 let swapped = Outer { m: n, n: m, a: self.b, lda: self.ldb, b: self.a, ldb: self.lda, ..self };
-                E::outer_sum(Outer { dst: t.as_mut_ptr(), dst_rs: m, accumulate: false, ..swapped });
+                E::outer_sum(Outer { dst: t.as_mut_ptr(), dst_rs: m, accumulate: false, ..swapped }, isa);
                 for i in 0..m {
                     let row = std::slice::from_raw_parts_mut(dst.add(i * dst_rs), n);
                     for (j, o) in row.iter_mut().enumerate() {
@@ -92,45 +106,85 @@ impl<E: Elem> Outer<E> {
                 }
                 return;
             }
-            E::outer_sum(self)
+            E::outer_sum(self, isa)
         }
         #[cfg(not(target_arch = "x86_64"))]
-        unreachable!("internal: outer_sum without AVX-512");
+        unreachable!("internal: outer_sum without AVX2 {isa:?}");
     }
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
+mod kernels {
     use std::arch::x86_64::*;
 
     use super::{Elem, Outer, P_BLOCK, ROWS};
+    use crate::cpu::simd::Isa;
+    use crate::cpu::vector256::{F32x4, F32x8, F64x2, F64x4};
     use crate::cpu::vector512::Vector;
 
+    /// Whether the AVX-512 copy runs for `isa` on this processor.
+    fn wide(isa: Isa) -> bool {
+        isa == Isa::Avx512 && crate::cpu::matmul_narrow::available()
+    }
+
+    /// A panel's columns, as (lanes of a full vector, full vectors): four
+    /// 512-bit vectors, or two 256-bit ones where AVX2's 16 registers
+    /// must hold six rows of them and the operands' row besides.
     impl Elem for f32 {
         const LANES: usize = 16;
         const MAX_M: usize = 128;
-        #[target_feature(enable = "avx512f,avx512vl,fma")]
-        unsafe fn outer_sum(o: Outer<f32>) {
-            // SAFETY: forwarded from `Outer::run`'s caller.
-            unsafe { panels::<f32, __m512, __m128, __m256>(o) }
+        unsafe fn outer_sum(o: Outer<f32>, isa: Isa) {
+            #[target_feature(enable = "avx512f,avx512vl,fma")]
+            unsafe fn avx512(o: Outer<f32>) {
+                // SAFETY: forwarded from `Outer::run`'s caller.
+                unsafe { panels::<f32, __m512, __m128, __m256, 16, 4>(o) }
+            }
+            #[target_feature(enable = "avx2,fma")]
+            unsafe fn avx2(o: Outer<f32>) {
+                // SAFETY: as above. No quarter-width type: the half serves.
+                unsafe { panels::<f32, F32x8, F32x4, F32x4, 8, 2>(o) }
+            }
+            // SAFETY: the caller's `isa` is supported; `wide` checks VL.
+            unsafe {
+                if wide(isa) {
+                    avx512(o)
+                } else {
+                    avx2(o)
+                }
+            }
         }
     }
 
     impl Elem for f64 {
         const LANES: usize = 8;
         const MAX_M: usize = 64;
-        #[target_feature(enable = "avx512f,avx512vl,fma")]
-        unsafe fn outer_sum(o: Outer<f64>) {
-            // SAFETY: as above.
-            unsafe { panels::<f64, __m512d, __m128d, __m256d>(o) }
+        unsafe fn outer_sum(o: Outer<f64>, isa: Isa) {
+            #[target_feature(enable = "avx512f,avx512vl,fma")]
+            unsafe fn avx512(o: Outer<f64>) {
+                // SAFETY: as for f32.
+                unsafe { panels::<f64, __m512d, __m128d, __m256d, 8, 4>(o) }
+            }
+            #[target_feature(enable = "avx2,fma")]
+            unsafe fn avx2(o: Outer<f64>) {
+                // SAFETY: as for f32.
+                unsafe { panels::<f64, F64x4, F64x2, F64x2, 4, 2>(o) }
+            }
+            // SAFETY: as for f32.
+            unsafe {
+                if wide(isa) {
+                    avx512(o)
+                } else {
+                    avx2(o)
+                }
+            }
         }
     }
 
-    /// Every panel of up to four full vectors of columns, every block of
+    /// Every panel of up to `V` full vectors of `L` lanes, every block of
     /// [`P_BLOCK`] inner rows, every tile of rows. `F` is the full vector,
     /// `Q` and `H` the quarter and half ones.
     #[inline(always)]
-    unsafe fn panels<E: Elem, F: Vector<E>, Q: Vector<E>, H: Vector<E>>(o: Outer<E>) {
+    unsafe fn panels<E: Elem, F: Vector<E>, Q: Vector<E>, H: Vector<E>, const L: usize, const V: usize>(o: Outer<E>) {
         let Outer { m, n, k, a, lda, b, ldb, dst, dst_rs, accumulate } = o;
         if k == 0 {
             if !accumulate {
@@ -141,9 +195,8 @@ mod avx512 {
             }
             return;
         }
-        let lanes = E::LANES;
-        for j0 in (0..n).step_by(4 * lanes) {
-            let width = (4 * lanes).min(n - j0);
+        for j0 in (0..n).step_by(V * L) {
+            let width = (V * L).min(n - j0);
             for p0 in (0..k).step_by(P_BLOCK) {
                 // The first block starts from zero unless accumulating.
                 let load = accumulate || p0 > 0;
@@ -164,15 +217,15 @@ mod avx512 {
                         load,
                     };
                     // SAFETY: forwarded; the tile lies inside the block.
-                    unsafe { t.run::<F, Q, H>(rows) };
+                    unsafe { t.run::<F, Q, H, L, V>(rows) };
                     i0 += rows;
                 }
             }
         }
     }
 
-    /// Some rows by up to four vectors of columns of the output, over `k`
-    /// rows of the operands.
+    /// Some rows by up to a panel of columns of the output, over `k` rows
+    /// of the operands.
     struct Tile<E> {
         width: usize,
         k: usize,
@@ -189,18 +242,18 @@ mod avx512 {
         /// Dispatches to the copy compiled for this tile's rows, full
         /// vectors and tail, so the accumulators stay in registers.
         #[inline(always)]
-        unsafe fn run<F: Vector<E>, Q: Vector<E>, H: Vector<E>>(&self, rows: usize) {
-            let lanes = E::LANES;
+        unsafe fn run<F: Vector<E>, Q: Vector<E>, H: Vector<E>, const L: usize, const V: usize>(&self, rows: usize) {
+            let lanes = L;
             let (full, rest) = (self.width / lanes, self.width % lanes);
             macro_rules! by_rows {
-                ($t:ty, $h:literal, $tail:literal) => {
+                ($t:ty, $h:expr, $tail:literal) => {
                     // SAFETY: forwarded from `run`'s caller.
                     unsafe {
                         match rows {
-                            ROWS => self.kernel::<F, $t, $h, $tail, ROWS>(),
-                            4 => self.kernel::<F, $t, $h, $tail, 4>(),
-                            2 => self.kernel::<F, $t, $h, $tail, 2>(),
-                            _ => self.kernel::<F, $t, $h, $tail, 1>(),
+                            ROWS => self.kernel::<F, $t, $h, $tail, ROWS, L>(),
+                            4 => self.kernel::<F, $t, $h, $tail, 4, L>(),
+                            2 => self.kernel::<F, $t, $h, $tail, 2, L>(),
+                            _ => self.kernel::<F, $t, $h, $tail, 1, L>(),
                         }
                     }
                 };
@@ -208,14 +261,14 @@ mod avx512 {
             macro_rules! by_tail {
                 ($($h:literal),*) => {
                     match (full, rest) {
-                        (4, _) => by_rows!(F, 4, false),
+                        (f, _) if f == V => by_rows!(F, V, false),
                         $(
                             ($h, 0) => by_rows!(F, $h, false),
                             ($h, r) if r <= lanes / 4 => by_rows!(Q, $h, true),
                             ($h, r) if r <= lanes / 2 => by_rows!(H, $h, true),
                             ($h, _) => by_rows!(F, $h, true),
                         )*
-                        _ => unreachable!("internal: a panel is at most four vectors wide"),
+                        _ => unreachable!("internal: a panel is at most V vectors wide"),
                     }
                 };
             }
@@ -225,8 +278,17 @@ mod avx512 {
         /// `R` rows: `N` full vectors a row, then (with `TAIL`) the rest
         /// of the width in one `T`.
         #[inline(always)]
-        unsafe fn kernel<F: Vector<E>, T: Vector<E>, const N: usize, const TAIL: bool, const R: usize>(&self) {
-            let lanes = E::LANES;
+        unsafe fn kernel<
+            F: Vector<E>,
+            T: Vector<E>,
+            const N: usize,
+            const TAIL: bool,
+            const R: usize,
+            const L: usize,
+        >(
+            &self,
+        ) {
+            let lanes = L;
             let rest = self.width - N * lanes;
             // SAFETY: every pointer below addresses an element of the
             // operands' rows or of the block (the caller's contract); the
@@ -289,7 +351,7 @@ mod tests {
     /// output its products' fused sum in order of `p`, as a scalar loop
     /// computes it.
     macro_rules! check {
-        ($e:ty) => {{
+        ($e:ty, $isa:expr) => {{
             let vals = |len: usize, seed: usize| -> Vec<$e> {
                 (0..len).map(|i| ((i * 7919 + seed * 104729) % 1013) as $e / 1013.0 - 0.5).collect()
             };
@@ -303,6 +365,9 @@ mod tests {
                     }
                 }
             }
+            // Every width up to two 512-bit vectors: each tail class of
+            // the AVX2 copy's half-width vectors too.
+            shapes.extend((1..=2 * lanes).map(|n| (19, n, 70)));
             shapes.push((7, 4 * lanes, 3));
             shapes.push((20, 20, 0));
             for (m, n, k) in shapes {
@@ -313,8 +378,9 @@ mod tests {
                     let start = vals(m * dst_rs, 3);
                     let mut dst = start.clone();
                     let o = Outer { m, n, k, a: a.as_ptr(), lda, b: b.as_ptr(), ldb, dst: dst.as_mut_ptr(), dst_rs, accumulate };
-                    // SAFETY: available() checked; sizes as allocated above.
-                    unsafe { o.run() };
+                    // SAFETY: the processor has `$isa` (checked by the
+                    // caller); sizes as allocated above.
+                    unsafe { o.run_on($isa) };
                     let swapped = n < lanes && m > n;
                     for i in 0..m {
                         for j in 0..dst_rs {
@@ -331,7 +397,7 @@ mod tests {
                                 (0..k).fold(old, |s, p| x(p).mul_add(y(p), s))
                             };
                             let what = stringify!($e);
-                            assert_eq!(got, want, "{what} {m}x{n}x{k} acc {accumulate} at {i},{j}");
+                            assert_eq!(got, want, "{what} {:?} {m}x{n}x{k} acc {accumulate} at {i},{j}", $isa);
                         }
                     }
                 }
@@ -339,14 +405,24 @@ mod tests {
         }};
     }
 
+    /// Each copy the processor has (AVX2, and AVX-512 where present), so
+    /// both give the ordered fused sum's bits: the same on every machine.
     #[test]
     fn outer_sum_matches_an_ordered_fused_sum() {
+        use crate::cpu::simd::{isa, Isa};
         if !available() {
-            println!("SKIPPED: this processor has no AVX-512F and VL; outer_sum is not used here");
+            println!("SKIPPED: this processor has no AVX2 and FMA; outer_sum is not used here");
             return;
         }
-        check!(f32);
-        check!(f64);
+        for copy in [Isa::Avx2, Isa::Avx512] {
+            if copy == Isa::Avx512 && !crate::cpu::matmul_narrow::available() {
+                println!("SKIPPED: the AVX-512 copy (this processor has no AVX-512F and VL)");
+                continue;
+            }
+            check!(f32, copy);
+            check!(f64, copy);
+        }
         assert!(fits::<f32>(128) && !fits::<f32>(129) && fits::<f64>(64) && !fits::<f64>(65));
+        println!("processor runs {:?}", isa());
     }
 }

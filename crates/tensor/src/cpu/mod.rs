@@ -42,6 +42,7 @@ pub mod simd;
 pub(crate) mod softmax;
 pub(crate) mod unary;
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod vector256;
 pub(crate) mod vector512;
 
 use crate::backend::{Backend, Src};
