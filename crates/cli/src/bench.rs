@@ -402,13 +402,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     anyhow::ensure!(!chosen.is_empty(), "no case chosen");
     let on = match device {
         Device::Cpu => format!(
-            "CPU, {} threads, {} kernels{}",
+            "CPU ({}), {} threads, kernels: {}",
+            crate::device::cpu_model(),
             rayon_threads(),
-            tapir::tensor::cpu::simd::isa().name(),
-            match std::env::var("TAPIR_CPU_ISA").ok().and_then(|v| tapir::tensor::cpu::simd::Isa::parse(&v)) {
-                Some(_) => " (TAPIR_CPU_ISA)",
-                None => "",
-            }
+            crate::device::cpu_kernels()
         ),
         d => d.to_string(),
     };
@@ -532,7 +529,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     let version = torch_last.iter().flatten().find_map(|v| v.get("torch_version").cloned());
     let doc = json!({"schema": "tapir-bench/1", "reps": a.reps, "rounds": rounds, "device": device.to_string(), "cases": out,
-        "torch_version": version});
+        "torch_version": version, "host_cpu": crate::device::cpu_model(), "cpu_kernels": crate::device::cpu_kernels(),
+        "threads": rayon_threads()});
     std::fs::write(&a.json, serde_json::to_string_pretty(&doc)?)?;
     let bars: Vec<(String, f64)> =
         out.iter().filter_map(|c| Some((c.get("name")?.as_str()?.to_string(), c.get("ratio")?.as_f64()?))).collect();

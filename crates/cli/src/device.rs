@@ -71,6 +71,30 @@ impl DeviceArg {
     }
 }
 
+/// The host's CPU as `lscpu` names it (`model name` in /proc/cpuinfo), or
+/// `unknown CPU` where that cannot be read: figures printed beside it say
+/// which machine they came from.
+pub fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .filter(|m| !m.is_empty())
+        .unwrap_or_else(|| "unknown CPU".into())
+}
+
+/// The vector instruction set tapir's CPU kernels run (`avx512`, `avx2`
+/// or `portable`), with ` (TAPIR_CPU_ISA)` where that variable lowered it.
+pub fn cpu_kernels() -> String {
+    use tapir::tensor::cpu::simd::{isa, Isa};
+    let capped = std::env::var("TAPIR_CPU_ISA").ok().and_then(|v| Isa::parse(&v)).is_some();
+    format!("{}{}", isa().name(), if capped { " (TAPIR_CPU_ISA)" } else { "" })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

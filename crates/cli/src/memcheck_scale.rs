@@ -427,14 +427,7 @@ pub fn run(a: &Args, names: &[&str], dev: Device) -> anyhow::Result<Value> {
         names.join(","),
         if emulated { " (the emulated device: bytes exact, times are the interpreter's, not a GPU's)" } else { "" }
     );
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
-        })
-        .unwrap_or_default();
+    let cpu = crate::device::cpu_model();
     println!("host CPU: {cpu} ({} threads)", std::thread::available_parallelism().map_or(1, |n| n.get()));
     let torch_names: Vec<&str> = names.iter().copied().filter(|n| *n != "context").collect();
     let torch = if torch_names.is_empty() {

@@ -1194,6 +1194,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             "paper_grid_rel_l2": o.paper_grid_rel_l2,
             "adam_steps": a.adam_steps(),
             "lbfgs_iterations": o.losses.len().saturating_sub(a.adam_steps()),
+            "host_cpu": crate::device::cpu_model(),
+            "cpu_kernels": crate::device::cpu_kernels(),
         });
         std::fs::write(path, serde_json::to_string_pretty(&v)? + "\n")
             .with_context(|| format!("writing {}", path.display()))?;

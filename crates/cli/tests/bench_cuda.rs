@@ -46,3 +46,19 @@ fn the_gpu_scale_cases_are_refused_on_the_cpu_by_name() {
     let e = run(a("no_such_case")).unwrap_err().to_string();
     assert!(e.contains("on CUDA also: ce_32768x32000, ce_8192x128256"), "{e}");
 }
+
+/// The figures say which machine made them: the host CPU's name and the
+/// vector set tapir's kernels ran, in the JSON beside the cases.
+#[test]
+fn bench_json_names_the_host_cpu_and_its_kernels() {
+    let dir = std::env::temp_dir().join(format!("tapir-bench-host-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    run(one_case("scalar_chain", DeviceArg::Cpu, &dir)).unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("b.json")).unwrap()).unwrap();
+    let cpu = doc["host_cpu"].as_str().unwrap();
+    assert!(!cpu.is_empty() && cpu == tapir_cli::device::cpu_model(), "{cpu}");
+    let kernels = doc["cpu_kernels"].as_str().unwrap();
+    assert!(["avx512", "avx2", "portable"].iter().any(|k| kernels.starts_with(k)), "{kernels}");
+    assert!(doc["threads"].as_u64().unwrap() >= 1);
+    std::fs::remove_dir_all(&dir).ok();
+}
