@@ -127,58 +127,40 @@ mod kernels {
         isa == Isa::Avx512 && crate::cpu::matmul_narrow::available()
     }
 
-    /// A panel's columns, as (lanes of a full vector, full vectors): four
-    /// 512-bit vectors, or two 256-bit ones where AVX2's 16 registers
-    /// must hold six rows of them and the operands' row besides.
-    impl Elem for f32 {
-        const LANES: usize = 16;
-        const MAX_M: usize = 128;
-        unsafe fn outer_sum(o: Outer<f32>, isa: Isa) {
-            #[target_feature(enable = "avx512f,avx512vl,fma")]
-            unsafe fn avx512(o: Outer<f32>) {
-                // SAFETY: forwarded from `Outer::run`'s caller.
-                unsafe { panels::<f32, __m512, __m128, __m256, 16, 4>(o) }
-            }
-            #[target_feature(enable = "avx2,fma")]
-            unsafe fn avx2(o: Outer<f32>) {
-                // SAFETY: as above. No quarter-width type: the half serves.
-                unsafe { panels::<f32, F32x8, F32x4, F32x4, 8, 2>(o) }
-            }
-            // SAFETY: the caller's `isa` is supported; `wide` checks VL.
-            unsafe {
-                if wide(isa) {
-                    avx512(o)
-                } else {
-                    avx2(o)
+    /// `Elem` for one type: its lanes, its row limit, and its two copies.
+    /// A panel is four 512-bit vectors of columns, or two 256-bit ones
+    /// where AVX2's 16 registers hold six rows of them and the operands'
+    /// row besides; AVX2 has no quarter-width type, so its half serves.
+    macro_rules! elem {
+        ($e:ty, $lanes:literal, $max_m:literal, [$f:ty, $q:ty, $h:ty], [$f2:ty, $h2:ty]) => {
+            impl Elem for $e {
+                const LANES: usize = $lanes;
+                const MAX_M: usize = $max_m;
+                unsafe fn outer_sum(o: Outer<$e>, isa: Isa) {
+                    #[target_feature(enable = "avx512f,avx512vl,fma")]
+                    unsafe fn avx512(o: Outer<$e>) {
+                        // SAFETY: forwarded from `Outer::run`'s caller.
+                        unsafe { panels::<$e, $f, $q, $h, $lanes, 4>(o) }
+                    }
+                    #[target_feature(enable = "avx2,fma")]
+                    unsafe fn avx2(o: Outer<$e>) {
+                        // SAFETY: as above.
+                        unsafe { panels::<$e, $f2, $h2, $h2, { $lanes / 2 }, 2>(o) }
+                    }
+                    // SAFETY: the caller's `isa` is supported; `wide` checks VL.
+                    unsafe {
+                        if wide(isa) {
+                            avx512(o)
+                        } else {
+                            avx2(o)
+                        }
+                    }
                 }
             }
-        }
+        };
     }
-
-    impl Elem for f64 {
-        const LANES: usize = 8;
-        const MAX_M: usize = 64;
-        unsafe fn outer_sum(o: Outer<f64>, isa: Isa) {
-            #[target_feature(enable = "avx512f,avx512vl,fma")]
-            unsafe fn avx512(o: Outer<f64>) {
-                // SAFETY: as for f32.
-                unsafe { panels::<f64, __m512d, __m128d, __m256d, 8, 4>(o) }
-            }
-            #[target_feature(enable = "avx2,fma")]
-            unsafe fn avx2(o: Outer<f64>) {
-                // SAFETY: as for f32.
-                unsafe { panels::<f64, F64x4, F64x2, F64x2, 4, 2>(o) }
-            }
-            // SAFETY: as for f32.
-            unsafe {
-                if wide(isa) {
-                    avx512(o)
-                } else {
-                    avx2(o)
-                }
-            }
-        }
-    }
+    elem!(f32, 16, 128, [__m512, __m128, __m256], [F32x8, F32x4]);
+    elem!(f64, 8, 64, [__m512d, __m128d, __m256d], [F64x4, F64x2]);
 
     /// Every panel of up to `V` full vectors of `L` lanes, every block of
     /// [`P_BLOCK`] inner rows, every tile of rows. `F` is the full vector,
