@@ -201,8 +201,8 @@ pub use tapir_tensor as tensor;
 
 pub use tapir_autograd::{GradOptions, Graph, Var};
 pub use tapir_tensor::{
-    max_memory_allocated, memory_allocated, memory_stats, reset_peak_memory_stats, DType, Device, Error, MemoryStats,
-    Result, Shape, Tensor,
+    buffer_alignment, max_memory_allocated, memory_allocated, memory_stats, reset_peak_memory_stats, AlignedAlloc,
+    DType, Device, Error, MemoryStats, Result, Shape, Tensor,
 };
 
 /// Everything a training loop or a PDE residual needs in scope: the tensor

@@ -13,6 +13,11 @@ use std::time::{Duration, Instant};
 
 use tapir_tensor::prelude::*;
 
+/// Large buffers on cache lines, as in the `tapir` command (and as
+/// PyTorch's own allocator gives them), so both sides read alike.
+#[global_allocator]
+static ALLOC: tapir_tensor::AlignedAlloc = tapir_tensor::AlignedAlloc;
+
 type Kernel = Box<dyn Fn() -> Result<Tensor> + Send>;
 
 /// Inputs built once per id (as the criterion bench builds them once), so

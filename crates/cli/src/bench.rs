@@ -402,10 +402,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     anyhow::ensure!(!chosen.is_empty(), "no case chosen");
     let on = match device {
         Device::Cpu => format!(
-            "CPU ({}), {} threads, kernels: {}",
+            "CPU ({}), {} threads, kernels: {}, buffers aligned to {} B",
             crate::device::cpu_model(),
             rayon_threads(),
-            crate::device::cpu_kernels()
+            crate::device::cpu_kernels(),
+            tapir::buffer_alignment()
         ),
         d => d.to_string(),
     };
@@ -530,6 +531,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let version = torch_last.iter().flatten().find_map(|v| v.get("torch_version").cloned());
     let doc = json!({"schema": "tapir-bench/1", "reps": a.reps, "rounds": rounds, "device": device.to_string(), "cases": out,
         "torch_version": version, "host_cpu": crate::device::cpu_model(), "cpu_kernels": crate::device::cpu_kernels(),
+        "buffer_align": tapir::buffer_alignment(),
         "threads": rayon_threads()});
     std::fs::write(&a.json, serde_json::to_string_pretty(&doc)?)?;
     let bars: Vec<(String, f64)> =

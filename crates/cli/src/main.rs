@@ -4,6 +4,11 @@ use clap::{Parser, Subcommand};
 
 use tapir_cli::{allreduce, bench, gpt, memcheck, pinn, profile};
 
+/// Large buffers on cache lines, as PyTorch's are: a row of a large tensor
+/// otherwise starts 16 bytes into a line (tapir::AlignedAlloc).
+#[global_allocator]
+static ALLOC: tapir::AlignedAlloc = tapir::AlignedAlloc;
+
 /// tapir: a pure-Rust autograd engine whose graphs cannot leak.
 ///
 /// Every command runs on the CPU unless given `--device cuda`, `cuda:N` or

@@ -1196,6 +1196,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             "lbfgs_iterations": o.losses.len().saturating_sub(a.adam_steps()),
             "host_cpu": crate::device::cpu_model(),
             "cpu_kernels": crate::device::cpu_kernels(),
+            "buffer_align": tapir::buffer_alignment(),
         });
         std::fs::write(path, serde_json::to_string_pretty(&v)? + "\n")
             .with_context(|| format!("writing {}", path.display()))?;

@@ -62,3 +62,28 @@ fn bench_json_names_the_host_cpu_and_its_kernels() {
     assert!(doc["threads"].as_u64().unwrap() >= 1);
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// The `tapir` command allocates large buffers on cache lines (its
+/// `#[global_allocator]` is `tapir::AlignedAlloc`), and its JSON says so;
+/// a library user's process without it reports what its allocator gives.
+#[test]
+fn the_tapir_command_aligns_its_buffers_and_says_so() {
+    let dir = std::env::temp_dir().join(format!("tapir-bench-align-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tapir"))
+        .args(["bench", "--only", "scalar_chain", "--no-torch", "--reps", "1", "--json"])
+        .arg(dir.join("b.json"))
+        .arg("--plot")
+        .arg(dir.join("b.png"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("b.json")).unwrap()).unwrap();
+    let align = doc["buffer_align"].as_u64().unwrap();
+    assert_eq!(align, 64, "the tapir command's buffers aligned to {align} bytes");
+    assert!(stdout.contains(&format!("buffers aligned to {align} B")), "{stdout}");
+    // This test's own process has no such allocator: still a power of two.
+    assert!(tapir::buffer_alignment().is_power_of_two());
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -16,6 +16,10 @@ use criterion::measurement::WallTime;
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, BenchmarkId, Criterion, Throughput};
 use tapir_tensor::prelude::*;
 
+/// Large buffers on cache lines, as in the `tapir` command.
+#[global_allocator]
+static ALLOC: tapir_tensor::AlignedAlloc = tapir_tensor::AlignedAlloc;
+
 fn config<'a>(c: &'a mut Criterion, name: &str) -> BenchmarkGroup<'a, WallTime> {
     let mut g = c.benchmark_group(name);
     g.sample_size(10).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(3));

@@ -17,6 +17,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod aligned;
 pub mod backend;
 pub mod cache;
 pub mod cpu;
@@ -32,6 +33,7 @@ mod rng;
 mod storage;
 mod tensor;
 
+pub use aligned::{buffer_alignment, AlignedAlloc};
 pub use cuda::reset_peak_memory_stats;
 pub use device::Device;
 pub use dtype::{DType, Element, Float};
