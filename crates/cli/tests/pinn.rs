@@ -410,3 +410,54 @@ fn the_f64_tail_of_f32_then_f64_is_counted_at_its_cost() {
         assert!(train(&a).is_err(), "--lbfgs-f64-cost {}", a.lbfgs_f64_cost);
     }
 }
+
+/// One binary serves AVX2-only processors with the same results: a short
+/// Burgers run (Adam, then L-BFGS in f64; the narrow products, the outer
+/// sums, tanh and the reductions all take their AVX2 copies under
+/// `TAPIR_CPU_ISA=avx2`) repeats the AVX-512 run's losses and error bit
+/// for bit. The gemm crate picks its own kernels, the same in both runs.
+#[test]
+fn burgers_under_avx2_repeats_the_avx512_bits() {
+    use tapir::tensor::cpu::simd::{isa, Isa};
+    if isa() < Isa::Avx512 {
+        println!("SKIPPED: no AVX-512 here (the processor or TAPIR_CPU_ISA), so both runs would take the same copies");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("tapir-pinn-isa-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let run = |isa: &str| -> serde_json::Value {
+        let json = dir.join(format!("{isa}.json"));
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_tapir"))
+            .args([
+                "pinn",
+                "burgers",
+                "--steps",
+                "20",
+                "--lbfgs",
+                "25",
+                "--interior",
+                "500",
+                "--lbfgs-precision",
+                "f64",
+            ])
+            .args(["--quiet", "--json"])
+            .arg(&json)
+            .arg("--plot")
+            .arg(dir.join(format!("{isa}.png")))
+            .arg("--curves")
+            .arg(dir.join(format!("{isa}-curves.png")))
+            .env("TAPIR_CPU_ISA", isa)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{isa}: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap()
+    };
+    let (wide, narrow) = (run("avx512"), run("avx2"));
+    assert!(wide["cpu_kernels"].as_str().unwrap().starts_with("avx512"));
+    assert!(narrow["cpu_kernels"].as_str().unwrap().starts_with("avx2"));
+    for key in ["rel_l2", "paper_grid_rel_l2", "losses", "lbfgs_evals"] {
+        assert!(!wide[key].is_null(), "{key} missing");
+        assert_eq!(wide[key], narrow[key], "{key}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

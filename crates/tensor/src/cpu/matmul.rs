@@ -426,7 +426,7 @@ impl<T: Float> Gemm<T> {
     }
 
     /// Runs `t` through [`crate::cpu::matmul_narrow::Narrow`] when it
-    /// applies: f32 or f64 on AVX-512, an output of 9 to 32 columns and an
+    /// applies: f32 or f64 on AVX2 or AVX-512, an output of 9 to 32 columns and an
     /// inner dimension of at most 64 (a narrow network's layer). Returns
     /// whether it ran.
     fn narrow_product(&self, t: &Term<T>, accumulate: bool) -> bool {

@@ -124,7 +124,7 @@ mod kernels {
 
     /// Whether the AVX-512 copy runs for `isa` on this processor.
     fn wide(isa: Isa) -> bool {
-        isa == Isa::Avx512 && crate::cpu::matmul_narrow::available()
+        isa == Isa::Avx512 && crate::cpu::matmul_narrow::avx512()
     }
 
     /// `Elem` for one type: its lanes, its row limit, and its two copies.
@@ -397,7 +397,7 @@ mod tests {
             return;
         }
         for copy in [Isa::Avx2, Isa::Avx512] {
-            if copy == Isa::Avx512 && !crate::cpu::matmul_narrow::available() {
+            if copy == Isa::Avx512 && !crate::cpu::matmul_narrow::avx512() {
                 println!("SKIPPED: the AVX-512 copy (this processor has no AVX-512F and VL)");
                 continue;
             }
