@@ -11,11 +11,15 @@
 //! build gives bit-identical results on a given input: the order of the
 //! adds depends on `L`, which depends only on the element type.
 //!
-//! A row is read with unaligned 512-bit loads from wherever it starts; on
-//! a Zen 5 a row that starts inside a cache line reads at two thirds of
-//! the speed of one that starts on a line, so large buffers should come
-//! from [`crate::AlignedAlloc`] (the `tapir` command's allocator). The
-//! lanes, and so the bits, do not depend on where a row starts.
+//! A row is read with unaligned loads from wherever it starts. On a Zen 5
+//! a row that starts inside a cache line reads at two thirds of the speed
+//! of one that starts on a line with 512-bit loads, and loses little with
+//! 256-bit ones (docs/performance.md, "Cache-line-aligned buffers"): so
+//! the kernels that only load (sum, maximum, minimum) take their AVX2 copy
+//! for a long row that starts inside a line, and large buffers should come
+//! from [`crate::AlignedAlloc`] (the `tapir` command's allocator), where
+//! every row of a 64-byte multiple starts on one. The lanes, and so the
+//! bits, depend on neither.
 //!
 //! Accuracy: a sum adds, per lane, at most `BLOCK` elements before folding
 //! the lane into a second-level lane total, and the lanes are combined
@@ -29,6 +33,11 @@ use crate::Float;
 /// Chunks of `L` elements each lane accumulator takes before it is folded
 /// into the lane totals.
 const BLOCK: usize = 64;
+
+/// Rows of at least this many elements that start
+/// inside a cache line take the AVX2 copy of the load-only kernels: a
+/// shorter row is read from the caches, where straddling loads cost little.
+const STRADDLE_MIN: usize = 4096;
 
 /// Lanes for `T`: eight 64-byte (AVX-512) vectors' worth. On AVX2 this is
 /// sixteen 32-byte registers of accumulators, which still fit the register
@@ -186,6 +195,9 @@ pub(crate) trait RowKernels: Float {
 /// the processor's widest instruction set.
 macro_rules! dispatched {
     ($name:ident, $t:ty, |$s:ident| $body:expr) => {
+        dispatched!($name, $t, false, |$s| $body);
+    };
+    ($name:ident, $t:ty, $reads_only:expr, |$s:ident| $body:expr) => {
         fn $name($s: &[$t]) -> $t {
             #[cfg(target_arch = "x86_64")]
             {
@@ -198,6 +210,15 @@ macro_rules! dispatched {
                     $body
                 }
                 match isa() {
+                    // A row that only streams loads and starts inside a
+                    // cache line takes the AVX2 copy (the same lanes, so
+                    // the same bits): 512-bit loads that straddle lines
+                    // read at two thirds of the speed on a Zen 5, 256-bit
+                    // ones lose little (module docs).
+                    Isa::Avx512 if $reads_only && $s.len() >= STRADDLE_MIN && ($s.as_ptr() as usize) % 64 != 0 => {
+                        // SAFETY: AVX-512 implies AVX2 and FMA.
+                        return unsafe { avx2($s) };
+                    }
                     // SAFETY: the features each copy was compiled for are
                     // present (isa() checked them).
                     Isa::Avx512 => return unsafe { avx512($s) },
@@ -213,9 +234,9 @@ macro_rules! dispatched {
 macro_rules! row_kernels {
     ($t:ty, $exp:expr) => {
         impl RowKernels for $t {
-            dispatched!(row_sum, $t, |s| sum_map_body::<$t, { lanes::<$t>() }>(s, |v| v));
-            dispatched!(row_max, $t, |s| extreme_body::<$t, { lanes::<$t>() }, true>(s));
-            dispatched!(row_min, $t, |s| extreme_body::<$t, { lanes::<$t>() }, false>(s));
+            dispatched!(row_sum, $t, true, |s| sum_map_body::<$t, { lanes::<$t>() }>(s, |v| v));
+            dispatched!(row_max, $t, true, |s| extreme_body::<$t, { lanes::<$t>() }, true>(s));
+            dispatched!(row_min, $t, true, |s| extreme_body::<$t, { lanes::<$t>() }, false>(s));
             dispatched!(row_lse, $t, |s| lse_body::<$t, { lanes::<$t>() }>(s, $exp));
         }
     };
@@ -260,6 +281,34 @@ mod tests {
         assert_eq!(f32::row_lse(&x).to_bits(), lse_body::<f32, { lanes::<f32>() }>(&x, exp_f32).to_bits());
         let y: Vec<f64> = x.iter().map(|&v| v as f64 / 3.0).collect();
         assert_eq!(f64::row_sum(&y).to_bits(), sum_map_body::<f64, { lanes::<f64>() }>(&y, |v| v).to_bits());
+    }
+
+    /// A long row read from every offset in a cache line (the load-only
+    /// kernels take the AVX2 copy where the row starts inside a line and
+    /// the AVX-512 copy where it starts on one) gives the portable body's
+    /// bits at each.
+    #[test]
+    fn load_only_kernels_keep_their_bits_at_every_offset_in_a_cache_line() {
+        let n = STRADDLE_MIN + 1001;
+        let buf: Vec<f32> = (0..n + 64).map(|i| ((i * 31 % 977) as f32).sin() * 1e3).collect();
+        let buf64: Vec<f64> = buf.iter().map(|&v| v as f64 / 3.0).collect();
+        let (mut aligned, mut inside) = (0, 0);
+        for start in 0..16 {
+            let x = &buf[start..start + n];
+            if (x.as_ptr() as usize).is_multiple_of(64) {
+                aligned += 1;
+            } else {
+                inside += 1;
+            }
+            let sum = sum_map_body::<f32, { lanes::<f32>() }>(x, |v| v);
+            assert_eq!(f32::row_sum(x).to_bits(), sum.to_bits(), "start {start}");
+            assert_eq!(f32::row_max(x), x.iter().copied().fold(f32::NEG_INFINITY, f32::max), "start {start}");
+            assert_eq!(f32::row_min(x), x.iter().copied().fold(f32::INFINITY, f32::min), "start {start}");
+            let y = &buf64[start..start + n];
+            assert_eq!(f64::row_sum(y).to_bits(), sum_map_body::<f64, { lanes::<f64>() }>(y, |v| v).to_bits());
+        }
+        // Sixteen f32 starts span a 64-byte line: one on it, the rest inside.
+        assert_eq!((aligned, inside), (1, 15));
     }
 
     /// The one-pass log-sum-exp over rows whose maximum grows from block
