@@ -11,8 +11,9 @@
 //! (at most 64 x 32) is copied once, zero-padded to rows of 32, and stays
 //! in the L1 cache; each tile of [`ROWS`] output rows lives in registers,
 //! a 16-lane vector per row plus a tail of 4, 8 or 16 lanes sized to the
-//! columns past 16 (on the Zen 4 a 512-bit operation issues as two 256-bit
-//! halves, so a 4-wide tail costs a quarter of a 16-wide one), while the
+//! columns past 16 (a Zen 4 issues a 512-bit operation as two 256-bit
+//! halves, so a 4-wide tail costs it a quarter of a 16-wide one; a Zen 5
+//! runs either in one), while the
 //! kernel walks the inner dimension, broadcasting one element of `a` a row
 //! (`a` is read in place, any strides). Each output is the sum of its `k`
 //! products in order, one fused multiply-add each, from zero; accumulating

@@ -1,9 +1,11 @@
 //! One interface over the AVX-512 (and VL) vector types of f32 and f64,
 //! so a matrix kernel is written once for both element types and for a
 //! row's full vectors and its narrower tail: 512-bit vectors of 16 or 8
-//! lanes, 256-bit and 128-bit ones of a half and a quarter as many (on
-//! the Zen 4 a 512-bit operation issues as two 256-bit halves, so a tail
-//! of 4 f32 columns costs a quarter of a full vector there). Used by
+//! lanes, 256-bit and 128-bit ones of a half and a quarter as many (a
+//! Zen 4 issues a 512-bit operation as two 256-bit halves, so a tail of 4
+//! f32 columns costs it a quarter of a full vector; a Zen 5 or an Intel
+//! core runs it whole, where the narrow tail saves only its lanes' loads
+//! and stores). Used by
 //! [`crate::cpu::matmul_narrow`] and [`crate::cpu::matmul_tn`]; every
 //! method needs AVX-512F and VL, which their callers check.
 
