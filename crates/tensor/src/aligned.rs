@@ -102,6 +102,37 @@ fn large(layout: Layout) -> bool {
     layout.size() >= MIN_ALIGNED_BYTES && layout.align() <= 16
 }
 
+/// A new block for `layout` (zeroed when `zeroed`): the system
+/// allocator's own when small, else a system block with the pointer
+/// placed on a cache line.
+///
+/// # Safety
+/// `layout` has a non-zero size.
+unsafe fn fresh(layout: Layout, zeroed: bool) -> *mut u8 {
+    let get = |l: Layout| {
+        // SAFETY: a non-zero size (the caller's contract; a large layout's
+        // is larger still).
+        unsafe {
+            if zeroed {
+                System.alloc_zeroed(l)
+            } else {
+                System.alloc(l)
+            }
+        }
+    };
+    if !large(layout) {
+        return get(layout);
+    }
+    let Some(sys) = Large::layout(layout.size()) else { return std::ptr::null_mut() };
+    // A zeroed system block stays zero after the header.
+    let raw = get(sys);
+    if raw.is_null() {
+        return raw;
+    }
+    // SAFETY: `raw` is a live block of `sys`.
+    unsafe { Large::place(raw, Large::offset(raw)) }
+}
+
 // SAFETY: a small block (or one whose own alignment exceeds 16) is the
 // system allocator's, untouched. A large block is a system block of
 // `Large::layout(size)` (alignment 16, `ALIGN` bytes longer), the pointer
@@ -112,33 +143,13 @@ fn large(layout: Layout) -> bool {
 // `GlobalAlloc` contract makes the same at allocation and release.
 unsafe impl GlobalAlloc for AlignedAlloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if !large(layout) {
-            // SAFETY: the caller's layout, non-zero in size.
-            return unsafe { System.alloc(layout) };
-        }
-        let Some(sys) = Large::layout(layout.size()) else { return std::ptr::null_mut() };
-        // SAFETY: a non-zero size.
-        let raw = unsafe { System.alloc(sys) };
-        if raw.is_null() {
-            return raw;
-        }
-        // SAFETY: `raw` is a live block of `sys`.
-        unsafe { Large::place(raw, Large::offset(raw)) }
+        // SAFETY: the caller's layout, non-zero in size.
+        unsafe { fresh(layout, false) }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        if !large(layout) {
-            // SAFETY: as `alloc`.
-            return unsafe { System.alloc_zeroed(layout) };
-        }
-        let Some(sys) = Large::layout(layout.size()) else { return std::ptr::null_mut() };
-        // SAFETY: a non-zero size; the bytes after the header stay zero.
-        let raw = unsafe { System.alloc_zeroed(sys) };
-        if raw.is_null() {
-            return raw;
-        }
-        // SAFETY: `raw` is a live block of `sys`.
-        unsafe { Large::place(raw, Large::offset(raw)) }
+        // SAFETY: as `alloc`.
+        unsafe { fresh(layout, true) }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
