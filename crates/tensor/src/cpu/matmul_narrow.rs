@@ -172,48 +172,37 @@ mod kernels {
         ROWS
     }
 
-    impl Elem for f32 {
-        unsafe fn product(o: &Narrow<f32>, packed: &[f32], isa: Isa) {
-            #[target_feature(enable = "avx512f,avx512vl,fma")]
-            unsafe fn avx512(o: &Narrow<f32>, packed: &[f32]) {
-                dispatch!(o, packed, 16, __m512, __m128, __m256, avx512_rows, [0, 1, 2])
-            }
-            // AVX2 has no quarter-width f32 type: its half serves.
-            #[target_feature(enable = "avx2,fma")]
-            unsafe fn avx2(o: &Narrow<f32>, packed: &[f32]) {
-                dispatch!(o, packed, 8, F32x8, F32x4, F32x4, avx2_rows, [1, 2, 3, 4])
-            }
-            // SAFETY: the caller's `isa` is supported; `avx512` checks VL.
-            unsafe {
-                if isa == Isa::Avx512 && super::avx512() {
-                    avx512(o, packed)
-                } else {
-                    avx2(o, packed)
+    /// `Elem` for one type: its AVX-512 copy (lanes, full, quarter and
+    /// half types, full-vector counts) and its AVX2 copy (the same), the
+    /// one picked at run time. AVX2 has no quarter-width f32 type: the
+    /// f32 copy passes its half as the quarter.
+    macro_rules! elem {
+        ($e:ty, ($l:literal, $f:ty, $q:ty, $h:ty, $hs:tt), ($l2:literal, $f2:ty, $q2:ty, $h2:ty, $hs2:tt)) => {
+            impl Elem for $e {
+                unsafe fn product(o: &Narrow<$e>, packed: &[$e], isa: Isa) {
+                    #[target_feature(enable = "avx512f,avx512vl,fma")]
+                    unsafe fn avx512(o: &Narrow<$e>, packed: &[$e]) {
+                        dispatch!(o, packed, $l, $f, $q, $h, avx512_rows, $hs)
+                    }
+                    #[target_feature(enable = "avx2,fma")]
+                    unsafe fn avx2(o: &Narrow<$e>, packed: &[$e]) {
+                        dispatch!(o, packed, $l2, $f2, $q2, $h2, avx2_rows, $hs2)
+                    }
+                    // SAFETY: the caller's `isa` is supported; `avx512`
+                    // checks VL.
+                    unsafe {
+                        if isa == Isa::Avx512 && super::avx512() {
+                            avx512(o, packed)
+                        } else {
+                            avx2(o, packed)
+                        }
+                    }
                 }
             }
-        }
+        };
     }
-
-    impl Elem for f64 {
-        unsafe fn product(o: &Narrow<f64>, packed: &[f64], isa: Isa) {
-            #[target_feature(enable = "avx512f,avx512vl,fma")]
-            unsafe fn avx512(o: &Narrow<f64>, packed: &[f64]) {
-                dispatch!(o, packed, 8, __m512d, __m128d, __m256d, avx512_rows, [1, 2, 3, 4])
-            }
-            #[target_feature(enable = "avx2,fma")]
-            unsafe fn avx2(o: &Narrow<f64>, packed: &[f64]) {
-                dispatch!(o, packed, 4, F64x4, F64x2, F64x2, avx2_rows, [2, 3, 4, 5, 6, 7, 8])
-            }
-            // SAFETY: as for f32.
-            unsafe {
-                if isa == Isa::Avx512 && super::avx512() {
-                    avx512(o, packed)
-                } else {
-                    avx2(o, packed)
-                }
-            }
-        }
-    }
+    elem!(f32, (16, __m512, __m128, __m256, [0, 1, 2]), (8, F32x8, F32x4, F32x4, [1, 2, 3, 4]));
+    elem!(f64, (8, __m512d, __m128d, __m256d, [1, 2, 3, 4]), (4, F64x4, F64x2, F64x2, [2, 3, 4, 5, 6, 7, 8]));
 
     /// Every tile of rows: `R` at a time, then the rest one by one.
     #[inline(always)]
